@@ -1,0 +1,166 @@
+//! Assembling and running the gateway: shared state, both listeners,
+//! graceful shutdown.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::HeaderMap;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::config::{Principal, Role, Settings};
+use crate::error::ApiError;
+use crate::forward::{HttpClient, client_for};
+use crate::ledger::{Clock, Ledger, SystemClock};
+
+/// State shared by every request handler. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    /// Validated settings.
+    pub settings: Arc<Settings>,
+    /// The effect ledger.
+    pub ledger: Ledger,
+    /// Outbound clients by route name.
+    pub clients: Arc<HashMap<String, HttpClient>>,
+    /// Secret the provider keys are derived from.
+    pub provider_key_secret: Arc<Vec<u8>>,
+    /// This instance's id: lease owner in the ledger.
+    pub instance_id: Arc<str>,
+}
+
+impl AppState {
+    /// Builds the state: opens (and migrates) the ledger, loads the
+    /// provider-key secret, builds one client per route.
+    ///
+    /// Errors: the ledger can't be opened or migrated.
+    pub async fn new(settings: Settings, clock: Arc<dyn Clock>) -> anyhow::Result<Self> {
+        let ledger = Ledger::open(
+            &settings.storage.path,
+            settings.storage.max_read_connections,
+            settings.storage.busy_timeout_ms,
+            clock,
+        )
+        .await?;
+        let secret = ledger.provider_key_secret().await?;
+        let clients = settings.routes.iter().map(|r| (r.name.clone(), client_for(r))).collect();
+        let instance_id = format!(
+            "{}-{}-{:08x}",
+            hostname(),
+            std::process::id(),
+            rand::random::<u32>()
+        );
+        Ok(Self {
+            settings: Arc::new(settings),
+            ledger,
+            clients: Arc::new(clients),
+            provider_key_secret: Arc::new(secret),
+            instance_id: instance_id.into(),
+        })
+    }
+
+    /// Authenticates `Authorization: Bearer <key>` against the key table.
+    ///
+    /// Errors: 401 when the header is missing, malformed or unknown.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<&Principal, ApiError> {
+        let value = headers.get(http::header::AUTHORIZATION).ok_or(ApiError::Unauthenticated)?;
+        let value = value.to_str().map_err(|_| ApiError::Unauthenticated)?;
+        let (scheme, key) = value.split_once(' ').ok_or(ApiError::Unauthenticated)?;
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return Err(ApiError::Unauthenticated);
+        }
+        self.settings.keys.get(&crate::config::key_digest(key.trim())).ok_or(ApiError::Unauthenticated)
+    }
+
+    /// Authenticates an admin-listener caller for tenant `tenant`.
+    ///
+    /// Errors: 401 for a bad key; 403 for a `client` key; 404 when the key
+    /// belongs to another tenant (another tenant's data is answered as not
+    /// found, never as forbidden).
+    pub fn authorize_admin(&self, headers: &HeaderMap, tenant: &str, roles: &[Role]) -> Result<&Principal, ApiError> {
+        let p = self.authenticate(headers)?;
+        if p.role == Role::Client {
+            return Err(ApiError::Forbidden { role: "client", action: "use the admin API" });
+        }
+        if p.tenant != tenant {
+            return Err(ApiError::NotFound(format!("no tenant {tenant:?}")));
+        }
+        if !roles.contains(&p.role) {
+            return Err(ApiError::Forbidden { role: p.role.as_str(), action: "do this" });
+        }
+        Ok(p)
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_owned()).ok().filter(|s| !s.is_empty()).unwrap_or_else(|| "effectgate".into())
+}
+
+/// A running gateway: both listeners bound, serving until shut down.
+pub struct Gateway {
+    /// Address the proxy listener is bound to.
+    pub proxy_addr: SocketAddr,
+    /// Address the admin listener is bound to.
+    pub admin_addr: SocketAddr,
+    /// The shared state (tests read the ledger through it).
+    pub state: AppState,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Gateway {
+    /// Opens the ledger, binds both listeners (port 0 picks a free port) and
+    /// starts serving in the background.
+    ///
+    /// Errors: the ledger can't be opened, or an address can't be bound.
+    pub async fn start(settings: Settings) -> anyhow::Result<Self> {
+        Self::start_with_clock(settings, Arc::new(SystemClock)).await
+    }
+
+    /// [`Gateway::start`] with an injected clock.
+    pub async fn start_with_clock(settings: Settings, clock: Arc<dyn Clock>) -> anyhow::Result<Self> {
+        let proxy_listener = TcpListener::bind(settings.proxy_addr).await?;
+        let admin_listener = TcpListener::bind(settings.admin_addr).await?;
+        let state = AppState::new(settings, clock).await?;
+        let proxy_addr = proxy_listener.local_addr()?;
+        let admin_addr = admin_listener.local_addr()?;
+        let (shutdown, rx) = watch::channel(false);
+        let proxy_app = crate::proxy::router(state.clone());
+        let admin_app = crate::admin::router(state.clone());
+        let mut tasks = Vec::new();
+        for (listener, app) in [(proxy_listener, proxy_app), (admin_listener, admin_app)] {
+            let mut rx = rx.clone();
+            tasks.push(tokio::spawn(async move {
+                axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+                    .with_graceful_shutdown(async move {
+                        let _ = rx.wait_for(|stop| *stop).await;
+                    })
+                    .await
+            }));
+        }
+        tracing::info!(%proxy_addr, %admin_addr, instance = %state.instance_id, "effectgate serving");
+        Ok(Self { proxy_addr, admin_addr, state, shutdown, tasks })
+    }
+
+    /// Stops accepting connections, lets in-flight requests finish, and
+    /// waits for both listeners to close.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+
+    /// Serves until SIGINT or SIGTERM, then shuts down gracefully.
+    pub async fn run_until_signal(self) -> anyhow::Result<()> {
+        let ctrl_c = tokio::signal::ctrl_c();
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+        tracing::info!("shutting down");
+        self.shutdown().await;
+        Ok(())
+    }
+}

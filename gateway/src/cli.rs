@@ -1,0 +1,173 @@
+//! The `effectgate` command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::config;
+use crate::ledger::{Ledger, State, SystemClock};
+
+/// effectgate: a reverse proxy that makes effectful API calls idempotent,
+/// recorded and reconcilable.
+#[derive(Debug, Parser)]
+#[command(name = "effectgate", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, clap::Args)]
+struct ConfigArg {
+    /// TOML config file. Without it the documented defaults apply (proxy on
+    /// 127.0.0.1:8080, admin on 127.0.0.1:8081, ledger ./effectgate.db, no
+    /// routes). `EFFECTGATE_*` environment variables override fields.
+    #[arg(long, short, env = "EFFECTGATE_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the gateway (proxy and admin listeners) until SIGINT/SIGTERM.
+    Serve(ConfigArg),
+    /// Validate a config file; print the bad field's path on error.
+    CheckConfig {
+        /// TOML config file to check.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Create the ledger file if needed and apply the embedded migrations.
+    Migrate(ConfigArg),
+    /// Inspect the effect ledger.
+    Ledger {
+        #[command(subcommand)]
+        command: LedgerCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum LedgerCommand {
+    /// Show one operation with its transitions and attempts, as JSON.
+    Show {
+        /// Tenant id.
+        tenant: String,
+        /// Operation id (the idempotency key).
+        operation_id: String,
+        #[command(flatten)]
+        config: ConfigArg,
+    },
+    /// List operations, newest change first, one line each.
+    List {
+        /// Only this state (RESERVED, EXECUTING, COMPLETED, FAILED, UNKNOWN, …).
+        #[arg(long)]
+        state: Option<State>,
+        /// Only this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// At most this many rows.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        #[command(flatten)]
+        config: ConfigArg,
+    },
+}
+
+impl clap::ValueEnum for State {
+    fn value_variants<'a>() -> &'a [Self] {
+        &State::ALL
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.as_str()))
+    }
+    fn from_str(input: &str, _ignore_case: bool) -> Result<Self, String> {
+        input.parse().map_err(|e: crate::ledger::UnknownState| e.to_string())
+    }
+}
+
+/// Entry point of the binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "effectgate=info,warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Serve(c) => {
+            let settings = config::load(c.config.as_deref())?;
+            let gw = crate::Gateway::start(settings).await?;
+            gw.run_until_signal().await?;
+        }
+        Command::CheckConfig { config: path } => match config::load(Some(&path)) {
+            Ok(s) => {
+                println!(
+                    "{}: ok ({} tenants, {} routes, {} keys)",
+                    path.display(),
+                    s.tenants.len(),
+                    s.routes.len(),
+                    s.keys.len()
+                );
+            }
+            Err(e) => {
+                eprintln!("{}: invalid: {e}", path.display());
+                return Ok(ExitCode::from(2));
+            }
+        },
+        Command::Migrate(c) => {
+            let settings = config::load(c.config.as_deref())?;
+            Ledger::migrate(&settings.storage.path).await?;
+            println!("ledger {} is migrated", settings.storage.path.display());
+        }
+        Command::Ledger { command } => match command {
+            LedgerCommand::Show { tenant, operation_id, config: c } => {
+                let ledger = open(c).await?;
+                let Some(op) = ledger.get(&tenant, &operation_id).await? else {
+                    eprintln!("no operation {operation_id:?} for tenant {tenant:?}");
+                    return Ok(ExitCode::from(1));
+                };
+                let mut v = serde_json::to_value(&op)?;
+                v["transitions"] = serde_json::to_value(ledger.transitions(&tenant, &operation_id).await?)?;
+                v["attempts_log"] = serde_json::to_value(ledger.attempts(&tenant, &operation_id).await?)?;
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            }
+            LedgerCommand::List { state, tenant, limit, config: c } => {
+                let ledger = open(c).await?;
+                let ops = ledger.list(tenant.as_deref(), state, limit).await?;
+                println!("{:<16} {:<32} {:<18} {:>8} {:<16} {}", "TENANT", "OPERATION", "STATE", "ATTEMPTS", "ROUTE", "UPDATED_MS");
+                for op in ops {
+                    println!(
+                        "{:<16} {:<32} {:<18} {:>8} {:<16} {}",
+                        op.tenant_id, op.operation_id, op.state, op.attempts, op.route, op.updated_at
+                    );
+                }
+            }
+        },
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn open(c: ConfigArg) -> anyhow::Result<Ledger> {
+    let settings = config::load(c.config.as_deref())?;
+    if !settings.storage.path.exists() {
+        anyhow::bail!("ledger file {} does not exist (run `effectgate migrate` or `serve` first)", settings.storage.path.display());
+    }
+    Ok(Ledger::open(&settings.storage.path, 1, settings.storage.busy_timeout_ms, std::sync::Arc::new(SystemClock)).await?)
+}

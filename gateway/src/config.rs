@@ -1,0 +1,714 @@
+//! Configuration: the TOML file format (spec types) and its conversion into
+//! the runtime [`Settings`] the gateway runs with.
+//!
+//! Layering (lowest to highest precedence):
+//! 1. built-in defaults ([`ConfigFile::default`]),
+//! 2. the TOML file given with `--config`,
+//! 3. environment variables prefixed `EFFECTGATE_`, with `__` separating
+//!    nested keys, e.g. `EFFECTGATE_LISTEN__PROXY=0.0.0.0:8080` or
+//!    `EFFECTGATE_STORAGE__PATH=/var/lib/effectgate/ledger.db`.
+//!    (`EFFECTGATE_CONFIG` names the file itself and is not a field.)
+//!
+//! Unknown fields are errors. Every error names the field by its path
+//! (`routes[0].upstream`).
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use http::{HeaderName, HeaderValue, Method};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Default stored-response header allow-list (lower-case names).
+pub const DEFAULT_STORED_HEADERS: &[&str] = &[
+    "content-type",
+    "content-language",
+    "location",
+    "etag",
+    "last-modified",
+    "request-id",
+    "x-request-id",
+];
+
+/// A configuration error that names the offending field by its path.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct ConfigError {
+    /// Dotted path of the field, e.g. `routes[0].upstream` (empty for the file itself).
+    pub path: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl ConfigError {
+    fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { path: path.into(), message: message.into() }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Spec types: the file format.
+// ---------------------------------------------------------------------------
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// Listener addresses.
+    #[serde(default)]
+    pub listen: ListenSpec,
+    /// Where the effect ledger lives.
+    #[serde(default)]
+    pub storage: StorageSpec,
+    /// Gateway-wide limits.
+    #[serde(default)]
+    pub limits: LimitsSpec,
+    /// Tenants and their API keys.
+    #[serde(default)]
+    pub tenants: Vec<TenantSpec>,
+    /// Routes: path prefix → provider.
+    #[serde(default)]
+    pub routes: Vec<RouteSpec>,
+}
+
+impl Default for ConfigFile {
+    fn default() -> Self {
+        Self {
+            listen: ListenSpec::default(),
+            storage: StorageSpec::default(),
+            limits: LimitsSpec::default(),
+            tenants: Vec::new(),
+            routes: Vec::new(),
+        }
+    }
+}
+
+/// `[listen]`: the proxy and admin listeners are separate sockets.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenSpec {
+    /// Proxy listener, default `127.0.0.1:8080`. Port 0 picks a free port.
+    pub proxy: String,
+    /// Admin listener, default `127.0.0.1:8081`.
+    pub admin: String,
+}
+
+impl Default for ListenSpec {
+    fn default() -> Self {
+        Self { proxy: "127.0.0.1:8080".into(), admin: "127.0.0.1:8081".into() }
+    }
+}
+
+/// `[storage]`: the SQLite ledger file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageSpec {
+    /// SQLite file path, default `effectgate.db` in the working directory.
+    /// Created (with its migrations) if missing.
+    pub path: PathBuf,
+    /// Maximum connections in the read pool (writes use one connection,
+    /// which is how SQLite serialises writers anyway). Default 4.
+    pub max_read_connections: u32,
+    /// How long a statement waits for a locked database, in ms. Default 5000.
+    pub busy_timeout_ms: u64,
+}
+
+impl Default for StorageSpec {
+    fn default() -> Self {
+        Self { path: PathBuf::from("effectgate.db"), max_read_connections: 4, busy_timeout_ms: 5000 }
+    }
+}
+
+/// `[limits]`: gateway-wide limits.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSpec {
+    /// Maximum length of an `Idempotency-Key` value in characters (1..=255). Default 255.
+    pub max_idempotency_key_len: usize,
+    /// How long a claim (lease) on an operation lasts beyond the route's
+    /// response timeout, in ms. Default 5000.
+    pub lease_margin_ms: u64,
+    /// Maximum operations one admin list call returns. Default 500.
+    pub max_list_limit: u32,
+}
+
+impl Default for LimitsSpec {
+    fn default() -> Self {
+        Self { max_idempotency_key_len: 255, lease_margin_ms: 5_000, max_list_limit: 500 }
+    }
+}
+
+/// `[[tenants]]`: one customer account.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantSpec {
+    /// Tenant id: 1..=64 characters of `[A-Za-z0-9._-]`.
+    pub id: String,
+    /// API keys of this tenant's principals.
+    #[serde(default)]
+    pub keys: Vec<KeySpec>,
+}
+
+/// `[[tenants.keys]]`: one gateway API key. Exactly one of `sha256`, `env`,
+/// `file` gives the secret; plaintext keys are not accepted in the file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeySpec {
+    /// Principal name, shown in the ledger's transitions (`actor`). Default: `<tenant>:<role>`.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Role: `client` (proxy), `approver`, `operator` or `admin` (admin API).
+    pub role: Role,
+    /// Lower-case hex sha256 of the key.
+    #[serde(default)]
+    pub sha256: Option<String>,
+    /// Name of an environment variable holding the key.
+    #[serde(default)]
+    pub env: Option<String>,
+    /// Path of a file holding the key (surrounding whitespace trimmed).
+    #[serde(default)]
+    pub file: Option<PathBuf>,
+}
+
+/// A principal's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Sends calls through the proxy listener.
+    Client,
+    /// Decides approvals (admin listener).
+    Approver,
+    /// Reads the ledger and replays operations (admin listener).
+    Operator,
+    /// Everything on the admin listener for its tenant.
+    Admin,
+}
+
+impl Role {
+    /// The role's lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Client => "client",
+            Role::Approver => "approver",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+/// Whether a route records effectful calls in the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteMode {
+    /// Methods in `effectful_methods` go through the ledger; others stream through.
+    #[default]
+    Effectful,
+    /// Every request streams through without touching the ledger.
+    Pass,
+}
+
+/// `[[routes]]`: a path prefix → one provider.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSpec {
+    /// Route name, used in fingerprints, the ledger and logs. Default: the prefix.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Path prefix, starting and ending with `/`, e.g. `/pay/`. The prefix is
+    /// removed and the rest of the path appended to `upstream`.
+    pub prefix: String,
+    /// Provider base URL (`http://host:port[/base]`). Fixed by config; a
+    /// caller can never choose it.
+    pub upstream: String,
+    /// `effectful` (default) or `pass`.
+    #[serde(default)]
+    pub mode: RouteMode,
+    /// Methods that change the world. Default: every method but GET, HEAD, OPTIONS.
+    #[serde(default)]
+    pub effectful_methods: Option<Vec<String>>,
+    /// Tenants allowed on this route. Default: all.
+    #[serde(default)]
+    pub tenants: Option<Vec<String>>,
+    /// Header the provider reads its idempotency key from, e.g.
+    /// `Idempotency-Key`. Unset: the provider has no such support and only
+    /// the ledger deduplicates.
+    #[serde(default)]
+    pub provider_idempotency_header: Option<String>,
+    /// TCP connect timeout in ms. Default 2000.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Time from sending the request to the end of the response head, in ms.
+    /// Default 10000. Past it an effectful call's outcome is UNKNOWN.
+    #[serde(default = "default_response_timeout_ms")]
+    pub response_timeout_ms: u64,
+    /// Largest request body accepted on an effectful call, in bytes. Default 1 MiB.
+    /// Larger bodies get 413.
+    #[serde(default = "default_max_body_bytes")]
+    pub max_body_bytes: usize,
+    /// Largest response body stored in the ledger for replay, in bytes.
+    /// Default 256 KiB. A larger body reaches the first caller whole, but is
+    /// not stored; see README "Stored responses".
+    #[serde(default = "default_max_stored_response_bytes")]
+    pub max_stored_response_bytes: usize,
+    /// How long an idempotency key (and its stored response) is kept, in
+    /// hours. Default 24.
+    #[serde(default = "default_key_retention_hours")]
+    pub key_retention_hours: u64,
+    /// Response headers stored and replayed (case-insensitive). Default:
+    /// content-type, content-language, location, etag, last-modified,
+    /// request-id, x-request-id.
+    #[serde(default)]
+    pub stored_response_headers: Option<Vec<String>>,
+    /// Provider credentials injected into every forwarded request.
+    #[serde(default)]
+    pub inject_headers: Vec<InjectHeaderSpec>,
+    /// Retries of transient failures (connect refused, 429, 503).
+    #[serde(default)]
+    pub retry: RetrySpec,
+}
+
+/// `[routes.retry]`: bounded retries of transient failures, with
+/// exponential backoff and full jitter, honouring `Retry-After`. Every
+/// attempt carries the same provider key.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySpec {
+    /// Attempts in all, including the first (1 = no retry). Default 3.
+    pub max_attempts: u32,
+    /// Backoff base in ms: attempt n waits a random time in
+    /// `[0, min(max_delay_ms, base_delay_ms · 2^(n-1))]`. Default 100.
+    pub base_delay_ms: u64,
+    /// Backoff cap in ms. Default 2000.
+    pub max_delay_ms: u64,
+    /// Longest `Retry-After` honoured, in ms; a provider asking for more
+    /// ends the retries. Default 10000.
+    pub max_retry_after_ms: u64,
+}
+
+impl Default for RetrySpec {
+    fn default() -> Self {
+        Self { max_attempts: 3, base_delay_ms: 100, max_delay_ms: 2_000, max_retry_after_ms: 10_000 }
+    }
+}
+
+fn default_connect_timeout_ms() -> u64 {
+    2_000
+}
+fn default_response_timeout_ms() -> u64 {
+    10_000
+}
+fn default_max_body_bytes() -> usize {
+    1024 * 1024
+}
+fn default_max_stored_response_bytes() -> usize {
+    256 * 1024
+}
+fn default_key_retention_hours() -> u64 {
+    24
+}
+
+/// `[[routes.inject_headers]]`: a provider credential, read from the
+/// environment at load time. Callers never see it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InjectHeaderSpec {
+    /// Header name, e.g. `Authorization`.
+    pub name: String,
+    /// Environment variable holding the value.
+    pub value_env: String,
+    /// Text put before the value, e.g. `"Bearer "`.
+    #[serde(default)]
+    pub prefix: String,
+}
+
+// ---------------------------------------------------------------------------
+// Runtime types.
+// ---------------------------------------------------------------------------
+
+/// Validated settings the gateway runs with.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Proxy listener address.
+    pub proxy_addr: SocketAddr,
+    /// Admin listener address.
+    pub admin_addr: SocketAddr,
+    /// SQLite ledger file.
+    pub storage: StorageSpec,
+    /// Gateway-wide limits.
+    pub limits: LimitsSpec,
+    /// sha256(key) → principal.
+    pub keys: HashMap<[u8; 32], Principal>,
+    /// Tenant ids.
+    pub tenants: BTreeSet<String>,
+    /// Routes, longest prefix first.
+    pub routes: Vec<Route>,
+}
+
+/// An authenticated caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// Tenant the key belongs to.
+    pub tenant: String,
+    /// Principal name (`actor` in transitions).
+    pub name: String,
+    /// Role of the key.
+    pub role: Role,
+}
+
+/// A route ready to serve.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// Route name.
+    pub name: String,
+    /// Path prefix (starts and ends with `/`).
+    pub prefix: String,
+    /// Provider base URL without a trailing slash.
+    pub upstream: url::Url,
+    /// Effectful or pass-through.
+    pub mode: RouteMode,
+    /// Methods recorded in the ledger.
+    pub effectful_methods: Vec<Method>,
+    /// Tenants allowed; `None` = all.
+    pub tenants: Option<BTreeSet<String>>,
+    /// Provider's idempotency header.
+    pub provider_idempotency_header: Option<HeaderName>,
+    /// Connect timeout (ms).
+    pub connect_timeout_ms: u64,
+    /// Response timeout (ms).
+    pub response_timeout_ms: u64,
+    /// Request body limit (bytes).
+    pub max_body_bytes: usize,
+    /// Stored response limit (bytes).
+    pub max_stored_response_bytes: usize,
+    /// Key retention (ms).
+    pub key_retention_ms: u64,
+    /// Stored response header allow-list.
+    pub stored_response_headers: Vec<HeaderName>,
+    /// Injected credentials (name, value).
+    pub inject_headers: Vec<(HeaderName, HeaderValue)>,
+    /// Retry policy for transient failures.
+    pub retry: RetrySpec,
+}
+
+impl Route {
+    /// Whether `method` on this route goes through the effect ledger.
+    pub fn is_effectful(&self, method: &Method) -> bool {
+        self.mode == RouteMode::Effectful && self.effectful_methods.contains(method)
+    }
+
+    /// Whether `tenant` may use this route.
+    pub fn allows_tenant(&self, tenant: &str) -> bool {
+        self.tenants.as_ref().is_none_or(|t| t.contains(tenant))
+    }
+}
+
+impl Settings {
+    /// The route whose prefix matches `path` (longest prefix wins), if any.
+    pub fn match_route(&self, path: &str) -> Option<&Route> {
+        self.routes.iter().find(|r| path.starts_with(&r.prefix))
+    }
+}
+
+/// Loads `path` (or only defaults when `None`) layered with `EFFECTGATE_*`
+/// environment variables, and validates it.
+///
+/// Errors: a [`ConfigError`] naming the field path: a missing file, a TOML
+/// syntax error, an unknown field, a wrong type, or a failed check in
+/// [`ConfigFile::into_settings`].
+pub fn load(path: Option<&Path>) -> Result<Settings, ConfigError> {
+    load_file(path)?.into_settings()
+}
+
+/// Loads and layers the file without the semantic checks.
+pub fn load_file(path: Option<&Path>) -> Result<ConfigFile, ConfigError> {
+    let mut fig = Figment::from(Serialized::defaults(ConfigFile::default()));
+    if let Some(p) = path {
+        if !p.exists() {
+            return Err(ConfigError::new("", format!("config file {} does not exist", p.display())));
+        }
+        fig = fig.merge(Toml::file_exact(p));
+    }
+    fig = fig.merge(Env::prefixed("EFFECTGATE_").ignore(&["config"]).split("__"));
+    fig.extract::<ConfigFile>().map_err(|e| {
+        let mut path = String::new();
+        for (i, part) in e.path.iter().enumerate() {
+            if part.parse::<usize>().is_ok() {
+                path.push_str(&format!("[{part}]"));
+            } else {
+                if i > 0 {
+                    path.push('.');
+                }
+                path.push_str(part);
+            }
+        }
+        ConfigError::new(path, e.kind.to_string())
+    })
+}
+
+fn valid_id(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+fn parse_addr(path: &str, s: &str) -> Result<SocketAddr, ConfigError> {
+    s.parse().map_err(|e| ConfigError::new(path, format!("not a socket address ({e}): {s:?}")))
+}
+
+/// sha256 of a key, as used in the key table.
+pub fn key_digest(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+impl ConfigFile {
+    /// Checks every field and builds the runtime [`Settings`]. Reads key
+    /// and credential values from env or files named in the config.
+    ///
+    /// Errors: the first invalid field, by path.
+    pub fn into_settings(self) -> Result<Settings, ConfigError> {
+        let proxy_addr = parse_addr("listen.proxy", &self.listen.proxy)?;
+        let admin_addr = parse_addr("listen.admin", &self.listen.admin)?;
+        if self.storage.path.as_os_str().is_empty() {
+            return Err(ConfigError::new("storage.path", "must not be empty"));
+        }
+        if self.storage.max_read_connections == 0 {
+            return Err(ConfigError::new("storage.max_read_connections", "must be at least 1"));
+        }
+        if !(1..=255).contains(&self.limits.max_idempotency_key_len) {
+            return Err(ConfigError::new("limits.max_idempotency_key_len", "must be in 1..=255"));
+        }
+        if self.limits.max_list_limit == 0 {
+            return Err(ConfigError::new("limits.max_list_limit", "must be at least 1"));
+        }
+
+        let mut tenants = BTreeSet::new();
+        let mut keys = HashMap::new();
+        for (ti, t) in self.tenants.iter().enumerate() {
+            let tp = format!("tenants[{ti}]");
+            if !valid_id(&t.id) {
+                return Err(ConfigError::new(format!("{tp}.id"), "must be 1..=64 characters of [A-Za-z0-9._-]"));
+            }
+            if !tenants.insert(t.id.clone()) {
+                return Err(ConfigError::new(format!("{tp}.id"), format!("duplicate tenant {:?}", t.id)));
+            }
+            for (ki, k) in t.keys.iter().enumerate() {
+                let kp = format!("{tp}.keys[{ki}]");
+                let digest = match (&k.sha256, &k.env, &k.file) {
+                    (Some(h), None, None) => {
+                        let bytes = hex::decode(h.trim())
+                            .ok()
+                            .filter(|b| b.len() == 32)
+                            .ok_or_else(|| ConfigError::new(format!("{kp}.sha256"), "must be 64 hex characters"))?;
+                        let mut d = [0u8; 32];
+                        d.copy_from_slice(&bytes);
+                        d
+                    }
+                    (None, Some(var), None) => {
+                        let v = std::env::var(var).map_err(|_| {
+                            ConfigError::new(format!("{kp}.env"), format!("environment variable {var} is not set"))
+                        })?;
+                        if v.is_empty() {
+                            return Err(ConfigError::new(format!("{kp}.env"), format!("{var} is empty")));
+                        }
+                        key_digest(&v)
+                    }
+                    (None, None, Some(file)) => {
+                        let v = std::fs::read_to_string(file).map_err(|e| {
+                            ConfigError::new(format!("{kp}.file"), format!("cannot read {}: {e}", file.display()))
+                        })?;
+                        let v = v.trim();
+                        if v.is_empty() {
+                            return Err(ConfigError::new(format!("{kp}.file"), "key file is empty"));
+                        }
+                        key_digest(v)
+                    }
+                    _ => return Err(ConfigError::new(kp, "exactly one of `sha256`, `env`, `file` must be set")),
+                };
+                let principal = Principal {
+                    tenant: t.id.clone(),
+                    name: k.name.clone().unwrap_or_else(|| format!("{}:{}", t.id, k.role.as_str())),
+                    role: k.role,
+                };
+                if keys.insert(digest, principal).is_some() {
+                    return Err(ConfigError::new(kp, "the same key is configured twice"));
+                }
+            }
+        }
+
+        let mut routes = Vec::new();
+        let mut names = BTreeSet::new();
+        for (ri, r) in self.routes.into_iter().enumerate() {
+            let rp = format!("routes[{ri}]");
+            if !r.prefix.starts_with('/') || !r.prefix.ends_with('/') {
+                return Err(ConfigError::new(format!("{rp}.prefix"), "must start and end with '/'"));
+            }
+            if r.prefix.starts_with("/admin/") {
+                return Err(ConfigError::new(format!("{rp}.prefix"), "must not start with /admin/"));
+            }
+            let name = r.name.clone().unwrap_or_else(|| r.prefix.clone());
+            if name.is_empty() || name.len() > 128 {
+                return Err(ConfigError::new(format!("{rp}.name"), "must be 1..=128 characters"));
+            }
+            if !names.insert(name.clone()) {
+                return Err(ConfigError::new(format!("{rp}.name"), format!("duplicate route name {name:?}")));
+            }
+            let upstream = url::Url::parse(&r.upstream)
+                .map_err(|e| ConfigError::new(format!("{rp}.upstream"), format!("not a URL: {e}")))?;
+            if upstream.scheme() != "http" {
+                return Err(ConfigError::new(format!("{rp}.upstream"), "only http:// upstreams are supported"));
+            }
+            if upstream.host_str().is_none() || upstream.query().is_some() || upstream.fragment().is_some() {
+                return Err(ConfigError::new(format!("{rp}.upstream"), "must be scheme://host[:port][/path] without query"));
+            }
+            let effectful_methods = match &r.effectful_methods {
+                None => ["POST", "PUT", "PATCH", "DELETE"].iter().map(|m| Method::from_bytes(m.as_bytes()).unwrap()).collect(),
+                Some(ms) => {
+                    let mut out = Vec::new();
+                    for (mi, m) in ms.iter().enumerate() {
+                        let upper = m.to_ascii_uppercase();
+                        let method = Method::from_bytes(upper.as_bytes()).map_err(|_| {
+                            ConfigError::new(format!("{rp}.effectful_methods[{mi}]"), format!("not an HTTP method: {m:?}"))
+                        })?;
+                        out.push(method);
+                    }
+                    out
+                }
+            };
+            let route_tenants = match r.tenants {
+                None => None,
+                Some(ts) => {
+                    for (i, t) in ts.iter().enumerate() {
+                        if !tenants.contains(t) {
+                            return Err(ConfigError::new(format!("{rp}.tenants[{i}]"), format!("unknown tenant {t:?}")));
+                        }
+                    }
+                    Some(ts.into_iter().collect())
+                }
+            };
+            let provider_idempotency_header = match &r.provider_idempotency_header {
+                None => None,
+                Some(h) => Some(HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                    ConfigError::new(format!("{rp}.provider_idempotency_header"), format!("not a header name: {h:?}"))
+                })?),
+            };
+            if r.connect_timeout_ms == 0 {
+                return Err(ConfigError::new(format!("{rp}.connect_timeout_ms"), "must be at least 1"));
+            }
+            if r.response_timeout_ms == 0 {
+                return Err(ConfigError::new(format!("{rp}.response_timeout_ms"), "must be at least 1"));
+            }
+            if r.max_body_bytes == 0 {
+                return Err(ConfigError::new(format!("{rp}.max_body_bytes"), "must be at least 1"));
+            }
+            if r.key_retention_hours == 0 {
+                return Err(ConfigError::new(format!("{rp}.key_retention_hours"), "must be at least 1"));
+            }
+            if r.retry.max_attempts == 0 {
+                return Err(ConfigError::new(format!("{rp}.retry.max_attempts"), "must be at least 1"));
+            }
+            let stored_names: Vec<String> = match &r.stored_response_headers {
+                Some(v) => v.clone(),
+                None => DEFAULT_STORED_HEADERS.iter().map(|s| s.to_string()).collect(),
+            };
+            let mut stored_response_headers = Vec::new();
+            for (hi, h) in stored_names.iter().enumerate() {
+                stored_response_headers.push(HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                    ConfigError::new(format!("{rp}.stored_response_headers[{hi}]"), format!("not a header name: {h:?}"))
+                })?);
+            }
+            let mut inject_headers = Vec::new();
+            for (ii, ih) in r.inject_headers.iter().enumerate() {
+                let ip = format!("{rp}.inject_headers[{ii}]");
+                let name = HeaderName::from_bytes(ih.name.as_bytes())
+                    .map_err(|_| ConfigError::new(format!("{ip}.name"), format!("not a header name: {:?}", ih.name)))?;
+                let secret = std::env::var(&ih.value_env).map_err(|_| {
+                    ConfigError::new(format!("{ip}.value_env"), format!("environment variable {} is not set", ih.value_env))
+                })?;
+                let mut value = HeaderValue::from_str(&format!("{}{}", ih.prefix, secret)).map_err(|_| {
+                    ConfigError::new(format!("{ip}.value_env"), "value is not a valid header value")
+                })?;
+                value.set_sensitive(true);
+                inject_headers.push((name, value));
+            }
+            routes.push(Route {
+                name,
+                prefix: r.prefix,
+                upstream,
+                mode: r.mode,
+                effectful_methods,
+                tenants: route_tenants,
+                provider_idempotency_header,
+                connect_timeout_ms: r.connect_timeout_ms,
+                response_timeout_ms: r.response_timeout_ms,
+                max_body_bytes: r.max_body_bytes,
+                max_stored_response_bytes: r.max_stored_response_bytes,
+                key_retention_ms: r.key_retention_hours.saturating_mul(3_600_000),
+                stored_response_headers,
+                inject_headers,
+                retry: r.retry,
+            });
+        }
+        let mut seen = BTreeSet::new();
+        for (ri, r) in routes.iter().enumerate() {
+            if !seen.insert(r.prefix.clone()) {
+                return Err(ConfigError::new(format!("routes[{ri}].prefix"), format!("duplicate prefix {:?}", r.prefix)));
+            }
+        }
+        routes.sort_by(|a, b| b.prefix.len().cmp(&a.prefix.len()));
+        Ok(Settings { proxy_addr, admin_addr, storage: self.storage, limits: self.limits, keys, tenants, routes })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(toml: &str) -> Result<Settings, ConfigError> {
+        let dir = tempfile_dir();
+        let p = dir.join("c.toml");
+        std::fs::write(&p, toml).unwrap();
+        load(Some(&p))
+    }
+
+    fn tempfile_dir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!("eg-config-{}-{}", std::process::id(), rand::random::<u64>()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn unknown_field_is_named_with_its_path() {
+        let e = parse("[[routes]]\nprefix = \"/a/\"\nupstream = \"http://x\"\nupstrem = 1\n").unwrap_err();
+        assert_eq!(e.path, "routes[0].upstrem");
+        assert!(e.message.contains("upstrem"), "{e}");
+    }
+
+    #[test]
+    fn bad_upstream_names_the_field() {
+        let e = parse("[[routes]]\nprefix = \"/a/\"\nupstream = \"ftp://x\"\n").unwrap_err();
+        assert_eq!(e.path, "routes[0].upstream");
+    }
+
+    #[test]
+    fn plaintext_key_field_is_refused() {
+        let e = parse("[[tenants]]\nid = \"t\"\n[[tenants.keys]]\nrole = \"client\"\nkey = \"secret\"\n").unwrap_err();
+        assert_eq!(e.path, "tenants[0].keys[0].key");
+        assert!(e.message.contains("key"), "{e}");
+    }
+
+    #[test]
+    fn default_methods_exclude_safe_ones_and_longest_prefix_wins() {
+        let s = parse(
+            "[[routes]]\nprefix = \"/a/\"\nupstream = \"http://x\"\n[[routes]]\nprefix = \"/a/b/\"\nupstream = \"http://y\"\n",
+        )
+        .unwrap();
+        let r = s.match_route("/a/b/c").unwrap();
+        assert_eq!(r.prefix, "/a/b/");
+        assert!(r.is_effectful(&Method::POST));
+        assert!(!r.is_effectful(&Method::GET));
+        assert!(!r.is_effectful(&Method::HEAD));
+        assert!(!r.is_effectful(&Method::OPTIONS));
+        assert!(s.match_route("/b/").is_none());
+    }
+}

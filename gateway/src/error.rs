@@ -1,0 +1,195 @@
+//! The gateway's one error type, rendered as RFC 9457 `application/problem+json`.
+//!
+//! Every kind has a stable `type` URI of the form
+//! `urn:effectgate:problem:<kind>` (see [`ApiError::kind`]); the README's
+//! status table lists them all.
+
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode, header};
+use serde_json::{Map, Value, json};
+
+/// Media type of problem details (RFC 9457 §3).
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// An error answered to a caller.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 401: no or unknown `Authorization: Bearer` key.
+    #[error("a valid gateway API key is required (Authorization: Bearer <key>)")]
+    Unauthenticated,
+    /// 403: the key is valid but its role may not do this.
+    #[error("the {role} role may not {action}")]
+    Forbidden {
+        /// The principal's role.
+        role: &'static str,
+        /// What was attempted.
+        action: &'static str,
+    },
+    /// 404: no route (or resource) by that name for this principal.
+    #[error("{0}")]
+    NotFound(String),
+    /// 400: the `Idempotency-Key` header is missing on an effectful route
+    /// (draft-ietf-httpapi-idempotency-key-header §2.7).
+    #[error("the Idempotency-Key header is required for {method} on route {route}")]
+    IdempotencyKeyMissing {
+        /// Request method.
+        method: String,
+        /// Route name.
+        route: String,
+    },
+    /// 400: the `Idempotency-Key` header is malformed, too long or repeated (§2.1).
+    #[error("invalid Idempotency-Key header: {0}")]
+    IdempotencyKeyInvalid(String),
+    /// 422: the key was already used with a different request (§2.7).
+    #[error("idempotency key {key:?} was already used for a different request (fingerprint mismatch)")]
+    FingerprintMismatch {
+        /// The key.
+        key: String,
+    },
+    /// 409: the operation is being executed right now (§2.7).
+    #[error("operation {operation_id:?} is in flight; retry after {retry_after_s} s")]
+    InFlight {
+        /// The operation.
+        operation_id: String,
+        /// Suggested `Retry-After`, in seconds.
+        retry_after_s: u64,
+    },
+    /// 409 (duplicate) or 502/504 (first call): the provider may or may not
+    /// have applied the effect. Never retried blindly.
+    #[error("the outcome of operation {operation_id:?} is unknown: {detail}")]
+    OutcomeUnknown {
+        /// The operation.
+        operation_id: String,
+        /// What happened.
+        detail: String,
+        /// HTTP status to answer with.
+        status: StatusCode,
+    },
+    /// 413: the request body exceeds the route's `max_body_bytes`.
+    #[error("request body exceeds the route's limit of {limit} bytes")]
+    PayloadTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// 400: some other malformed input; `field` names it.
+    #[error("{message}")]
+    BadRequest {
+        /// The offending field, parameter or header.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// 502: the provider could not be reached and nothing was sent.
+    #[error("the provider could not be reached: {0}")]
+    ProviderUnreachable(String),
+    /// 503: the effect ledger is not available; nothing was forwarded.
+    #[error("the effect ledger is unavailable: {0}")]
+    LedgerUnavailable(String),
+    /// 500: a bug or an unexpected condition.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// The stable problem kind (last segment of the `type` URI).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ApiError::Unauthenticated => "unauthenticated",
+            ApiError::Forbidden { .. } => "forbidden",
+            ApiError::NotFound(_) => "not-found",
+            ApiError::IdempotencyKeyMissing { .. } => "idempotency-key-missing",
+            ApiError::IdempotencyKeyInvalid(_) => "idempotency-key-invalid",
+            ApiError::FingerprintMismatch { .. } => "idempotency-key-reused",
+            ApiError::InFlight { .. } => "operation-in-flight",
+            ApiError::OutcomeUnknown { .. } => "operation-outcome-unknown",
+            ApiError::PayloadTooLarge { .. } => "payload-too-large",
+            ApiError::BadRequest { .. } => "bad-request",
+            ApiError::ProviderUnreachable(_) => "provider-unreachable",
+            ApiError::LedgerUnavailable(_) => "ledger-unavailable",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::Unauthenticated => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::IdempotencyKeyMissing { .. } | ApiError::IdempotencyKeyInvalid(_) => StatusCode::BAD_REQUEST,
+            ApiError::FingerprintMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::InFlight { .. } => StatusCode::CONFLICT,
+            ApiError::OutcomeUnknown { status, .. } => *status,
+            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::ProviderUnreachable(_) => StatusCode::BAD_GATEWAY,
+            ApiError::LedgerUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The problem details object (RFC 9457 §3.1) with extension members.
+    pub fn problem(&self) -> Value {
+        let status = self.status();
+        let mut body = Map::new();
+        body.insert("type".into(), json!(format!("urn:effectgate:problem:{}", self.kind())));
+        body.insert("title".into(), json!(status.canonical_reason().unwrap_or("Error")));
+        body.insert("status".into(), json!(status.as_u16()));
+        body.insert("detail".into(), json!(self.to_string()));
+        match self {
+            ApiError::IdempotencyKeyMissing { .. } | ApiError::IdempotencyKeyInvalid(_) => {
+                body.insert("field".into(), json!("header:Idempotency-Key"));
+            }
+            ApiError::FingerprintMismatch { key } => {
+                body.insert("field".into(), json!("header:Idempotency-Key"));
+                body.insert("operation_id".into(), json!(key));
+            }
+            ApiError::InFlight { operation_id, .. } | ApiError::OutcomeUnknown { operation_id, .. } => {
+                body.insert("operation_id".into(), json!(operation_id));
+            }
+            ApiError::PayloadTooLarge { limit } => {
+                body.insert("field".into(), json!("body"));
+                body.insert("limit_bytes".into(), json!(limit));
+            }
+            ApiError::BadRequest { field, .. } => {
+                body.insert("field".into(), json!(field));
+            }
+            ApiError::Unauthenticated => {
+                body.insert("field".into(), json!("header:Authorization"));
+            }
+            _ => {}
+        }
+        Value::Object(body)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if matches!(self, ApiError::Internal(_) | ApiError::LedgerUnavailable(_)) {
+            tracing::error!(kind = self.kind(), error = %self, "request failed");
+        }
+        let status = self.status();
+        let mut resp = (status, self.problem().to_string()).into_response();
+        let h = resp.headers_mut();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if let ApiError::InFlight { retry_after_s, .. } = &self {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_s));
+        }
+        if let ApiError::OutcomeUnknown { status, .. } = &self
+            && *status == StatusCode::CONFLICT
+        {
+            h.insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+        }
+        if matches!(self, ApiError::Unauthenticated) {
+            h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        resp
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> Self {
+        ApiError::LedgerUnavailable(e.to_string())
+    }
+}

@@ -1,0 +1,214 @@
+//! Idempotency keys, request fingerprints and provider keys, following
+//! draft-ietf-httpapi-idempotency-key-header-07 ("the draft").
+//!
+//! - §2.1 Syntax: the `Idempotency-Key` field is an Item Structured Header
+//!   (RFC 9651) whose value is a String. The common unquoted form
+//!   (`Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324`) is accepted too.
+//! - §2.2 Uniqueness: keys are scoped to `(tenant, key)`; the tenant comes
+//!   from the authenticated principal, never from the request.
+//! - §2.4 Idempotency Fingerprint: [`fingerprint`] is used only to detect a
+//!   reused key with a different request.
+//! - §2.7 Error Scenarios: missing key → 400, reused key with another
+//!   payload → 422, concurrent request → 409.
+
+use hmac::{Hmac, Mac};
+use http::HeaderMap;
+use sha2::{Digest, Sha256};
+
+use crate::error::ApiError;
+
+/// Name of the request header (draft §2).
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// Response header set on a replayed response.
+pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+
+/// Reads the `Idempotency-Key` of a request.
+///
+/// Returns `Ok(None)` when the header is absent.
+///
+/// Errors ([`ApiError::IdempotencyKeyInvalid`], 400): the header appears
+/// more than once; it is not a String or Token item and not a bare run of
+/// visible ASCII; it is empty; or it is longer than `max_len` characters.
+pub fn parse_key(headers: &HeaderMap, max_len: usize) -> Result<Option<String>, ApiError> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(raw) = values.next() else { return Ok(None) };
+    if values.next().is_some() {
+        return Err(ApiError::IdempotencyKeyInvalid("the header appears more than once".into()));
+    }
+    let raw = raw
+        .to_str()
+        .map_err(|_| ApiError::IdempotencyKeyInvalid("the value must be printable ASCII".into()))?
+        .trim();
+    let key = match sfv::Parser::new(raw).parse::<sfv::Item>() {
+        Ok(item) => match item.bare_item {
+            sfv::BareItem::String(s) => s.as_str().to_owned(),
+            sfv::BareItem::Token(t) => t.as_str().to_owned(),
+            _ => bare_key(raw)?,
+        },
+        Err(_) => bare_key(raw)?,
+    };
+    if key.is_empty() {
+        return Err(ApiError::IdempotencyKeyInvalid("the key is empty".into()));
+    }
+    if key.chars().count() > max_len {
+        return Err(ApiError::IdempotencyKeyInvalid(format!("the key is longer than {max_len} characters")));
+    }
+    if !key.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return Err(ApiError::IdempotencyKeyInvalid("the key must be printable ASCII".into()));
+    }
+    Ok(Some(key))
+}
+
+/// The unquoted form: visible ASCII without spaces, quotes, commas or semicolons.
+fn bare_key(raw: &str) -> Result<String, ApiError> {
+    if !raw.is_empty() && raw.bytes().all(|b| b.is_ascii_graphic() && !b"\",;\\".contains(&b)) {
+        Ok(raw.to_owned())
+    } else {
+        Err(ApiError::IdempotencyKeyInvalid(
+            "expected a structured-header string (\"...\") or a bare token of visible ASCII".into(),
+        ))
+    }
+}
+
+/// How a body is canonicalised for the fingerprint.
+fn canonical_body(content_type: Option<&str>, body: &[u8]) -> Vec<u8> {
+    let mime = content_type.and_then(|c| c.split(';').next()).map(|c| c.trim().to_ascii_lowercase());
+    match mime.as_deref() {
+        Some(m) if m == "application/json" || m.ends_with("+json") => {
+            // RFC 8785 JSON Canonicalization Scheme: key order and
+            // whitespace do not change the fingerprint.
+            match serde_json::from_slice::<serde_json::Value>(body)
+                .ok()
+                .and_then(|v| serde_json_canonicalizer::to_vec(&v).ok())
+            {
+                Some(c) => [b"json:".as_slice(), &c].concat(),
+                None => [b"raw:".as_slice(), body].concat(),
+            }
+        }
+        Some("application/x-www-form-urlencoded") => {
+            let mut pairs: Vec<(String, String)> = form_urlencoded::parse(body).into_owned().collect();
+            pairs.sort();
+            let enc = form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs).finish();
+            [b"form:".as_slice(), enc.as_bytes()].concat()
+        }
+        _ => [b"raw:".as_slice(), body].concat(),
+    }
+}
+
+/// The canonical query: pairs decoded, sorted, re-encoded.
+fn canonical_query(query: Option<&str>) -> String {
+    let mut pairs: Vec<(String, String)> =
+        form_urlencoded::parse(query.unwrap_or("").as_bytes()).into_owned().collect();
+    pairs.sort();
+    form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs).finish()
+}
+
+/// The request fingerprint (draft §2.4): lower-case hex sha256 over the
+/// method, route name, path (after the route prefix), canonical query and
+/// canonical body. JSON bodies (`application/json`, `*+json`) are
+/// canonicalised per RFC 8785; `application/x-www-form-urlencoded` bodies
+/// have their pairs sorted; other bodies count byte for byte. Each part is
+/// length-prefixed so that parts cannot run into each other.
+pub fn fingerprint(
+    method: &str,
+    route: &str,
+    path: &str,
+    query: Option<&str>,
+    content_type: Option<&str>,
+    body: &[u8],
+) -> String {
+    let mut h = Sha256::new();
+    for part in [
+        method.as_bytes(),
+        route.as_bytes(),
+        path.as_bytes(),
+        canonical_query(query).as_bytes(),
+        &canonical_body(content_type, body),
+    ] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    hex::encode(h.finalize())
+}
+
+/// The provider key for an operation: `eg_` + the first 32 hex digits of
+/// HMAC-SHA256(secret, tenant ‖ 0x00 ‖ operation id). Deterministic, so
+/// every attempt of one operation carries the same key; tenant-scoped, so
+/// two tenants' equal keys never collide at the provider.
+pub fn provider_key(secret: &[u8], tenant: &str, operation_id: &str) -> String {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC accepts any key length");
+    mac.update(tenant.as_bytes());
+    mac.update(&[0]);
+    mac.update(operation_id.as_bytes());
+    let out = mac.finalize().into_bytes();
+    format!("eg_{}", &hex::encode(out)[..32])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn hm(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(IDEMPOTENCY_KEY, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn parses_string_token_and_bare_forms() {
+        assert_eq!(parse_key(&hm(&["\"abc 1\""]), 255).unwrap().unwrap(), "abc 1");
+        assert_eq!(parse_key(&hm(&["k1"]), 255).unwrap().unwrap(), "k1");
+        assert_eq!(
+            parse_key(&hm(&["8e03978e-40d5-43e8-bc93-6894a57f9324"]), 255).unwrap().unwrap(),
+            "8e03978e-40d5-43e8-bc93-6894a57f9324"
+        );
+        assert!(parse_key(&HeaderMap::new(), 255).unwrap().is_none());
+    }
+
+    #[test]
+    fn rejects_repeated_long_and_malformed() {
+        assert!(parse_key(&hm(&["a", "b"]), 255).is_err());
+        assert!(parse_key(&hm(&[&"x".repeat(256)]), 255).is_err());
+        assert!(parse_key(&hm(&[&"x".repeat(255)]), 255).is_ok());
+        assert!(parse_key(&hm(&["\"\""]), 255).is_err());
+        assert!(parse_key(&hm(&["a b"]), 255).is_err());
+        assert!(parse_key(&hm(&["\"unterminated"]), 255).is_err());
+    }
+
+    #[test]
+    fn json_fingerprint_ignores_key_order_and_whitespace() {
+        let a = fingerprint("POST", "r", "/v1/c", None, Some("application/json"), br#"{"amount":100,"currency":"eur"}"#);
+        let b = fingerprint(
+            "POST",
+            "r",
+            "/v1/c",
+            None,
+            Some("application/json; charset=utf-8"),
+            br#"{ "currency": "eur", "amount": 100 }"#,
+        );
+        assert_eq!(a, b);
+        let c = fingerprint("POST", "r", "/v1/c", None, Some("application/json"), br#"{"amount":101,"currency":"eur"}"#);
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn form_and_query_order_ignored_raw_bytes_count() {
+        let f = |ct: &str, b: &[u8]| fingerprint("POST", "r", "/p", Some("b=2&a=1"), Some(ct), b);
+        let ct = "application/x-www-form-urlencoded";
+        assert_eq!(f(ct, b"x=1&y=2"), f(ct, b"y=2&x=1"));
+        assert_eq!(f(ct, b"x=1"), fingerprint("POST", "r", "/p", Some("a=1&b=2"), Some(ct), b"x=1"));
+        assert_ne!(f("text/plain", b"x=1&y=2"), f("text/plain", b"y=2&x=1"));
+        assert_ne!(fingerprint("POST", "r", "/p", None, None, b""), fingerprint("PUT", "r", "/p", None, None, b""));
+    }
+
+    #[test]
+    fn provider_key_is_deterministic_and_tenant_scoped() {
+        let a = provider_key(b"s", "a", "k1");
+        assert_eq!(a, provider_key(b"s", "a", "k1"));
+        assert_ne!(a, provider_key(b"s", "b", "k1"));
+        assert_eq!(a.len(), 35);
+    }
+}

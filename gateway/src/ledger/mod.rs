@@ -1,0 +1,389 @@
+//! The effect ledger: operations, their state machine and the append-only
+//! transition history.
+//!
+//! The state machine (DESIGN.md):
+//!
+//! ```text
+//! RESERVED ──► EXECUTING ──2xx──► COMPLETED ──► COMPENSATED
+//!    │             │ ──permanent error──► FAILED
+//!    │             └──timeout / reset after send / 5xx──► UNKNOWN
+//!    └──► AWAITING_APPROVAL ──► EXECUTING | FAILED
+//! UNKNOWN ──read-back found──► COMPLETED
+//! UNKNOWN ──read-back absent──► EXECUTING (same operation, new fence token)
+//! ```
+//!
+//! The only way to change an operation's state is a method of [`Ledger`],
+//! and each of them is one SQL compare-and-swap (`INSERT … ON CONFLICT DO
+//! NOTHING`, `UPDATE … WHERE version = ?` or `… WHERE fence = ?`) plus a
+//! row in `transitions`, in one transaction. Application code never
+//! checks-then-acts.
+
+mod sqlite;
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use serde::Serialize;
+
+pub use sqlite::Ledger;
+
+/// A source of time in ms since the Unix epoch. Injected so tests can
+/// drive lease expiry without sleeping.
+pub trait Clock: Send + Sync + fmt::Debug {
+    /// Now, in ms since the Unix epoch.
+    fn now_ms(&self) -> i64;
+}
+
+/// The system clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    }
+}
+
+/// A clock that only moves when told to (tests).
+#[derive(Debug, Default)]
+pub struct ManualClock(AtomicI64);
+
+impl ManualClock {
+    /// A clock at `start_ms`.
+    pub fn new(start_ms: i64) -> Arc<Self> {
+        Arc::new(Self(AtomicI64::new(start_ms)))
+    }
+    /// Moves the clock forward by `ms`.
+    pub fn advance(&self, ms: i64) {
+        self.0.fetch_add(ms, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> i64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// The state of an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum State {
+    /// Recorded; nothing has been sent to the provider yet.
+    Reserved,
+    /// Waiting for a human decision; nothing has been sent.
+    AwaitingApproval,
+    /// A lease holder is calling the provider.
+    Executing,
+    /// The provider applied the effect; the response is stored.
+    Completed,
+    /// The provider refused permanently (or the operation was stopped); stored.
+    Failed,
+    /// The provider may or may not have applied the effect.
+    Unknown,
+    /// A completed effect was undone by a compensating action.
+    Compensated,
+}
+
+impl State {
+    /// All states.
+    pub const ALL: [State; 7] = [
+        State::Reserved,
+        State::AwaitingApproval,
+        State::Executing,
+        State::Completed,
+        State::Failed,
+        State::Unknown,
+        State::Compensated,
+    ];
+
+    /// The name stored in the ledger, e.g. `EXECUTING`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Reserved => "RESERVED",
+            State::AwaitingApproval => "AWAITING_APPROVAL",
+            State::Executing => "EXECUTING",
+            State::Completed => "COMPLETED",
+            State::Failed => "FAILED",
+            State::Unknown => "UNKNOWN",
+            State::Compensated => "COMPENSATED",
+        }
+    }
+
+    /// Whether no automatic transition leaves this state.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, State::Completed | State::Failed | State::Compensated)
+    }
+
+    /// Whether the state machine allows `self → to`.
+    pub fn can_transition_to(self, to: State) -> bool {
+        use State::*;
+        matches!(
+            (self, to),
+            (Reserved, Executing)
+                | (Reserved, AwaitingApproval)
+                | (AwaitingApproval, Executing)
+                | (AwaitingApproval, Failed)
+                | (Executing, Completed)
+                | (Executing, Failed)
+                | (Executing, Unknown)
+                | (Executing, Executing)
+                | (Unknown, Completed)
+                | (Unknown, Executing)
+                | (Unknown, Failed)
+                | (Completed, Compensated)
+        )
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Error for an unknown state name.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown operation state {0:?}; expected one of RESERVED, AWAITING_APPROVAL, EXECUTING, COMPLETED, FAILED, UNKNOWN, COMPENSATED")]
+pub struct UnknownState(pub String);
+
+impl FromStr for State {
+    type Err = UnknownState;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        State::ALL
+            .into_iter()
+            .find(|st| st.as_str().eq_ignore_ascii_case(s))
+            .ok_or_else(|| UnknownState(s.to_owned()))
+    }
+}
+
+/// One operation row.
+#[derive(Debug, Clone, Serialize)]
+pub struct Operation {
+    /// Tenant the operation belongs to.
+    pub tenant_id: String,
+    /// Operation id (the caller's idempotency key).
+    pub operation_id: String,
+    /// Route name.
+    pub route: String,
+    /// HTTP method.
+    pub method: String,
+    /// Path below the route prefix.
+    pub path: String,
+    /// Query string, if any.
+    pub query: Option<String>,
+    /// Request fingerprint (hex sha256).
+    pub fingerprint: String,
+    /// Key stamped on every provider attempt.
+    pub provider_key: String,
+    /// Effect class, when known.
+    pub effect_class: Option<String>,
+    /// Current state.
+    pub state: State,
+    /// Row version; bumped by every transition.
+    pub version: i64,
+    /// Provider attempts so far.
+    pub attempts: i64,
+    /// Current lease holder (gateway instance id).
+    pub lease_owner: Option<String>,
+    /// Lease expiry (ms since epoch).
+    pub lease_expires_at: Option<i64>,
+    /// Fencing token of the latest claim.
+    pub fence: i64,
+    /// Request content type.
+    pub request_content_type: Option<String>,
+    /// Request body as forwarded (bytes).
+    #[serde(skip)]
+    pub request_body: Vec<u8>,
+    /// Principal that created the operation.
+    pub principal: String,
+    /// Stored response status.
+    pub response_status: Option<i64>,
+    /// Stored allow-listed response headers, `[[name, value], …]`.
+    pub response_headers: Vec<(String, String)>,
+    /// Stored response body (up to the route's limit).
+    #[serde(skip)]
+    pub response_body: Option<Vec<u8>>,
+    /// Size of the provider's response body in bytes, when read whole.
+    pub response_body_bytes: Option<i64>,
+    /// True when the body was larger than the route's stored-response limit.
+    pub response_body_omitted: bool,
+    /// Error kind (`timeout`, `connection-lost`, `provider-5xx`, …).
+    pub error_kind: Option<String>,
+    /// Human-readable error detail.
+    pub error_detail: Option<String>,
+    /// Created (ms since epoch).
+    pub created_at: i64,
+    /// Last change (ms since epoch).
+    pub updated_at: i64,
+    /// Key retention end (ms since epoch).
+    pub expires_at: i64,
+}
+
+/// One recorded state change.
+#[derive(Debug, Clone, Serialize)]
+pub struct Transition {
+    /// Global sequence number.
+    pub seq: i64,
+    /// State before (`None` for the reservation).
+    pub from_state: Option<State>,
+    /// State after.
+    pub to_state: State,
+    /// Row version after the change.
+    pub version: i64,
+    /// Fencing token after the change.
+    pub fence: i64,
+    /// Who made the change (principal or gateway instance).
+    pub actor: String,
+    /// Why.
+    pub reason: String,
+    /// When (ms since epoch).
+    pub at: i64,
+}
+
+/// What a new reservation records.
+#[derive(Debug, Clone)]
+pub struct NewOperation {
+    /// Tenant.
+    pub tenant_id: String,
+    /// Operation id.
+    pub operation_id: String,
+    /// Route name.
+    pub route: String,
+    /// Method.
+    pub method: String,
+    /// Path below the prefix.
+    pub path: String,
+    /// Query.
+    pub query: Option<String>,
+    /// Fingerprint.
+    pub fingerprint: String,
+    /// Provider key.
+    pub provider_key: String,
+    /// Effect class.
+    pub effect_class: Option<String>,
+    /// Request content type.
+    pub request_content_type: Option<String>,
+    /// Request body.
+    pub request_body: Vec<u8>,
+    /// Principal name.
+    pub principal: String,
+    /// Key retention (ms).
+    pub retention_ms: i64,
+}
+
+/// Result of [`Ledger::reserve`].
+#[derive(Debug)]
+pub enum Reservation {
+    /// This call created the operation (state RESERVED).
+    Created(Operation),
+    /// The operation already existed; nothing was changed.
+    Existing(Operation),
+}
+
+/// A held lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// Fencing token; every later write must carry it.
+    pub fence: i64,
+    /// Row version after the claim.
+    pub version: i64,
+    /// Attempt number (1-based).
+    pub attempt: i64,
+    /// Lease expiry (ms since epoch).
+    pub lease_expires_at: i64,
+}
+
+/// The outcome an executor records under its fencing token.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// COMPLETED, FAILED or UNKNOWN.
+    pub state: State,
+    /// Provider status, if a response head arrived.
+    pub response_status: Option<u16>,
+    /// Allow-listed headers.
+    pub response_headers: Vec<(String, String)>,
+    /// Body if stored.
+    pub response_body: Option<Vec<u8>>,
+    /// Body size in bytes, when known.
+    pub response_body_bytes: Option<i64>,
+    /// Body larger than the stored-response limit.
+    pub response_body_omitted: bool,
+    /// Error kind.
+    pub error_kind: Option<String>,
+    /// Error detail.
+    pub error_detail: Option<String>,
+    /// Short outcome of the last attempt for the attempts log, e.g.
+    /// `status-201`, `timeout`, `connection-lost`.
+    pub attempt_outcome: String,
+    /// Transition reason.
+    pub reason: String,
+}
+
+/// One provider attempt, as logged.
+#[derive(Debug, Clone, Serialize)]
+pub struct Attempt {
+    /// Attempt number (1-based).
+    pub attempt: i64,
+    /// Fencing token the attempt ran under.
+    pub fence: i64,
+    /// Provider status, if a response head arrived.
+    pub status: Option<i64>,
+    /// Short outcome (`status-503`, `connect-failed`, `timeout`, …).
+    pub outcome: String,
+    /// Detail.
+    pub detail: Option<String>,
+    /// When the outcome was recorded (ms since epoch).
+    pub at: i64,
+}
+
+/// Errors of ledger writes.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// The database failed.
+    #[error("ledger database error: {0}")]
+    Db(#[from] sqlx::Error),
+    /// The requested transition is not in the state machine.
+    #[error("transition {from} → {to} is not allowed")]
+    IllegalTransition {
+        /// From.
+        from: State,
+        /// To.
+        to: State,
+    },
+    /// A migration failed.
+    #[error("ledger migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+impl From<LedgerError> for crate::error::ApiError {
+    fn from(e: LedgerError) -> Self {
+        match e {
+            LedgerError::IllegalTransition { .. } => crate::error::ApiError::Internal(e.to_string()),
+            other => crate::error::ApiError::LedgerUnavailable(other.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completed_never_goes_back() {
+        for to in State::ALL {
+            let ok = State::Completed.can_transition_to(to);
+            assert_eq!(ok, to == State::Compensated, "COMPLETED → {to}");
+        }
+    }
+
+    #[test]
+    fn state_names_round_trip() {
+        for s in State::ALL {
+            assert_eq!(s.as_str().parse::<State>().unwrap(), s);
+        }
+        assert!("nope".parse::<State>().is_err());
+    }
+}
