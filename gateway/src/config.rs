@@ -274,7 +274,7 @@ pub struct RouteSpec {
 /// exponential backoff and full jitter, honouring `Retry-After`. Every
 /// attempt carries the same provider key.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct RetrySpec {
     /// Attempts in all, including the first (1 = no retry). Default 3.
     pub max_attempts: u32,

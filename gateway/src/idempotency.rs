@@ -81,17 +81,17 @@ fn canonical_body(content_type: Option<&str>, body: &[u8]) -> Vec<u8> {
                 .ok()
                 .and_then(|v| serde_json_canonicalizer::to_vec(&v).ok())
             {
-                Some(c) => [b"json:".as_slice(), &c].concat(),
-                None => [b"raw:".as_slice(), body].concat(),
+                Some(c) => c,
+                None => body.to_vec(),
             }
         }
         Some("application/x-www-form-urlencoded") => {
             let mut pairs: Vec<(String, String)> = form_urlencoded::parse(body).into_owned().collect();
             pairs.sort();
             let enc = form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs).finish();
-            [b"form:".as_slice(), enc.as_bytes()].concat()
+            enc.into_bytes()
         }
-        _ => [b"raw:".as_slice(), body].concat(),
+        _ => body.to_vec(),
     }
 }
 

@@ -1,0 +1,182 @@
+//! Integration harness: a mock provider and an effectgate instance on port
+//! 0, with a SQLite ledger in a temporary directory.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Once};
+
+use effectgate::Gateway;
+use effectgate::config::{self, Settings};
+use effectgate::ledger::{Clock, SystemClock};
+use mock_provider::MockProvider;
+
+/// Client key of tenant `a`.
+pub const KEY_A: &str = "test-client-key-a";
+/// Admin key of tenant `a`.
+pub const ADMIN_A: &str = "test-admin-key-a";
+/// Client key of tenant `b`.
+pub const KEY_B: &str = "test-client-key-b";
+/// Admin key of tenant `b`.
+pub const ADMIN_B: &str = "test-admin-key-b";
+/// The provider secret injected by the `/pay/` route.
+pub const PROVIDER_SECRET: &str = "sk_test_provider_secret";
+
+fn hash(k: &str) -> String {
+    hex(&config::key_digest(k))
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+static ENV: Once = Once::new();
+
+/// The standard test config: tenants `a` and `b`, route `/pay/` → the mock
+/// provider, effectful for POST, provider idempotency header
+/// `Idempotency-Key`, credential injected from `MOCK_PROVIDER_SECRET`.
+/// `route_extra` is appended to the route table (TOML lines).
+pub fn config_toml(provider_url: &str, db: &std::path::Path, route_extra: &str) -> String {
+    format!(
+        r#"
+[listen]
+proxy = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+
+[storage]
+path = "{db}"
+
+[[tenants]]
+id = "a"
+keys = [{{ role = "client", sha256 = "{ka}" }}, {{ role = "admin", sha256 = "{aa}" }}]
+
+[[tenants]]
+id = "b"
+keys = [{{ role = "client", sha256 = "{kb}" }}, {{ role = "admin", sha256 = "{ab}" }}]
+
+[[routes]]
+name = "payments"
+prefix = "/pay/"
+upstream = "{provider_url}"
+effectful_methods = ["POST"]
+provider_idempotency_header = "Idempotency-Key"
+max_body_bytes = 4096
+response_timeout_ms = 3000
+inject_headers = [{{ name = "Authorization", value_env = "MOCK_PROVIDER_SECRET", prefix = "Bearer " }}]
+{route_extra}
+"#,
+        db = db.display(),
+        ka = hash(KEY_A),
+        aa = hash(ADMIN_A),
+        kb = hash(KEY_B),
+        ab = hash(ADMIN_B),
+    )
+}
+
+/// Parses a config from TOML text (plus `EFFECTGATE_*` env, as in production).
+pub fn settings_from(toml: &str, dir: &std::path::Path) -> Settings {
+    ENV.call_once(|| {
+        // SAFETY: set once, before any gateway reads the environment.
+        unsafe { std::env::set_var("MOCK_PROVIDER_SECRET", PROVIDER_SECRET) };
+    });
+    let p = dir.join(format!("config-{}.toml", rand_suffix()));
+    std::fs::write(&p, toml).unwrap();
+    config::load(Some(&p)).unwrap_or_else(|e| panic!("config: {e}\n{toml}"))
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A gateway in front of a mock provider.
+pub struct TestApp {
+    /// The gateway.
+    pub gw: Gateway,
+    /// The provider.
+    pub mock: MockProvider,
+    /// Temporary directory holding the ledger.
+    pub dir: tempfile::TempDir,
+    /// Ledger path.
+    pub db: PathBuf,
+    /// HTTP client.
+    pub http: reqwest::Client,
+    toml: String,
+}
+
+/// Builder options for [`spawn_app`].
+#[derive(Default)]
+pub struct Opts {
+    /// Extra TOML lines for the `/pay/` route.
+    pub route_extra: String,
+    /// Extra TOML appended after the route (more routes).
+    pub more: String,
+    /// Clock to run the gateway with.
+    pub clock: Option<Arc<dyn Clock>>,
+}
+
+/// Spawns a mock provider and a gateway in front of it.
+pub async fn spawn_app() -> TestApp {
+    spawn_with(Opts::default()).await
+}
+
+/// [`spawn_app`] with options.
+pub async fn spawn_with(opts: Opts) -> TestApp {
+    let mock = mock_provider::spawn("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ledger.db");
+    let toml = format!("{}\n{}", config_toml(&mock.url(), &db, &opts.route_extra), opts.more);
+    let settings = settings_from(&toml, dir.path());
+    let clock = opts.clock.unwrap_or_else(|| Arc::new(SystemClock));
+    let gw = Gateway::start_with_clock(settings, clock).await.unwrap();
+    TestApp { gw, mock, dir, db, http: reqwest::Client::new(), toml }
+}
+
+impl TestApp {
+    /// `http://proxy/<path>`.
+    pub fn proxy(&self, path: &str) -> String {
+        format!("http://{}{}", self.gw.proxy_addr, path)
+    }
+    /// `http://admin/<path>`.
+    pub fn admin(&self, path: &str) -> String {
+        format!("http://{}{}", self.gw.admin_addr, path)
+    }
+    /// POST a JSON body to `/pay/v1/charges` as tenant `a` with `key`.
+    pub async fn charge(&self, key: &str, body: &str) -> reqwest::Response {
+        self.charge_as(KEY_A, key, body).await
+    }
+    /// POST a JSON body to `/pay/v1/charges` with an API key and idempotency key.
+    pub async fn charge_as(&self, api_key: &str, key: &str, body: &str) -> reqwest::Response {
+        self.http
+            .post(self.proxy("/pay/v1/charges"))
+            .bearer_auth(api_key)
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap()
+    }
+    /// GET an operation through the admin API as `admin_key` of `tenant`.
+    pub async fn operation(&self, admin_key: &str, tenant: &str, id: &str) -> reqwest::Response {
+        self.http
+            .get(self.admin(&format!("/admin/tenants/{tenant}/operations/{id}")))
+            .bearer_auth(admin_key)
+            .send()
+            .await
+            .unwrap()
+    }
+    /// The operation's JSON as tenant `a`'s admin (panics unless 200).
+    pub async fn op_json(&self, id: &str) -> serde_json::Value {
+        let r = self.operation(ADMIN_A, "a", id).await;
+        assert_eq!(r.status(), 200, "operation {id}");
+        r.json().await.unwrap()
+    }
+    /// Restarts the gateway on the same ledger file (same config).
+    pub async fn restart(self) -> TestApp {
+        let TestApp { gw, mock, dir, db, http, toml } = self;
+        gw.shutdown().await;
+        let settings = settings_from(&toml, dir.path());
+        let gw = Gateway::start(settings).await.unwrap();
+        TestApp { gw, mock, dir, db, http, toml }
+    }
+}

@@ -1,0 +1,376 @@
+//! A payments-like demo provider with fault injection.
+//!
+//! Endpoints:
+//! - `POST /v1/charges`: creates a charge from a JSON body
+//!   (`{"amount": 100, "currency": "eur", "client_ref": "…"}`). When an
+//!   `Idempotency-Key` header is sent, a repeat with the same key returns the
+//!   first charge and applies no new effect.
+//! - `GET /v1/charges?client_ref=…` / `?idempotency_key=…`: read-back,
+//!   `{"data": [charge, …]}`. Charges become visible here only after
+//!   `readback_lag_ms` (see faults).
+//! - `GET /v1/charges/{id}`: one charge, or 404.
+//! - `GET /stats`: `{"effects": n, "requests": n, "readbacks": n}`.
+//! - `GET /requests`: every request seen (method, path, headers).
+//! - `POST /admin/faults`: set fault knobs (JSON [`Faults`]); `POST /admin/reset`.
+//!
+//! Per-request fault headers:
+//! - `X-Mock-Delay-Ms: N`: wait N ms before handling;
+//! - `X-Mock-Fault: drop-after-effect`: apply the effect, then close the
+//!   connection without answering;
+//! - `X-Mock-Fault: fail-503:N`: the first N requests with this request's
+//!   `Idempotency-Key` (or `client_ref`) get 503 without an effect;
+//! - `X-Mock-Fault: status:CODE`: answer CODE without an effect.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+
+/// Fault knobs, consumed request by request (the `_times` counters count down).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Faults {
+    /// The next N charge requests get 503 and apply nothing.
+    pub fail_503_times: u32,
+    /// `Retry-After` seconds sent with those 503s.
+    pub retry_after_s: Option<u32>,
+    /// The next N charge requests apply the effect, then the connection drops.
+    pub drop_after_effect_times: u32,
+    /// The next N charge requests get `fail_status` and apply nothing.
+    pub fail_status_times: u32,
+    /// Status for `fail_status_times` (e.g. 400 or 500).
+    pub fail_status: u16,
+    /// Delay in ms added to the next `delay_times` charge requests.
+    pub delay_ms: u64,
+    /// How many charge requests get `delay_ms`.
+    pub delay_times: u32,
+    /// A charge appears in read-back only this many ms after creation.
+    pub readback_lag_ms: u64,
+    /// The next N read-back requests get 500.
+    pub readback_fail_times: u32,
+}
+
+/// One charge.
+#[derive(Debug, Clone, Serialize)]
+pub struct Charge {
+    /// `ch_<n>`.
+    pub id: String,
+    /// Amount in minor units.
+    pub amount: Value,
+    /// Currency.
+    pub currency: Value,
+    /// Caller's reference, if any.
+    pub client_ref: Option<String>,
+    /// Idempotency key the charge was created with, if any.
+    pub idempotency_key: Option<String>,
+    #[serde(skip)]
+    created: Option<Instant>,
+}
+
+/// A request as the provider saw it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SeenRequest {
+    /// Method.
+    pub method: String,
+    /// Path and query.
+    pub uri: String,
+    /// Headers (lower-case names).
+    pub headers: Vec<(String, String)>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    charges: Vec<Charge>,
+    by_key: HashMap<String, usize>,
+    requests: Vec<SeenRequest>,
+    readbacks: u64,
+    faults: Faults,
+    per_key_failures: HashMap<String, u32>,
+}
+
+/// Shared provider state; tests read counts from it directly.
+#[derive(Debug, Clone, Default)]
+pub struct Provider {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl Provider {
+    /// Number of effects applied (charges created).
+    pub fn effects(&self) -> usize {
+        self.inner.lock().unwrap().charges.len()
+    }
+    /// Every request seen so far.
+    pub fn requests(&self) -> Vec<SeenRequest> {
+        self.inner.lock().unwrap().requests.clone()
+    }
+    /// Number of read-back (GET /v1/charges) requests.
+    pub fn readbacks(&self) -> u64 {
+        self.inner.lock().unwrap().readbacks
+    }
+    /// The charges created.
+    pub fn charges(&self) -> Vec<Charge> {
+        self.inner.lock().unwrap().charges.clone()
+    }
+    /// Replaces the fault knobs.
+    pub fn set_faults(&self, f: Faults) {
+        self.inner.lock().unwrap().faults = f;
+    }
+}
+
+/// Closes the current connection without a response when notified.
+#[derive(Clone)]
+struct ConnKill(Arc<Notify>);
+
+/// A running provider.
+pub struct MockProvider {
+    /// Bound address.
+    pub addr: SocketAddr,
+    /// Its state.
+    pub provider: Provider,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl MockProvider {
+    /// Base URL, `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for MockProvider {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Binds `addr` (port 0 picks one) and serves in the background.
+pub async fn spawn(addr: SocketAddr) -> std::io::Result<MockProvider> {
+    let listener = TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
+    let provider = Provider::default();
+    let app = router(provider.clone());
+    let task = tokio::spawn(serve(listener, app));
+    Ok(MockProvider { addr, provider, task })
+}
+
+/// Accept loop: hyper per connection, so a handler can drop its connection.
+pub async fn serve(listener: TcpListener, app: Router) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let app = app.clone();
+        tokio::spawn(async move {
+            let kill = Arc::new(Notify::new());
+            let k2 = kill.clone();
+            let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(ConnKill(k2.clone()));
+                let app = app.clone();
+                async move {
+                    use tower_service::Service;
+                    let mut app = app;
+                    app.call(req.map(axum::body::Body::new)).await
+                }
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, svc);
+            tokio::select! {
+                _ = conn => {}
+                _ = kill.notified() => {}
+            }
+        });
+    }
+}
+
+/// The provider's router.
+pub fn router(provider: Provider) -> Router {
+    Router::new()
+        .route("/v1/charges", post(create_charge).get(list_charges))
+        .route("/v1/charges/{id}", get(get_charge))
+        .route("/stats", get(stats))
+        .route("/requests", get(|State(p): State<Provider>| async move { axum::Json(p.requests()) }))
+        .route("/admin/faults", post(set_faults))
+        .route("/admin/reset", post(reset))
+        .with_state(provider)
+}
+
+async fn stats(State(p): State<Provider>) -> impl IntoResponse {
+    let i = p.inner.lock().unwrap();
+    axum::Json(json!({"effects": i.charges.len(), "requests": i.requests.len(), "readbacks": i.readbacks}))
+}
+
+async fn set_faults(State(p): State<Provider>, axum::Json(f): axum::Json<Faults>) -> impl IntoResponse {
+    p.set_faults(f);
+    StatusCode::NO_CONTENT
+}
+
+async fn reset(State(p): State<Provider>) -> impl IntoResponse {
+    *p.inner.lock().unwrap() = Inner::default();
+    StatusCode::NO_CONTENT
+}
+
+fn record(p: &Provider, req: &Request) {
+    let seen = SeenRequest {
+        method: req.method().to_string(),
+        uri: req.uri().to_string(),
+        headers: req
+            .headers()
+            .iter()
+            .map(|(n, v)| (n.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+            .collect(),
+    };
+    p.inner.lock().unwrap().requests.push(seen);
+}
+
+fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+async fn create_charge(State(p): State<Provider>, req: Request) -> Response {
+    record(&p, &req);
+    let kill = req.extensions().get::<ConnKill>().cloned();
+    let (parts, body) = req.into_parts();
+    let h = &parts.headers;
+    let body = axum::body::to_bytes(body, 1 << 20).await.unwrap_or_default();
+    let v: Value = match serde_json::from_slice(&body) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => {
+            return (
+                StatusCode::BAD_REQUEST,
+                axum::Json(json!({"error": {"type": "invalid_request_error", "message": "body must be a JSON object"}})),
+            )
+                .into_response();
+        }
+    };
+    let key = header(h, "idempotency-key").map(str::to_owned);
+    let client_ref = v.get("client_ref").and_then(Value::as_str).map(str::to_owned);
+    let fault = header(h, "x-mock-fault").unwrap_or("").to_owned();
+
+    // Delay (header, then knob).
+    let mut delay = header(h, "x-mock-delay-ms").and_then(|d| d.parse::<u64>().ok()).unwrap_or(0);
+    {
+        let mut i = p.inner.lock().unwrap();
+        if i.faults.delay_times > 0 {
+            i.faults.delay_times -= 1;
+            delay = delay.max(i.faults.delay_ms);
+        }
+    }
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
+
+    let mut drop_after = fault == "drop-after-effect";
+    let response = {
+        let mut i = p.inner.lock().unwrap();
+        // Refusals without an effect.
+        let per_key = key.clone().or_else(|| client_ref.clone()).unwrap_or_default();
+        if let Some(n) = fault.strip_prefix("fail-503:").and_then(|n| n.parse::<u32>().ok()) {
+            let seen = i.per_key_failures.entry(per_key).or_insert(0);
+            if *seen < n {
+                *seen += 1;
+                return unavailable(None);
+            }
+        }
+        if let Some(code) = fault.strip_prefix("status:").and_then(|c| c.parse::<u16>().ok()) {
+            return refuse(code);
+        }
+        if i.faults.fail_503_times > 0 {
+            i.faults.fail_503_times -= 1;
+            return unavailable(i.faults.retry_after_s);
+        }
+        if i.faults.fail_status_times > 0 {
+            i.faults.fail_status_times -= 1;
+            return refuse(i.faults.fail_status);
+        }
+        if i.faults.drop_after_effect_times > 0 {
+            i.faults.drop_after_effect_times -= 1;
+            drop_after = true;
+        }
+        // The provider's own idempotency.
+        if let Some(idx) = key.as_ref().and_then(|k| i.by_key.get(k)) {
+            let c = i.charges[*idx].clone();
+            let mut r = (StatusCode::OK, axum::Json(c)).into_response();
+            r.headers_mut().insert("idempotent-replayed", "true".parse().unwrap());
+            r
+        } else {
+            let charge = Charge {
+                id: format!("ch_{}", i.charges.len() + 1),
+                amount: v.get("amount").cloned().unwrap_or(Value::Null),
+                currency: v.get("currency").cloned().unwrap_or(Value::Null),
+                client_ref,
+                idempotency_key: key.clone(),
+                created: Some(Instant::now()),
+            };
+            i.charges.push(charge.clone());
+            if let Some(k) = key {
+                let n = i.charges.len() - 1;
+                i.by_key.insert(k, n);
+            }
+            (StatusCode::OK, axum::Json(charge)).into_response()
+        }
+    };
+    if drop_after && let Some(kill) = kill {
+        kill.0.notify_one();
+        std::future::pending::<()>().await;
+    }
+    response
+}
+
+fn unavailable(retry_after: Option<u32>) -> Response {
+    let mut r = (
+        StatusCode::SERVICE_UNAVAILABLE,
+        axum::Json(json!({"error": {"type": "api_error", "message": "temporarily unavailable"}})),
+    )
+        .into_response();
+    if let Some(s) = retry_after {
+        r.headers_mut().insert("retry-after", s.into());
+    }
+    r
+}
+
+fn refuse(code: u16) -> Response {
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST);
+    let kind = if code < 500 { "card_error" } else { "api_error" };
+    (status, axum::Json(json!({"error": {"type": kind, "message": format!("refused with {code}")}}))).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct ChargeQuery {
+    client_ref: Option<String>,
+    idempotency_key: Option<String>,
+}
+
+async fn list_charges(State(p): State<Provider>, Query(q): Query<ChargeQuery>, req: Request) -> Response {
+    record(&p, &req);
+    let mut i = p.inner.lock().unwrap();
+    i.readbacks += 1;
+    if i.faults.readback_fail_times > 0 {
+        i.faults.readback_fail_times -= 1;
+        return refuse(500);
+    }
+    let lag = Duration::from_millis(i.faults.readback_lag_ms);
+    let data: Vec<&Charge> = i
+        .charges
+        .iter()
+        .filter(|c| c.created.is_none_or(|t| t.elapsed() >= lag))
+        .filter(|c| q.client_ref.as_ref().is_none_or(|r| c.client_ref.as_ref() == Some(r)))
+        .filter(|c| q.idempotency_key.as_ref().is_none_or(|k| c.idempotency_key.as_ref() == Some(k)))
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+async fn get_charge(State(p): State<Provider>, Path(id): Path<String>) -> Response {
+    let i = p.inner.lock().unwrap();
+    match i.charges.iter().find(|c| c.id == id) {
+        Some(c) => axum::Json(c.clone()).into_response(),
+        None => (StatusCode::NOT_FOUND, axum::Json(json!({"error": {"type": "invalid_request_error"}}))).into_response(),
+    }
+}
