@@ -1,1 +1,171 @@
-fn main(){}
+//! Loopback load benchmark. Starts the mock provider and effectgate
+//! in-process (SQLite ledger in a temp dir) and measures, in one run:
+//!
+//! - (a) direct: POST /v1/charges straight to the provider;
+//! - (b) through effectgate on a pass-through route (no ledger);
+//! - (c) through effectgate on an effectful route, a unique key per request;
+//! - (d) duplicates of one completed key (replays from the ledger).
+//!
+//! Prints requests/s and p50/p99 latency per scenario, and the ratios b/a,
+//! c/a, d/a of throughput. Bounded by `--requests` per scenario.
+//!
+//! Run: `cargo run --release -p bench -- --requests 5000 --concurrency 32`
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Parser;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+#[derive(Debug, Parser)]
+#[command(name = "bench", about = "effectgate loopback benchmark")]
+struct Args {
+    /// Requests per scenario.
+    #[arg(long, default_value_t = 5000)]
+    requests: usize,
+    /// Concurrent connections.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+}
+
+const CLIENT_KEY: &str = "bench-client-key";
+const BODY: &str = r#"{"amount":100,"currency":"eur"}"#;
+
+struct Stats {
+    name: &'static str,
+    rps: f64,
+    p50_us: u128,
+    p99_us: u128,
+    errors: usize,
+}
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+async fn run(
+    name: &'static str,
+    client: &HttpClient,
+    url: String,
+    requests: usize,
+    concurrency: usize,
+    key: impl Fn(usize) -> Option<String> + Send + Sync + 'static,
+    auth: bool,
+) -> Stats {
+    let next = Arc::new(AtomicUsize::new(0));
+    let key = Arc::new(key);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let (client, url, next, key) = (client.clone(), url.clone(), next.clone(), key.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut errors = 0;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= requests {
+                    break;
+                }
+                let mut b = hyper::Request::post(&url).header("content-type", "application/json");
+                if auth {
+                    b = b.header("authorization", format!("Bearer {CLIENT_KEY}"));
+                }
+                if let Some(k) = key(i) {
+                    b = b.header("idempotency-key", k);
+                }
+                let req = b.body(Full::new(Bytes::from_static(BODY.as_bytes()))).unwrap();
+                let t = Instant::now();
+                match client.request(req).await {
+                    Ok(resp) => {
+                        let ok = resp.status().is_success();
+                        let _ = resp.into_body().collect().await;
+                        if !ok {
+                            errors += 1;
+                        }
+                    }
+                    Err(_) => errors += 1,
+                }
+                lat.push(t.elapsed().as_micros());
+            }
+            (lat, errors)
+        }));
+    }
+    let mut all = Vec::with_capacity(requests);
+    let mut errors = 0;
+    for t in tasks {
+        let (l, e) = t.await.unwrap();
+        all.extend(l);
+        errors += e;
+    }
+    let elapsed = start.elapsed();
+    all.sort_unstable();
+    let pct = |p: f64| all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1))).copied().unwrap_or(0);
+    Stats { name, rps: requests as f64 / elapsed.as_secs_f64(), p50_us: pct(0.50), p99_us: pct(0.99), errors }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let mock = mock_provider::spawn("127.0.0.1:0".parse()?).await?;
+    let dir = tempfile::tempdir()?;
+    let hash: String = effectgate::config::key_digest(CLIENT_KEY).iter().map(|b| format!("{b:02x}")).collect();
+    let toml = format!(
+        r#"
+[listen]
+proxy = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+[storage]
+path = "{db}"
+[[tenants]]
+id = "bench"
+keys = [{{ role = "client", sha256 = "{hash}" }}]
+[[routes]]
+name = "pass"
+prefix = "/pass/"
+upstream = "{up}"
+mode = "pass"
+[[routes]]
+name = "pay"
+prefix = "/pay/"
+upstream = "{up}"
+effectful_methods = ["POST"]
+provider_idempotency_header = "Idempotency-Key"
+"#,
+        db = dir.path().join("bench.db").display(),
+        up = mock.url()
+    );
+    let cfg = dir.path().join("bench.toml");
+    std::fs::write(&cfg, toml)?;
+    let gw = effectgate::Gateway::start(effectgate::config::load(Some(&cfg))?).await?;
+
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: HttpClient =
+        Client::builder(TokioExecutor::new()).pool_max_idle_per_host(args.concurrency).build(connector);
+    let (n, c) = (args.requests, args.concurrency);
+    let direct = format!("{}/v1/charges", mock.url());
+    let pass = format!("http://{}/pass/v1/charges", gw.proxy_addr);
+    let pay = format!("http://{}/pay/v1/charges", gw.proxy_addr);
+
+    // Warm-up (connections, allocator), not measured.
+    run("warmup", &client, direct.clone(), 200, c, |_| None, false).await;
+    run("warmup", &client, pay.clone(), 1, 1, |_| Some("dup-key".into()), true).await;
+
+    let a = run("(a) direct", &client, direct, n, c, |_| None, false).await;
+    let b = run("(b) effectgate, pass-through route", &client, pass, n, c, |_| None, true).await;
+    let cc = run("(c) effectgate, effectful, unique keys", &client, pay.clone(), n, c, |i| Some(format!("k-{i}")), true).await;
+    let d = run("(d) effectgate, duplicates of one key", &client, pay, n, c, |_| Some("dup-key".into()), true).await;
+
+    println!("requests per scenario: {n}, concurrency: {c}, ledger: SQLite (WAL, synchronous=FULL)");
+    println!("{:<42} {:>10} {:>10} {:>10} {:>7}", "scenario", "req/s", "p50 µs", "p99 µs", "errors");
+    for s in [&a, &b, &cc, &d] {
+        println!("{:<42} {:>10.0} {:>10} {:>10} {:>7}", s.name, s.rps, s.p50_us, s.p99_us, s.errors);
+    }
+    println!("ratios of throughput to (a), same run: b/a = {:.3}, c/a = {:.3}, d/a = {:.3}", b.rps / a.rps, cc.rps / a.rps, d.rps / a.rps);
+    gw.shutdown().await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    Ok(())
+}
