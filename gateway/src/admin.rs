@@ -1,38 +1,49 @@
-//! The admin listener: health, readiness and the ledger's read API.
+//! The admin listener: health, readiness, metrics and the ledger's operator API.
 //!
 //! | route | roles |
 //! |---|---|
 //! | `GET /healthz` | none (liveness) |
 //! | `GET /readyz` | none (the ledger answers) |
+//! | `GET /metrics` | none (Prometheus text format) |
 //! | `GET /admin/tenants/{t}/operations/{id}` | admin, operator, approver of `t` |
 //! | `GET /admin/tenants/{t}/operations?state=S&limit=N` | admin, operator, approver of `t` |
+//! | `GET /admin/tenants/{t}/dead-letters?limit=N` | admin, operator of `t` |
+//! | `POST /admin/tenants/{t}/operations/{id}/requeue` | admin, operator of `t` |
+//! | `POST /admin/tenants/{t}/operations/{id}/resolve` | admin, operator of `t` |
 //!
 //! A key of another tenant gets 404, never 403: it must not learn whether
-//! the tenant or operation exists.
+//! the tenant or operation exists. Every operator action is recorded as a
+//! ledger transition with the principal as actor.
 
 use std::collections::HashMap;
 
 use axum::Router;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use http::{HeaderMap, StatusCode};
+use serde::Deserialize;
 use serde_json::json;
 
 use crate::app::AppState;
 use crate::config::Role;
 use crate::error::ApiError;
-use crate::ledger::State as OpState;
+use crate::ledger::{Operation, Outcome, State as OpState};
 
 const READERS: &[Role] = &[Role::Admin, Role::Operator, Role::Approver];
+const OPERATORS: &[Role] = &[Role::Admin, Role::Operator];
 
 /// The admin router.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { axum::Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .route("/admin/tenants/{tenant}/operations", get(list_operations))
         .route("/admin/tenants/{tenant}/operations/{operation_id}", get(get_operation))
+        .route("/admin/tenants/{tenant}/dead-letters", get(dead_letters))
+        .route("/admin/tenants/{tenant}/operations/{operation_id}/requeue", post(requeue))
+        .route("/admin/tenants/{tenant}/operations/{operation_id}/resolve", post(resolve))
         .fallback(|| async { ApiError::NotFound("no such admin endpoint".into()) })
         .with_state(state)
 }
@@ -44,24 +55,62 @@ async fn readyz(State(app): State<AppState>) -> Response {
     }
 }
 
+async fn metrics(State(app): State<AppState>) -> Response {
+    if let Ok(counts) = app.ledger.tenant_counts().await {
+        let now = app.ledger.clock().now_ms();
+        let mut seen = std::collections::BTreeSet::new();
+        for (tenant, unknown, dead, oldest) in counts {
+            let label = if app.settings.tenants.contains(&tenant) { tenant } else { "_other".to_owned() };
+            let age = oldest.map_or(0.0, |t| (now - t).max(0) as f64 / 1000.0);
+            crate::metrics::tenant_gauges(&label, unknown, dead, age);
+            seen.insert(label);
+        }
+        for t in app.settings.tenants.iter().filter(|t| !seen.contains(*t)) {
+            crate::metrics::tenant_gauges(t, 0, 0, 0.0);
+        }
+    }
+    ([(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::handle().render()).into_response()
+}
+
+/// The operation with its history, as the admin API and the CLI show it.
+pub async fn operation_json(app: &AppState, op: &Operation) -> Result<serde_json::Value, ApiError> {
+    let transitions = app.ledger.transitions(&op.tenant_id, &op.operation_id).await?;
+    let attempts = app.ledger.attempts(&op.tenant_id, &op.operation_id).await?;
+    let mut body = serde_json::to_value(op).map_err(|e| ApiError::Internal(e.to_string()))?;
+    body["response_body"] = json!(op.response_body.as_deref().map(String::from_utf8_lossy));
+    body["transitions"] = json!(transitions);
+    body["attempts_log"] = json!(attempts);
+    Ok(body)
+}
+
+async fn load(app: &AppState, tenant: &str, operation_id: &str) -> Result<Operation, ApiError> {
+    app.ledger.get(tenant, operation_id).await?.ok_or_else(|| ApiError::NotFound(format!("no operation {operation_id:?}")))
+}
+
 async fn get_operation(
     State(app): State<AppState>,
     Path((tenant, operation_id)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     app.authorize_admin(&headers, &tenant, READERS)?;
-    let op = app
-        .ledger
-        .get(&tenant, &operation_id)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no operation {operation_id:?}")))?;
-    let transitions = app.ledger.transitions(&tenant, &operation_id).await?;
-    let attempts = app.ledger.attempts(&tenant, &operation_id).await?;
-    let mut body = serde_json::to_value(&op).map_err(|e| ApiError::Internal(e.to_string()))?;
-    body["response_body"] = json!(op.response_body.as_deref().map(String::from_utf8_lossy));
-    body["transitions"] = json!(transitions);
-    body["attempts_log"] = json!(attempts);
-    Ok((StatusCode::OK, axum::Json(body)).into_response())
+    let op = load(&app, &tenant, &operation_id).await?;
+    Ok((StatusCode::OK, axum::Json(operation_json(&app, &op).await?)).into_response())
+}
+
+fn limit_param(app: &AppState, q: &HashMap<String, String>, allowed: &[&str]) -> Result<u32, ApiError> {
+    for k in q.keys() {
+        if !allowed.contains(&k.as_str()) {
+            return Err(ApiError::BadRequest { field: format!("query:{k}"), message: format!("unknown query parameter {k:?}") });
+        }
+    }
+    let max = app.settings.limits.max_list_limit;
+    match q.get("limit") {
+        None => Ok(100.min(max)),
+        Some(l) => l.parse::<u32>().ok().filter(|n| (1..=max).contains(n)).ok_or_else(|| ApiError::BadRequest {
+            field: "query:limit".into(),
+            message: format!("limit must be an integer in 1..={max}"),
+        }),
+    }
 }
 
 async fn list_operations(
@@ -71,23 +120,185 @@ async fn list_operations(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     app.authorize_admin(&headers, &tenant, READERS)?;
-    for k in q.keys() {
-        if k != "state" && k != "limit" {
-            return Err(ApiError::BadRequest { field: format!("query:{k}"), message: format!("unknown query parameter {k:?}") });
-        }
-    }
+    let limit = limit_param(&app, &q, &["state", "limit"])?;
     let state = match q.get("state") {
         None => None,
         Some(s) => Some(s.parse::<OpState>().map_err(|e| ApiError::BadRequest { field: "query:state".into(), message: e.to_string() })?),
     };
-    let max = app.settings.limits.max_list_limit;
-    let limit = match q.get("limit") {
-        None => 100.min(max),
-        Some(l) => l.parse::<u32>().ok().filter(|n| (1..=max).contains(n)).ok_or_else(|| ApiError::BadRequest {
-            field: "query:limit".into(),
-            message: format!("limit must be an integer in 1..={max}"),
-        })?,
-    };
     let ops = app.ledger.list(Some(&tenant), state, limit).await?;
     Ok(axum::Json(json!({ "operations": ops })).into_response())
+}
+
+async fn dead_letters(
+    State(app): State<AppState>,
+    Path(tenant): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    app.authorize_admin(&headers, &tenant, OPERATORS)?;
+    let limit = limit_param(&app, &q, &["limit"])?;
+    let ops = app.ledger.dead_letters(Some(&tenant), limit).await?;
+    let items: Vec<_> = ops.iter().map(dead_letter_json).collect();
+    Ok(axum::Json(json!({ "dead_letters": items })).into_response())
+}
+
+/// The fields an operator needs to decide on a dead letter.
+pub fn dead_letter_json(op: &Operation) -> serde_json::Value {
+    json!({
+        "operation_id": op.operation_id,
+        "idempotency_key": op.operation_id,
+        "provider_key": op.provider_key,
+        "route": op.route,
+        "effect_class": op.effect_class,
+        "attempts": op.attempts,
+        "read_backs": op.reconcile_attempts,
+        "last_error": { "kind": op.error_kind, "detail": op.error_detail, "status": op.response_status },
+        "reason": op.dead_letter_reason,
+        "operator_check": op.operator_check,
+        "since": op.updated_at,
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActionBody {
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    outcome: Option<String>,
+    #[serde(default)]
+    provider_reference: Option<String>,
+}
+
+fn parse_action(body: &[u8]) -> Result<ActionBody, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(ActionBody { reason: None, outcome: None, provider_reference: None });
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest { field: "body".into(), message: format!("invalid JSON body: {e}") })
+}
+
+/// Requeues a dead letter with the same operation id and provider key.
+/// Only effect classes whose replay default is allow or
+/// same-operation-only may be requeued (409 otherwise). With a read-back,
+/// the operation goes back to UNKNOWN so the provider is read first; without
+/// one it is executed again at once.
+async fn requeue(
+    State(app): State<AppState>,
+    Path((tenant, operation_id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let principal = app.authorize_admin(&headers, &tenant, OPERATORS)?.clone();
+    let action = parse_action(&body)?;
+    let op = load(&app, &tenant, &operation_id).await?;
+    if !op.dead_letter {
+        return Err(ApiError::Conflict(format!("operation {operation_id:?} is {} and not a dead letter", op.state)));
+    }
+    let route = app
+        .settings
+        .routes
+        .iter()
+        .find(|r| r.name == op.route)
+        .ok_or_else(|| ApiError::Conflict(format!("route {:?} is no longer configured", op.route)))?
+        .clone();
+    if !route.effect_class.allows_requeue() {
+        return Err(ApiError::Conflict(format!(
+            "the replay default for effect class {} is not allow or same-operation-only; requeue needs an approval",
+            route.effect_class.as_str()
+        )));
+    }
+    let target = if route.read_back.is_some() { OpState::Unknown } else { OpState::Reserved };
+    let reason = format!("requeued by operator: {}", action.reason.as_deref().unwrap_or("no reason given"));
+    let Some(version) = app.ledger.requeue(&tenant, &operation_id, op.version, target, &principal.name, &reason).await? else {
+        return Err(ApiError::Conflict("the operation changed meanwhile; reload and retry".into()));
+    };
+    if target == OpState::Reserved {
+        let lease = crate::execute::lease_ms(&app, &route);
+        if let Some(claim) = app
+            .ledger
+            .claim(&tenant, &operation_id, OpState::Reserved, version, &app.instance_id, lease, "requeued: new attempt")
+            .await?
+        {
+            let op = load(&app, &tenant, &operation_id).await?;
+            tokio::spawn(crate::execute::run(app.clone(), route.clone(), op, claim, None));
+        }
+    } else if let Some(op) = app.ledger.get(&tenant, &operation_id).await? {
+        let app2 = app.clone();
+        tokio::spawn(async move { crate::reconcile::reconcile_op(&app2, op).await });
+    }
+    let op = load(&app, &tenant, &operation_id).await?;
+    Ok((StatusCode::ACCEPTED, axum::Json(operation_json(&app, &op).await?)).into_response())
+}
+
+/// Resolves an UNKNOWN operation by an operator's own read-back:
+/// `{"outcome": "completed", "provider_reference": "…", "reason": "…"}`
+/// (the effect exists) or `{"outcome": "absent", …}` (it does not: a new
+/// attempt with the same provider key runs now).
+async fn resolve(
+    State(app): State<AppState>,
+    Path((tenant, operation_id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let principal = app.authorize_admin(&headers, &tenant, OPERATORS)?.clone();
+    let action = parse_action(&body)?;
+    let outcome = action.outcome.as_deref().ok_or_else(|| ApiError::BadRequest {
+        field: "body.outcome".into(),
+        message: "outcome is required: \"completed\" or \"absent\"".into(),
+    })?;
+    let op = load(&app, &tenant, &operation_id).await?;
+    if op.state != OpState::Unknown {
+        return Err(ApiError::Conflict(format!("operation {operation_id:?} is {}, not UNKNOWN", op.state)));
+    }
+    let reason = action.reason.clone().unwrap_or_else(|| "no reason given".into());
+    let Some(lease) = app
+        .ledger
+        .lease_for_reconcile(&tenant, &operation_id, op.version, &principal.name, app.settings.reconcile.lease_ms as i64, "operator resolution")
+        .await?
+    else {
+        return Err(ApiError::Conflict("the operation is being reconciled right now; retry shortly".into()));
+    };
+    match outcome {
+        "completed" => {
+            let mut o = Outcome::new(OpState::Completed, format!("resolved by operator: the effect exists ({reason})"));
+            let body = json!({"operation_id": operation_id, "state": "COMPLETED", "provider_reference": action.provider_reference,
+                               "detail": "resolved by an operator"});
+            let bytes = serde_json::to_vec(&body).unwrap_or_default();
+            o.response_status = Some(200);
+            o.response_headers = vec![("content-type".into(), "application/json".into())];
+            o.response_body_bytes = Some(bytes.len() as i64);
+            o.response_body = Some(bytes);
+            o.provider_reference = action.provider_reference.clone();
+            if !app.ledger.record_outcome(&tenant, &operation_id, lease.fence, OpState::Unknown, &principal.name, &o).await? {
+                return Err(ApiError::Conflict("the operation changed meanwhile".into()));
+            }
+        }
+        "absent" => {
+            let route = app
+                .settings
+                .routes
+                .iter()
+                .find(|r| r.name == op.route)
+                .ok_or_else(|| ApiError::Conflict(format!("route {:?} is no longer configured", op.route)))?
+                .clone();
+            let lease_ms = crate::execute::lease_ms(&app, &route);
+            let Some(claim) = app
+                .ledger
+                .reattempt(&tenant, &operation_id, lease.fence, &principal.name, lease_ms, &format!("resolved by operator: absent ({reason}); new attempt"))
+                .await?
+            else {
+                return Err(ApiError::Conflict("the operation changed meanwhile".into()));
+            };
+            let op = load(&app, &tenant, &operation_id).await?;
+            crate::execute::run(app.clone(), route, op, claim, None).await;
+        }
+        other => {
+            return Err(ApiError::BadRequest {
+                field: "body.outcome".into(),
+                message: format!("unknown outcome {other:?}: expected \"completed\" or \"absent\""),
+            });
+        }
+    }
+    let op = load(&app, &tenant, &operation_id).await?;
+    Ok(axum::Json(operation_json(&app, &op).await?).into_response())
 }

@@ -138,6 +138,13 @@ impl Gateway {
                     .await
             }));
         }
+        if state.settings.reconcile.enabled {
+            let (app, rx) = (state.clone(), rx.clone());
+            tasks.push(tokio::spawn(async move {
+                crate::reconcile::run(app, rx).await;
+                Ok(())
+            }));
+        }
         tracing::info!(%proxy_addr, %admin_addr, instance = %state.instance_id, "effectgate serving");
         Ok(Self { proxy_addr, admin_addr, state, shutdown, tasks })
     }

@@ -87,6 +87,7 @@ impl clap::ValueEnum for State {
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    crate::failpoint::setup();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "effectgate=info,warn".into()),

@@ -72,6 +72,132 @@ pub struct ConfigFile {
     /// Routes: path prefix → provider.
     #[serde(default)]
     pub routes: Vec<RouteSpec>,
+    /// The reconciler.
+    #[serde(default)]
+    pub reconcile: ReconcileSpec,
+}
+
+/// `[reconcile]`: the background task that resolves UNKNOWN operations by
+/// read-back, takes over EXECUTING operations whose lease expired, and
+/// executes RESERVED operations whose caller went away.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReconcileSpec {
+    /// Run the reconciler in this instance. Default true.
+    pub enabled: bool,
+    /// Time between scans, in ms. Default 1000.
+    pub interval_ms: u64,
+    /// Most operations handled per scan. Default 100.
+    pub batch: u32,
+    /// A RESERVED operation untouched this long (ms) is executed by the
+    /// reconciler (its caller went away before the first attempt). Default 30000.
+    pub reserved_grace_ms: u64,
+    /// How long a duplicate request for an UNKNOWN operation waits for the
+    /// reconciliation it triggers, in ms. Default 5000.
+    pub duplicate_wait_ms: u64,
+    /// Length of a reconciliation lease, in ms. Default 10000.
+    pub lease_ms: u64,
+    /// Read-backs that may fail before the operation is dead-lettered. Default 10.
+    pub max_read_backs: u32,
+    /// Backoff after a failed read-back: base, in ms (doubles each time,
+    /// full jitter). Default 1000.
+    pub backoff_base_ms: u64,
+    /// Backoff cap, in ms. Default 60000.
+    pub backoff_max_ms: u64,
+}
+
+impl Default for ReconcileSpec {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval_ms: 1_000,
+            batch: 100,
+            reserved_grace_ms: 30_000,
+            duplicate_wait_ms: 5_000,
+            lease_ms: 10_000,
+            max_read_backs: 10,
+            backoff_base_ms: 1_000,
+            backoff_max_ms: 60_000,
+        }
+    }
+}
+
+/// `[routes.read_back]`: how to ask the provider whether an operation's
+/// effect exists. Templates may use `{operation_id}`, `{provider_key}` and
+/// `{body:/json/pointer}` (a field of the stored request body); values are
+/// percent-encoded.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadBackSpec {
+    /// Method. Default GET.
+    #[serde(default = "default_read_back_method")]
+    pub method: String,
+    /// Path and query template, appended to the route's upstream, e.g.
+    /// `/v1/charges?idempotency_key={provider_key}`.
+    pub path: String,
+    /// Extra headers (value templates). The route's credentials are injected too.
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// JSON pointer into a 2xx body: a non-empty value there means found;
+    /// missing, null, `[]`, `{}` or `""` means absent. 404 means absent.
+    pub found_pointer: String,
+    /// JSON pointer to the provider's reference for the effect (e.g. `/data/0/id`).
+    #[serde(default)]
+    pub reference_pointer: Option<String>,
+    /// "Absent" is trusted only this many ms after the last attempt could
+    /// have reached the provider (for providers whose search lags). Default 0.
+    #[serde(default)]
+    pub settle_delay_ms: u64,
+    /// Read-back request timeout, in ms. Default 5000.
+    #[serde(default = "default_read_back_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+fn default_read_back_method() -> String {
+    "GET".into()
+}
+fn default_read_back_timeout_ms() -> u64 {
+    5_000
+}
+
+/// Effect class of a route: drives replay defaults (DESIGN.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum EffectClass {
+    /// Rebuildable from a source of truth (index, cache).
+    Derived,
+    /// Side-effect-light.
+    Analytics,
+    /// Visible to a person (e-mail, message).
+    Notification,
+    /// Moves money.
+    Payment,
+    /// Changes authority.
+    Permission,
+    /// Can't be undone; the default when a route doesn't say.
+    #[default]
+    Irreversible,
+}
+
+impl EffectClass {
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EffectClass::Derived => "derived",
+            EffectClass::Analytics => "analytics",
+            EffectClass::Notification => "notification",
+            EffectClass::Payment => "payment",
+            EffectClass::Permission => "permission",
+            EffectClass::Irreversible => "irreversible",
+        }
+    }
+
+    /// Whether the default replay verdict lets an operator requeue a dead
+    /// letter of this class with the same operation (allow or
+    /// same-operation-only in DESIGN.md's table).
+    pub fn allows_requeue(self) -> bool {
+        matches!(self, EffectClass::Derived | EffectClass::Analytics | EffectClass::Notification | EffectClass::Payment)
+    }
 }
 
 impl Default for ConfigFile {
@@ -82,6 +208,7 @@ impl Default for ConfigFile {
             limits: LimitsSpec::default(),
             tenants: Vec::new(),
             routes: Vec::new(),
+            reconcile: ReconcileSpec::default(),
         }
     }
 }
@@ -268,6 +395,25 @@ pub struct RouteSpec {
     /// Retries of transient failures (connect refused, 429, 503).
     #[serde(default)]
     pub retry: RetrySpec,
+    /// Effect class. Default `irreversible`.
+    #[serde(default)]
+    pub effect_class: EffectClass,
+    /// How to read back an operation's effect. Without it, UNKNOWN
+    /// operations on this route are resolved only by an operator.
+    #[serde(default)]
+    pub read_back: Option<ReadBackSpec>,
+}
+
+/// Whether the caller waits while transient failures are retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum RetryMode {
+    /// The caller waits, up to `max_wait_ms`, then gets 202.
+    #[default]
+    Wait,
+    /// The caller gets 202 at the first transient failure; retries go on
+    /// in the background.
+    Background,
 }
 
 /// `[routes.retry]`: bounded retries of transient failures, with
@@ -286,11 +432,23 @@ pub struct RetrySpec {
     /// Longest `Retry-After` honoured, in ms; a provider asking for more
     /// ends the retries. Default 10000.
     pub max_retry_after_ms: u64,
+    /// `wait` (default) or `background`.
+    pub mode: RetryMode,
+    /// In `wait` mode, the longest a caller waits for the attempts, in ms;
+    /// past it the caller gets 202 and the attempts go on. Default 30000.
+    pub max_wait_ms: u64,
 }
 
 impl Default for RetrySpec {
     fn default() -> Self {
-        Self { max_attempts: 3, base_delay_ms: 100, max_delay_ms: 2_000, max_retry_after_ms: 10_000 }
+        Self {
+            max_attempts: 3,
+            base_delay_ms: 100,
+            max_delay_ms: 2_000,
+            max_retry_after_ms: 10_000,
+            mode: RetryMode::Wait,
+            max_wait_ms: 30_000,
+        }
     }
 }
 
@@ -345,6 +503,8 @@ pub struct Settings {
     pub tenants: BTreeSet<String>,
     /// Routes, longest prefix first.
     pub routes: Vec<Route>,
+    /// Reconciler settings.
+    pub reconcile: ReconcileSpec,
 }
 
 /// An authenticated caller.
@@ -391,6 +551,29 @@ pub struct Route {
     pub inject_headers: Vec<(HeaderName, HeaderValue)>,
     /// Retry policy for transient failures.
     pub retry: RetrySpec,
+    /// Effect class.
+    pub effect_class: EffectClass,
+    /// Read-back, if the provider supports one.
+    pub read_back: Option<ReadBack>,
+}
+
+/// A validated read-back.
+#[derive(Debug, Clone)]
+pub struct ReadBack {
+    /// Method.
+    pub method: Method,
+    /// Path template.
+    pub path: crate::template::Template,
+    /// Header templates.
+    pub headers: Vec<(HeaderName, crate::template::Template)>,
+    /// Found pointer.
+    pub found_pointer: String,
+    /// Reference pointer.
+    pub reference_pointer: Option<String>,
+    /// Settle delay, ms.
+    pub settle_delay_ms: u64,
+    /// Timeout, ms.
+    pub timeout_ms: u64,
 }
 
 impl Route {
@@ -607,6 +790,10 @@ impl ConfigFile {
             if r.retry.max_attempts == 0 {
                 return Err(ConfigError::new(format!("{rp}.retry.max_attempts"), "must be at least 1"));
             }
+            let read_back = match &r.read_back {
+                None => None,
+                Some(rb) => Some(read_back(&format!("{rp}.read_back"), rb)?),
+            };
             let stored_names: Vec<String> = match &r.stored_response_headers {
                 Some(v) => v.clone(),
                 None => DEFAULT_STORED_HEADERS.iter().map(|s| s.to_string()).collect(),
@@ -647,6 +834,8 @@ impl ConfigFile {
                 stored_response_headers,
                 inject_headers,
                 retry: r.retry,
+                effect_class: r.effect_class,
+                read_back,
             });
         }
         let mut seen = BTreeSet::new();
@@ -656,8 +845,59 @@ impl ConfigFile {
             }
         }
         routes.sort_by(|a, b| b.prefix.len().cmp(&a.prefix.len()));
-        Ok(Settings { proxy_addr, admin_addr, storage: self.storage, limits: self.limits, keys, tenants, routes })
+        if self.reconcile.interval_ms == 0 {
+            return Err(ConfigError::new("reconcile.interval_ms", "must be at least 1"));
+        }
+        if self.reconcile.batch == 0 {
+            return Err(ConfigError::new("reconcile.batch", "must be at least 1"));
+        }
+        Ok(Settings {
+            proxy_addr,
+            admin_addr,
+            storage: self.storage,
+            limits: self.limits,
+            keys,
+            tenants,
+            routes,
+            reconcile: self.reconcile,
+        })
     }
+}
+
+fn read_back(path: &str, rb: &ReadBackSpec) -> Result<ReadBack, ConfigError> {
+    let method = Method::from_bytes(rb.method.to_ascii_uppercase().as_bytes())
+        .map_err(|_| ConfigError::new(format!("{path}.method"), format!("not an HTTP method: {:?}", rb.method)))?;
+    if !rb.path.starts_with('/') {
+        return Err(ConfigError::new(format!("{path}.path"), "must start with '/'"));
+    }
+    let tpl = crate::template::Template::parse(&rb.path).map_err(|e| ConfigError::new(format!("{path}.path"), e))?;
+    let mut headers = Vec::new();
+    for (name, value) in &rb.headers {
+        let n = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| ConfigError::new(format!("{path}.headers"), format!("not a header name: {name:?}")))?;
+        let t = crate::template::Template::parse(value)
+            .map_err(|e| ConfigError::new(format!("{path}.headers.{name}"), e))?;
+        headers.push((n, t));
+    }
+    for (field, p) in [("found_pointer", Some(&rb.found_pointer)), ("reference_pointer", rb.reference_pointer.as_ref())] {
+        if let Some(p) = p
+            && !(p.is_empty() || p.starts_with('/'))
+        {
+            return Err(ConfigError::new(format!("{path}.{field}"), "a JSON pointer is empty or starts with '/'"));
+        }
+    }
+    if rb.timeout_ms == 0 {
+        return Err(ConfigError::new(format!("{path}.timeout_ms"), "must be at least 1"));
+    }
+    Ok(ReadBack {
+        method,
+        path: tpl,
+        headers,
+        found_pointer: rb.found_pointer.clone(),
+        reference_pointer: rb.reference_pointer.clone(),
+        settle_delay_ms: rb.settle_delay_ms,
+        timeout_ms: rb.timeout_ms,
+    })
 }
 
 #[cfg(test)]

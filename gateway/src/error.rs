@@ -65,6 +65,18 @@ pub enum ApiError {
         /// HTTP status to answer with.
         status: StatusCode,
     },
+    /// 409: the operation stopped running automatically (dead letter) and
+    /// waits for an operator.
+    #[error("operation {operation_id:?} is on the terminal route ({reason}); an operator must requeue or resolve it")]
+    DeadLettered {
+        /// The operation.
+        operation_id: String,
+        /// Why it was dead-lettered.
+        reason: String,
+    },
+    /// 409: the requested action is not allowed in the operation's state or by policy.
+    #[error("{0}")]
+    Conflict(String),
     /// 413: the request body exceeds the route's `max_body_bytes`.
     #[error("request body exceeds the route's limit of {limit} bytes")]
     PayloadTooLarge {
@@ -102,6 +114,8 @@ impl ApiError {
             ApiError::FingerprintMismatch { .. } => "idempotency-key-reused",
             ApiError::InFlight { .. } => "operation-in-flight",
             ApiError::OutcomeUnknown { .. } => "operation-outcome-unknown",
+            ApiError::DeadLettered { .. } => "operation-dead-lettered",
+            ApiError::Conflict(_) => "conflict",
             ApiError::PayloadTooLarge { .. } => "payload-too-large",
             ApiError::BadRequest { .. } => "bad-request",
             ApiError::ProviderUnreachable(_) => "provider-unreachable",
@@ -120,6 +134,7 @@ impl ApiError {
             ApiError::FingerprintMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::InFlight { .. } => StatusCode::CONFLICT,
             ApiError::OutcomeUnknown { status, .. } => *status,
+            ApiError::DeadLettered { .. } | ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::ProviderUnreachable(_) => StatusCode::BAD_GATEWAY,
@@ -146,6 +161,10 @@ impl ApiError {
             }
             ApiError::InFlight { operation_id, .. } | ApiError::OutcomeUnknown { operation_id, .. } => {
                 body.insert("operation_id".into(), json!(operation_id));
+            }
+            ApiError::DeadLettered { operation_id, reason } => {
+                body.insert("operation_id".into(), json!(operation_id));
+                body.insert("reason".into(), json!(reason));
             }
             ApiError::PayloadTooLarge { limit } => {
                 body.insert("field".into(), json!("body"));

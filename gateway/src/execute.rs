@@ -1,6 +1,6 @@
-//! Executing an effectful operation: claim the lease, call the provider
+//! Executing an effectful operation under a held lease: call the provider
 //! (retrying transient failures with the same provider key), classify the
-//! result, record it under the fencing token, answer the caller.
+//! result, record it under the fencing token, answer.
 //!
 //! Classification of one attempt:
 //!
@@ -13,41 +13,28 @@
 //! | timeout or connection lost after the request was sent | UNKNOWN |
 //! | any other status (1xx, 3xx, 4xx, 501, 505) | FAILED (permanent) |
 //!
-//! Transient failures past the route's `retry.max_attempts` end FAILED with
-//! `error_kind = "retries-exhausted"`.
+//! Transient failures past the route's retry budget end FAILED on the
+//! terminal route (dead letter, reason `retries-exhausted`).
+//!
+//! The same code runs the first attempt of a call (the proxy), a new attempt
+//! after an "absent" read-back (the reconciler) and a requeued dead letter.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
-use http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use http::{HeaderMap, HeaderValue, StatusCode, header};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use tokio::sync::oneshot;
 
 use crate::app::AppState;
-use crate::config::Route;
+use crate::config::{RetryMode, Route};
 use crate::error::ApiError;
-use crate::forward::{build_request, outbound_headers, strip_hop_by_hop};
-use crate::ledger::{Operation, Outcome, State as OpState};
-
-/// What [`execute`] needs besides the operation.
-pub struct ExecContext<'a> {
-    /// Shared state.
-    pub app: &'a AppState,
-    /// The operation's route.
-    pub route: &'a Route,
-    /// Upstream URI.
-    pub uri: Uri,
-    /// The caller's headers (filtered before forwarding).
-    pub incoming: &'a HeaderMap,
-    /// The caller's address, for `X-Forwarded-For`.
-    pub peer: Option<SocketAddr>,
-    /// The request body, exactly as stored in the ledger.
-    pub body: Bytes,
-}
+use crate::forward::{add_route_headers, build_request, from_pairs, strip_hop_by_hop, upstream_uri};
+use crate::ledger::{Claim, DeadLetter, Operation, Outcome, State as OpState};
 
 /// How one attempt ended.
 enum Attempt {
@@ -69,33 +56,98 @@ enum ReadBody {
     Broken(Bytes, String),
 }
 
-/// Runs operation `op` (in a state that may start an attempt) and answers.
-///
-/// Errors: 409 when another request claimed the operation first; 503
-/// when the ledger is unavailable (nothing is forwarded unrecorded).
-pub async fn execute(ctx: ExecContext<'_>, op: &Operation) -> Result<Response, ApiError> {
-    let app = ctx.app;
-    let route = ctx.route;
+/// Lease length for an attempt on `route`, in ms.
+pub fn lease_ms(app: &AppState, route: &Route) -> i64 {
+    (route.response_timeout_ms + app.settings.limits.lease_margin_ms) as i64
+}
+
+/// Attempts allowed in all for `op` on `route` (grows with each requeue).
+pub fn attempt_budget(route: &Route, op: &Operation) -> i64 {
+    i64::from(route.retry.max_attempts) * (1 + op.requeues)
+}
+
+/// Runs `op` (already claimed: EXECUTING under `claim`) in a background
+/// task and answers the caller: with the final response, or with 202 when
+/// the route's retry mode is `background` and a transient failure occurred,
+/// or when `retry.max_wait_ms` passes first. The task goes on either way, so
+/// a caller that hangs up never strands an operation.
+pub async fn execute_for_caller(app: &AppState, route: &Route, op: Operation, claim: Claim) -> Response {
+    let (tx, rx) = oneshot::channel();
+    let operation_id = op.operation_id.clone();
+    tokio::spawn(run(app.clone(), route.clone(), op, claim, Some(tx)));
+    match tokio::time::timeout(Duration::from_millis(route.retry.max_wait_ms), rx).await {
+        Ok(Ok(resp)) => resp,
+        Ok(Err(_)) => ApiError::Internal("the execution task ended without an answer".into()).into_response(),
+        Err(_) => accepted(&operation_id, "the provider has not answered within the route's wait bound"),
+    }
+}
+
+/// 202 for an operation whose attempts go on in the background.
+fn accepted(operation_id: &str, why: &str) -> Response {
+    let body = serde_json::json!({
+        "operation_id": operation_id,
+        "state": "EXECUTING",
+        "detail": format!("{why}; attempts go on in the background with the same provider key. \
+                           Re-send the same request (same Idempotency-Key) to get the result."),
+    });
+    let mut r = (StatusCode::ACCEPTED, axum::Json(body)).into_response();
+    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r
+}
+
+/// Runs the attempts of a claimed operation to an outcome and records it.
+/// `reply` receives the caller's answer (the first one, if background mode
+/// sends an early 202). Returns the state recorded, or `None` if the lease
+/// was lost to a newer claim (the write was fenced off).
+pub async fn run(
+    app: AppState,
+    route: Route,
+    op: Operation,
+    claim: Claim,
+    mut reply: Option<oneshot::Sender<Response>>,
+) -> Option<OpState> {
+    let send = |reply: &mut Option<oneshot::Sender<Response>>, r: Response| {
+        if let Some(tx) = reply.take() {
+            let _ = tx.send(r);
+        }
+    };
+    match run_inner(&app, &route, &op, &claim, &mut reply).await {
+        Ok((state, resp)) => {
+            send(&mut reply, resp);
+            state
+        }
+        Err(e) => {
+            tracing::error!(operation_id = %op.operation_id, error = %e, "execution failed");
+            send(&mut reply, e.into_response());
+            None
+        }
+    }
+}
+
+async fn run_inner(
+    app: &AppState,
+    route: &Route,
+    op: &Operation,
+    claim: &Claim,
+    reply: &mut Option<oneshot::Sender<Response>>,
+) -> Result<(Option<OpState>, Response), ApiError> {
     let ledger = &app.ledger;
     let owner: &str = &app.instance_id;
-    let lease_ms = (route.response_timeout_ms + app.settings.limits.lease_margin_ms) as i64;
-    let Some(claim) = ledger
-        .claim(&op.tenant_id, &op.operation_id, op.state, op.version, owner, lease_ms, "lease claimed for attempt")
-        .await?
-    else {
-        return Err(ApiError::InFlight { operation_id: op.operation_id.clone(), retry_after_s: 1 });
-    };
+    let lease_ms = lease_ms(app, route);
     let client = app.clients.get(&route.name).ok_or_else(|| ApiError::Internal("route without client".into()))?;
-    let headers = outbound_headers(route, ctx.incoming, ctx.peer, Some(&op.provider_key));
+    let uri = upstream_uri(route, &op.path, op.query.as_deref())?;
+    let mut headers = from_pairs(&op.request_headers);
+    add_route_headers(route, &mut headers, Some(&op.provider_key));
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(op.request_body.len()));
     let method: http::Method = op.method.parse().map_err(|_| ApiError::Internal("stored method".into()))?;
+    let body = Bytes::from(op.request_body.clone());
+    let budget = attempt_budget(route, op);
 
     let mut attempt_no = claim.attempt;
-    let mut attempts_in_call: u32 = 1;
+    let mut retry_no: u32 = 1;
     loop {
-        let mut h = headers.clone();
-        h.insert(header::CONTENT_LENGTH, HeaderValue::from(ctx.body.len()));
-        let req = build_request(method.clone(), ctx.uri.clone(), h, Body::from(ctx.body.clone()));
-        let result = attempt(client, req, route).await;
+        let req = build_request(method.clone(), uri.clone(), headers.clone(), Body::from(body.clone()));
+        let result = attempt(app, client, req, route, op, claim.fence, lease_ms).await;
 
         // Transient: retry within budget, same provider key.
         let transient = match &result {
@@ -108,59 +160,106 @@ pub async fn execute(ctx: ExecContext<'_>, op: &Operation) -> Result<Response, A
             )),
             _ => None,
         };
-        if let Some((status, kind, detail, retry_after)) = &transient {
-            let delay = backoff_ms(route, attempts_in_call, *retry_after);
-            if let Some(delay) = delay.filter(|_| attempts_in_call < route.retry.max_attempts) {
-                let ok = ledger
-                    .note_retry(&op.tenant_id, &op.operation_id, claim.fence, *status, kind, detail, lease_ms + delay as i64)
-                    .await?;
-                if !ok {
-                    return Err(ApiError::InFlight { operation_id: op.operation_id.clone(), retry_after_s: 1 });
-                }
-                tracing::info!(operation_id = %op.operation_id, attempt = attempt_no, delay_ms = delay, %detail, "transient failure; retrying");
-                tokio::time::sleep(Duration::from_millis(delay)).await;
-                attempts_in_call += 1;
-                attempt_no += 1;
-                continue;
+        if let Some((status, kind, detail, retry_after)) = &transient
+            && attempt_no < budget
+            && let Some(delay) = backoff_ms(route, retry_no, *retry_after)
+        {
+            let ok = ledger
+                .note_retry(&op.tenant_id, &op.operation_id, claim.fence, *status, kind, detail, lease_ms + delay as i64)
+                .await?;
+            if !ok {
+                return Ok((None, fenced_off(&op.operation_id)));
             }
+            crate::metrics::retry(&route.name);
+            tracing::info!(operation_id = %op.operation_id, attempt = attempt_no, delay_ms = delay, %detail, "transient failure; retrying");
+            if route.retry.mode == RetryMode::Background
+                && let Some(tx) = reply.take()
+            {
+                let _ = tx.send(accepted(&op.operation_id, &format!("attempt {attempt_no} failed ({kind})")));
+            }
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            retry_no += 1;
+            attempt_no += 1;
+            continue;
         }
 
-        let (outcome, reply) = classify(result, transient.is_some(), route, &op.operation_id);
-        let recorded = ledger.record_outcome(&op.tenant_id, &op.operation_id, claim.fence, owner, &outcome).await?;
+        let now = ledger.clock().now_ms();
+        let (outcome, answer) = classify(result, transient.is_some(), route, op, now);
+        crate::failpoint::hit("before-record");
+        let recorded = ledger.record_outcome(&op.tenant_id, &op.operation_id, claim.fence, OpState::Executing, owner, &outcome).await?;
         if !recorded {
-            return Err(ApiError::OutcomeUnknown {
-                operation_id: op.operation_id.clone(),
-                detail: "a newer claim took over this operation; its outcome will be recorded by that owner".into(),
-                status: StatusCode::CONFLICT,
-            });
+            return Ok((None, fenced_off(&op.operation_id)));
         }
+        crate::failpoint::hit("after-record");
+        crate::metrics::recorded(&op.tenant_id, &route.name, outcome.state);
         tracing::info!(
             tenant = %op.tenant_id, operation_id = %op.operation_id, route = %route.name,
-            state = %outcome.state, attempts = attempt_no, outcome = %outcome.attempt_outcome, "operation recorded"
+            state = %outcome.state, attempts = attempt_no, outcome = outcome.attempt_outcome.as_deref().unwrap_or("-"),
+            "operation recorded"
         );
-        return Ok(reply);
+        return Ok((Some(outcome.state), answer));
     }
 }
 
-async fn attempt(client: &crate::forward::HttpClient, req: http::Request<Body>, route: &Route) -> Attempt {
+fn fenced_off(operation_id: &str) -> Response {
+    ApiError::OutcomeUnknown {
+        operation_id: operation_id.to_owned(),
+        detail: "a newer claim took over this operation; its outcome will be recorded by that owner".into(),
+        status: StatusCode::CONFLICT,
+    }
+    .into_response()
+}
+
+/// One provider call, bounded by the route's response timeout. While it
+/// runs, the lease is extended every third of its length, so a long but
+/// healthy call keeps its claim.
+async fn attempt(
+    app: &AppState,
+    client: &crate::forward::HttpClient,
+    req: http::Request<Body>,
+    route: &Route,
+    op: &Operation,
+    fence: i64,
+    lease_ms: i64,
+) -> Attempt {
+    let started = std::time::Instant::now();
     let deadline = tokio::time::Instant::now() + Duration::from_millis(route.response_timeout_ms);
-    let resp = match tokio::time::timeout_at(deadline, client.request(req)).await {
-        Err(_) => {
-            return Attempt::Lost {
-                kind: "timeout",
-                detail: format!("no response head within {} ms", route.response_timeout_ms),
-            };
+    let call = async {
+        let resp = match tokio::time::timeout_at(deadline, client.request(req)).await {
+            Err(_) => {
+                return Attempt::Lost {
+                    kind: "timeout",
+                    detail: format!("no response head within {} ms", route.response_timeout_ms),
+                };
+            }
+            Ok(Err(e)) if e.is_connect() => return Attempt::ConnectFailed(error_chain(&e)),
+            Ok(Err(e)) => return Attempt::Lost { kind: "connection-lost", detail: error_chain(&e) },
+            Ok(Ok(r)) => r,
+        };
+        let (head, body) = resp.into_parts();
+        let body = match tokio::time::timeout_at(deadline, read_bounded(body, route.max_stored_response_bytes)).await {
+            Ok(b) => b,
+            Err(_) => ReadBody::Broken(Bytes::new(), "response body not complete within the response timeout".into()),
+        };
+        Attempt::Response { head, body }
+    };
+    tokio::pin!(call);
+    let period = Duration::from_millis((lease_ms / 3).max(1) as u64);
+    let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    let result = loop {
+        tokio::select! {
+            r = &mut call => break r,
+            _ = heartbeat.tick() => {
+                match app.ledger.extend_lease(&op.tenant_id, &op.operation_id, fence, lease_ms).await {
+                    Ok(true) => {}
+                    Ok(false) => tracing::warn!(operation_id = %op.operation_id, "lease lost during the call; its outcome will be fenced off"),
+                    Err(e) => tracing::warn!(operation_id = %op.operation_id, error = %e, "lease extension failed"),
+                }
+            }
         }
-        Ok(Err(e)) if e.is_connect() => return Attempt::ConnectFailed(error_chain(&e)),
-        Ok(Err(e)) => return Attempt::Lost { kind: "connection-lost", detail: error_chain(&e) },
-        Ok(Ok(r)) => r,
     };
-    let (head, body) = resp.into_parts();
-    let body = match tokio::time::timeout_at(deadline, read_bounded(body, route.max_stored_response_bytes)).await {
-        Ok(b) => b,
-        Err(_) => ReadBody::Broken(Bytes::new(), "response body not complete within the response timeout".into()),
-    };
-    Attempt::Response { head, body }
+    crate::metrics::upstream_latency(&route.name, started.elapsed());
+    result
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -192,17 +291,19 @@ async fn read_bounded(mut body: Incoming, limit: usize) -> ReadBody {
     }
 }
 
-/// `Retry-After` in ms: delay-seconds or an HTTP-date is not parsed (only
-/// delay-seconds, RFC 9110 §10.2.3, which is what providers send).
+/// `Retry-After` in ms (delay-seconds, RFC 9110 §10.2.3; an HTTP-date is
+/// ignored and the backoff applies).
 fn retry_after_ms(headers: &HeaderMap) -> Option<u64> {
     headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim().parse::<u64>().ok().map(|s| s.saturating_mul(1000))
 }
 
-/// Full-jitter exponential backoff for retry number `n` (1 = first retry),
-/// or `None` when the provider's `Retry-After` exceeds what the route honours.
-fn backoff_ms(route: &Route, n: u32, retry_after: Option<u64>) -> Option<u64> {
+/// Full-jitter exponential backoff for retry number `n` (1 = first retry):
+/// a random delay in `[0, min(max_delay_ms, base_delay_ms · 2^(n-1))]`, at
+/// least the provider's `Retry-After`; `None` when that exceeds
+/// `max_retry_after_ms`.
+pub fn backoff_ms(route: &Route, n: u32, retry_after: Option<u64>) -> Option<u64> {
     let r = &route.retry;
-    let exp = r.base_delay_ms.saturating_mul(1u64 << (n - 1).min(30)).min(r.max_delay_ms);
+    let exp = r.base_delay_ms.saturating_mul(1u64 << (n.max(1) - 1).min(30)).min(r.max_delay_ms);
     let jitter = if exp == 0 { 0 } else { rand::random_range(0..=exp) };
     match retry_after {
         Some(ra) if ra > r.max_retry_after_ms => None,
@@ -219,57 +320,76 @@ fn stored_headers(route: &Route, headers: &HeaderMap) -> Vec<(String, String)> {
         .collect()
 }
 
+fn exhausted(op: &Operation, last: &str) -> DeadLetter {
+    DeadLetter {
+        reason: "retries-exhausted".into(),
+        operator_check: format!(
+            "Every attempt failed with a transient error (last: {last}); the provider reported no effect. \
+             Check the provider's health, and that no effect exists for provider key {}, before requeueing.",
+            op.provider_key
+        ),
+    }
+}
+
 /// Turns the final attempt into the ledger outcome and the caller's answer.
-fn classify(result: Attempt, exhausted: bool, route: &Route, operation_id: &str) -> (Outcome, Response) {
-    let base = |state: OpState, kind: Option<&str>, detail: Option<String>, attempt_outcome: String, reason: &str| Outcome {
-        state,
-        response_status: None,
-        response_headers: Vec::new(),
-        response_body: None,
-        response_body_bytes: None,
-        response_body_omitted: false,
-        error_kind: kind.map(str::to_owned),
-        error_detail: detail,
-        attempt_outcome,
-        reason: reason.to_owned(),
-    };
+fn classify(result: Attempt, transient: bool, route: &Route, op: &Operation, now: i64) -> (Outcome, Response) {
+    let settle = now.saturating_add(route.read_back.as_ref().map_or(0, |rb| rb.settle_delay_ms as i64));
     match result {
         Attempt::ConnectFailed(detail) => {
-            let o = base(OpState::Failed, Some("retries-exhausted"), Some(detail.clone()), "connect-failed".into(), "retries exhausted: provider unreachable");
+            let mut o = Outcome::new(OpState::Failed, "retries exhausted: provider unreachable");
+            o.error_kind = Some("retries-exhausted".into());
+            o.error_detail = Some(detail.clone());
+            o.attempt_outcome = Some("connect-failed".into());
+            o.dead_letter = Some(exhausted(op, "connect failed"));
             (o, ApiError::ProviderUnreachable(detail).into_response())
         }
         Attempt::Lost { kind, detail } => {
-            let o = base(OpState::Unknown, Some(kind), Some(detail.clone()), kind.into(), "outcome unknown after the request was sent");
+            let mut o = Outcome::new(OpState::Unknown, "outcome unknown after the request was sent");
+            o.error_kind = Some(kind.into());
+            o.error_detail = Some(detail.clone());
+            o.attempt_outcome = Some(kind.into());
+            o.next_reconcile_at = Some(now);
+            o.settle_until = Some(settle);
             let status = if kind == "timeout" { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY };
-            (o, ApiError::OutcomeUnknown { operation_id: operation_id.to_owned(), detail, status }.into_response())
+            (o, ApiError::OutcomeUnknown { operation_id: op.operation_id.clone(), detail, status }.into_response())
         }
         Attempt::Response { head, body } => {
             let code = head.status.as_u16();
-            let attempt_outcome = format!("status-{code}");
-            let (state, kind, reason) = match code {
-                200..=299 => (OpState::Completed, None, "provider applied the effect".to_owned()),
-                _ if exhausted => (OpState::Failed, Some("retries-exhausted"), format!("retries exhausted: provider answered {code}")),
-                500..=599 if code != 501 && code != 505 => {
-                    (OpState::Unknown, Some("provider-5xx"), format!("provider answered {code}; the effect may have been applied"))
+            let mut o = match code {
+                200..=299 => Outcome::new(OpState::Completed, "provider applied the effect"),
+                _ if transient => {
+                    let mut o = Outcome::new(OpState::Failed, format!("retries exhausted: provider answered {code}"));
+                    o.error_kind = Some("retries-exhausted".into());
+                    o.dead_letter = Some(exhausted(op, &format!("status {code}")));
+                    o
                 }
-                _ => (OpState::Failed, Some("permanent"), format!("provider refused with {code}")),
+                500..=599 if code != 501 && code != 505 => {
+                    let mut o = Outcome::new(OpState::Unknown, format!("provider answered {code}; the effect may have been applied"));
+                    o.error_kind = Some("provider-5xx".into());
+                    o.next_reconcile_at = Some(now);
+                    o.settle_until = Some(settle);
+                    o
+                }
+                _ => {
+                    let mut o = Outcome::new(OpState::Failed, format!("provider refused with {code}"));
+                    o.error_kind = Some("permanent".into());
+                    o
+                }
             };
-            let headers = stored_headers(route, &head.headers);
-            let mut o = base(state, kind, None, attempt_outcome, &reason);
+            o.attempt_outcome = Some(format!("status-{code}"));
             o.response_status = Some(code);
-            o.response_headers = headers;
-            let reply_body;
-            match body {
+            o.response_headers = stored_headers(route, &head.headers);
+            let reply_body = match body {
                 ReadBody::Whole(b) => {
                     o.response_body_bytes = Some(b.len() as i64);
                     o.response_body = Some(b.to_vec());
-                    reply_body = Body::from(b);
+                    Body::from(b)
                 }
                 ReadBody::Overflow(prefix, rest) => {
                     o.response_body_omitted = true;
                     let rest = http_body_util::BodyStream::new(rest)
                         .filter_map(|f| async move { f.map(|f| f.into_data().ok()).transpose() });
-                    reply_body = Body::from_stream(futures_util::stream::once(async move { Ok::<_, hyper::Error>(prefix) }).chain(rest));
+                    Body::from_stream(futures_util::stream::once(async move { Ok::<_, hyper::Error>(prefix) }).chain(rest))
                 }
                 ReadBody::Broken(prefix, err) => {
                     o.response_body_omitted = true;
@@ -277,12 +397,15 @@ fn classify(result: Attempt, exhausted: bool, route: &Route, operation_id: &str)
                     if o.state == OpState::Completed {
                         o.error_kind = Some("response-body-lost".into());
                     }
-                    reply_body = Body::from(prefix);
+                    Body::from(prefix)
                 }
-            }
+            };
             if o.state == OpState::Unknown {
-                let detail = o.reason.clone();
-                let reply = ApiError::OutcomeUnknown { operation_id: operation_id.to_owned(), detail, status: StatusCode::BAD_GATEWAY };
+                let reply = ApiError::OutcomeUnknown {
+                    operation_id: op.operation_id.clone(),
+                    detail: o.reason.clone(),
+                    status: StatusCode::BAD_GATEWAY,
+                };
                 return (o, reply.into_response());
             }
             let mut parts = head;

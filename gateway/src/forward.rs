@@ -78,25 +78,21 @@ pub fn upstream_uri(route: &Route, rest: &str, query: Option<&str>) -> Result<Ur
     s.parse().map_err(|_| ApiError::BadRequest { field: "path".into(), message: "the request path is not a valid URI".into() })
 }
 
-/// Builds outbound headers from the caller's: drops hop-by-hop headers,
-/// `Host`, the gateway's own `Authorization`, the caller's
-/// `Idempotency-Key` and the route's credential headers; adds
-/// `X-Forwarded-For/Host/Proto`, the injected credentials and, when given,
-/// the provider key in the route's idempotency header.
-pub fn outbound_headers(
-    route: &Route,
-    incoming: &HeaderMap,
-    peer: Option<SocketAddr>,
-    provider_key: Option<&str>,
-) -> HeaderMap {
+/// The caller's headers as forwarded: drops hop-by-hop headers, `Host`,
+/// the gateway's own `Authorization`, the caller's `Idempotency-Key`, the
+/// route's credential headers and its provider idempotency header, and any
+/// `X-Forwarded-*` the caller sent; adds `X-Forwarded-For/Host/Proto`.
+/// Effectful calls store this list in the ledger, so every attempt (also
+/// one made by the reconciler) forwards the same headers.
+pub fn caller_headers(route: &Route, incoming: &HeaderMap, peer: Option<SocketAddr>) -> HeaderMap {
     let listed = connection_listed(incoming);
-    let mut out = HeaderMap::with_capacity(incoming.len() + 4);
+    let mut out = HeaderMap::with_capacity(incoming.len() + 3);
     for (name, value) in incoming {
         if is_hop_by_hop(name, &listed)
             || name == header::HOST
             || name == header::AUTHORIZATION
             || name.as_str() == crate::idempotency::IDEMPOTENCY_KEY
-            || name.as_str().starts_with("x-forwarded-")
+            || (name.as_str().starts_with("x-forwarded-") && name.as_str() != "x-forwarded-for")
             || route.inject_headers.iter().any(|(n, _)| n == name)
             || route.provider_idempotency_header.as_ref() == Some(name)
         {
@@ -118,6 +114,12 @@ pub fn outbound_headers(
         out.insert("x-forwarded-host", host.clone());
     }
     out.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    out
+}
+
+/// Adds the route's injected credentials and, when given, the provider key
+/// in the route's idempotency header.
+pub fn add_route_headers(route: &Route, out: &mut HeaderMap, provider_key: Option<&str>) {
     for (name, value) in &route.inject_headers {
         out.insert(name.clone(), value.clone());
     }
@@ -126,7 +128,23 @@ pub fn outbound_headers(
     {
         out.insert(h.clone(), v);
     }
-    out
+}
+
+/// Headers as a storable list of (name, value) pairs; values that are not
+/// visible ASCII are dropped.
+pub fn to_pairs(h: &HeaderMap) -> Vec<(String, String)> {
+    h.iter().filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned()))).collect()
+}
+
+/// The reverse of [`to_pairs`].
+pub fn from_pairs(pairs: &[(String, String)]) -> HeaderMap {
+    let mut h = HeaderMap::with_capacity(pairs.len());
+    for (n, v) in pairs {
+        if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(n.as_bytes()), HeaderValue::from_str(v)) {
+            h.append(n, v);
+        }
+    }
+    h
 }
 
 /// A request ready to send.

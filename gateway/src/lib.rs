@@ -22,9 +22,13 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod execute;
+pub mod failpoint;
 pub mod forward;
 pub mod idempotency;
 pub mod ledger;
+pub mod metrics;
 pub mod proxy;
+pub mod reconcile;
+pub mod template;
 
 pub use app::{AppState, Gateway};

@@ -13,8 +13,7 @@ use http::{HeaderValue, StatusCode, header};
 use crate::app::AppState;
 use crate::config::{Role, Route};
 use crate::error::ApiError;
-use crate::execute::{ExecContext, execute};
-use crate::forward::{build_request, outbound_headers, strip_hop_by_hop, upstream_uri};
+use crate::forward::{add_route_headers, build_request, caller_headers, strip_hop_by_hop, to_pairs, upstream_uri};
 use crate::idempotency::{IDEMPOTENT_REPLAYED, fingerprint, parse_key, provider_key};
 use crate::ledger::{NewOperation, Operation, Reservation, State as OpState};
 
@@ -46,9 +45,8 @@ async fn handle_inner(app: &AppState, peer: SocketAddr, req: Request) -> Result<
         .clone();
     let rest = &path[route.prefix.len() - 1..];
     let query = req.uri().query().map(str::to_owned);
-    let uri = upstream_uri(&route, rest, query.as_deref())?;
-
     if !route.is_effectful(req.method()) {
+        let uri = upstream_uri(&route, rest, query.as_deref())?;
         return pass_through(app, &route, peer, req, uri).await;
     }
 
@@ -72,7 +70,17 @@ async fn handle_inner(app: &AppState, peer: SocketAddr, req: Request) -> Result<
 
     // 5. Policies come with the policy host; until then every request is allowed.
 
-    // 6. Reserve in the ledger atomically.
+    // 6. Reserve in the ledger atomically. A duplicate of a finished
+    // operation is answered from the read pool first: COMPLETED and FAILED
+    // never change back, so this read can't be stale in a way that matters,
+    // and it keeps replays off the single writer.
+    if let Some(op) = app.ledger.get(&principal.tenant, &key).await?
+        && op.state.is_terminal()
+        && op.expires_at > app.ledger.clock().now_ms()
+    {
+        return answer_existing(app, &route, op, &fp).await;
+    }
+    let stored_headers = to_pairs(&caller_headers(&route, &parts.headers, Some(peer)));
     let new = NewOperation {
         tenant_id: principal.tenant.clone(),
         operation_id: key.clone(),
@@ -82,57 +90,77 @@ async fn handle_inner(app: &AppState, peer: SocketAddr, req: Request) -> Result<
         query,
         fingerprint: fp.clone(),
         provider_key: provider_key(&app.provider_key_secret, &principal.tenant, &key),
-        effect_class: None,
+        effect_class: Some(route.effect_class.as_str().to_owned()),
         request_content_type: content_type,
         request_body: body.to_vec(),
+        request_headers: stored_headers,
         principal: principal.name.clone(),
         retention_ms: i64::try_from(route.key_retention_ms).unwrap_or(i64::MAX),
     };
     let op = match app.ledger.reserve(&new).await? {
-        Reservation::Created(op) => op,
-        Reservation::Existing(op) => {
-            if op.fingerprint != fp {
-                return Err(ApiError::FingerprintMismatch { key });
-            }
-            match op.state {
-                OpState::Completed | OpState::Failed | OpState::Compensated => return Ok(replay(&op)),
-                OpState::Reserved => op,
-                OpState::Executing => {
-                    let now = app.ledger.clock().now_ms();
-                    let left_ms = op.lease_expires_at.unwrap_or(now) - now;
-                    if left_ms > 0 {
-                        return Err(ApiError::InFlight {
-                            operation_id: key,
-                            retry_after_s: (left_ms as u64).div_ceil(1000).max(1),
-                        });
-                    }
-                    return Err(ApiError::OutcomeUnknown {
-                        operation_id: key,
-                        detail: "the lease of the last attempt expired before its outcome was recorded; \
-                                 the operation awaits reconciliation"
-                            .into(),
-                        status: StatusCode::CONFLICT,
-                    });
-                }
-                OpState::Unknown => {
-                    return Err(ApiError::OutcomeUnknown {
-                        operation_id: key,
-                        detail: "the provider may have applied the effect; the operation awaits reconciliation \
-                                 and is not executed again"
-                            .into(),
-                        status: StatusCode::CONFLICT,
-                    });
-                }
-                OpState::AwaitingApproval => {
-                    return Ok(awaiting_approval(&op));
-                }
-            }
+        Reservation::Created(op) => {
+            crate::failpoint::hit("after-reserve");
+            op
         }
+        Reservation::Existing(op) if op.state == OpState::Reserved && op.fingerprint == fp => op,
+        Reservation::Existing(op) => return answer_existing(app, &route, op, &fp).await,
     };
 
     // 7–9. Claim the lease, forward, record the outcome, answer.
-    let ctx = ExecContext { app, route: &route, uri, incoming: &parts.headers, peer: Some(peer), body };
-    execute(ctx, &op).await
+    let lease = crate::execute::lease_ms(app, &route);
+    let Some(claim) = app
+        .ledger
+        .claim(&op.tenant_id, &op.operation_id, op.state, op.version, &app.instance_id, lease, "lease claimed for attempt")
+        .await?
+    else {
+        crate::metrics::request(&route.name, "in-flight");
+        return Err(ApiError::InFlight { operation_id: op.operation_id.clone(), retry_after_s: 1 });
+    };
+    crate::metrics::request(&route.name, "forwarded");
+    Ok(crate::execute::execute_for_caller(app, &route, op, claim).await)
+}
+
+/// Answers a request whose key already names an operation (DESIGN.md step 6).
+async fn answer_existing(app: &AppState, route: &Route, op: Operation, fp: &str) -> Result<Response, ApiError> {
+    let key = op.operation_id.clone();
+    if op.fingerprint != fp {
+        crate::metrics::request(&route.name, "fingerprint-mismatch");
+        return Err(ApiError::FingerprintMismatch { key });
+    }
+    let now = app.ledger.clock().now_ms();
+    match op.state {
+        OpState::Completed | OpState::Failed | OpState::Compensated => Ok(replay_or_dead_letter(route, &op)),
+        OpState::Executing if op.lease_expires_at.is_some_and(|t| t > now) => {
+            crate::metrics::request(&route.name, "in-flight");
+            let left_ms = op.lease_expires_at.unwrap_or(now) - now;
+            Err(ApiError::InFlight { operation_id: key, retry_after_s: (left_ms as u64).div_ceil(1000).max(1) })
+        }
+        OpState::Reserved => {
+            crate::metrics::request(&route.name, "in-flight");
+            Err(ApiError::InFlight { operation_id: key, retry_after_s: 1 })
+        }
+        OpState::Executing | OpState::Unknown => match crate::reconcile::for_duplicate(app, op).await {
+            Ok(resolved) => Ok(replay_or_dead_letter(route, &resolved)),
+            Err(e) => {
+                crate::metrics::request(&route.name, "outcome-unknown");
+                Err(e)
+            }
+        },
+        OpState::AwaitingApproval => Ok(awaiting_approval(&op)),
+    }
+}
+
+fn replay_or_dead_letter(route: &Route, op: &Operation) -> Response {
+    if op.dead_letter {
+        crate::metrics::request(&route.name, "rejected");
+        return ApiError::DeadLettered {
+            operation_id: op.operation_id.clone(),
+            reason: op.dead_letter_reason.clone().unwrap_or_default(),
+        }
+        .into_response();
+    }
+    crate::metrics::request(&route.name, "replayed");
+    replay(op)
 }
 
 /// Streams a non-effectful request through without buffering either body.
@@ -145,7 +173,8 @@ async fn pass_through(
 ) -> Result<Response, ApiError> {
     let client = app.clients.get(&route.name).ok_or_else(|| ApiError::Internal("route without client".into()))?;
     let (parts, body) = req.into_parts();
-    let headers = outbound_headers(route, &parts.headers, Some(peer), None);
+    let mut headers = caller_headers(route, &parts.headers, Some(peer));
+    add_route_headers(route, &mut headers, None);
     let out = build_request(parts.method, uri, headers, body);
     let timeout = std::time::Duration::from_millis(route.response_timeout_ms);
     let resp = match tokio::time::timeout(timeout, client.request(out)).await {

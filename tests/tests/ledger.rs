@@ -25,24 +25,18 @@ fn new_op(id: &str) -> NewOperation {
         effect_class: None,
         request_content_type: None,
         request_body: b"{}".to_vec(),
+        request_headers: vec![],
         principal: "p".into(),
         retention_ms: 10_000,
     }
 }
 
 fn outcome(state: State, reason: &str) -> Outcome {
-    Outcome {
-        state,
-        response_status: Some(200),
-        response_headers: vec![],
-        response_body: Some(b"ok".to_vec()),
-        response_body_bytes: Some(2),
-        response_body_omitted: false,
-        error_kind: None,
-        error_detail: None,
-        attempt_outcome: "status-200".into(),
-        reason: reason.into(),
-    }
+    let mut o = Outcome::new(state, reason);
+    o.response_status = Some(200);
+    o.response_body = Some(b"ok".to_vec());
+    o.attempt_outcome = Some("status-200".into());
+    o
 }
 
 async fn reserved(l: &Ledger, id: &str) -> i64 {
@@ -64,10 +58,10 @@ async fn stale_owner_is_fenced_and_the_state_stays_the_new_owners() {
     clock.advance(101);
     let b = l.claim("t", "op", State::Executing, op.version, "B", 100, "reclaim").await.unwrap().unwrap();
     assert_eq!(b.fence, a.fence + 1);
-    assert!(l.record_outcome("t", "op", b.fence, "B", &outcome(State::Completed, "B done")).await.unwrap());
+    assert!(l.record_outcome("t", "op", b.fence, State::Executing, "B", &outcome(State::Completed, "B done")).await.unwrap());
     // A resumes: its write is rejected and counted.
     let before = l.stale_fence_rejections();
-    assert!(!l.record_outcome("t", "op", a.fence, "A", &outcome(State::Failed, "A late")).await.unwrap());
+    assert!(!l.record_outcome("t", "op", a.fence, State::Executing, "A", &outcome(State::Failed, "A late")).await.unwrap());
     assert!(!l.extend_lease("t", "op", a.fence, 1000).await.unwrap());
     assert_eq!(l.stale_fence_rejections(), before + 2);
     let op = l.get("t", "op").await.unwrap().unwrap();
@@ -127,12 +121,12 @@ async fn the_state_machine_refuses_illegal_transitions() {
     let v = reserved(&l, "m").await;
     assert!(l.claim("t", "m", State::Completed, v, "A", 10, "x").await.is_err());
     let c = l.claim("t", "m", State::Reserved, v, "A", 10, "x").await.unwrap().unwrap();
-    assert!(l.record_outcome("t", "m", c.fence, "A", &outcome(State::Reserved, "back")).await.is_err());
-    assert!(l.record_outcome("t", "m", c.fence, "A", &outcome(State::Completed, "done")).await.unwrap());
+    assert!(l.record_outcome("t", "m", c.fence, State::Executing, "A", &outcome(State::Reserved, "back")).await.is_err());
+    assert!(l.record_outcome("t", "m", c.fence, State::Executing, "A", &outcome(State::Completed, "done")).await.unwrap());
     // COMPLETED never goes back: no claim, no second outcome.
     let op = l.get("t", "m").await.unwrap().unwrap();
     assert!(l.claim("t", "m", State::Unknown, op.version, "B", 10, "x").await.unwrap().is_none());
-    assert!(!l.record_outcome("t", "m", c.fence, "A", &outcome(State::Unknown, "again")).await.unwrap());
+    assert!(!l.record_outcome("t", "m", c.fence, State::Executing, "A", &outcome(State::Unknown, "again")).await.unwrap());
     assert_eq!(l.get("t", "m").await.unwrap().unwrap().state, State::Completed);
 }
 
@@ -141,7 +135,7 @@ async fn a_stale_version_loses_the_compare_and_swap() {
     let (l, _clock, _d) = ledger().await;
     let v = reserved(&l, "v").await;
     let c = l.claim("t", "v", State::Reserved, v, "A", 10, "x").await.unwrap().unwrap();
-    l.record_outcome("t", "v", c.fence, "A", &outcome(State::Unknown, "lost")).await.unwrap();
+    l.record_outcome("t", "v", c.fence, State::Executing, "A", &outcome(State::Unknown, "lost")).await.unwrap();
     // A claim computed from the old version does nothing.
     assert!(l.claim("t", "v", State::Unknown, v, "B", 10, "x").await.unwrap().is_none());
     let op = l.get("t", "v").await.unwrap().unwrap();
@@ -153,10 +147,10 @@ async fn key_retention_frees_terminal_keys_only() {
     let (l, clock, _d) = ledger().await;
     let v = reserved(&l, "done").await;
     let c = l.claim("t", "done", State::Reserved, v, "A", 10, "x").await.unwrap().unwrap();
-    l.record_outcome("t", "done", c.fence, "A", &outcome(State::Completed, "ok")).await.unwrap();
+    l.record_outcome("t", "done", c.fence, State::Executing, "A", &outcome(State::Completed, "ok")).await.unwrap();
     let v2 = reserved(&l, "stuck").await;
     let c2 = l.claim("t", "stuck", State::Reserved, v2, "A", 10, "x").await.unwrap().unwrap();
-    l.record_outcome("t", "stuck", c2.fence, "A", &outcome(State::Unknown, "lost")).await.unwrap();
+    l.record_outcome("t", "stuck", c2.fence, State::Executing, "A", &outcome(State::Unknown, "lost")).await.unwrap();
 
     clock.advance(9_999);
     assert!(matches!(l.reserve(&new_op("done")).await.unwrap(), Reservation::Existing(_)));

@@ -10,6 +10,8 @@
 //!    └──► AWAITING_APPROVAL ──► EXECUTING | FAILED
 //! UNKNOWN ──read-back found──► COMPLETED
 //! UNKNOWN ──read-back absent──► EXECUTING (same operation, new fence token)
+//! UNKNOWN ──read-back error──► UNKNOWN (backoff) ──past the bound──► FAILED (dead letter)
+//! FAILED (dead letter) ──operator requeue──► UNKNOWN (read back first) | RESERVED
 //! ```
 //!
 //! The only way to change an operation's state is a method of [`Ledger`],
@@ -19,6 +21,7 @@
 //! checks-then-acts.
 
 mod sqlite;
+mod sqlite_write;
 
 use std::fmt;
 use std::str::FromStr;
@@ -133,6 +136,9 @@ impl State {
                 | (Unknown, Completed)
                 | (Unknown, Executing)
                 | (Unknown, Failed)
+                | (Unknown, Unknown)
+                | (Failed, Unknown)
+                | (Failed, Reserved)
                 | (Completed, Compensated)
         )
     }
@@ -220,6 +226,26 @@ pub struct Operation {
     pub updated_at: i64,
     /// Key retention end (ms since epoch).
     pub expires_at: i64,
+    /// Caller headers stored with the request, forwarded on every attempt.
+    pub request_headers: Vec<(String, String)>,
+    /// Read-backs made for this operation.
+    pub reconcile_attempts: i64,
+    /// Earliest time of the next reconciliation (ms since epoch).
+    pub next_reconcile_at: Option<i64>,
+    /// Whether the operation sits on the terminal route (dead letter).
+    pub dead_letter: bool,
+    /// Why it was dead-lettered.
+    pub dead_letter_reason: Option<String>,
+    /// What an operator must check before requeueing it.
+    pub operator_check: Option<String>,
+    /// The provider's reference for the effect (e.g. a charge id), when known.
+    pub provider_reference: Option<String>,
+    /// How often an operator requeued it.
+    pub requeues: i64,
+    /// A read-back's "absent" is trusted only from this time on (ms since
+    /// epoch): the last attempt could have reached the provider until then
+    /// plus the route's settle delay.
+    pub settle_until: Option<i64>,
 }
 
 /// One recorded state change.
@@ -268,6 +294,8 @@ pub struct NewOperation {
     pub request_content_type: Option<String>,
     /// Request body.
     pub request_body: Vec<u8>,
+    /// Caller headers to forward on every attempt (already filtered).
+    pub request_headers: Vec<(String, String)>,
     /// Principal name.
     pub principal: String,
     /// Key retention (ms).
@@ -315,11 +343,57 @@ pub struct Outcome {
     pub error_kind: Option<String>,
     /// Error detail.
     pub error_detail: Option<String>,
-    /// Short outcome of the last attempt for the attempts log, e.g.
-    /// `status-201`, `timeout`, `connection-lost`.
-    pub attempt_outcome: String,
+    /// Short outcome of the provider attempt for the attempts log, e.g.
+    /// `status-201`, `timeout`, `connection-lost`; `None` when the outcome
+    /// comes from a read-back or an operator, not from an attempt.
+    pub attempt_outcome: Option<String>,
     /// Transition reason.
     pub reason: String,
+    /// Keep the stored response fields as they are (UNKNOWN → UNKNOWN).
+    pub keep_response: bool,
+    /// Count one more read-back.
+    pub count_read_back: bool,
+    /// Earliest next reconciliation (ms since epoch).
+    pub next_reconcile_at: Option<i64>,
+    /// Put the operation on the terminal route with this reason and check.
+    pub dead_letter: Option<DeadLetter>,
+    /// The provider's reference for the effect.
+    pub provider_reference: Option<String>,
+    /// Set `settle_until` (ms since epoch), when entering UNKNOWN.
+    pub settle_until: Option<i64>,
+}
+
+impl Outcome {
+    /// An outcome with no response and nothing else set.
+    pub fn new(state: State, reason: impl Into<String>) -> Self {
+        Self {
+            state,
+            response_status: None,
+            response_headers: Vec::new(),
+            response_body: None,
+            response_body_bytes: None,
+            response_body_omitted: false,
+            error_kind: None,
+            error_detail: None,
+            attempt_outcome: None,
+            reason: reason.into(),
+            keep_response: false,
+            count_read_back: false,
+            next_reconcile_at: None,
+            dead_letter: None,
+            provider_reference: None,
+            settle_until: None,
+        }
+    }
+}
+
+/// Why an operation stopped running automatically.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeadLetter {
+    /// The reason (`retries-exhausted`, `reconciliation-out-of-bounds`, …).
+    pub reason: String,
+    /// What an operator must verify before requeueing.
+    pub operator_check: String,
 }
 
 /// One provider attempt, as logged.

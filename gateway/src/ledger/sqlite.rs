@@ -14,23 +14,25 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
 use sqlx::{Row, SqlitePool};
 
-use super::{Attempt, Claim, Clock, LedgerError, NewOperation, Operation, Outcome, Reservation, State, Transition};
+use super::{Attempt, Clock, LedgerError, Operation, State, Transition};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 
 /// The effect ledger on SQLite. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Ledger {
-    write: SqlitePool,
-    read: SqlitePool,
-    clock: Arc<dyn Clock>,
-    stale_fence_rejections: Arc<AtomicU64>,
+    pub(super) write: SqlitePool,
+    pub(super) read: SqlitePool,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) stale_fence_rejections: Arc<AtomicU64>,
 }
 
-const OP_COLUMNS: &str = "tenant_id, operation_id, route, method, path, query, fingerprint, provider_key, \
+pub(super) const OP_COLUMNS: &str = "tenant_id, operation_id, route, method, path, query, fingerprint, provider_key, \
      effect_class, state, version, attempts, lease_owner, lease_expires_at, fence, request_content_type, \
      request_body, principal, response_status, response_headers, response_body, response_body_bytes, \
-     response_body_omitted, error_kind, error_detail, created_at, updated_at, expires_at";
+     response_body_omitted, error_kind, error_detail, created_at, updated_at, expires_at, request_headers, \
+     reconcile_attempts, next_reconcile_at, dead_letter, dead_letter_reason, operator_check, provider_reference, \
+     requeues, settle_until";
 
 impl Ledger {
     /// Opens (creating if missing) the SQLite file at `path` and applies the
@@ -74,6 +76,11 @@ impl Ledger {
         self.stale_fence_rejections.load(Ordering::Relaxed)
     }
 
+    pub(super) fn count_stale_fence(&self) {
+        self.stale_fence_rejections.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::stale_fence();
+    }
+
     /// Checks that the database answers (readiness).
     pub async fn ping(&self) -> Result<(), LedgerError> {
         sqlx::query("SELECT 1").execute(&self.read).await?;
@@ -93,242 +100,10 @@ impl Ledger {
         Ok(row.try_get("value")?)
     }
 
-    /// Reserves an operation: `INSERT … ON CONFLICT DO NOTHING`, plus the
-    /// first transition (`∅ → RESERVED`). If the key exists, returns the
-    /// existing row unchanged. A terminal operation past its key retention
-    /// is deleted first, so its key starts fresh (draft §2.3).
-    pub async fn reserve(&self, new: &NewOperation) -> Result<Reservation, LedgerError> {
-        let now = self.clock.now_ms();
-        let mut tx = self.write.begin().await?;
-        let expired = sqlx::query(
-            "DELETE FROM operations WHERE tenant_id = ? AND operation_id = ? AND expires_at <= ? \
-             AND state IN ('COMPLETED', 'FAILED', 'COMPENSATED')",
-        )
-        .bind(&new.tenant_id)
-        .bind(&new.operation_id)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        if expired.rows_affected() > 0 {
-            for sql in [
-                "DELETE FROM transitions WHERE tenant_id = ? AND operation_id = ?",
-                "DELETE FROM attempts WHERE tenant_id = ? AND operation_id = ?",
-            ] {
-                sqlx::query(sql).bind(&new.tenant_id).bind(&new.operation_id).execute(&mut *tx).await?;
-            }
-        }
-        let inserted = sqlx::query(
-            "INSERT INTO operations (tenant_id, operation_id, route, method, path, query, fingerprint, provider_key, \
-             effect_class, state, version, attempts, fence, request_content_type, request_body, principal, \
-             created_at, updated_at, expires_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'RESERVED', 1, 0, 0, ?, ?, ?, ?, ?, ?) \
-             ON CONFLICT (tenant_id, operation_id) DO NOTHING",
-        )
-        .bind(&new.tenant_id)
-        .bind(&new.operation_id)
-        .bind(&new.route)
-        .bind(&new.method)
-        .bind(&new.path)
-        .bind(&new.query)
-        .bind(&new.fingerprint)
-        .bind(&new.provider_key)
-        .bind(&new.effect_class)
-        .bind(&new.request_content_type)
-        .bind(&new.request_body)
-        .bind(&new.principal)
-        .bind(now)
-        .bind(now)
-        .bind(now.saturating_add(new.retention_ms))
-        .execute(&mut *tx)
-        .await?;
-        let created = inserted.rows_affected() == 1;
-        if created {
-            insert_transition(&mut tx, &new.tenant_id, &new.operation_id, None, State::Reserved, 1, 0, &new.principal, "reserved", now)
-                .await?;
-        }
-        let op = fetch_op(&mut *tx, &new.tenant_id, &new.operation_id).await?.ok_or(sqlx::Error::RowNotFound)?;
-        tx.commit().await?;
-        Ok(if created { Reservation::Created(op) } else { Reservation::Existing(op) })
-    }
-
-    /// Claims the lease on an operation and moves it `from → EXECUTING`, if
-    /// its row is still at `expected_version` in state `from`. Allowed
-    /// `from` states: RESERVED, AWAITING_APPROVAL (after approval), UNKNOWN
-    /// (after an absent read-back) and EXECUTING whose lease has expired.
-    /// The fencing token and the attempt count are incremented.
-    ///
-    /// Returns `None` when the compare-and-swap lost: someone else changed
-    /// the row first, or the lease is still live.
-    ///
-    /// Errors: [`LedgerError::IllegalTransition`] for any other `from`.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn claim(
-        &self,
-        tenant: &str,
-        operation_id: &str,
-        from: State,
-        expected_version: i64,
-        owner: &str,
-        lease_ms: i64,
-        reason: &str,
-    ) -> Result<Option<Claim>, LedgerError> {
-        if !from.can_transition_to(State::Executing) {
-            return Err(LedgerError::IllegalTransition { from, to: State::Executing });
-        }
-        let now = self.clock.now_ms();
-        let expires = now.saturating_add(lease_ms.max(0));
-        let mut tx = self.write.begin().await?;
-        let row = sqlx::query(
-            "UPDATE operations SET state = 'EXECUTING', version = version + 1, fence = fence + 1, \
-             attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?, updated_at = ? \
-             WHERE tenant_id = ? AND operation_id = ? AND version = ? AND state = ? \
-             AND (state <> 'EXECUTING' OR lease_expires_at IS NULL OR lease_expires_at <= ?) \
-             RETURNING version, fence, attempts",
-        )
-        .bind(owner)
-        .bind(expires)
-        .bind(now)
-        .bind(tenant)
-        .bind(operation_id)
-        .bind(expected_version)
-        .bind(from.as_str())
-        .bind(now)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(row) = row else { return Ok(None) };
-        let claim = Claim {
-            version: row.try_get("version")?,
-            fence: row.try_get("fence")?,
-            attempt: row.try_get("attempts")?,
-            lease_expires_at: expires,
-        };
-        insert_transition(&mut tx, tenant, operation_id, Some(from), State::Executing, claim.version, claim.fence, owner, reason, now)
-            .await?;
-        tx.commit().await?;
-        Ok(Some(claim))
-    }
-
-    /// Records the outcome of an attempt under fencing token `fence`:
-    /// `UPDATE … WHERE fence = ? AND state = 'EXECUTING'`. The lease is
-    /// released.
-    ///
-    /// Returns `false` (and counts a stale-fence rejection) when the token
-    /// is no longer current: a newer claim owns the operation, and this
-    /// write must not land.
-    ///
-    /// Errors: [`LedgerError::IllegalTransition`] unless `outcome.state` is
-    /// COMPLETED, FAILED or UNKNOWN.
-    pub async fn record_outcome(
-        &self,
-        tenant: &str,
-        operation_id: &str,
-        fence: i64,
-        actor: &str,
-        outcome: &Outcome,
-    ) -> Result<bool, LedgerError> {
-        if !State::Executing.can_transition_to(outcome.state) || outcome.state == State::Executing {
-            return Err(LedgerError::IllegalTransition { from: State::Executing, to: outcome.state });
-        }
-        let now = self.clock.now_ms();
-        let headers = serde_json::to_string(&outcome.response_headers).unwrap_or_else(|_| "[]".into());
-        let mut tx = self.write.begin().await?;
-        let row = sqlx::query(
-            "UPDATE operations SET state = ?, version = version + 1, lease_owner = NULL, lease_expires_at = NULL, \
-             response_status = ?, response_headers = ?, response_body = ?, response_body_bytes = ?, \
-             response_body_omitted = ?, error_kind = ?, error_detail = ?, updated_at = ? \
-             WHERE tenant_id = ? AND operation_id = ? AND fence = ? AND state = 'EXECUTING' \
-             RETURNING version, attempts",
-        )
-        .bind(outcome.state.as_str())
-        .bind(outcome.response_status.map(i64::from))
-        .bind(headers)
-        .bind(&outcome.response_body)
-        .bind(outcome.response_body_bytes)
-        .bind(outcome.response_body_omitted)
-        .bind(&outcome.error_kind)
-        .bind(&outcome.error_detail)
-        .bind(now)
-        .bind(tenant)
-        .bind(operation_id)
-        .bind(fence)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(row) = row else {
-            self.stale_fence_rejections.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(tenant, operation_id, fence, "write rejected: fencing token is not current");
-            return Ok(false);
-        };
-        let version: i64 = row.try_get("version")?;
-        let attempt: i64 = row.try_get("attempts")?;
-        insert_attempt(
-            &mut tx,
-            tenant,
-            operation_id,
-            attempt,
-            fence,
-            outcome.response_status.map(i64::from),
-            &outcome.attempt_outcome,
-            outcome.error_detail.as_deref(),
-            now,
-        )
-        .await?;
-        insert_transition(
-            &mut tx,
-            tenant,
-            operation_id,
-            Some(State::Executing),
-            outcome.state,
-            version,
-            fence,
-            actor,
-            &outcome.reason,
-            now,
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(true)
-    }
-
-    /// Logs a failed attempt that will be retried, under `fence`, and starts
-    /// the next one: bumps `attempts`, records the error, and extends the
-    /// lease to now + `lease_ms`. Returns `false` (counted) if the token is
-    /// no longer current; the caller must then stop.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn note_retry(
-        &self,
-        tenant: &str,
-        operation_id: &str,
-        fence: i64,
-        status: Option<u16>,
-        outcome: &str,
-        detail: &str,
-        lease_ms: i64,
-    ) -> Result<bool, LedgerError> {
-        let now = self.clock.now_ms();
-        let mut tx = self.write.begin().await?;
-        let row = sqlx::query(
-            "UPDATE operations SET attempts = attempts + 1, lease_expires_at = ?, error_kind = ?, error_detail = ?, \
-             updated_at = ? WHERE tenant_id = ? AND operation_id = ? AND fence = ? AND state = 'EXECUTING' \
-             RETURNING attempts",
-        )
-        .bind(now.saturating_add(lease_ms))
-        .bind(outcome)
-        .bind(detail)
-        .bind(now)
-        .bind(tenant)
-        .bind(operation_id)
-        .bind(fence)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(row) = row else {
-            self.stale_fence_rejections.fetch_add(1, Ordering::Relaxed);
-            return Ok(false);
-        };
-        let next: i64 = row.try_get("attempts")?;
-        insert_attempt(&mut tx, tenant, operation_id, next - 1, fence, status.map(i64::from), outcome, Some(detail), now)
-            .await?;
-        tx.commit().await?;
-        Ok(true)
+    /// Reads one operation of `tenant`. Another tenant's operation is `None`.
+    pub async fn get(&self, tenant: &str, operation_id: &str) -> Result<Option<Operation>, LedgerError> {
+        let mut conn = self.read.acquire().await?;
+        Ok(fetch_op(&mut *conn, tenant, operation_id).await?)
     }
 
     /// The attempts log of one operation, oldest first.
@@ -354,32 +129,6 @@ impl Ledger {
             })
             .collect::<Result<_, sqlx::Error>>()
             .map_err(Into::into)
-    }
-
-    /// Extends the lease held under `fence` to now + `lease_ms`. Returns
-    /// `false` if the token is no longer current.
-    pub async fn extend_lease(&self, tenant: &str, operation_id: &str, fence: i64, lease_ms: i64) -> Result<bool, LedgerError> {
-        let now = self.clock.now_ms();
-        let r = sqlx::query(
-            "UPDATE operations SET lease_expires_at = ? \
-             WHERE tenant_id = ? AND operation_id = ? AND fence = ? AND state = 'EXECUTING'",
-        )
-        .bind(now.saturating_add(lease_ms))
-        .bind(tenant)
-        .bind(operation_id)
-        .bind(fence)
-        .execute(&self.write)
-        .await?;
-        if r.rows_affected() == 0 {
-            self.stale_fence_rejections.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(r.rows_affected() == 1)
-    }
-
-    /// Reads one operation of `tenant`. Another tenant's operation is `None`.
-    pub async fn get(&self, tenant: &str, operation_id: &str) -> Result<Option<Operation>, LedgerError> {
-        let mut conn = self.read.acquire().await?;
-        Ok(fetch_op(&mut *conn, tenant, operation_id).await?)
     }
 
     /// The transition history of one operation, oldest first.
@@ -410,6 +159,57 @@ impl Ledger {
             .collect()
     }
 
+    /// Operations the reconciler should look at now, oldest change first, at
+    /// most `limit`: UNKNOWN ones that are due and not leased, EXECUTING
+    /// ones whose lease expired, and RESERVED ones untouched for
+    /// `reserved_grace_ms`.
+    pub async fn due_for_reconciliation(&self, reserved_grace_ms: i64, limit: u32) -> Result<Vec<Operation>, LedgerError> {
+        let now = self.clock.now_ms();
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {OP_COLUMNS} FROM operations WHERE \
+             (state = 'UNKNOWN' AND (next_reconcile_at IS NULL OR next_reconcile_at <= ?1) \
+                 AND (lease_expires_at IS NULL OR lease_expires_at <= ?1)) \
+             OR (state = 'EXECUTING' AND lease_expires_at <= ?1) \
+             OR (state = 'RESERVED' AND updated_at <= ?2) \
+             ORDER BY updated_at LIMIT ?3"
+        )))
+        .bind(now)
+        .bind(now.saturating_sub(reserved_grace_ms))
+        .bind(i64::from(limit))
+        .fetch_all(&self.read)
+        .await?;
+        rows.iter().map(op_from_row).collect::<Result<_, _>>().map_err(Into::into)
+    }
+
+    /// Dead letters of `tenant`, oldest first, at most `limit`.
+    pub async fn dead_letters(&self, tenant: Option<&str>, limit: u32) -> Result<Vec<Operation>, LedgerError> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {OP_COLUMNS} FROM operations WHERE dead_letter = 1 AND (?1 IS NULL OR tenant_id = ?1) \
+             ORDER BY updated_at LIMIT ?2"
+        )))
+        .bind(tenant)
+        .bind(i64::from(limit))
+        .fetch_all(&self.read)
+        .await?;
+        rows.iter().map(op_from_row).collect::<Result<_, _>>().map_err(Into::into)
+    }
+
+    /// Per-tenant counts: (tenant, UNKNOWN operations, dead letters, oldest
+    /// dead letter's last change in ms since epoch).
+    pub async fn tenant_counts(&self) -> Result<Vec<(String, i64, i64, Option<i64>)>, LedgerError> {
+        let rows = sqlx::query(
+            "SELECT tenant_id, SUM(state = 'UNKNOWN') AS unknown, SUM(dead_letter = 1) AS dead, \
+             MIN(CASE WHEN dead_letter = 1 THEN updated_at END) AS oldest \
+             FROM operations WHERE state = 'UNKNOWN' OR dead_letter = 1 GROUP BY tenant_id",
+        )
+        .fetch_all(&self.read)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get("tenant_id")?, r.try_get("unknown")?, r.try_get("dead")?, r.try_get("oldest")?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Into::into)
+    }
+
     /// Lists operations, newest change first, optionally filtered by tenant
     /// and state, at most `limit` rows.
     pub async fn list(&self, tenant: Option<&str>, state: Option<State>, limit: u32) -> Result<Vec<Operation>, LedgerError> {
@@ -426,67 +226,7 @@ impl Ledger {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn insert_transition(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-    tenant: &str,
-    operation_id: &str,
-    from: Option<State>,
-    to: State,
-    version: i64,
-    fence: i64,
-    actor: &str,
-    reason: &str,
-    at: i64,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO transitions (tenant_id, operation_id, from_state, to_state, version, fence, actor, reason, at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(tenant)
-    .bind(operation_id)
-    .bind(from.map(State::as_str))
-    .bind(to.as_str())
-    .bind(version)
-    .bind(fence)
-    .bind(actor)
-    .bind(reason)
-    .bind(at)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn insert_attempt(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-    tenant: &str,
-    operation_id: &str,
-    attempt: i64,
-    fence: i64,
-    status: Option<i64>,
-    outcome: &str,
-    detail: Option<&str>,
-    at: i64,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO attempts (tenant_id, operation_id, attempt, fence, status, outcome, detail, at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-    )
-    .bind(tenant)
-    .bind(operation_id)
-    .bind(attempt)
-    .bind(fence)
-    .bind(status)
-    .bind(outcome)
-    .bind(detail)
-    .bind(at)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
-
-async fn fetch_op<'e, E>(ex: E, tenant: &str, operation_id: &str) -> Result<Option<Operation>, sqlx::Error>
+pub(super) async fn fetch_op<'e, E>(ex: E, tenant: &str, operation_id: &str) -> Result<Option<Operation>, sqlx::Error>
 where
     E: sqlx::Executor<'e, Database = sqlx::Sqlite>,
 {
@@ -500,7 +240,7 @@ where
     row.as_ref().map(op_from_row).transpose()
 }
 
-fn op_from_row(r: &SqliteRow) -> Result<Operation, sqlx::Error> {
+pub(super) fn op_from_row(r: &SqliteRow) -> Result<Operation, sqlx::Error> {
     let state: String = r.try_get("state")?;
     let headers: Option<String> = r.try_get("response_headers")?;
     Ok(Operation {
@@ -532,5 +272,14 @@ fn op_from_row(r: &SqliteRow) -> Result<Operation, sqlx::Error> {
         created_at: r.try_get("created_at")?,
         updated_at: r.try_get("updated_at")?,
         expires_at: r.try_get("expires_at")?,
+        request_headers: serde_json::from_str(&r.try_get::<String, _>("request_headers")?).unwrap_or_default(),
+        reconcile_attempts: r.try_get("reconcile_attempts")?,
+        next_reconcile_at: r.try_get("next_reconcile_at")?,
+        dead_letter: r.try_get("dead_letter")?,
+        dead_letter_reason: r.try_get("dead_letter_reason")?,
+        operator_check: r.try_get("operator_check")?,
+        provider_reference: r.try_get("provider_reference")?,
+        requeues: r.try_get("requeues")?,
+        settle_until: r.try_get("settle_until")?,
     })
 }

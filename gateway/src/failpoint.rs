@@ -1,0 +1,34 @@
+//! Crash points for the failure-injection suite.
+//!
+//! Built only with the `failpoints` cargo feature (the test suite enables
+//! it; release builds of the binary don't). A point configured with the
+//! `fail` crate's `return` action, e.g.
+//! `FAILPOINTS="before-record=return"`, kills the process with SIGKILL
+//! right there: no destructors, no flushing, exactly like `kill -9`.
+//!
+//! Points: `after-reserve` (the operation is RESERVED, nothing sent),
+//! `before-record` (the provider answered, the ledger has not recorded it),
+//! `after-record` (recorded, the caller not yet answered).
+
+/// Passes crash point `name`.
+#[cfg(feature = "failpoints")]
+pub fn hit(name: &str) {
+    fail::fail_point!(name, |_| {
+        tracing::warn!(point = name, "crash point reached: SIGKILL");
+        // SAFETY: getpid and kill have no preconditions.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    });
+}
+
+/// Passes crash point `name` (a no-op without the `failpoints` feature).
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn hit(_name: &str) {}
+
+/// Reads `FAILPOINTS` from the environment (binary start-up).
+pub fn setup() {
+    #[cfg(feature = "failpoints")]
+    std::mem::forget(fail::FailScenario::setup());
+}

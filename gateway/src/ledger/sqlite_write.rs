@@ -1,0 +1,520 @@
+//! The SQLite effect ledger's writes: every state change of an operation.
+//! Each method is one compare-and-swap plus its `transitions` row, in one
+//! transaction.
+
+use sqlx::Row;
+
+use super::sqlite::{Ledger, fetch_op};
+use super::{Claim, LedgerError, NewOperation, Outcome, Reservation, State};
+
+impl Ledger {
+    /// Reserves an operation: `INSERT … ON CONFLICT DO NOTHING`, plus the
+    /// first transition (`∅ → RESERVED`). If the key exists, returns the
+    /// existing row unchanged. A terminal operation past its key retention
+    /// is deleted first, so its key starts fresh (draft §2.3).
+    pub async fn reserve(&self, new: &NewOperation) -> Result<Reservation, LedgerError> {
+        let now = self.clock.now_ms();
+        let mut tx = self.write.begin().await?;
+        let expired = sqlx::query(
+            "DELETE FROM operations WHERE tenant_id = ? AND operation_id = ? AND expires_at <= ? \
+             AND state IN ('COMPLETED', 'FAILED', 'COMPENSATED')",
+        )
+        .bind(&new.tenant_id)
+        .bind(&new.operation_id)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        if expired.rows_affected() > 0 {
+            for sql in [
+                "DELETE FROM transitions WHERE tenant_id = ? AND operation_id = ?",
+                "DELETE FROM attempts WHERE tenant_id = ? AND operation_id = ?",
+            ] {
+                sqlx::query(sql).bind(&new.tenant_id).bind(&new.operation_id).execute(&mut *tx).await?;
+            }
+        }
+        let inserted = sqlx::query(
+            "INSERT INTO operations (tenant_id, operation_id, route, method, path, query, fingerprint, provider_key, \
+             effect_class, state, version, attempts, fence, request_content_type, request_body, principal, \
+             created_at, updated_at, expires_at, request_headers) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'RESERVED', 1, 0, 0, ?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (tenant_id, operation_id) DO NOTHING",
+        )
+        .bind(&new.tenant_id)
+        .bind(&new.operation_id)
+        .bind(&new.route)
+        .bind(&new.method)
+        .bind(&new.path)
+        .bind(&new.query)
+        .bind(&new.fingerprint)
+        .bind(&new.provider_key)
+        .bind(&new.effect_class)
+        .bind(&new.request_content_type)
+        .bind(&new.request_body)
+        .bind(&new.principal)
+        .bind(now)
+        .bind(now)
+        .bind(now.saturating_add(new.retention_ms))
+        .bind(serde_json::to_string(&new.request_headers).unwrap_or_else(|_| "[]".into()))
+        .execute(&mut *tx)
+        .await?;
+        let created = inserted.rows_affected() == 1;
+        if created {
+            insert_transition(&mut tx, &new.tenant_id, &new.operation_id, None, State::Reserved, 1, 0, &new.principal, "reserved", now)
+                .await?;
+        }
+        let op = fetch_op(&mut *tx, &new.tenant_id, &new.operation_id).await?.ok_or(sqlx::Error::RowNotFound)?;
+        tx.commit().await?;
+        Ok(if created { Reservation::Created(op) } else { Reservation::Existing(op) })
+    }
+
+    /// Claims the lease on an operation and moves it `from → EXECUTING`, if
+    /// its row is still at `expected_version` in state `from`. Allowed
+    /// `from` states: RESERVED, AWAITING_APPROVAL (after approval), UNKNOWN
+    /// (after an absent read-back) and EXECUTING whose lease has expired.
+    /// The fencing token and the attempt count are incremented.
+    ///
+    /// Returns `None` when the compare-and-swap lost: someone else changed
+    /// the row first, or the lease is still live.
+    ///
+    /// Errors: [`LedgerError::IllegalTransition`] for any other `from`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn claim(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        from: State,
+        expected_version: i64,
+        owner: &str,
+        lease_ms: i64,
+        reason: &str,
+    ) -> Result<Option<Claim>, LedgerError> {
+        if !from.can_transition_to(State::Executing) || from == State::Failed {
+            return Err(LedgerError::IllegalTransition { from, to: State::Executing });
+        }
+        let now = self.clock.now_ms();
+        let expires = now.saturating_add(lease_ms.max(0));
+        let mut tx = self.write.begin().await?;
+        let row = sqlx::query(
+            "UPDATE operations SET state = 'EXECUTING', version = version + 1, fence = fence + 1, \
+             attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?, updated_at = ? \
+             WHERE tenant_id = ? AND operation_id = ? AND version = ? AND state = ? \
+             AND (state NOT IN ('EXECUTING', 'UNKNOWN') OR lease_expires_at IS NULL OR lease_expires_at <= ?) \
+             RETURNING version, fence, attempts",
+        )
+        .bind(owner)
+        .bind(expires)
+        .bind(now)
+        .bind(tenant)
+        .bind(operation_id)
+        .bind(expected_version)
+        .bind(from.as_str())
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let claim = Claim {
+            version: row.try_get("version")?,
+            fence: row.try_get("fence")?,
+            attempt: row.try_get("attempts")?,
+            lease_expires_at: expires,
+        };
+        insert_transition(&mut tx, tenant, operation_id, Some(from), State::Executing, claim.version, claim.fence, owner, reason, now)
+            .await?;
+        tx.commit().await?;
+        Ok(Some(claim))
+    }
+
+    /// Records an outcome under fencing token `fence`:
+    /// `UPDATE … WHERE fence = ? AND state = from`. The lease is released.
+    /// `from` is EXECUTING (an attempt ended) or UNKNOWN (a reconciliation
+    /// lease holder resolved it, or a read-back failed).
+    ///
+    /// Returns `false` (and counts a stale-fence rejection) when the token
+    /// is no longer current: a newer claim owns the operation, and this
+    /// write must not land.
+    ///
+    /// Errors: [`LedgerError::IllegalTransition`] unless `from → outcome.state`
+    /// is in the state machine and ends in COMPLETED, FAILED or UNKNOWN.
+    pub async fn record_outcome(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        fence: i64,
+        from: State,
+        actor: &str,
+        outcome: &Outcome,
+    ) -> Result<bool, LedgerError> {
+        let to = outcome.state;
+        if !matches!(from, State::Executing | State::Unknown)
+            || !matches!(to, State::Completed | State::Failed | State::Unknown)
+            || !from.can_transition_to(to)
+        {
+            return Err(LedgerError::IllegalTransition { from, to });
+        }
+        let now = self.clock.now_ms();
+        let headers = serde_json::to_string(&outcome.response_headers).unwrap_or_else(|_| "[]".into());
+        let (dl, dl_reason, dl_check) = match &outcome.dead_letter {
+            Some(d) => (true, Some(d.reason.as_str()), Some(d.operator_check.as_str())),
+            None => (false, None, None),
+        };
+        let mut tx = self.write.begin().await?;
+        let row = sqlx::query(
+            "UPDATE operations SET state = ?1, version = version + 1, lease_owner = NULL, lease_expires_at = NULL, \
+             response_status = CASE WHEN ?2 THEN response_status ELSE ?3 END, \
+             response_headers = CASE WHEN ?2 THEN response_headers ELSE ?4 END, \
+             response_body = CASE WHEN ?2 THEN response_body ELSE ?5 END, \
+             response_body_bytes = CASE WHEN ?2 THEN response_body_bytes ELSE ?6 END, \
+             response_body_omitted = CASE WHEN ?2 THEN response_body_omitted ELSE ?7 END, \
+             error_kind = ?8, error_detail = ?9, updated_at = ?10, \
+             reconcile_attempts = reconcile_attempts + ?11, next_reconcile_at = ?12, \
+             dead_letter = ?13, dead_letter_reason = ?14, operator_check = ?15, \
+             provider_reference = COALESCE(?16, provider_reference), \
+             settle_until = COALESCE(?21, settle_until) \
+             WHERE tenant_id = ?17 AND operation_id = ?18 AND fence = ?19 AND state = ?20 \
+             RETURNING version, attempts",
+        )
+        .bind(to.as_str())
+        .bind(outcome.keep_response)
+        .bind(outcome.response_status.map(i64::from))
+        .bind(headers)
+        .bind(&outcome.response_body)
+        .bind(outcome.response_body_bytes)
+        .bind(outcome.response_body_omitted)
+        .bind(&outcome.error_kind)
+        .bind(&outcome.error_detail)
+        .bind(now)
+        .bind(i64::from(outcome.count_read_back))
+        .bind(outcome.next_reconcile_at)
+        .bind(dl)
+        .bind(dl_reason)
+        .bind(dl_check)
+        .bind(&outcome.provider_reference)
+        .bind(tenant)
+        .bind(operation_id)
+        .bind(fence)
+        .bind(from.as_str())
+        .bind(outcome.settle_until)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            self.count_stale_fence();
+            tracing::warn!(tenant, operation_id, fence, "write rejected: fencing token is not current");
+            return Ok(false);
+        };
+        let version: i64 = row.try_get("version")?;
+        let attempt: i64 = row.try_get("attempts")?;
+        if let Some(attempt_outcome) = &outcome.attempt_outcome {
+            insert_attempt(
+                &mut tx,
+                tenant,
+                operation_id,
+                attempt,
+                fence,
+                outcome.response_status.map(i64::from),
+                attempt_outcome,
+                outcome.error_detail.as_deref(),
+                now,
+            )
+            .await?;
+        }
+        insert_transition(&mut tx, tenant, operation_id, Some(from), to, version, fence, actor, &outcome.reason, now).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Marks an EXECUTING operation whose lease has expired as UNKNOWN:
+    /// its owner may have sent the request before it died. The fencing
+    /// token is incremented, so the old owner's late write is rejected.
+    /// Returns `false` if the row changed or the lease is still live.
+    ///
+    /// `settle_ms` is the route's read-back settle delay: "absent" is
+    /// trusted only from now + `settle_ms` on.
+    pub async fn expire_lease(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        version: i64,
+        settle_ms: i64,
+        actor: &str,
+    ) -> Result<bool, LedgerError> {
+        let now = self.clock.now_ms();
+        let mut tx = self.write.begin().await?;
+        let row = sqlx::query(
+            "UPDATE operations SET state = 'UNKNOWN', version = version + 1, fence = fence + 1, lease_owner = NULL, \
+             lease_expires_at = NULL, error_kind = 'lease-expired', \
+             error_detail = 'the lease of the executing owner expired before it recorded an outcome', \
+             next_reconcile_at = ?, settle_until = ?, updated_at = ? \
+             WHERE tenant_id = ? AND operation_id = ? AND version = ? AND state = 'EXECUTING' \
+             AND lease_expires_at <= ? RETURNING version, fence",
+        )
+        .bind(now)
+        .bind(now.saturating_add(settle_ms))
+        .bind(now)
+        .bind(tenant)
+        .bind(operation_id)
+        .bind(version)
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else { return Ok(false) };
+        let (v, f): (i64, i64) = (row.try_get("version")?, row.try_get("fence")?);
+        insert_transition(&mut tx, tenant, operation_id, Some(State::Executing), State::Unknown, v, f, actor, "lease expired", now)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Takes a reconciliation lease on an UNKNOWN operation (state stays
+    /// UNKNOWN, fencing token incremented), if the row is at `version` and
+    /// nobody holds a live lease. Returns `None` when the compare-and-swap lost.
+    pub async fn lease_for_reconcile(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        version: i64,
+        owner: &str,
+        lease_ms: i64,
+        reason: &str,
+    ) -> Result<Option<Claim>, LedgerError> {
+        let now = self.clock.now_ms();
+        let expires = now.saturating_add(lease_ms.max(0));
+        let mut tx = self.write.begin().await?;
+        let row = sqlx::query(
+            "UPDATE operations SET version = version + 1, fence = fence + 1, lease_owner = ?, lease_expires_at = ?, \
+             updated_at = updated_at \
+             WHERE tenant_id = ? AND operation_id = ? AND version = ? AND state = 'UNKNOWN' \
+             AND (lease_expires_at IS NULL OR lease_expires_at <= ?) RETURNING version, fence, attempts",
+        )
+        .bind(owner)
+        .bind(expires)
+        .bind(tenant)
+        .bind(operation_id)
+        .bind(version)
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let claim = Claim {
+            version: row.try_get("version")?,
+            fence: row.try_get("fence")?,
+            attempt: row.try_get("attempts")?,
+            lease_expires_at: expires,
+        };
+        insert_transition(&mut tx, tenant, operation_id, Some(State::Unknown), State::Unknown, claim.version, claim.fence, owner, reason, now)
+            .await?;
+        tx.commit().await?;
+        Ok(Some(claim))
+    }
+
+    /// Starts a new attempt of an UNKNOWN operation whose read-back came
+    /// back absent, under the reconciliation lease `fence`: UNKNOWN →
+    /// EXECUTING, new fencing token, attempts + 1. Same operation, same
+    /// provider key. Returns `None` (counted) if `fence` is not current.
+    pub async fn reattempt(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        fence: i64,
+        owner: &str,
+        lease_ms: i64,
+        reason: &str,
+    ) -> Result<Option<Claim>, LedgerError> {
+        let now = self.clock.now_ms();
+        let expires = now.saturating_add(lease_ms.max(0));
+        let mut tx = self.write.begin().await?;
+        let row = sqlx::query(
+            "UPDATE operations SET state = 'EXECUTING', version = version + 1, fence = fence + 1, \
+             attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?, updated_at = ? \
+             WHERE tenant_id = ? AND operation_id = ? AND fence = ? AND state = 'UNKNOWN' \
+             RETURNING version, fence, attempts",
+        )
+        .bind(owner)
+        .bind(expires)
+        .bind(now)
+        .bind(tenant)
+        .bind(operation_id)
+        .bind(fence)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            self.count_stale_fence();
+            return Ok(None);
+        };
+        let claim = Claim {
+            version: row.try_get("version")?,
+            fence: row.try_get("fence")?,
+            attempt: row.try_get("attempts")?,
+            lease_expires_at: expires,
+        };
+        insert_transition(&mut tx, tenant, operation_id, Some(State::Unknown), State::Executing, claim.version, claim.fence, owner, reason, now)
+            .await?;
+        tx.commit().await?;
+        Ok(Some(claim))
+    }
+
+    /// Requeues a dead letter with the same operation id and provider key:
+    /// FAILED (dead letter) → `to`, where `to` is UNKNOWN (the reconciler
+    /// reads back before any new attempt) or RESERVED (the route has no
+    /// read-back; the caller executes it next). Returns `None` if the row
+    /// is not a dead letter at `version`.
+    ///
+    /// Errors: [`LedgerError::IllegalTransition`] for another `to`.
+    pub async fn requeue(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        version: i64,
+        to: State,
+        actor: &str,
+        reason: &str,
+    ) -> Result<Option<i64>, LedgerError> {
+        if !matches!(to, State::Unknown | State::Reserved) {
+            return Err(LedgerError::IllegalTransition { from: State::Failed, to });
+        }
+        let now = self.clock.now_ms();
+        let mut tx = self.write.begin().await?;
+        let row = sqlx::query(
+            "UPDATE operations SET state = ?, version = version + 1, dead_letter = 0, requeues = requeues + 1, \
+             reconcile_attempts = 0, next_reconcile_at = ?, updated_at = ? \
+             WHERE tenant_id = ? AND operation_id = ? AND version = ? AND state = 'FAILED' AND dead_letter = 1 \
+             RETURNING version, fence",
+        )
+        .bind(to.as_str())
+        .bind(now)
+        .bind(now)
+        .bind(tenant)
+        .bind(operation_id)
+        .bind(version)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let (v, f): (i64, i64) = (row.try_get("version")?, row.try_get("fence")?);
+        insert_transition(&mut tx, tenant, operation_id, Some(State::Failed), to, v, f, actor, reason, now).await?;
+        tx.commit().await?;
+        Ok(Some(v))
+    }
+
+    /// Logs a failed attempt that will be retried, under `fence`, and starts
+    /// the next one: bumps `attempts`, records the error, and extends the
+    /// lease to now + `lease_ms`. Returns `false` (counted) if the token is
+    /// no longer current; the caller must then stop.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn note_retry(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        fence: i64,
+        status: Option<u16>,
+        outcome: &str,
+        detail: &str,
+        lease_ms: i64,
+    ) -> Result<bool, LedgerError> {
+        let now = self.clock.now_ms();
+        let mut tx = self.write.begin().await?;
+        let row = sqlx::query(
+            "UPDATE operations SET attempts = attempts + 1, lease_expires_at = ?, error_kind = ?, error_detail = ?, \
+             updated_at = ? WHERE tenant_id = ? AND operation_id = ? AND fence = ? AND state = 'EXECUTING' \
+             RETURNING attempts",
+        )
+        .bind(now.saturating_add(lease_ms))
+        .bind(outcome)
+        .bind(detail)
+        .bind(now)
+        .bind(tenant)
+        .bind(operation_id)
+        .bind(fence)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            self.count_stale_fence();
+            return Ok(false);
+        };
+        let next: i64 = row.try_get("attempts")?;
+        insert_attempt(&mut tx, tenant, operation_id, next - 1, fence, status.map(i64::from), outcome, Some(detail), now)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Extends the lease held under `fence` to now + `lease_ms`. Returns
+    /// `false` if the token is no longer current.
+    pub async fn extend_lease(&self, tenant: &str, operation_id: &str, fence: i64, lease_ms: i64) -> Result<bool, LedgerError> {
+        let now = self.clock.now_ms();
+        let r = sqlx::query(
+            "UPDATE operations SET lease_expires_at = ? \
+             WHERE tenant_id = ? AND operation_id = ? AND fence = ? AND state = 'EXECUTING'",
+        )
+        .bind(now.saturating_add(lease_ms))
+        .bind(tenant)
+        .bind(operation_id)
+        .bind(fence)
+        .execute(&self.write)
+        .await?;
+        if r.rows_affected() == 0 {
+            self.count_stale_fence();
+        }
+        Ok(r.rows_affected() == 1)
+    }
+
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn insert_transition(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tenant: &str,
+    operation_id: &str,
+    from: Option<State>,
+    to: State,
+    version: i64,
+    fence: i64,
+    actor: &str,
+    reason: &str,
+    at: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO transitions (tenant_id, operation_id, from_state, to_state, version, fence, actor, reason, at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(tenant)
+    .bind(operation_id)
+    .bind(from.map(State::as_str))
+    .bind(to.as_str())
+    .bind(version)
+    .bind(fence)
+    .bind(actor)
+    .bind(reason)
+    .bind(at)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn insert_attempt(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tenant: &str,
+    operation_id: &str,
+    attempt: i64,
+    fence: i64,
+    status: Option<i64>,
+    outcome: &str,
+    detail: Option<&str>,
+    at: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO attempts (tenant_id, operation_id, attempt, fence, status, outcome, detail, at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+    )
+    .bind(tenant)
+    .bind(operation_id)
+    .bind(attempt)
+    .bind(fence)
+    .bind(status)
+    .bind(outcome)
+    .bind(detail)
+    .bind(at)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+

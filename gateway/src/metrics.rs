@@ -1,0 +1,90 @@
+//! Prometheus metrics (`GET /metrics` on the admin listener).
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `effectgate_requests_total` | counter | `route`, `outcome` (`forwarded`, `replayed`, `fingerprint-mismatch`, `in-flight`, `outcome-unknown`, `rejected`, `recorded-completed`, `recorded-failed`, `recorded-unknown`) |
+//! | `effectgate_replays_total` | counter | `route` (duplicates suppressed) |
+//! | `effectgate_fingerprint_mismatches_total` | counter | `route` |
+//! | `effectgate_in_flight_conflicts_total` | counter | `route` |
+//! | `effectgate_operations_recorded_total` | counter | `tenant`, `route`, `state` |
+//! | `effectgate_retries_total` | counter | `route` |
+//! | `effectgate_reconciliations_total` | counter | `outcome` (`found`, `absent-retried`, `absent-settling`, `read-back-error`, `dead-lettered`, `lease-expired`, `reserved-executed`) |
+//! | `effectgate_stale_fence_rejections_total` | counter | — |
+//! | `effectgate_unknown_operations` | gauge | `tenant` |
+//! | `effectgate_dead_letters` | gauge | `tenant` |
+//! | `effectgate_dead_letter_oldest_age_seconds` | gauge | `tenant` |
+//! | `effectgate_upstream_latency_seconds` | histogram (summary) | `route` |
+//!
+//! Cardinality: `route` takes only configured route names and `tenant` only
+//! configured tenant ids, so the series count is bounded by the config. A
+//! tenant outside the configured set (which the proxy can't produce) is
+//! reported as `_other`.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+use crate::ledger::State;
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the process-wide Prometheus recorder (once) and returns its handle.
+pub fn handle() -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            // Another recorder may already be installed (e.g. an embedding
+            // application's); then this handle renders only our metrics'
+            // absence, which is the embedder's choice.
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}
+
+/// A request on `route` ended with `outcome`.
+pub fn request(route: &str, outcome: &'static str) {
+    counter!("effectgate_requests_total", "route" => route.to_owned(), "outcome" => outcome).increment(1);
+    match outcome {
+        "replayed" => counter!("effectgate_replays_total", "route" => route.to_owned()).increment(1),
+        "fingerprint-mismatch" => counter!("effectgate_fingerprint_mismatches_total", "route" => route.to_owned()).increment(1),
+        "in-flight" => counter!("effectgate_in_flight_conflicts_total", "route" => route.to_owned()).increment(1),
+        _ => {}
+    }
+}
+
+/// An attempt's outcome was recorded.
+pub fn recorded(tenant: &str, route: &str, state: State) {
+    counter!("effectgate_operations_recorded_total", "tenant" => tenant.to_owned(), "route" => route.to_owned(), "state" => state.as_str())
+        .increment(1);
+}
+
+/// A transient failure is retried.
+pub fn retry(route: &str) {
+    counter!("effectgate_retries_total", "route" => route.to_owned()).increment(1);
+}
+
+/// A reconciliation step ended with `outcome`.
+pub fn reconciliation(outcome: &'static str) {
+    counter!("effectgate_reconciliations_total", "outcome" => outcome).increment(1);
+}
+
+/// A write carrying a stale fencing token was rejected.
+pub fn stale_fence() {
+    counter!("effectgate_stale_fence_rejections_total").increment(1);
+}
+
+/// Time from sending to the end of the provider's response.
+pub fn upstream_latency(route: &str, d: Duration) {
+    histogram!("effectgate_upstream_latency_seconds", "route" => route.to_owned()).record(d.as_secs_f64());
+}
+
+/// Sets the per-tenant gauges (called on each scrape).
+pub fn tenant_gauges(tenant: &str, unknown: i64, dead_letters: i64, oldest_age_s: f64) {
+    gauge!("effectgate_unknown_operations", "tenant" => tenant.to_owned()).set(unknown as f64);
+    gauge!("effectgate_dead_letters", "tenant" => tenant.to_owned()).set(dead_letters as f64);
+    gauge!("effectgate_dead_letter_oldest_age_seconds", "tenant" => tenant.to_owned()).set(oldest_age_s);
+}

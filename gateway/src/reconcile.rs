@@ -1,0 +1,363 @@
+//! Reconciliation: resolving operations whose outcome is unknown through
+//! provider read-back, never by inventing a new attempt blindly.
+//!
+//! The reconciler scans the ledger every `reconcile.interval_ms` for:
+//! - UNKNOWN operations that are due: it takes a reconciliation lease (new
+//!   fencing token) and reads back. Found → COMPLETED, storing the
+//!   provider's reference and what the read-back returned. Absent, and the
+//!   settle delay has passed → a new attempt of the **same** operation with
+//!   the **same** provider key, within the retry budget (past it → dead
+//!   letter). Absent within the settle delay → stays UNKNOWN until it ends.
+//!   Read-back error → stays UNKNOWN with exponential backoff; past
+//!   `reconcile.max_read_backs` → dead letter.
+//! - EXECUTING operations whose lease expired (the owner died or stalled):
+//!   → UNKNOWN with a new fencing token, then as above.
+//! - RESERVED operations untouched for `reconcile.reserved_grace_ms`
+//!   (nothing was sent; the caller went away): executed.
+//!
+//! Routes without `read_back` can't be reconciled automatically: their
+//! UNKNOWN operations wait for an operator (`POST …/resolve`).
+//!
+//! A duplicate request for an UNKNOWN operation calls [`reconcile_op`]
+//! at once instead of waiting for the scan.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{HeaderValue, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::Value;
+
+use crate::app::AppState;
+use crate::config::{ReadBack, Route};
+use crate::error::ApiError;
+use crate::execute;
+use crate::forward::{add_route_headers, build_request};
+use crate::ledger::{DeadLetter, LedgerError, Operation, Outcome, State};
+use crate::template::{Vars, url_encode};
+
+/// What a read-back said.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReadBackResult {
+    /// The effect exists; `matched` is the value at the found pointer.
+    Found {
+        /// The matched JSON.
+        matched: Value,
+        /// The provider's reference, if the route names a pointer for it.
+        reference: Option<String>,
+    },
+    /// The effect does not exist (404, or nothing at the found pointer).
+    Absent,
+    /// No definite answer.
+    Error(String),
+}
+
+/// What one reconciliation step did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Read-back found the effect: COMPLETED.
+    Found,
+    /// Absent: a new attempt ran and ended in this state (None: fenced off).
+    Retried(Option<State>),
+    /// Absent, but within the settle delay: still UNKNOWN.
+    Settling,
+    /// Read-back failed: still UNKNOWN, backing off.
+    ReadBackError,
+    /// Moved to the terminal route.
+    DeadLettered,
+    /// A stale RESERVED operation was executed, ending in this state.
+    ExecutedReserved(Option<State>),
+    /// Someone else holds the operation, or it changed meanwhile.
+    Busy,
+    /// Nothing to do (terminal, awaiting approval, or the route has no read-back).
+    Skipped(&'static str),
+}
+
+/// Runs one scan: handles every due operation (up to `reconcile.batch`),
+/// 8 at a time. Returns what each step did.
+///
+/// Errors: the ledger could not be read.
+pub async fn tick(app: &AppState) -> Result<Vec<(String, String, Step)>, LedgerError> {
+    let cfg = &app.settings.reconcile;
+    let due = app.ledger.due_for_reconciliation(cfg.reserved_grace_ms as i64, cfg.batch).await?;
+    let steps = futures_util::stream::iter(due)
+        .map(|op| async move {
+            let (t, id) = (op.tenant_id.clone(), op.operation_id.clone());
+            match reconcile_op(app, op).await {
+                Ok(step) => Some((t, id, step)),
+                Err(e) => {
+                    tracing::warn!(tenant = %t, operation_id = %id, error = %e, "reconciliation step failed");
+                    None
+                }
+            }
+        })
+        .buffer_unordered(8)
+        .filter_map(|x| async move { x })
+        .collect()
+        .await;
+    Ok(steps)
+}
+
+/// Runs the reconciler until `shutdown` turns true.
+pub async fn run(app: AppState, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let period = Duration::from_millis(app.settings.reconcile.interval_ms);
+    loop {
+        if let Err(e) = tick(&app).await {
+            tracing::warn!(error = %e, "reconciler scan failed");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+/// One reconciliation step for `op` (as last read). Every write is a
+/// compare-and-swap: if another instance got there first, the step is
+/// [`Step::Busy`].
+pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, LedgerError> {
+    let ledger = &app.ledger;
+    let owner: &str = &app.instance_id;
+    let Some(route) = app.settings.routes.iter().find(|r| r.name == op.route) else {
+        return Ok(Step::Skipped("the operation's route is no longer configured"));
+    };
+    let now = ledger.clock().now_ms();
+    match op.state {
+        State::Reserved => {
+            let lease = execute::lease_ms(app, route);
+            let Some(claim) = ledger
+                .claim(&op.tenant_id, &op.operation_id, State::Reserved, op.version, owner, lease, "reconciler: executing an abandoned reservation")
+                .await?
+            else {
+                return Ok(Step::Busy);
+            };
+            crate::metrics::reconciliation("reserved-executed");
+            let state = execute::run(app.clone(), route.clone(), op, claim, None).await;
+            return Ok(Step::ExecutedReserved(state));
+        }
+        State::Executing => {
+            if op.lease_expires_at.is_some_and(|t| t > now) {
+                return Ok(Step::Busy);
+            }
+            let settle = route.read_back.as_ref().map_or(0, |rb| rb.settle_delay_ms as i64);
+            if !ledger.expire_lease(&op.tenant_id, &op.operation_id, op.version, settle, owner).await? {
+                return Ok(Step::Busy);
+            }
+            crate::metrics::reconciliation("lease-expired");
+            op = match ledger.get(&op.tenant_id, &op.operation_id).await? {
+                Some(op) => op,
+                None => return Ok(Step::Busy),
+            };
+        }
+        State::Unknown => {}
+        _ => return Ok(Step::Skipped("not in a state reconciliation resolves")),
+    }
+    let Some(rb) = &route.read_back else {
+        return Ok(Step::Skipped("the route has no read-back; an operator resolves it"));
+    };
+    let cfg = &app.settings.reconcile;
+    let Some(lease) = ledger
+        .lease_for_reconcile(&op.tenant_id, &op.operation_id, op.version, owner, cfg.lease_ms as i64, "reconciliation: read-back")
+        .await?
+    else {
+        return Ok(Step::Busy);
+    };
+    let result = read_back(app, route, rb, &op).await;
+    tracing::info!(tenant = %op.tenant_id, operation_id = %op.operation_id, result = ?result, "read-back");
+    let now = ledger.clock().now_ms();
+    let (tid, oid) = (op.tenant_id.clone(), op.operation_id.clone());
+    let record = |o: Outcome| {
+        let (tid, oid) = (&tid, &oid);
+        async move { ledger.record_outcome(tid, oid, lease.fence, State::Unknown, owner, &o).await }
+    };
+    match result {
+        ReadBackResult::Found { matched, reference } => {
+            let body = serde_json::to_vec(&matched).unwrap_or_default();
+            let mut o = Outcome::new(State::Completed, "read-back: the provider has the effect");
+            o.response_status = Some(200);
+            o.response_headers = vec![("content-type".into(), "application/json".into())];
+            o.response_body_bytes = Some(body.len() as i64);
+            o.response_body = Some(body);
+            o.provider_reference = reference;
+            o.count_read_back = true;
+            if !record(o).await? {
+                return Ok(Step::Busy);
+            }
+            crate::metrics::reconciliation("found");
+            Ok(Step::Found)
+        }
+        ReadBackResult::Absent if op.settle_until.is_some_and(|t| now < t) => {
+            let mut o = Outcome::new(State::Unknown, "read-back: absent, but within the settle delay");
+            o.keep_response = true;
+            o.error_kind = op.error_kind.clone();
+            o.error_detail = op.error_detail.clone();
+            o.next_reconcile_at = op.settle_until;
+            if !record(o).await? {
+                return Ok(Step::Busy);
+            }
+            crate::metrics::reconciliation("absent-settling");
+            Ok(Step::Settling)
+        }
+        ReadBackResult::Absent => {
+            if op.attempts >= execute::attempt_budget(route, &op) {
+                let mut o = Outcome::new(State::Failed, "read-back: absent, and the retry budget is spent");
+                o.keep_response = true;
+                o.error_kind = Some("retries-exhausted".into());
+                o.error_detail = op.error_detail.clone();
+                o.count_read_back = true;
+                o.dead_letter = Some(DeadLetter {
+                    reason: "retries-exhausted".into(),
+                    operator_check: format!(
+                        "{} attempts were made; the last read-back found no effect for provider key {}. \
+                         Confirm at the provider that none exists, then requeue.",
+                        op.attempts, op.provider_key
+                    ),
+                });
+                if !record(o).await? {
+                    return Ok(Step::Busy);
+                }
+                crate::metrics::reconciliation("dead-lettered");
+                return Ok(Step::DeadLettered);
+            }
+            let lease_ms = execute::lease_ms(app, route);
+            let Some(claim) = ledger
+                .reattempt(&op.tenant_id, &op.operation_id, lease.fence, owner, lease_ms, "read-back: absent; new attempt, same provider key")
+                .await?
+            else {
+                return Ok(Step::Busy);
+            };
+            crate::metrics::reconciliation("absent-retried");
+            let state = execute::run(app.clone(), route.clone(), op, claim, None).await;
+            Ok(Step::Retried(state))
+        }
+        ReadBackResult::Error(detail) => {
+            let n = op.reconcile_attempts + 1;
+            let mut o = Outcome::new(State::Unknown, format!("read-back failed: {detail}"));
+            o.keep_response = true;
+            o.error_kind = Some("read-back-error".into());
+            o.error_detail = Some(detail.clone());
+            o.count_read_back = true;
+            let step = if n >= i64::from(cfg.max_read_backs) {
+                o.state = State::Failed;
+                o.reason = format!("reconciliation out of bounds after {n} failed read-backs");
+                o.dead_letter = Some(DeadLetter {
+                    reason: "reconciliation-out-of-bounds".into(),
+                    operator_check: format!(
+                        "The effect MAY exist: {n} read-backs failed (last: {detail}). Search the provider for \
+                         provider key {} (operation {}) before requeueing; if it exists, resolve as completed.",
+                        op.provider_key, op.operation_id
+                    ),
+                });
+                Step::DeadLettered
+            } else {
+                let exp = cfg.backoff_base_ms.saturating_mul(1u64 << (n - 1).clamp(0, 30)).min(cfg.backoff_max_ms);
+                o.next_reconcile_at = Some(now.saturating_add(rand::random_range(exp / 2..=exp.max(1)) as i64));
+                Step::ReadBackError
+            };
+            if !record(o).await? {
+                return Ok(Step::Busy);
+            }
+            crate::metrics::reconciliation(if step == Step::DeadLettered { "dead-lettered" } else { "read-back-error" });
+            Ok(step)
+        }
+    }
+}
+
+/// Asks the provider whether `op`'s effect exists.
+pub async fn read_back(app: &AppState, route: &Route, rb: &ReadBack, op: &Operation) -> ReadBackResult {
+    let body: Value = serde_json::from_slice(&op.request_body).unwrap_or(Value::Null);
+    let vars = Vars { operation_id: &op.operation_id, provider_key: &op.provider_key, body: &body };
+    let path_and_query = rb.path.render(&vars, url_encode);
+    let base = route.upstream.as_str().trim_end_matches('/');
+    let uri: http::Uri = match format!("{base}{path_and_query}").parse() {
+        Ok(u) => u,
+        Err(e) => return ReadBackResult::Error(format!("read-back URL is invalid: {e}")),
+    };
+    let mut headers = http::HeaderMap::new();
+    for (name, tpl) in &rb.headers {
+        if let Ok(v) = HeaderValue::from_str(&tpl.render(&vars, |s| s.to_owned())) {
+            headers.insert(name.clone(), v);
+        }
+    }
+    add_route_headers(route, &mut headers, None);
+    let Some(client) = app.clients.get(&route.name) else {
+        return ReadBackResult::Error("route without client".into());
+    };
+    let req = build_request(rb.method.clone(), uri, headers, axum::body::Body::empty());
+    let call = async {
+        let resp = client.request(req).await.map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+        Ok::<(StatusCode, Bytes), String>((status, body))
+    };
+    match tokio::time::timeout(Duration::from_millis(rb.timeout_ms), call).await {
+        Err(_) => ReadBackResult::Error(format!("no answer within {} ms", rb.timeout_ms)),
+        Ok(Err(e)) => ReadBackResult::Error(e),
+        Ok(Ok((status, body))) => interpret(rb, status, &body),
+    }
+}
+
+/// Reads a read-back answer: 404 → absent; 2xx with a non-empty value at
+/// the found pointer → found; 2xx with nothing there → absent; anything
+/// else → error.
+pub fn interpret(rb: &ReadBack, status: StatusCode, body: &[u8]) -> ReadBackResult {
+    if status == StatusCode::NOT_FOUND {
+        return ReadBackResult::Absent;
+    }
+    if !status.is_success() {
+        return ReadBackResult::Error(format!("read-back answered {status}"));
+    }
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return ReadBackResult::Error("read-back body is not JSON".into());
+    };
+    match v.pointer(&rb.found_pointer) {
+        None | Some(Value::Null) => ReadBackResult::Absent,
+        Some(Value::Array(a)) if a.is_empty() => ReadBackResult::Absent,
+        Some(Value::Object(o)) if o.is_empty() => ReadBackResult::Absent,
+        Some(Value::String(s)) if s.is_empty() => ReadBackResult::Absent,
+        Some(m) => {
+            let reference = rb.reference_pointer.as_ref().and_then(|p| v.pointer(p)).map(|r| match r {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            });
+            ReadBackResult::Found { matched: m.clone(), reference }
+        }
+    }
+}
+
+/// Answers a duplicate request for an operation that is UNKNOWN (or whose
+/// lease expired): reconciles it now, waiting at most
+/// `reconcile.duplicate_wait_ms`, then replays the result if it resolved.
+///
+/// Errors: 409 `operation-outcome-unknown` when it is still unresolved.
+pub async fn for_duplicate(app: &AppState, op: Operation) -> Result<Operation, ApiError> {
+    let wait = Duration::from_millis(app.settings.reconcile.duplicate_wait_ms);
+    let (tenant, id) = (op.tenant_id.clone(), op.operation_id.clone());
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut current = op;
+    loop {
+        let step = match tokio::time::timeout_at(deadline, reconcile_op(app, current.clone())).await {
+            Ok(r) => r?,
+            Err(_) => Step::Busy,
+        };
+        current = app.ledger.get(&tenant, &id).await?.ok_or_else(|| ApiError::NotFound(format!("no operation {id:?}")))?;
+        if current.state.is_terminal() {
+            return Ok(current);
+        }
+        let unresolved = |detail: String| ApiError::OutcomeUnknown { operation_id: id.clone(), detail, status: StatusCode::CONFLICT };
+        match step {
+            Step::Skipped(why) => return Err(unresolved(format!("the outcome is unknown and {why}"))),
+            Step::Settling => {
+                return Err(unresolved("the provider does not show the effect yet; the read-back settle delay has not passed".into()));
+            }
+            Step::ReadBackError => return Err(unresolved("the read-back failed; reconciliation retries with backoff".into())),
+            _ => {}
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(unresolved("reconciliation is in progress; retry later".into()));
+        }
+        // Another owner holds it: look again shortly.
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
