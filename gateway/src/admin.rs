@@ -212,19 +212,33 @@ async fn requeue(
     let Some(version) = app.ledger.requeue(&tenant, &operation_id, op.version, target, &principal.name, &reason).await? else {
         return Err(ApiError::Conflict("the operation changed meanwhile; reload and retry".into()));
     };
-    if target == OpState::Reserved {
+    // Run it now (read back first when the route can), in a task of its
+    // own so it finishes even if this request gives up waiting.
+    let task = if target == OpState::Reserved {
         let lease = crate::execute::lease_ms(&app, &route);
-        if let Some(claim) = app
+        match app
             .ledger
             .claim(&tenant, &operation_id, OpState::Reserved, version, &app.instance_id, lease, "requeued: new attempt")
             .await?
         {
-            let op = load(&app, &tenant, &operation_id).await?;
-            tokio::spawn(crate::execute::run(app.clone(), route.clone(), op, claim, None));
+            Some(claim) => {
+                let op = load(&app, &tenant, &operation_id).await?;
+                let app2 = app.clone();
+                Some(tokio::spawn(async move {
+                    crate::execute::run(app2, route, op, claim, None).await;
+                }))
+            }
+            None => None,
         }
-    } else if let Some(op) = app.ledger.get(&tenant, &operation_id).await? {
+    } else {
+        let op = load(&app, &tenant, &operation_id).await?;
         let app2 = app.clone();
-        tokio::spawn(async move { crate::reconcile::reconcile_op(&app2, op).await });
+        Some(tokio::spawn(async move {
+            let _ = crate::reconcile::reconcile_op(&app2, op).await;
+        }))
+    };
+    if let Some(task) = task {
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(app.settings.reconcile.duplicate_wait_ms), task).await;
     }
     let op = load(&app, &tenant, &operation_id).await?;
     Ok((StatusCode::ACCEPTED, axum::Json(operation_json(&app, &op).await?)).into_response())
@@ -246,6 +260,12 @@ async fn resolve(
         field: "body.outcome".into(),
         message: "outcome is required: \"completed\" or \"absent\"".into(),
     })?;
+    if !matches!(outcome, "completed" | "absent") {
+        return Err(ApiError::BadRequest {
+            field: "body.outcome".into(),
+            message: format!("unknown outcome {outcome:?}: expected \"completed\" or \"absent\""),
+        });
+    }
     let op = load(&app, &tenant, &operation_id).await?;
     if op.state != OpState::Unknown {
         return Err(ApiError::Conflict(format!("operation {operation_id:?} is {}, not UNKNOWN", op.state)));
@@ -292,12 +312,7 @@ async fn resolve(
             let op = load(&app, &tenant, &operation_id).await?;
             crate::execute::run(app.clone(), route, op, claim, None).await;
         }
-        other => {
-            return Err(ApiError::BadRequest {
-                field: "body.outcome".into(),
-                message: format!("unknown outcome {other:?}: expected \"completed\" or \"absent\""),
-            });
-        }
+        _ => unreachable!("outcome validated above"),
     }
     let op = load(&app, &tenant, &operation_id).await?;
     Ok(axum::Json(operation_json(&app, &op).await?).into_response())

@@ -43,6 +43,7 @@ impl AppState {
         )
         .await?;
         let secret = ledger.provider_key_secret().await?;
+        crate::metrics::handle();
         let clients = settings.routes.iter().map(|r| (r.name.clone(), client_for(r))).collect();
         let instance_id = format!(
             "{}-{}-{:08x}",

@@ -70,6 +70,18 @@ enum LedgerCommand {
         #[command(flatten)]
         config: ConfigArg,
     },
+    /// List dead letters (operations on the terminal route) with the reason
+    /// and the check an operator must make before requeueing, as JSON lines.
+    DeadLetters {
+        /// Only this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// At most this many rows.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        #[command(flatten)]
+        config: ConfigArg,
+    },
 }
 
 impl clap::ValueEnum for State {
@@ -158,6 +170,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         "{:<16} {:<32} {:<18} {:>8} {:<16} {}",
                         op.tenant_id, op.operation_id, op.state, op.attempts, op.route, op.updated_at
                     );
+                }
+            }
+            LedgerCommand::DeadLetters { tenant, limit, config: c } => {
+                let ledger = open(c).await?;
+                for op in ledger.dead_letters(tenant.as_deref(), limit).await? {
+                    let mut v = crate::admin::dead_letter_json(&op);
+                    v["tenant"] = serde_json::json!(op.tenant_id);
+                    println!("{v}");
                 }
             }
         },

@@ -334,6 +334,8 @@ fn exhausted(op: &Operation, last: &str) -> DeadLetter {
 /// Turns the final attempt into the ledger outcome and the caller's answer.
 fn classify(result: Attempt, transient: bool, route: &Route, op: &Operation, now: i64) -> (Outcome, Response) {
     let settle = now.saturating_add(route.read_back.as_ref().map_or(0, |rb| rb.settle_delay_ms as i64));
+    // Only routes with a read-back are scheduled for automatic reconciliation.
+    let next = route.read_back.as_ref().map(|_| now);
     match result {
         Attempt::ConnectFailed(detail) => {
             let mut o = Outcome::new(OpState::Failed, "retries exhausted: provider unreachable");
@@ -348,7 +350,7 @@ fn classify(result: Attempt, transient: bool, route: &Route, op: &Operation, now
             o.error_kind = Some(kind.into());
             o.error_detail = Some(detail.clone());
             o.attempt_outcome = Some(kind.into());
-            o.next_reconcile_at = Some(now);
+            o.next_reconcile_at = next;
             o.settle_until = Some(settle);
             let status = if kind == "timeout" { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY };
             (o, ApiError::OutcomeUnknown { operation_id: op.operation_id.clone(), detail, status }.into_response())
@@ -366,7 +368,7 @@ fn classify(result: Attempt, transient: bool, route: &Route, op: &Operation, now
                 500..=599 if code != 501 && code != 505 => {
                     let mut o = Outcome::new(OpState::Unknown, format!("provider answered {code}; the effect may have been applied"));
                     o.error_kind = Some("provider-5xx".into());
-                    o.next_reconcile_at = Some(now);
+                    o.next_reconcile_at = next;
                     o.settle_until = Some(settle);
                     o
                 }

@@ -140,7 +140,7 @@ pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, Led
             if op.lease_expires_at.is_some_and(|t| t > now) {
                 return Ok(Step::Busy);
             }
-            let settle = route.read_back.as_ref().map_or(0, |rb| rb.settle_delay_ms as i64);
+            let settle = route.read_back.as_ref().map(|rb| rb.settle_delay_ms as i64);
             if !ledger.expire_lease(&op.tenant_id, &op.operation_id, op.version, settle, owner).await? {
                 return Ok(Step::Busy);
             }

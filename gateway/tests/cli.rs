@@ -18,6 +18,7 @@ fn every_command_has_help() {
         vec!["ledger", "--help"],
         vec!["ledger", "show", "--help"],
         vec!["ledger", "list", "--help"],
+        vec!["ledger", "dead-letters", "--help"],
     ] {
         let out = effectgate().args(&args).output().unwrap();
         assert!(out.status.success(), "{args:?}");

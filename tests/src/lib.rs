@@ -156,6 +156,32 @@ impl TestApp {
             .await
             .unwrap()
     }
+    /// POST a JSON body to `/pay/v1/charges` as tenant `a` with extra headers.
+    pub async fn charge_with(&self, key: &str, body: &str, headers: &[(&str, &str)]) -> reqwest::Response {
+        let mut b = self
+            .http
+            .post(self.proxy("/pay/v1/charges"))
+            .bearer_auth(KEY_A)
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json");
+        for (n, v) in headers {
+            b = b.header(*n, *v);
+        }
+        b.body(body.to_owned()).send().await.unwrap()
+    }
+    /// One reconciler scan, run here and now.
+    pub async fn tick(&self) -> Vec<(String, String, effectgate::reconcile::Step)> {
+        effectgate::reconcile::tick(&self.gw.state).await.unwrap()
+    }
+    /// POST JSON to an admin path with `key`.
+    pub async fn admin_post(&self, key: &str, path: &str, body: &str) -> reqwest::Response {
+        self.http.post(self.admin(path)).bearer_auth(key).body(body.to_owned()).send().await.unwrap()
+    }
+    /// Provider requests by method: (POSTs, GETs).
+    pub fn provider_calls(&self) -> (usize, usize) {
+        let r = self.mock.provider.requests();
+        (r.iter().filter(|r| r.method == "POST").count(), r.iter().filter(|r| r.method == "GET").count())
+    }
     /// GET an operation through the admin API as `admin_key` of `tenant`.
     pub async fn operation(&self, admin_key: &str, tenant: &str, id: &str) -> reqwest::Response {
         self.http

@@ -19,7 +19,8 @@
 //!   connection without answering;
 //! - `X-Mock-Fault: fail-503:N`: the first N requests with this request's
 //!   `Idempotency-Key` (or `client_ref`) get 503 without an effect;
-//! - `X-Mock-Fault: status:CODE`: answer CODE without an effect.
+//! - `X-Mock-Fault: status:CODE`: answer CODE without an effect;
+//! - `X-Mock-Fault: delay-reply:MS`: apply the effect, then wait MS before answering.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -58,6 +59,8 @@ pub struct Faults {
     pub readback_lag_ms: u64,
     /// The next N read-back requests get 500.
     pub readback_fail_times: u32,
+    /// While true, read-back shows no charges at all (a lagging search index).
+    pub readback_hidden: bool,
 }
 
 /// One charge.
@@ -268,6 +271,7 @@ async fn create_charge(State(p): State<Provider>, req: Request) -> Response {
     }
 
     let mut drop_after = fault == "drop-after-effect";
+    let delay_reply = fault.strip_prefix("delay-reply:").and_then(|d| d.parse::<u64>().ok());
     let response = {
         let mut i = p.inner.lock().unwrap();
         // Refusals without an effect.
@@ -317,6 +321,9 @@ async fn create_charge(State(p): State<Provider>, req: Request) -> Response {
             (StatusCode::OK, axum::Json(charge)).into_response()
         }
     };
+    if let Some(ms) = delay_reply {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
     if drop_after && let Some(kill) = kill {
         kill.0.notify_one();
         std::future::pending::<()>().await;
@@ -355,6 +362,9 @@ async fn list_charges(State(p): State<Provider>, Query(q): Query<ChargeQuery>, r
     if i.faults.readback_fail_times > 0 {
         i.faults.readback_fail_times -= 1;
         return refuse(500);
+    }
+    if i.faults.readback_hidden {
+        return axum::Json(json!({"object": "list", "data": []})).into_response();
     }
     let lag = Duration::from_millis(i.faults.readback_lag_ms);
     let data: Vec<&Charge> = i

@@ -160,14 +160,15 @@ impl Ledger {
     }
 
     /// Operations the reconciler should look at now, oldest change first, at
-    /// most `limit`: UNKNOWN ones that are due and not leased, EXECUTING
+    /// most `limit`: UNKNOWN ones that are due (a NULL `next_reconcile_at`
+    /// means "operator only": the route has no read-back) and not leased, EXECUTING
     /// ones whose lease expired, and RESERVED ones untouched for
     /// `reserved_grace_ms`.
     pub async fn due_for_reconciliation(&self, reserved_grace_ms: i64, limit: u32) -> Result<Vec<Operation>, LedgerError> {
         let now = self.clock.now_ms();
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {OP_COLUMNS} FROM operations WHERE \
-             (state = 'UNKNOWN' AND (next_reconcile_at IS NULL OR next_reconcile_at <= ?1) \
+             (state = 'UNKNOWN' AND next_reconcile_at IS NOT NULL AND next_reconcile_at <= ?1 \
                  AND (lease_expires_at IS NULL OR lease_expires_at <= ?1)) \
              OR (state = 'EXECUTING' AND lease_expires_at <= ?1) \
              OR (state = 'RESERVED' AND updated_at <= ?2) \

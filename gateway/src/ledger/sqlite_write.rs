@@ -228,13 +228,15 @@ impl Ledger {
     /// Returns `false` if the row changed or the lease is still live.
     ///
     /// `settle_ms` is the route's read-back settle delay: "absent" is
-    /// trusted only from now + `settle_ms` on.
+    /// trusted only from now + `settle_ms` on. `None` means the route has
+    /// no read-back: the operation is not scheduled for reconciliation and
+    /// waits for an operator.
     pub async fn expire_lease(
         &self,
         tenant: &str,
         operation_id: &str,
         version: i64,
-        settle_ms: i64,
+        settle_ms: Option<i64>,
         actor: &str,
     ) -> Result<bool, LedgerError> {
         let now = self.clock.now_ms();
@@ -247,8 +249,8 @@ impl Ledger {
              WHERE tenant_id = ? AND operation_id = ? AND version = ? AND state = 'EXECUTING' \
              AND lease_expires_at <= ? RETURNING version, fence",
         )
-        .bind(now)
-        .bind(now.saturating_add(settle_ms))
+        .bind(settle_ms.map(|_| now))
+        .bind(now.saturating_add(settle_ms.unwrap_or(0)))
         .bind(now)
         .bind(tenant)
         .bind(operation_id)
