@@ -1,0 +1,222 @@
+//! Failure injection with real processes: the gateway runs as a child
+//! process and is killed with SIGKILL at each crash point, 10 runs per
+//! point, then restarted on the same ledger file. After recovery every
+//! operation must be terminal and the provider must count exactly one
+//! effect per operation.
+//!
+//! Crash points:
+//! - `after-reserve`: the operation is RESERVED, nothing was sent;
+//! - `after-send`: the provider applied the effect and is still answering
+//!   (the test kills the gateway while the provider delays its reply);
+//! - `before-record`: the provider answered, the ledger has not recorded it;
+//! - `after-record`: recorded, the caller not answered yet.
+
+use std::net::TcpListener;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mock_provider::MockProvider;
+
+const RUNS: usize = 10;
+const CLIENT_KEY: &str = "crash-client-key";
+const ADMIN_KEY: &str = "crash-admin-key";
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn sha(k: &str) -> String {
+    effectgate::config::key_digest(k).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+struct Gw {
+    child: Child,
+    proxy: u16,
+    admin: u16,
+}
+
+fn write_config(dir: &Path, provider: &str, proxy: u16, admin: u16) -> std::path::PathBuf {
+    let cfg = format!(
+        r#"
+[listen]
+proxy = "127.0.0.1:{proxy}"
+admin = "127.0.0.1:{admin}"
+[storage]
+path = "{db}"
+[limits]
+lease_margin_ms = 200
+[reconcile]
+interval_ms = 50
+reserved_grace_ms = 300
+[[tenants]]
+id = "t"
+keys = [{{ role = "client", sha256 = "{ck}" }}, {{ role = "admin", sha256 = "{ak}" }}]
+[[routes]]
+name = "pay"
+prefix = "/pay/"
+upstream = "{provider}"
+effectful_methods = ["POST"]
+# No provider idempotency header: the provider can't deduplicate, so one
+# effect per operation is the gateway's doing alone.
+effect_class = "payment"
+response_timeout_ms = 500
+[routes.read_back]
+path = "/v1/charges?client_ref={{body:/client_ref}}"
+found_pointer = "/data/0"
+reference_pointer = "/data/0/id"
+"#,
+        db = dir.join("ledger.db").display(),
+        ck = sha(CLIENT_KEY),
+        ak = sha(ADMIN_KEY),
+    );
+    let p = dir.join("effectgate.toml");
+    std::fs::write(&p, cfg).unwrap();
+    p
+}
+
+async fn start(dir: &Path, provider: &str, failpoint: Option<&str>) -> Gw {
+    let (proxy, admin) = (free_port(), free_port());
+    let cfg = write_config(dir, provider, proxy, admin);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_effectgate"));
+    cmd.args(["serve", "--config"]).arg(&cfg).stdout(Stdio::null()).stderr(Stdio::null());
+    cmd.env_remove("FAILPOINTS");
+    if let Some(fp) = failpoint {
+        cmd.env("FAILPOINTS", format!("{fp}=return"));
+    }
+    let child = cmd.spawn().unwrap();
+    let gw = Gw { child, proxy, admin };
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(r) = http.get(format!("http://127.0.0.1:{admin}/readyz")).send().await
+            && r.status() == 200
+        {
+            return gw;
+        }
+        assert!(Instant::now() < deadline, "gateway did not become ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn effects_for(mock: &MockProvider, client_ref: &str) -> usize {
+    mock.provider.charges().iter().filter(|c| c.client_ref.as_deref() == Some(client_ref)).count()
+}
+
+async fn state_of(gw: &Gw, key: &str) -> Option<String> {
+    let r = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{}/admin/tenants/t/operations/{key}", gw.admin))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .ok()?;
+    let v: serde_json::Value = r.json().await.ok()?;
+    v["state"].as_str().map(str::to_owned)
+}
+
+/// One run: crash at `point`, restart, wait for the operation to resolve.
+/// Returns (final state, effects at the provider, ms to resolve after restart).
+async fn run_once(point: &str, mock: &MockProvider, run: usize) -> (String, usize, u128) {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = mock.url();
+    let key = format!("{point}-{run}");
+    let body = format!(r#"{{"amount":100,"currency":"eur","client_ref":"{key}"}}"#);
+    let failpoint = (point != "after-send").then_some(point);
+    let mut gw = start(dir.path(), &provider, failpoint).await;
+
+    let mut req = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{}/pay/v1/charges", gw.proxy))
+        .bearer_auth(CLIENT_KEY)
+        .header("Idempotency-Key", &key)
+        .header("Content-Type", "application/json")
+        .body(body.clone());
+    if point == "after-send" {
+        req = req.header("X-Mock-Fault", "delay-reply:10000");
+    }
+    let call = tokio::spawn(req.send());
+    if point == "after-send" {
+        // The provider has applied the effect and holds its reply: kill now.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while effects_for(mock, &key) == 0 {
+            assert!(Instant::now() < deadline, "the provider never saw the call");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        gw.child.kill().unwrap();
+    }
+    let status = tokio::task::spawn_blocking(move || {
+        let s = gw.child.wait().unwrap();
+        (s, gw)
+    })
+    .await
+    .unwrap();
+    let (exit, _dead) = status;
+    assert_eq!(exit.signal(), Some(9), "{point}: the gateway must die by SIGKILL, got {exit:?}");
+    assert!(call.await.unwrap().is_err(), "{point}: the caller can't have been answered");
+
+    // Restart on the same ledger; the reconciler must finish the operation.
+    let restarted = Instant::now();
+    let mut gw = start(dir.path(), &provider, None).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let state = loop {
+        let s = state_of(&gw, &key).await.unwrap_or_default();
+        if s == "COMPLETED" || s == "FAILED" {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "{point} run {run}: operation stuck in {s}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let resolved_ms = restarted.elapsed().as_millis();
+    // A duplicate afterwards is a replay.
+    let dup = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{}/pay/v1/charges", gw.proxy))
+        .bearer_auth(CLIENT_KEY)
+        .header("Idempotency-Key", &key)
+        .header("Content-Type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(dup.status(), 200, "{point}: duplicate after recovery");
+    assert_eq!(dup.headers()["idempotent-replayed"], "true");
+    gw.child.kill().unwrap();
+    let _ = gw.child.wait();
+    (state, effects_for(mock, &key), resolved_ms)
+}
+
+async fn crash_point(point: &str) {
+    let mock = mock_provider::spawn("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let mut rows = Vec::new();
+    for run in 0..RUNS {
+        rows.push(run_once(point, &mock, run).await);
+    }
+    let completed = rows.iter().filter(|r| r.0 == "COMPLETED").count();
+    let exactly_one = rows.iter().filter(|r| r.1 == 1).count();
+    let max_ms = rows.iter().map(|r| r.2).max().unwrap_or(0);
+    println!(
+        "crash matrix | {point:<14} | runs {RUNS} | terminal {}/{RUNS} | completed {completed}/{RUNS} | exactly one effect {exactly_one}/{RUNS} | stuck 0 | max recovery {max_ms} ms",
+        rows.len()
+    );
+    assert_eq!(exactly_one, RUNS, "{point}: effects per operation {:?}", rows.iter().map(|r| r.1).collect::<Vec<_>>());
+    assert_eq!(completed, RUNS, "{point}: every operation completes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_after_reserve() {
+    crash_point("after-reserve").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_after_send_before_reply() {
+    crash_point("after-send").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_after_reply_before_commit() {
+    crash_point("before-record").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_after_commit_before_answer() {
+    crash_point("after-record").await;
+}
