@@ -10,6 +10,7 @@
 //! | `GET /admin/tenants/{t}/dead-letters?limit=N` | admin, operator of `t` |
 //! | `POST /admin/tenants/{t}/operations/{id}/requeue` | admin, operator of `t` |
 //! | `POST /admin/tenants/{t}/operations/{id}/resolve` | admin, operator of `t` |
+//! | `POST /admin/reload` | any tenant's admin |
 //!
 //! A key of another tenant gets 404, never 403: it must not learn whether
 //! the tenant or operation exists. Every operator action is recorded as a
@@ -36,14 +37,27 @@ const OPERATORS: &[Role] = &[Role::Admin, Role::Operator];
 /// The admin router.
 pub fn router(state: AppState) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { axum::Json(json!({"status": "ok"})) }))
+        .route(
+            "/healthz",
+            get(|| async { axum::Json(json!({"status": "ok"})) }),
+        )
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/admin/tenants/{tenant}/operations", get(list_operations))
-        .route("/admin/tenants/{tenant}/operations/{operation_id}", get(get_operation))
+        .route(
+            "/admin/tenants/{tenant}/operations/{operation_id}",
+            get(get_operation),
+        )
         .route("/admin/tenants/{tenant}/dead-letters", get(dead_letters))
-        .route("/admin/tenants/{tenant}/operations/{operation_id}/requeue", post(requeue))
-        .route("/admin/tenants/{tenant}/operations/{operation_id}/resolve", post(resolve))
+        .route(
+            "/admin/tenants/{tenant}/operations/{operation_id}/requeue",
+            post(requeue),
+        )
+        .route(
+            "/admin/tenants/{tenant}/operations/{operation_id}/resolve",
+            post(resolve),
+        )
+        .route("/admin/reload", post(reload))
         .fallback(|| async { ApiError::NotFound("no such admin endpoint".into()) })
         .with_state(state)
 }
@@ -56,35 +70,55 @@ async fn readyz(State(app): State<AppState>) -> Response {
 }
 
 async fn metrics(State(app): State<AppState>) -> Response {
+    let settings = app.settings();
     if let Ok(counts) = app.ledger.tenant_counts().await {
         let now = app.ledger.clock().now_ms();
         let mut seen = std::collections::BTreeSet::new();
         for (tenant, unknown, dead, oldest) in counts {
-            let label = if app.settings.tenants.contains(&tenant) { tenant } else { "_other".to_owned() };
+            let label = if settings.tenants.contains(&tenant) {
+                tenant
+            } else {
+                "_other".to_owned()
+            };
             let age = oldest.map_or(0.0, |t| (now - t).max(0) as f64 / 1000.0);
             crate::metrics::tenant_gauges(&label, unknown, dead, age);
             seen.insert(label);
         }
-        for t in app.settings.tenants.iter().filter(|t| !seen.contains(*t)) {
+        for t in settings.tenants.iter().filter(|t| !seen.contains(*t)) {
             crate::metrics::tenant_gauges(t, 0, 0, 0.0);
         }
     }
-    ([(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::handle().render()).into_response()
+    (
+        [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        crate::metrics::handle().render(),
+    )
+        .into_response()
 }
 
 /// The operation with its history, as the admin API and the CLI show it.
 pub async fn operation_json(app: &AppState, op: &Operation) -> Result<serde_json::Value, ApiError> {
-    let transitions = app.ledger.transitions(&op.tenant_id, &op.operation_id).await?;
+    let transitions = app
+        .ledger
+        .transitions(&op.tenant_id, &op.operation_id)
+        .await?;
     let attempts = app.ledger.attempts(&op.tenant_id, &op.operation_id).await?;
     let mut body = serde_json::to_value(op).map_err(|e| ApiError::Internal(e.to_string()))?;
     body["response_body"] = json!(op.response_body.as_deref().map(String::from_utf8_lossy));
     body["transitions"] = json!(transitions);
     body["attempts_log"] = json!(attempts);
+    body["policy_decisions"] = json!(
+        app.ledger
+            .decisions(&op.tenant_id, &op.operation_id)
+            .await?
+    );
     Ok(body)
 }
 
 async fn load(app: &AppState, tenant: &str, operation_id: &str) -> Result<Operation, ApiError> {
-    app.ledger.get(tenant, operation_id).await?.ok_or_else(|| ApiError::NotFound(format!("no operation {operation_id:?}")))
+    app.ledger
+        .get(tenant, operation_id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no operation {operation_id:?}")))
 }
 
 async fn get_operation(
@@ -97,19 +131,30 @@ async fn get_operation(
     Ok((StatusCode::OK, axum::Json(operation_json(&app, &op).await?)).into_response())
 }
 
-fn limit_param(app: &AppState, q: &HashMap<String, String>, allowed: &[&str]) -> Result<u32, ApiError> {
+fn limit_param(
+    app: &AppState,
+    q: &HashMap<String, String>,
+    allowed: &[&str],
+) -> Result<u32, ApiError> {
     for k in q.keys() {
         if !allowed.contains(&k.as_str()) {
-            return Err(ApiError::BadRequest { field: format!("query:{k}"), message: format!("unknown query parameter {k:?}") });
+            return Err(ApiError::BadRequest {
+                field: format!("query:{k}"),
+                message: format!("unknown query parameter {k:?}"),
+            });
         }
     }
-    let max = app.settings.limits.max_list_limit;
+    let max = app.settings().limits.max_list_limit;
     match q.get("limit") {
         None => Ok(100.min(max)),
-        Some(l) => l.parse::<u32>().ok().filter(|n| (1..=max).contains(n)).ok_or_else(|| ApiError::BadRequest {
-            field: "query:limit".into(),
-            message: format!("limit must be an integer in 1..={max}"),
-        }),
+        Some(l) => l
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=max).contains(n))
+            .ok_or_else(|| ApiError::BadRequest {
+                field: "query:limit".into(),
+                message: format!("limit must be an integer in 1..={max}"),
+            }),
     }
 }
 
@@ -123,7 +168,10 @@ async fn list_operations(
     let limit = limit_param(&app, &q, &["state", "limit"])?;
     let state = match q.get("state") {
         None => None,
-        Some(s) => Some(s.parse::<OpState>().map_err(|e| ApiError::BadRequest { field: "query:state".into(), message: e.to_string() })?),
+        Some(s) => Some(s.parse::<OpState>().map_err(|e| ApiError::BadRequest {
+            field: "query:state".into(),
+            message: e.to_string(),
+        })?),
     };
     let ops = app.ledger.list(Some(&tenant), state, limit).await?;
     Ok(axum::Json(json!({ "operations": ops })).into_response())
@@ -172,9 +220,16 @@ struct ActionBody {
 
 fn parse_action(body: &[u8]) -> Result<ActionBody, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(ActionBody { reason: None, outcome: None, provider_reference: None });
+        return Ok(ActionBody {
+            reason: None,
+            outcome: None,
+            provider_reference: None,
+        });
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest { field: "body".into(), message: format!("invalid JSON body: {e}") })
+    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest {
+        field: "body".into(),
+        message: format!("invalid JSON body: {e}"),
+    })
 }
 
 /// Requeues a dead letter with the same operation id and provider key.
@@ -188,29 +243,62 @@ async fn requeue(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    let principal = app.authorize_admin(&headers, &tenant, OPERATORS)?.clone();
+    let principal = app.authorize_admin(&headers, &tenant, OPERATORS)?;
     let action = parse_action(&body)?;
     let op = load(&app, &tenant, &operation_id).await?;
     if !op.dead_letter {
-        return Err(ApiError::Conflict(format!("operation {operation_id:?} is {} and not a dead letter", op.state)));
+        return Err(ApiError::Conflict(format!(
+            "operation {operation_id:?} is {} and not a dead letter",
+            op.state
+        )));
     }
     let route = app
-        .settings
+        .settings()
         .routes
         .iter()
         .find(|r| r.name == op.route)
         .ok_or_else(|| ApiError::Conflict(format!("route {:?} is no longer configured", op.route)))?
         .clone();
-    if !route.effect_class.allows_requeue() {
+    let class = op
+        .effect_class
+        .as_deref()
+        .and_then(|c| serde_json::from_value::<crate::config::EffectClass>(json!(c)).ok())
+        .unwrap_or(route.effect_class);
+    let verdict = replay_verdict_for(&app, &op, class);
+    if !matches!(
+        verdict,
+        crate::policy::ReplayVerdict::Allow | crate::policy::ReplayVerdict::SameOperationOnly
+    ) {
         return Err(ApiError::Conflict(format!(
-            "the replay default for effect class {} is not allow or same-operation-only; requeue needs an approval",
-            route.effect_class.as_str()
+            "the replay verdict for effect class {} is {}, not allow or same-operation-only; requeue needs an approval",
+            class.as_str(),
+            crate::policy::verdict_name(verdict)
         )));
     }
-    let target = if route.read_back.is_some() { OpState::Unknown } else { OpState::Reserved };
-    let reason = format!("requeued by operator: {}", action.reason.as_deref().unwrap_or("no reason given"));
-    let Some(version) = app.ledger.requeue(&tenant, &operation_id, op.version, target, &principal.name, &reason).await? else {
-        return Err(ApiError::Conflict("the operation changed meanwhile; reload and retry".into()));
+    let target = if route.read_back.is_some() {
+        OpState::Unknown
+    } else {
+        OpState::Reserved
+    };
+    let reason = format!(
+        "requeued by operator: {}",
+        action.reason.as_deref().unwrap_or("no reason given")
+    );
+    let Some(version) = app
+        .ledger
+        .requeue(
+            &tenant,
+            &operation_id,
+            op.version,
+            target,
+            &principal.name,
+            &reason,
+        )
+        .await?
+    else {
+        return Err(ApiError::Conflict(
+            "the operation changed meanwhile; reload and retry".into(),
+        ));
     };
     // Run it now (read back first when the route can), in a task of its
     // own so it finishes even if this request gives up waiting.
@@ -218,7 +306,15 @@ async fn requeue(
         let lease = crate::execute::lease_ms(&app, &route);
         match app
             .ledger
-            .claim(&tenant, &operation_id, OpState::Reserved, version, &app.instance_id, lease, "requeued: new attempt")
+            .claim(
+                &tenant,
+                &operation_id,
+                OpState::Reserved,
+                version,
+                &app.instance_id,
+                lease,
+                "requeued: new attempt",
+            )
             .await?
         {
             Some(claim) => {
@@ -238,10 +334,72 @@ async fn requeue(
         }))
     };
     if let Some(task) = task {
-        let _ = tokio::time::timeout(std::time::Duration::from_millis(app.settings.reconcile.duplicate_wait_ms), task).await;
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_millis(app.settings().reconcile.duplicate_wait_ms),
+            task,
+        )
+        .await;
     }
     let op = load(&app, &tenant, &operation_id).await?;
-    Ok((StatusCode::ACCEPTED, axum::Json(operation_json(&app, &op).await?)).into_response())
+    Ok((
+        StatusCode::ACCEPTED,
+        axum::Json(operation_json(&app, &op).await?),
+    )
+        .into_response())
+}
+
+/// The tenant's replay verdict for `op` (policies on its route, or the
+/// DESIGN.md defaults).
+pub fn replay_verdict_for(
+    app: &AppState,
+    op: &Operation,
+    class: crate::config::EffectClass,
+) -> crate::policy::ReplayVerdict {
+    use crate::policy::bindings::{Operation as WitOp, OperationState as S};
+    let rt = app.settings();
+    let policies = rt.policies.for_route(&op.tenant_id, &op.route);
+    let wit = WitOp {
+        tenant: op.tenant_id.clone(),
+        operation_id: op.operation_id.clone(),
+        route: op.route.clone(),
+        effect_class: crate::policy::wit_class(class),
+        state: match op.state {
+            OpState::Reserved => S::Reserved,
+            OpState::AwaitingApproval => S::AwaitingApproval,
+            OpState::Executing => S::Executing,
+            OpState::Completed => S::Completed,
+            OpState::Failed => S::Failed,
+            OpState::Unknown => S::Unknown,
+            OpState::Compensated => S::Compensated,
+        },
+        attempts: u32::try_from(op.attempts).unwrap_or(u32::MAX),
+        fingerprint: op.fingerprint.clone(),
+    };
+    crate::policy::replay_verdict(&app.engine, policies, &op.tenant_id, &wit)
+}
+
+/// Reloads the configuration and policies (admin role of any tenant):
+/// compiled in the background, swapped atomically; on error the old set
+/// stays and the answer says why (422).
+async fn reload(State(app): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let p = app.authenticate(&headers)?;
+    if p.role != Role::Admin {
+        return Err(ApiError::Forbidden {
+            role: p.role.as_str(),
+            action: "reload the configuration",
+        });
+    }
+    match app.reload(None).await {
+        Ok(summary) => Ok(axum::Json(json!({"status": "reloaded", "summary": summary})).into_response()),
+        Err(e) => Ok((
+            StatusCode::UNPROCESSABLE_ENTITY,
+            [(http::header::CONTENT_TYPE, crate::error::PROBLEM_JSON)],
+            json!({"type": "urn:effectgate:problem:reload-refused", "title": "Unprocessable Entity", "status": 422,
+                   "detail": format!("the reload was refused and the old configuration stays: {e}")})
+            .to_string(),
+        )
+            .into_response()),
+    }
 }
 
 /// Resolves an UNKNOWN operation by an operator's own read-back:
@@ -254,12 +412,15 @@ async fn resolve(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    let principal = app.authorize_admin(&headers, &tenant, OPERATORS)?.clone();
+    let principal = app.authorize_admin(&headers, &tenant, OPERATORS)?;
     let action = parse_action(&body)?;
-    let outcome = action.outcome.as_deref().ok_or_else(|| ApiError::BadRequest {
-        field: "body.outcome".into(),
-        message: "outcome is required: \"completed\" or \"absent\"".into(),
-    })?;
+    let outcome = action
+        .outcome
+        .as_deref()
+        .ok_or_else(|| ApiError::BadRequest {
+            field: "body.outcome".into(),
+            message: "outcome is required: \"completed\" or \"absent\"".into(),
+        })?;
     if !matches!(outcome, "completed" | "absent") {
         return Err(ApiError::BadRequest {
             field: "body.outcome".into(),
@@ -268,19 +429,37 @@ async fn resolve(
     }
     let op = load(&app, &tenant, &operation_id).await?;
     if op.state != OpState::Unknown {
-        return Err(ApiError::Conflict(format!("operation {operation_id:?} is {}, not UNKNOWN", op.state)));
+        return Err(ApiError::Conflict(format!(
+            "operation {operation_id:?} is {}, not UNKNOWN",
+            op.state
+        )));
     }
-    let reason = action.reason.clone().unwrap_or_else(|| "no reason given".into());
+    let reason = action
+        .reason
+        .clone()
+        .unwrap_or_else(|| "no reason given".into());
     let Some(lease) = app
         .ledger
-        .lease_for_reconcile(&tenant, &operation_id, op.version, &principal.name, app.settings.reconcile.lease_ms as i64, "operator resolution")
+        .lease_for_reconcile(
+            &tenant,
+            &operation_id,
+            op.version,
+            &principal.name,
+            app.settings().reconcile.lease_ms as i64,
+            "operator resolution",
+        )
         .await?
     else {
-        return Err(ApiError::Conflict("the operation is being reconciled right now; retry shortly".into()));
+        return Err(ApiError::Conflict(
+            "the operation is being reconciled right now; retry shortly".into(),
+        ));
     };
     match outcome {
         "completed" => {
-            let mut o = Outcome::new(OpState::Completed, format!("resolved by operator: the effect exists ({reason})"));
+            let mut o = Outcome::new(
+                OpState::Completed,
+                format!("resolved by operator: the effect exists ({reason})"),
+            );
             let body = json!({"operation_id": operation_id, "state": "COMPLETED", "provider_reference": action.provider_reference,
                                "detail": "resolved by an operator"});
             let bytes = serde_json::to_vec(&body).unwrap_or_default();
@@ -289,22 +468,42 @@ async fn resolve(
             o.response_body_bytes = Some(bytes.len() as i64);
             o.response_body = Some(bytes);
             o.provider_reference = action.provider_reference.clone();
-            if !app.ledger.record_outcome(&tenant, &operation_id, lease.fence, OpState::Unknown, &principal.name, &o).await? {
+            if !app
+                .ledger
+                .record_outcome(
+                    &tenant,
+                    &operation_id,
+                    lease.fence,
+                    OpState::Unknown,
+                    &principal.name,
+                    &o,
+                )
+                .await?
+            {
                 return Err(ApiError::Conflict("the operation changed meanwhile".into()));
             }
         }
         "absent" => {
             let route = app
-                .settings
+                .settings()
                 .routes
                 .iter()
                 .find(|r| r.name == op.route)
-                .ok_or_else(|| ApiError::Conflict(format!("route {:?} is no longer configured", op.route)))?
+                .ok_or_else(|| {
+                    ApiError::Conflict(format!("route {:?} is no longer configured", op.route))
+                })?
                 .clone();
             let lease_ms = crate::execute::lease_ms(&app, &route);
             let Some(claim) = app
                 .ledger
-                .reattempt(&tenant, &operation_id, lease.fence, &principal.name, lease_ms, &format!("resolved by operator: absent ({reason}); new attempt"))
+                .reattempt(
+                    &tenant,
+                    &operation_id,
+                    lease.fence,
+                    &principal.name,
+                    lease_ms,
+                    &format!("resolved by operator: absent ({reason}); new attempt"),
+                )
                 .await?
             else {
                 return Err(ApiError::Conflict("the operation changed meanwhile".into()));

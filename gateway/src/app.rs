@@ -1,7 +1,6 @@
 //! Assembling and running the gateway: shared state, both listeners,
 //! graceful shutdown.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -11,30 +10,60 @@ use tokio::sync::watch;
 
 use crate::config::{Principal, Role, Settings};
 use crate::error::ApiError;
-use crate::forward::{HttpClient, client_for};
+use arc_swap::ArcSwap;
+
 use crate::ledger::{Clock, Ledger, SystemClock};
+use crate::policy::{PolicyEngine, PolicySet};
+
+/// What a reload swaps as one: the settings and the policy set built
+/// from them. Handlers take one snapshot per request, so in-flight calls
+/// finish on the set they started with.
+#[derive(Debug)]
+pub struct Runtime {
+    /// Validated settings.
+    pub settings: Settings,
+    /// Tenants' policies.
+    pub policies: PolicySet,
+}
+
+impl std::ops::Deref for Runtime {
+    type Target = Settings;
+    fn deref(&self) -> &Settings {
+        &self.settings
+    }
+}
 
 /// State shared by every request handler. Cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
-    /// Validated settings.
-    pub settings: Arc<Settings>,
+    runtime: Arc<ArcSwap<Runtime>>,
+    /// The policy engine (one per gateway; survives reloads).
+    pub engine: Arc<PolicyEngine>,
     /// The effect ledger.
     pub ledger: Ledger,
-    /// Outbound clients by route name.
-    pub clients: Arc<HashMap<String, HttpClient>>,
     /// Secret the provider keys are derived from.
     pub provider_key_secret: Arc<Vec<u8>>,
     /// This instance's id: lease owner in the ledger.
     pub instance_id: Arc<str>,
+    reload_lock: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl AppState {
     /// Builds the state: opens (and migrates) the ledger, loads the
-    /// provider-key secret, builds one client per route.
+    /// provider-key secret, compiles the tenants' policies.
     ///
-    /// Errors: the ledger can't be opened or migrated.
+    /// Errors: the ledger can't be opened or migrated; a policy can't be
+    /// loaded or a tenant's policy config is invalid (the gateway refuses to start).
     pub async fn new(settings: Settings, clock: Arc<dyn Clock>) -> anyhow::Result<Self> {
+        let engine = Arc::new(PolicyEngine::new(&settings.policy_limits)?);
+        let policies = {
+            let (engine, settings) = (engine.clone(), settings.clone());
+            tokio::task::spawn_blocking(move || {
+                PolicySet::build(&engine, &settings).map(|p| (p, settings))
+            })
+            .await??
+            .0
+        };
         let ledger = Ledger::open(
             &settings.storage.path,
             settings.storage.max_read_connections,
@@ -44,7 +73,6 @@ impl AppState {
         .await?;
         let secret = ledger.provider_key_secret().await?;
         crate::metrics::handle();
-        let clients = settings.routes.iter().map(|r| (r.name.clone(), client_for(r))).collect();
         let instance_id = format!(
             "{}-{}-{:08x}",
             hostname(),
@@ -52,49 +80,123 @@ impl AppState {
             rand::random::<u32>()
         );
         Ok(Self {
-            settings: Arc::new(settings),
+            runtime: Arc::new(ArcSwap::from_pointee(Runtime { settings, policies })),
+            engine,
             ledger,
-            clients: Arc::new(clients),
             provider_key_secret: Arc::new(secret),
             instance_id: instance_id.into(),
+            reload_lock: Arc::new(tokio::sync::Mutex::new(())),
         })
+    }
+
+    /// The current settings and policies (one snapshot).
+    pub fn settings(&self) -> Arc<Runtime> {
+        self.runtime.load_full()
+    }
+
+    /// Re-reads the config file (or uses `replacement`), compiles the new
+    /// policy set in the background and swaps it in atomically. In-flight
+    /// calls finish on the old set; compiled modules no longer used are
+    /// freed. On any error the old set stays in place.
+    ///
+    /// Listener addresses and storage can't change without a restart; a
+    /// reload that changes them is refused.
+    ///
+    /// Errors: the config or a policy is invalid (the message says why).
+    pub async fn reload(&self, replacement: Option<Settings>) -> Result<String, String> {
+        let _guard = self.reload_lock.lock().await;
+        let current = self.settings();
+        let settings = match replacement {
+            Some(s) => s,
+            None => {
+                let source = current.source.clone();
+                crate::config::load(source.as_deref()).map_err(|e| format!("config: {e}"))?
+            }
+        };
+        if settings.proxy_addr != current.proxy_addr
+            || settings.admin_addr != current.admin_addr
+            || settings.storage.path != current.storage.path
+        {
+            return Err(
+                "listen addresses and storage can't change on reload; restart the gateway".into(),
+            );
+        }
+        let engine = self.engine.clone();
+        let (policies, settings) = tokio::task::spawn_blocking(move || {
+            PolicySet::build(&engine, &settings).map(|p| (p, settings))
+        })
+        .await
+        .map_err(|e| format!("reload task failed: {e}"))?
+        .map_err(|e| e.to_string())?;
+        let keep = policies.hashes();
+        let summary = format!(
+            "{} tenants, {} routes, {} policy modules",
+            settings.tenants.len(),
+            settings.routes.len(),
+            keep.len()
+        );
+        self.runtime.store(Arc::new(Runtime { settings, policies }));
+        self.engine.retain(&keep);
+        tracing::info!(%summary, "configuration reloaded");
+        Ok(summary)
     }
 
     /// Authenticates `Authorization: Bearer <key>` against the key table.
     ///
     /// Errors: 401 when the header is missing, malformed or unknown.
-    pub fn authenticate(&self, headers: &HeaderMap) -> Result<&Principal, ApiError> {
-        let value = headers.get(http::header::AUTHORIZATION).ok_or(ApiError::Unauthenticated)?;
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
+        let value = headers
+            .get(http::header::AUTHORIZATION)
+            .ok_or(ApiError::Unauthenticated)?;
         let value = value.to_str().map_err(|_| ApiError::Unauthenticated)?;
         let (scheme, key) = value.split_once(' ').ok_or(ApiError::Unauthenticated)?;
         if !scheme.eq_ignore_ascii_case("bearer") {
             return Err(ApiError::Unauthenticated);
         }
-        self.settings.keys.get(&crate::config::key_digest(key.trim())).ok_or(ApiError::Unauthenticated)
+        self.settings()
+            .keys
+            .get(&crate::config::key_digest(key.trim()))
+            .cloned()
+            .ok_or(ApiError::Unauthenticated)
     }
 
     /// Authenticates an admin-listener caller for tenant `tenant`.
     ///
-    /// Errors: 401 for a bad key; 403 for a `client` key; 404 when the key
-    /// belongs to another tenant (another tenant's data is answered as not
-    /// found, never as forbidden).
-    pub fn authorize_admin(&self, headers: &HeaderMap, tenant: &str, roles: &[Role]) -> Result<&Principal, ApiError> {
+    /// Errors: 401 for a bad key; 403 for a `client` key or a role not in
+    /// `roles`; 404 when the key belongs to another tenant (another tenant's
+    /// data is answered as not found, never as forbidden).
+    pub fn authorize_admin(
+        &self,
+        headers: &HeaderMap,
+        tenant: &str,
+        roles: &[Role],
+    ) -> Result<Principal, ApiError> {
         let p = self.authenticate(headers)?;
         if p.role == Role::Client {
-            return Err(ApiError::Forbidden { role: "client", action: "use the admin API" });
+            return Err(ApiError::Forbidden {
+                role: "client",
+                action: "use the admin API",
+            });
         }
         if p.tenant != tenant {
             return Err(ApiError::NotFound(format!("no tenant {tenant:?}")));
         }
         if !roles.contains(&p.role) {
-            return Err(ApiError::Forbidden { role: p.role.as_str(), action: "do this" });
+            return Err(ApiError::Forbidden {
+                role: p.role.as_str(),
+                action: "do this",
+            });
         }
         Ok(p)
     }
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_owned()).ok().filter(|s| !s.is_empty()).unwrap_or_else(|| "effectgate".into())
+    std::fs::read_to_string("/etc/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "effectgate".into())
 }
 
 /// A running gateway: both listeners bound, serving until shut down.
@@ -119,7 +221,10 @@ impl Gateway {
     }
 
     /// [`Gateway::start`] with an injected clock.
-    pub async fn start_with_clock(settings: Settings, clock: Arc<dyn Clock>) -> anyhow::Result<Self> {
+    pub async fn start_with_clock(
+        settings: Settings,
+        clock: Arc<dyn Clock>,
+    ) -> anyhow::Result<Self> {
         let proxy_listener = TcpListener::bind(settings.proxy_addr).await?;
         let admin_listener = TcpListener::bind(settings.admin_addr).await?;
         let state = AppState::new(settings, clock).await?;
@@ -132,14 +237,17 @@ impl Gateway {
         for (listener, app) in [(proxy_listener, proxy_app), (admin_listener, admin_app)] {
             let mut rx = rx.clone();
             tasks.push(tokio::spawn(async move {
-                axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-                    .with_graceful_shutdown(async move {
-                        let _ = rx.wait_for(|stop| *stop).await;
-                    })
-                    .await
+                axum::serve(
+                    listener,
+                    app.into_make_service_with_connect_info::<SocketAddr>(),
+                )
+                .with_graceful_shutdown(async move {
+                    let _ = rx.wait_for(|stop| *stop).await;
+                })
+                .await
             }));
         }
-        if state.settings.reconcile.enabled {
+        if state.settings().reconcile.enabled {
             let (app, rx) = (state.clone(), rx.clone());
             tasks.push(tokio::spawn(async move {
                 crate::reconcile::run(app, rx).await;
@@ -147,7 +255,13 @@ impl Gateway {
             }));
         }
         tracing::info!(%proxy_addr, %admin_addr, instance = %state.instance_id, "effectgate serving");
-        Ok(Self { proxy_addr, admin_addr, state, shutdown, tasks })
+        Ok(Self {
+            proxy_addr,
+            admin_addr,
+            state,
+            shutdown,
+            tasks,
+        })
     }
 
     /// Stops accepting connections, lets in-flight requests finish, and
@@ -159,13 +273,22 @@ impl Gateway {
         }
     }
 
-    /// Serves until SIGINT or SIGTERM, then shuts down gracefully.
+    /// Serves until SIGINT or SIGTERM, then shuts down gracefully. SIGHUP
+    /// reloads the configuration and policies.
     pub async fn run_until_signal(self) -> anyhow::Result<()> {
-        let ctrl_c = tokio::signal::ctrl_c();
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            _ = ctrl_c => {},
-            _ = term.recv() => {},
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut hup = signal(SignalKind::hangup())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        loop {
+            tokio::select! {
+                _ = int.recv() => break,
+                _ = term.recv() => break,
+                _ = hup.recv() => match self.state.reload(None).await {
+                    Ok(s) => tracing::info!(summary = %s, "SIGHUP: reloaded"),
+                    Err(e) => tracing::error!(error = %e, "SIGHUP: reload refused; the old configuration stays"),
+                },
+            }
         }
         tracing::info!("shutting down");
         self.shutdown().await;

@@ -43,6 +43,29 @@ enum Command {
         #[command(subcommand)]
         command: LedgerCommand,
     },
+    /// Check and test policy components.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// Print the world version a module targets, its exports and its config
+    /// schema; exit 2 if it is not a component of this gateway's world.
+    Check {
+        /// The policy component (`.wasm`).
+        module: PathBuf,
+    },
+    /// Run a module against fixture requests and expected decisions; print
+    /// pass/fail per case; exit 1 if any case fails.
+    Test {
+        /// The policy component (`.wasm`).
+        module: PathBuf,
+        /// Case file (`.toml` or `.json`).
+        cases: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -92,7 +115,9 @@ impl clap::ValueEnum for State {
         Some(clap::builder::PossibleValue::new(self.as_str()))
     }
     fn from_str(input: &str, _ignore_case: bool) -> Result<Self, String> {
-        input.parse().map_err(|e: crate::ledger::UnknownState| e.to_string())
+        input
+            .parse()
+            .map_err(|e: crate::ledger::UnknownState| e.to_string())
     }
 }
 
@@ -102,11 +127,15 @@ pub fn main() -> ExitCode {
     crate::failpoint::setup();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "effectgate=info,warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "effectgate=info,warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
@@ -149,30 +178,78 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ledger::migrate(&settings.storage.path).await?;
             println!("ledger {} is migrated", settings.storage.path.display());
         }
+        Command::Policy { command } => {
+            let engine = crate::policy::PolicyEngine::new(&crate::config::PolicyLimitsSpec {
+                pooling: false,
+                ..Default::default()
+            })?;
+            match command {
+                PolicyCommand::Check { module } => {
+                    match crate::policy::cases::describe(&engine, &module) {
+                        Ok(text) => print!("{text}"),
+                        Err(e) => {
+                            eprintln!("{}: rejected: {e:#}", module.display());
+                            return Ok(ExitCode::from(2));
+                        }
+                    }
+                }
+                PolicyCommand::Test { module, cases } => {
+                    let file = crate::policy::cases::load(&cases)?;
+                    let failed =
+                        crate::policy::cases::run(&engine, &module, &file, &mut std::io::stdout())?;
+                    if failed > 0 {
+                        return Ok(ExitCode::from(1));
+                    }
+                }
+            }
+        }
         Command::Ledger { command } => match command {
-            LedgerCommand::Show { tenant, operation_id, config: c } => {
+            LedgerCommand::Show {
+                tenant,
+                operation_id,
+                config: c,
+            } => {
                 let ledger = open(c).await?;
                 let Some(op) = ledger.get(&tenant, &operation_id).await? else {
                     eprintln!("no operation {operation_id:?} for tenant {tenant:?}");
                     return Ok(ExitCode::from(1));
                 };
                 let mut v = serde_json::to_value(&op)?;
-                v["transitions"] = serde_json::to_value(ledger.transitions(&tenant, &operation_id).await?)?;
-                v["attempts_log"] = serde_json::to_value(ledger.attempts(&tenant, &operation_id).await?)?;
+                v["transitions"] =
+                    serde_json::to_value(ledger.transitions(&tenant, &operation_id).await?)?;
+                v["attempts_log"] =
+                    serde_json::to_value(ledger.attempts(&tenant, &operation_id).await?)?;
                 println!("{}", serde_json::to_string_pretty(&v)?);
             }
-            LedgerCommand::List { state, tenant, limit, config: c } => {
+            LedgerCommand::List {
+                state,
+                tenant,
+                limit,
+                config: c,
+            } => {
                 let ledger = open(c).await?;
                 let ops = ledger.list(tenant.as_deref(), state, limit).await?;
-                println!("{:<16} {:<32} {:<18} {:>8} {:<16} {}", "TENANT", "OPERATION", "STATE", "ATTEMPTS", "ROUTE", "UPDATED_MS");
+                println!(
+                    "{:<16} {:<32} {:<18} {:>8} {:<16} {}",
+                    "TENANT", "OPERATION", "STATE", "ATTEMPTS", "ROUTE", "UPDATED_MS"
+                );
                 for op in ops {
                     println!(
                         "{:<16} {:<32} {:<18} {:>8} {:<16} {}",
-                        op.tenant_id, op.operation_id, op.state, op.attempts, op.route, op.updated_at
+                        op.tenant_id,
+                        op.operation_id,
+                        op.state,
+                        op.attempts,
+                        op.route,
+                        op.updated_at
                     );
                 }
             }
-            LedgerCommand::DeadLetters { tenant, limit, config: c } => {
+            LedgerCommand::DeadLetters {
+                tenant,
+                limit,
+                config: c,
+            } => {
                 let ledger = open(c).await?;
                 for op in ledger.dead_letters(tenant.as_deref(), limit).await? {
                     let mut v = crate::admin::dead_letter_json(&op);
@@ -188,7 +265,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 async fn open(c: ConfigArg) -> anyhow::Result<Ledger> {
     let settings = config::load(c.config.as_deref())?;
     if !settings.storage.path.exists() {
-        anyhow::bail!("ledger file {} does not exist (run `effectgate migrate` or `serve` first)", settings.storage.path.display());
+        anyhow::bail!(
+            "ledger file {} does not exist (run `effectgate migrate` or `serve` first)",
+            settings.storage.path.display()
+        );
     }
-    Ok(Ledger::open(&settings.storage.path, 1, settings.storage.busy_timeout_ms, std::sync::Arc::new(SystemClock)).await?)
+    Ok(Ledger::open(
+        &settings.storage.path,
+        1,
+        settings.storage.busy_timeout_ms,
+        std::sync::Arc::new(SystemClock),
+    )
+    .await?)
 }

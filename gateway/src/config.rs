@@ -45,7 +45,10 @@ pub struct ConfigError {
 
 impl ConfigError {
     fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { path: path.into(), message: message.into() }
+        Self {
+            path: path.into(),
+            message: message.into(),
+        }
     }
 }
 
@@ -75,6 +78,65 @@ pub struct ConfigFile {
     /// The reconciler.
     #[serde(default)]
     pub reconcile: ReconcileSpec,
+    /// Limits of policy calls.
+    #[serde(default)]
+    pub policy: PolicyLimitsSpec,
+}
+
+/// `[policy]`: limits of every policy call (one fresh store per call).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyLimitsSpec {
+    /// Linear memory a policy may use, in bytes. Default 16 MiB.
+    pub memory_bytes: usize,
+    /// CPU deadline per call, in ms (epoch ticks of 1 ms). Default 10.
+    pub deadline_ms: u64,
+    /// Fuel per call (wasm instructions, roughly); unset = no fuel metering.
+    pub fuel: Option<u64>,
+    /// Longest reason a policy may return, in bytes. Default 1024.
+    pub max_reason_bytes: usize,
+    /// Most headers an allow may add. Default 16.
+    pub max_add_headers: usize,
+    /// Longest added header value, in bytes. Default 1024.
+    pub max_header_bytes: usize,
+    /// Use the pooling instance allocator (falls back to on-demand
+    /// allocation where the machine refuses the reservation). Default true.
+    pub pooling: bool,
+    /// Concurrent policy instances the pool holds. Default 256.
+    pub pool_instances: u32,
+}
+
+impl Default for PolicyLimitsSpec {
+    fn default() -> Self {
+        Self {
+            memory_bytes: 16 << 20,
+            deadline_ms: 10,
+            fuel: None,
+            max_reason_bytes: 1024,
+            max_add_headers: 16,
+            max_header_bytes: 1024,
+            pooling: true,
+            pool_instances: 256,
+        }
+    }
+}
+
+/// `[[tenants.policies]]`: a policy bound to a tenant's route.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyBindingSpec {
+    /// Route name, or `"*"` for every route. Policies run in file order.
+    pub route: String,
+    /// Path of the policy component (`.wasm`), relative to the config file.
+    pub module: PathBuf,
+    /// The tenant's config for this policy, validated against the policy's
+    /// `config-schema()` at load time.
+    #[serde(default = "empty_object")]
+    pub config: serde_json::Value,
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::Value::Object(Default::default())
 }
 
 /// `[reconcile]`: the background task that resolves UNKNOWN operations by
@@ -196,7 +258,13 @@ impl EffectClass {
     /// letter of this class with the same operation (allow or
     /// same-operation-only in DESIGN.md's table).
     pub fn allows_requeue(self) -> bool {
-        matches!(self, EffectClass::Derived | EffectClass::Analytics | EffectClass::Notification | EffectClass::Payment)
+        matches!(
+            self,
+            EffectClass::Derived
+                | EffectClass::Analytics
+                | EffectClass::Notification
+                | EffectClass::Payment
+        )
     }
 }
 
@@ -209,6 +277,7 @@ impl Default for ConfigFile {
             tenants: Vec::new(),
             routes: Vec::new(),
             reconcile: ReconcileSpec::default(),
+            policy: PolicyLimitsSpec::default(),
         }
     }
 }
@@ -225,7 +294,10 @@ pub struct ListenSpec {
 
 impl Default for ListenSpec {
     fn default() -> Self {
-        Self { proxy: "127.0.0.1:8080".into(), admin: "127.0.0.1:8081".into() }
+        Self {
+            proxy: "127.0.0.1:8080".into(),
+            admin: "127.0.0.1:8081".into(),
+        }
     }
 }
 
@@ -245,7 +317,11 @@ pub struct StorageSpec {
 
 impl Default for StorageSpec {
     fn default() -> Self {
-        Self { path: PathBuf::from("effectgate.db"), max_read_connections: 4, busy_timeout_ms: 5000 }
+        Self {
+            path: PathBuf::from("effectgate.db"),
+            max_read_connections: 4,
+            busy_timeout_ms: 5000,
+        }
     }
 }
 
@@ -264,7 +340,11 @@ pub struct LimitsSpec {
 
 impl Default for LimitsSpec {
     fn default() -> Self {
-        Self { max_idempotency_key_len: 255, lease_margin_ms: 5_000, max_list_limit: 500 }
+        Self {
+            max_idempotency_key_len: 255,
+            lease_margin_ms: 5_000,
+            max_list_limit: 500,
+        }
     }
 }
 
@@ -277,6 +357,9 @@ pub struct TenantSpec {
     /// API keys of this tenant's principals.
     #[serde(default)]
     pub keys: Vec<KeySpec>,
+    /// Policies bound to this tenant's routes, in evaluation order.
+    #[serde(default)]
+    pub policies: Vec<PolicyBindingSpec>,
 }
 
 /// `[[tenants.keys]]`: one gateway API key. Exactly one of `sha256`, `env`,
@@ -402,6 +485,17 @@ pub struct RouteSpec {
     /// operations on this route are resolved only by an operator.
     #[serde(default)]
     pub read_back: Option<ReadBackSpec>,
+    /// When a policy traps, times out or runs out of memory: `false`
+    /// (default) fails the request closed with 503 `policy-failed`; `true`
+    /// lets it through as if the policy had allowed. Either way the failure
+    /// is logged and counted.
+    #[serde(default)]
+    pub policy_fail_open: bool,
+    /// JSON Schema file (relative to the config file) that request bodies of
+    /// effectful calls must satisfy; a body that fails it gets 422 before
+    /// the ledger and is never retried.
+    #[serde(default)]
+    pub request_schema: Option<PathBuf>,
 }
 
 /// Whether the caller waits while transient failures are retried.
@@ -505,6 +599,12 @@ pub struct Settings {
     pub routes: Vec<Route>,
     /// Reconciler settings.
     pub reconcile: ReconcileSpec,
+    /// Policy call limits.
+    pub policy_limits: PolicyLimitsSpec,
+    /// Policy bindings: (tenant, binding with its module path resolved).
+    pub policy_bindings: Vec<(String, PolicyBindingSpec)>,
+    /// The config file, if one was loaded (for reloads).
+    pub source: Option<PathBuf>,
 }
 
 /// An authenticated caller.
@@ -551,10 +651,16 @@ pub struct Route {
     pub inject_headers: Vec<(HeaderName, HeaderValue)>,
     /// Retry policy for transient failures.
     pub retry: RetrySpec,
+    /// The route's outbound HTTP client (its connect timeout is per route).
+    pub client: crate::forward::HttpClient,
     /// Effect class.
     pub effect_class: EffectClass,
     /// Read-back, if the provider supports one.
     pub read_back: Option<ReadBack>,
+    /// Fail open on policy failure.
+    pub policy_fail_open: bool,
+    /// Request body contract.
+    pub request_schema: Option<std::sync::Arc<jsonschema::Validator>>,
 }
 
 /// A validated read-back.
@@ -602,7 +708,7 @@ impl Settings {
 /// syntax error, an unknown field, a wrong type, or a failed check in
 /// [`ConfigFile::into_settings`].
 pub fn load(path: Option<&Path>) -> Result<Settings, ConfigError> {
-    load_file(path)?.into_settings()
+    load_file(path)?.into_settings_from(path)
 }
 
 /// Loads and layers the file without the semantic checks.
@@ -610,7 +716,10 @@ pub fn load_file(path: Option<&Path>) -> Result<ConfigFile, ConfigError> {
     let mut fig = Figment::from(Serialized::defaults(ConfigFile::default()));
     if let Some(p) = path {
         if !p.exists() {
-            return Err(ConfigError::new("", format!("config file {} does not exist", p.display())));
+            return Err(ConfigError::new(
+                "",
+                format!("config file {} does not exist", p.display()),
+            ));
         }
         fig = fig.merge(Toml::file_exact(p));
     }
@@ -632,11 +741,15 @@ pub fn load_file(path: Option<&Path>) -> Result<ConfigFile, ConfigError> {
 }
 
 fn valid_id(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
 fn parse_addr(path: &str, s: &str) -> Result<SocketAddr, ConfigError> {
-    s.parse().map_err(|e| ConfigError::new(path, format!("not a socket address ({e}): {s:?}")))
+    s.parse()
+        .map_err(|e| ConfigError::new(path, format!("not a socket address ({e}): {s:?}")))
 }
 
 /// sha256 of a key, as used in the key table.
@@ -650,19 +763,38 @@ impl ConfigFile {
     ///
     /// Errors: the first invalid field, by path.
     pub fn into_settings(self) -> Result<Settings, ConfigError> {
+        self.into_settings_from(None)
+    }
+
+    /// [`ConfigFile::into_settings`] for a file at `source`: relative paths
+    /// (policy modules, request schemas) resolve against its directory.
+    pub fn into_settings_from(self, source: Option<&Path>) -> Result<Settings, ConfigError> {
+        let base_dir = source
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
         let proxy_addr = parse_addr("listen.proxy", &self.listen.proxy)?;
         let admin_addr = parse_addr("listen.admin", &self.listen.admin)?;
         if self.storage.path.as_os_str().is_empty() {
             return Err(ConfigError::new("storage.path", "must not be empty"));
         }
         if self.storage.max_read_connections == 0 {
-            return Err(ConfigError::new("storage.max_read_connections", "must be at least 1"));
+            return Err(ConfigError::new(
+                "storage.max_read_connections",
+                "must be at least 1",
+            ));
         }
         if !(1..=255).contains(&self.limits.max_idempotency_key_len) {
-            return Err(ConfigError::new("limits.max_idempotency_key_len", "must be in 1..=255"));
+            return Err(ConfigError::new(
+                "limits.max_idempotency_key_len",
+                "must be in 1..=255",
+            ));
         }
         if self.limits.max_list_limit == 0 {
-            return Err(ConfigError::new("limits.max_list_limit", "must be at least 1"));
+            return Err(ConfigError::new(
+                "limits.max_list_limit",
+                "must be at least 1",
+            ));
         }
 
         let mut tenants = BTreeSet::new();
@@ -670,10 +802,16 @@ impl ConfigFile {
         for (ti, t) in self.tenants.iter().enumerate() {
             let tp = format!("tenants[{ti}]");
             if !valid_id(&t.id) {
-                return Err(ConfigError::new(format!("{tp}.id"), "must be 1..=64 characters of [A-Za-z0-9._-]"));
+                return Err(ConfigError::new(
+                    format!("{tp}.id"),
+                    "must be 1..=64 characters of [A-Za-z0-9._-]",
+                ));
             }
             if !tenants.insert(t.id.clone()) {
-                return Err(ConfigError::new(format!("{tp}.id"), format!("duplicate tenant {:?}", t.id)));
+                return Err(ConfigError::new(
+                    format!("{tp}.id"),
+                    format!("duplicate tenant {:?}", t.id),
+                ));
             }
             for (ki, k) in t.keys.iter().enumerate() {
                 let kp = format!("{tp}.keys[{ki}]");
@@ -682,35 +820,60 @@ impl ConfigFile {
                         let bytes = hex::decode(h.trim())
                             .ok()
                             .filter(|b| b.len() == 32)
-                            .ok_or_else(|| ConfigError::new(format!("{kp}.sha256"), "must be 64 hex characters"))?;
+                            .ok_or_else(|| {
+                                ConfigError::new(
+                                    format!("{kp}.sha256"),
+                                    "must be 64 hex characters",
+                                )
+                            })?;
                         let mut d = [0u8; 32];
                         d.copy_from_slice(&bytes);
                         d
                     }
                     (None, Some(var), None) => {
                         let v = std::env::var(var).map_err(|_| {
-                            ConfigError::new(format!("{kp}.env"), format!("environment variable {var} is not set"))
+                            ConfigError::new(
+                                format!("{kp}.env"),
+                                format!("environment variable {var} is not set"),
+                            )
                         })?;
                         if v.is_empty() {
-                            return Err(ConfigError::new(format!("{kp}.env"), format!("{var} is empty")));
+                            return Err(ConfigError::new(
+                                format!("{kp}.env"),
+                                format!("{var} is empty"),
+                            ));
                         }
                         key_digest(&v)
                     }
                     (None, None, Some(file)) => {
                         let v = std::fs::read_to_string(file).map_err(|e| {
-                            ConfigError::new(format!("{kp}.file"), format!("cannot read {}: {e}", file.display()))
+                            ConfigError::new(
+                                format!("{kp}.file"),
+                                format!("cannot read {}: {e}", file.display()),
+                            )
                         })?;
                         let v = v.trim();
                         if v.is_empty() {
-                            return Err(ConfigError::new(format!("{kp}.file"), "key file is empty"));
+                            return Err(ConfigError::new(
+                                format!("{kp}.file"),
+                                "key file is empty",
+                            ));
                         }
                         key_digest(v)
                     }
-                    _ => return Err(ConfigError::new(kp, "exactly one of `sha256`, `env`, `file` must be set")),
+                    _ => {
+                        return Err(ConfigError::new(
+                            kp,
+                            "exactly one of `sha256`, `env`, `file` must be set",
+                        ));
+                    }
                 };
                 let principal = Principal {
                     tenant: t.id.clone(),
-                    name: k.name.clone().unwrap_or_else(|| format!("{}:{}", t.id, k.role.as_str())),
+                    name: k
+                        .name
+                        .clone()
+                        .unwrap_or_else(|| format!("{}:{}", t.id, k.role.as_str())),
                     role: k.role,
                 };
                 if keys.insert(digest, principal).is_some() {
@@ -721,37 +884,66 @@ impl ConfigFile {
 
         let mut routes = Vec::new();
         let mut names = BTreeSet::new();
+        let mut policy_bindings = Vec::new();
         for (ri, r) in self.routes.into_iter().enumerate() {
             let rp = format!("routes[{ri}]");
             if !r.prefix.starts_with('/') || !r.prefix.ends_with('/') {
-                return Err(ConfigError::new(format!("{rp}.prefix"), "must start and end with '/'"));
+                return Err(ConfigError::new(
+                    format!("{rp}.prefix"),
+                    "must start and end with '/'",
+                ));
             }
             if r.prefix.starts_with("/admin/") {
-                return Err(ConfigError::new(format!("{rp}.prefix"), "must not start with /admin/"));
+                return Err(ConfigError::new(
+                    format!("{rp}.prefix"),
+                    "must not start with /admin/",
+                ));
             }
             let name = r.name.clone().unwrap_or_else(|| r.prefix.clone());
             if name.is_empty() || name.len() > 128 {
-                return Err(ConfigError::new(format!("{rp}.name"), "must be 1..=128 characters"));
+                return Err(ConfigError::new(
+                    format!("{rp}.name"),
+                    "must be 1..=128 characters",
+                ));
             }
             if !names.insert(name.clone()) {
-                return Err(ConfigError::new(format!("{rp}.name"), format!("duplicate route name {name:?}")));
+                return Err(ConfigError::new(
+                    format!("{rp}.name"),
+                    format!("duplicate route name {name:?}"),
+                ));
             }
-            let upstream = url::Url::parse(&r.upstream)
-                .map_err(|e| ConfigError::new(format!("{rp}.upstream"), format!("not a URL: {e}")))?;
+            let upstream = url::Url::parse(&r.upstream).map_err(|e| {
+                ConfigError::new(format!("{rp}.upstream"), format!("not a URL: {e}"))
+            })?;
             if upstream.scheme() != "http" {
-                return Err(ConfigError::new(format!("{rp}.upstream"), "only http:// upstreams are supported"));
+                return Err(ConfigError::new(
+                    format!("{rp}.upstream"),
+                    "only http:// upstreams are supported",
+                ));
             }
-            if upstream.host_str().is_none() || upstream.query().is_some() || upstream.fragment().is_some() {
-                return Err(ConfigError::new(format!("{rp}.upstream"), "must be scheme://host[:port][/path] without query"));
+            if upstream.host_str().is_none()
+                || upstream.query().is_some()
+                || upstream.fragment().is_some()
+            {
+                return Err(ConfigError::new(
+                    format!("{rp}.upstream"),
+                    "must be scheme://host[:port][/path] without query",
+                ));
             }
             let effectful_methods = match &r.effectful_methods {
-                None => ["POST", "PUT", "PATCH", "DELETE"].iter().map(|m| Method::from_bytes(m.as_bytes()).unwrap()).collect(),
+                None => ["POST", "PUT", "PATCH", "DELETE"]
+                    .iter()
+                    .map(|m| Method::from_bytes(m.as_bytes()).unwrap())
+                    .collect(),
                 Some(ms) => {
                     let mut out = Vec::new();
                     for (mi, m) in ms.iter().enumerate() {
                         let upper = m.to_ascii_uppercase();
                         let method = Method::from_bytes(upper.as_bytes()).map_err(|_| {
-                            ConfigError::new(format!("{rp}.effectful_methods[{mi}]"), format!("not an HTTP method: {m:?}"))
+                            ConfigError::new(
+                                format!("{rp}.effectful_methods[{mi}]"),
+                                format!("not an HTTP method: {m:?}"),
+                            )
                         })?;
                         out.push(method);
                     }
@@ -763,7 +955,10 @@ impl ConfigFile {
                 Some(ts) => {
                     for (i, t) in ts.iter().enumerate() {
                         if !tenants.contains(t) {
-                            return Err(ConfigError::new(format!("{rp}.tenants[{i}]"), format!("unknown tenant {t:?}")));
+                            return Err(ConfigError::new(
+                                format!("{rp}.tenants[{i}]"),
+                                format!("unknown tenant {t:?}"),
+                            ));
                         }
                     }
                     Some(ts.into_iter().collect())
@@ -772,53 +967,117 @@ impl ConfigFile {
             let provider_idempotency_header = match &r.provider_idempotency_header {
                 None => None,
                 Some(h) => Some(HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
-                    ConfigError::new(format!("{rp}.provider_idempotency_header"), format!("not a header name: {h:?}"))
+                    ConfigError::new(
+                        format!("{rp}.provider_idempotency_header"),
+                        format!("not a header name: {h:?}"),
+                    )
                 })?),
             };
             if r.connect_timeout_ms == 0 {
-                return Err(ConfigError::new(format!("{rp}.connect_timeout_ms"), "must be at least 1"));
+                return Err(ConfigError::new(
+                    format!("{rp}.connect_timeout_ms"),
+                    "must be at least 1",
+                ));
             }
             if r.response_timeout_ms == 0 {
-                return Err(ConfigError::new(format!("{rp}.response_timeout_ms"), "must be at least 1"));
+                return Err(ConfigError::new(
+                    format!("{rp}.response_timeout_ms"),
+                    "must be at least 1",
+                ));
             }
             if r.max_body_bytes == 0 {
-                return Err(ConfigError::new(format!("{rp}.max_body_bytes"), "must be at least 1"));
+                return Err(ConfigError::new(
+                    format!("{rp}.max_body_bytes"),
+                    "must be at least 1",
+                ));
             }
             if r.key_retention_hours == 0 {
-                return Err(ConfigError::new(format!("{rp}.key_retention_hours"), "must be at least 1"));
+                return Err(ConfigError::new(
+                    format!("{rp}.key_retention_hours"),
+                    "must be at least 1",
+                ));
             }
             if r.retry.max_attempts == 0 {
-                return Err(ConfigError::new(format!("{rp}.retry.max_attempts"), "must be at least 1"));
+                return Err(ConfigError::new(
+                    format!("{rp}.retry.max_attempts"),
+                    "must be at least 1",
+                ));
             }
+            let request_schema = match &r.request_schema {
+                None => None,
+                Some(p) => {
+                    let path = base_dir.join(p);
+                    let text = std::fs::read_to_string(&path).map_err(|e| {
+                        ConfigError::new(
+                            format!("{rp}.request_schema"),
+                            format!("cannot read {}: {e}", path.display()),
+                        )
+                    })?;
+                    let schema: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+                        ConfigError::new(
+                            format!("{rp}.request_schema"),
+                            format!("{} is not JSON: {e}", path.display()),
+                        )
+                    })?;
+                    let v = jsonschema::validator_for(&schema).map_err(|e| {
+                        ConfigError::new(
+                            format!("{rp}.request_schema"),
+                            format!("{} is not a valid JSON Schema: {e}", path.display()),
+                        )
+                    })?;
+                    Some(std::sync::Arc::new(v))
+                }
+            };
             let read_back = match &r.read_back {
                 None => None,
                 Some(rb) => Some(read_back(&format!("{rp}.read_back"), rb)?),
             };
             let stored_names: Vec<String> = match &r.stored_response_headers {
                 Some(v) => v.clone(),
-                None => DEFAULT_STORED_HEADERS.iter().map(|s| s.to_string()).collect(),
+                None => DEFAULT_STORED_HEADERS
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
             };
             let mut stored_response_headers = Vec::new();
             for (hi, h) in stored_names.iter().enumerate() {
-                stored_response_headers.push(HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
-                    ConfigError::new(format!("{rp}.stored_response_headers[{hi}]"), format!("not a header name: {h:?}"))
-                })?);
+                stored_response_headers.push(HeaderName::from_bytes(h.as_bytes()).map_err(
+                    |_| {
+                        ConfigError::new(
+                            format!("{rp}.stored_response_headers[{hi}]"),
+                            format!("not a header name: {h:?}"),
+                        )
+                    },
+                )?);
             }
             let mut inject_headers = Vec::new();
             for (ii, ih) in r.inject_headers.iter().enumerate() {
                 let ip = format!("{rp}.inject_headers[{ii}]");
-                let name = HeaderName::from_bytes(ih.name.as_bytes())
-                    .map_err(|_| ConfigError::new(format!("{ip}.name"), format!("not a header name: {:?}", ih.name)))?;
+                let name = HeaderName::from_bytes(ih.name.as_bytes()).map_err(|_| {
+                    ConfigError::new(
+                        format!("{ip}.name"),
+                        format!("not a header name: {:?}", ih.name),
+                    )
+                })?;
                 let secret = std::env::var(&ih.value_env).map_err(|_| {
-                    ConfigError::new(format!("{ip}.value_env"), format!("environment variable {} is not set", ih.value_env))
+                    ConfigError::new(
+                        format!("{ip}.value_env"),
+                        format!("environment variable {} is not set", ih.value_env),
+                    )
                 })?;
-                let mut value = HeaderValue::from_str(&format!("{}{}", ih.prefix, secret)).map_err(|_| {
-                    ConfigError::new(format!("{ip}.value_env"), "value is not a valid header value")
-                })?;
+                let mut value = HeaderValue::from_str(&format!("{}{}", ih.prefix, secret))
+                    .map_err(|_| {
+                        ConfigError::new(
+                            format!("{ip}.value_env"),
+                            "value is not a valid header value",
+                        )
+                    })?;
                 value.set_sensitive(true);
                 inject_headers.push((name, value));
             }
+            let client = crate::forward::client_for(r.connect_timeout_ms);
             routes.push(Route {
+                client,
                 name,
                 prefix: r.prefix,
                 upstream,
@@ -836,17 +1095,47 @@ impl ConfigFile {
                 retry: r.retry,
                 effect_class: r.effect_class,
                 read_back,
+                policy_fail_open: r.policy_fail_open,
+                request_schema,
             });
+        }
+        for (ti, t) in self.tenants.iter().enumerate() {
+            for (pi, b) in t.policies.iter().enumerate() {
+                if b.route != "*" && !names.contains(&b.route) {
+                    return Err(ConfigError::new(
+                        format!("tenants[{ti}].policies[{pi}].route"),
+                        format!("unknown route {:?}", b.route),
+                    ));
+                }
+                let mut b = b.clone();
+                b.module = base_dir.join(&b.module);
+                policy_bindings.push((t.id.clone(), b));
+            }
+        }
+        if self.policy.memory_bytes < 64 * 1024 {
+            return Err(ConfigError::new(
+                "policy.memory_bytes",
+                "must be at least 65536 (one wasm page)",
+            ));
+        }
+        if self.policy.deadline_ms == 0 {
+            return Err(ConfigError::new("policy.deadline_ms", "must be at least 1"));
         }
         let mut seen = BTreeSet::new();
         for (ri, r) in routes.iter().enumerate() {
             if !seen.insert(r.prefix.clone()) {
-                return Err(ConfigError::new(format!("routes[{ri}].prefix"), format!("duplicate prefix {:?}", r.prefix)));
+                return Err(ConfigError::new(
+                    format!("routes[{ri}].prefix"),
+                    format!("duplicate prefix {:?}", r.prefix),
+                ));
             }
         }
         routes.sort_by(|a, b| b.prefix.len().cmp(&a.prefix.len()));
         if self.reconcile.interval_ms == 0 {
-            return Err(ConfigError::new("reconcile.interval_ms", "must be at least 1"));
+            return Err(ConfigError::new(
+                "reconcile.interval_ms",
+                "must be at least 1",
+            ));
         }
         if self.reconcile.batch == 0 {
             return Err(ConfigError::new("reconcile.batch", "must be at least 1"));
@@ -860,34 +1149,58 @@ impl ConfigFile {
             tenants,
             routes,
             reconcile: self.reconcile,
+            policy_limits: self.policy,
+            policy_bindings,
+            source: source.map(Path::to_path_buf),
         })
     }
 }
 
 fn read_back(path: &str, rb: &ReadBackSpec) -> Result<ReadBack, ConfigError> {
-    let method = Method::from_bytes(rb.method.to_ascii_uppercase().as_bytes())
-        .map_err(|_| ConfigError::new(format!("{path}.method"), format!("not an HTTP method: {:?}", rb.method)))?;
+    let method = Method::from_bytes(rb.method.to_ascii_uppercase().as_bytes()).map_err(|_| {
+        ConfigError::new(
+            format!("{path}.method"),
+            format!("not an HTTP method: {:?}", rb.method),
+        )
+    })?;
     if !rb.path.starts_with('/') {
-        return Err(ConfigError::new(format!("{path}.path"), "must start with '/'"));
+        return Err(ConfigError::new(
+            format!("{path}.path"),
+            "must start with '/'",
+        ));
     }
-    let tpl = crate::template::Template::parse(&rb.path).map_err(|e| ConfigError::new(format!("{path}.path"), e))?;
+    let tpl = crate::template::Template::parse(&rb.path)
+        .map_err(|e| ConfigError::new(format!("{path}.path"), e))?;
     let mut headers = Vec::new();
     for (name, value) in &rb.headers {
-        let n = HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| ConfigError::new(format!("{path}.headers"), format!("not a header name: {name:?}")))?;
+        let n = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+            ConfigError::new(
+                format!("{path}.headers"),
+                format!("not a header name: {name:?}"),
+            )
+        })?;
         let t = crate::template::Template::parse(value)
             .map_err(|e| ConfigError::new(format!("{path}.headers.{name}"), e))?;
         headers.push((n, t));
     }
-    for (field, p) in [("found_pointer", Some(&rb.found_pointer)), ("reference_pointer", rb.reference_pointer.as_ref())] {
+    for (field, p) in [
+        ("found_pointer", Some(&rb.found_pointer)),
+        ("reference_pointer", rb.reference_pointer.as_ref()),
+    ] {
         if let Some(p) = p
             && !(p.is_empty() || p.starts_with('/'))
         {
-            return Err(ConfigError::new(format!("{path}.{field}"), "a JSON pointer is empty or starts with '/'"));
+            return Err(ConfigError::new(
+                format!("{path}.{field}"),
+                "a JSON pointer is empty or starts with '/'",
+            ));
         }
     }
     if rb.timeout_ms == 0 {
-        return Err(ConfigError::new(format!("{path}.timeout_ms"), "must be at least 1"));
+        return Err(ConfigError::new(
+            format!("{path}.timeout_ms"),
+            "must be at least 1",
+        ));
     }
     Ok(ReadBack {
         method,
@@ -912,14 +1225,19 @@ mod tests {
     }
 
     fn tempfile_dir() -> PathBuf {
-        let d = std::env::temp_dir().join(format!("eg-config-{}-{}", std::process::id(), rand::random::<u64>()));
+        let d = std::env::temp_dir().join(format!(
+            "eg-config-{}-{}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
         std::fs::create_dir_all(&d).unwrap();
         d
     }
 
     #[test]
     fn unknown_field_is_named_with_its_path() {
-        let e = parse("[[routes]]\nprefix = \"/a/\"\nupstream = \"http://x\"\nupstrem = 1\n").unwrap_err();
+        let e = parse("[[routes]]\nprefix = \"/a/\"\nupstream = \"http://x\"\nupstrem = 1\n")
+            .unwrap_err();
         assert_eq!(e.path, "routes[0].upstrem");
         assert!(e.message.contains("upstrem"), "{e}");
     }
@@ -932,7 +1250,10 @@ mod tests {
 
     #[test]
     fn plaintext_key_field_is_refused() {
-        let e = parse("[[tenants]]\nid = \"t\"\n[[tenants.keys]]\nrole = \"client\"\nkey = \"secret\"\n").unwrap_err();
+        let e = parse(
+            "[[tenants]]\nid = \"t\"\n[[tenants.keys]]\nrole = \"client\"\nkey = \"secret\"\n",
+        )
+        .unwrap_err();
         assert_eq!(e.path, "tenants[0].keys[0].key");
         assert!(e.message.contains("key"), "{e}");
     }

@@ -41,7 +41,9 @@ pub enum ApiError {
     #[error("invalid Idempotency-Key header: {0}")]
     IdempotencyKeyInvalid(String),
     /// 422: the key was already used with a different request (§2.7).
-    #[error("idempotency key {key:?} was already used for a different request (fingerprint mismatch)")]
+    #[error(
+        "idempotency key {key:?} was already used for a different request (fingerprint mismatch)"
+    )]
     FingerprintMismatch {
         /// The key.
         key: String,
@@ -67,7 +69,9 @@ pub enum ApiError {
     },
     /// 409: the operation stopped running automatically (dead letter) and
     /// waits for an operator.
-    #[error("operation {operation_id:?} is on the terminal route ({reason}); an operator must requeue or resolve it")]
+    #[error(
+        "operation {operation_id:?} is on the terminal route ({reason}); an operator must requeue or resolve it"
+    )]
     DeadLettered {
         /// The operation.
         operation_id: String,
@@ -77,6 +81,31 @@ pub enum ApiError {
     /// 409: the requested action is not allowed in the operation's state or by policy.
     #[error("{0}")]
     Conflict(String),
+    /// 4xx chosen by a policy: the request was denied.
+    #[error("denied by policy {policy}: {reason}")]
+    PolicyDenied {
+        /// The 4xx status the policy chose.
+        status: StatusCode,
+        /// The policy.
+        policy: String,
+        /// Its reason.
+        reason: String,
+    },
+    /// 503: a policy trapped, timed out or ran out of memory, and the route
+    /// fails closed. Nothing was forwarded.
+    #[error("policy {policy} failed: {detail}")]
+    PolicyFailed {
+        /// The policy.
+        policy: String,
+        /// What happened.
+        detail: String,
+    },
+    /// 422: the body does not satisfy the route's request contract (JSON Schema).
+    #[error("the request body does not satisfy the route's contract")]
+    ContractViolation {
+        /// `[{pointer, message}]`.
+        errors: Vec<(String, String)>,
+    },
     /// 413: the request body exceeds the route's `max_body_bytes`.
     #[error("request body exceeds the route's limit of {limit} bytes")]
     PayloadTooLarge {
@@ -115,6 +144,9 @@ impl ApiError {
             ApiError::InFlight { .. } => "operation-in-flight",
             ApiError::OutcomeUnknown { .. } => "operation-outcome-unknown",
             ApiError::DeadLettered { .. } => "operation-dead-lettered",
+            ApiError::PolicyDenied { .. } => "policy-denied",
+            ApiError::PolicyFailed { .. } => "policy-failed",
+            ApiError::ContractViolation { .. } => "contract-violation",
             ApiError::Conflict(_) => "conflict",
             ApiError::PayloadTooLarge { .. } => "payload-too-large",
             ApiError::BadRequest { .. } => "bad-request",
@@ -130,11 +162,16 @@ impl ApiError {
             ApiError::Unauthenticated => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::IdempotencyKeyMissing { .. } | ApiError::IdempotencyKeyInvalid(_) => StatusCode::BAD_REQUEST,
+            ApiError::IdempotencyKeyMissing { .. } | ApiError::IdempotencyKeyInvalid(_) => {
+                StatusCode::BAD_REQUEST
+            }
             ApiError::FingerprintMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::InFlight { .. } => StatusCode::CONFLICT,
             ApiError::OutcomeUnknown { status, .. } => *status,
             ApiError::DeadLettered { .. } | ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::PolicyDenied { status, .. } => *status,
+            ApiError::PolicyFailed { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::ContractViolation { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::ProviderUnreachable(_) => StatusCode::BAD_GATEWAY,
@@ -147,8 +184,14 @@ impl ApiError {
     pub fn problem(&self) -> Value {
         let status = self.status();
         let mut body = Map::new();
-        body.insert("type".into(), json!(format!("urn:effectgate:problem:{}", self.kind())));
-        body.insert("title".into(), json!(status.canonical_reason().unwrap_or("Error")));
+        body.insert(
+            "type".into(),
+            json!(format!("urn:effectgate:problem:{}", self.kind())),
+        );
+        body.insert(
+            "title".into(),
+            json!(status.canonical_reason().unwrap_or("Error")),
+        );
         body.insert("status".into(), json!(status.as_u16()));
         body.insert("detail".into(), json!(self.to_string()));
         match self {
@@ -159,16 +202,39 @@ impl ApiError {
                 body.insert("field".into(), json!("header:Idempotency-Key"));
                 body.insert("operation_id".into(), json!(key));
             }
-            ApiError::InFlight { operation_id, .. } | ApiError::OutcomeUnknown { operation_id, .. } => {
+            ApiError::InFlight { operation_id, .. }
+            | ApiError::OutcomeUnknown { operation_id, .. } => {
                 body.insert("operation_id".into(), json!(operation_id));
             }
-            ApiError::DeadLettered { operation_id, reason } => {
+            ApiError::DeadLettered {
+                operation_id,
+                reason,
+            } => {
                 body.insert("operation_id".into(), json!(operation_id));
                 body.insert("reason".into(), json!(reason));
             }
             ApiError::PayloadTooLarge { limit } => {
                 body.insert("field".into(), json!("body"));
                 body.insert("limit_bytes".into(), json!(limit));
+            }
+            ApiError::PolicyDenied { policy, reason, .. } => {
+                body.insert("policy".into(), json!(policy));
+                body.insert("reason".into(), json!(reason));
+            }
+            ApiError::PolicyFailed { policy, .. } => {
+                body.insert("policy".into(), json!(policy));
+            }
+            ApiError::ContractViolation { errors } => {
+                body.insert("field".into(), json!("body"));
+                body.insert(
+                    "errors".into(),
+                    json!(
+                        errors
+                            .iter()
+                            .map(|(p, m)| json!({"pointer": p, "message": m}))
+                            .collect::<Vec<_>>()
+                    ),
+                );
             }
             ApiError::BadRequest { field, .. } => {
                 body.insert("field".into(), json!(field));

@@ -33,13 +33,19 @@ use tokio::sync::oneshot;
 use crate::app::AppState;
 use crate::config::{RetryMode, Route};
 use crate::error::ApiError;
-use crate::forward::{add_route_headers, build_request, from_pairs, strip_hop_by_hop, upstream_uri};
+use crate::forward::{
+    add_route_headers, build_request, from_pairs, strip_hop_by_hop, upstream_uri,
+};
 use crate::ledger::{Claim, DeadLetter, Operation, Outcome, State as OpState};
+use crate::policy::FailureClass;
 
 /// How one attempt ended.
 enum Attempt {
     /// A response head arrived (any status) and the body was read.
-    Response { head: http::response::Parts, body: ReadBody },
+    Response {
+        head: http::response::Parts,
+        body: ReadBody,
+    },
     /// Nothing was written: the connection could not be made.
     ConnectFailed(String),
     /// The request may have been sent; no usable answer came back.
@@ -58,7 +64,7 @@ enum ReadBody {
 
 /// Lease length for an attempt on `route`, in ms.
 pub fn lease_ms(app: &AppState, route: &Route) -> i64 {
-    (route.response_timeout_ms + app.settings.limits.lease_margin_ms) as i64
+    (route.response_timeout_ms + app.settings().limits.lease_margin_ms) as i64
 }
 
 /// Attempts allowed in all for `op` on `route` (grows with each requeue).
@@ -71,14 +77,24 @@ pub fn attempt_budget(route: &Route, op: &Operation) -> i64 {
 /// the route's retry mode is `background` and a transient failure occurred,
 /// or when `retry.max_wait_ms` passes first. The task goes on either way, so
 /// a caller that hangs up never strands an operation.
-pub async fn execute_for_caller(app: &AppState, route: &Route, op: Operation, claim: Claim) -> Response {
+pub async fn execute_for_caller(
+    app: &AppState,
+    route: &Route,
+    op: Operation,
+    claim: Claim,
+) -> Response {
     let (tx, rx) = oneshot::channel();
     let operation_id = op.operation_id.clone();
     tokio::spawn(run(app.clone(), route.clone(), op, claim, Some(tx)));
     match tokio::time::timeout(Duration::from_millis(route.retry.max_wait_ms), rx).await {
         Ok(Ok(resp)) => resp,
-        Ok(Err(_)) => ApiError::Internal("the execution task ended without an answer".into()).into_response(),
-        Err(_) => accepted(&operation_id, "the provider has not answered within the route's wait bound"),
+        Ok(Err(_)) => {
+            ApiError::Internal("the execution task ended without an answer".into()).into_response()
+        }
+        Err(_) => accepted(
+            &operation_id,
+            "the provider has not answered within the route's wait bound",
+        ),
     }
 }
 
@@ -91,7 +107,8 @@ fn accepted(operation_id: &str, why: &str) -> Response {
                            Re-send the same request (same Idempotency-Key) to get the result."),
     });
     let mut r = (StatusCode::ACCEPTED, axum::Json(body)).into_response();
-    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     r
 }
 
@@ -134,30 +151,55 @@ async fn run_inner(
     let ledger = &app.ledger;
     let owner: &str = &app.instance_id;
     let lease_ms = lease_ms(app, route);
-    let client = app.clients.get(&route.name).ok_or_else(|| ApiError::Internal("route without client".into()))?;
+    let client = &route.client;
     let uri = upstream_uri(route, &op.path, op.query.as_deref())?;
     let mut headers = from_pairs(&op.request_headers);
     add_route_headers(route, &mut headers, Some(&op.provider_key));
-    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(op.request_body.len()));
-    let method: http::Method = op.method.parse().map_err(|_| ApiError::Internal("stored method".into()))?;
+    headers.insert(
+        header::CONTENT_LENGTH,
+        HeaderValue::from(op.request_body.len()),
+    );
+    let method: http::Method = op
+        .method
+        .parse()
+        .map_err(|_| ApiError::Internal("stored method".into()))?;
     let body = Bytes::from(op.request_body.clone());
     let budget = attempt_budget(route, op);
 
     let mut attempt_no = claim.attempt;
     let mut retry_no: u32 = 1;
     loop {
-        let req = build_request(method.clone(), uri.clone(), headers.clone(), Body::from(body.clone()));
+        let req = build_request(
+            method.clone(),
+            uri.clone(),
+            headers.clone(),
+            Body::from(body.clone()),
+        );
         let result = attempt(app, client, req, route, op, claim.fence, lease_ms).await;
 
+        // The tenant's classifier policies may override the gateway's rules
+        // for a failed response.
+        let policy_class = match &result {
+            Attempt::Response { head, body } if !head.status.is_success() => {
+                classify_by_policy(app, route, op, head, body)
+            }
+            _ => None,
+        };
         // Transient: retry within budget, same provider key.
         let transient = match &result {
             Attempt::ConnectFailed(d) => Some((None, "connect-failed".to_owned(), d.clone(), None)),
-            Attempt::Response { head, .. } if matches!(head.status.as_u16(), 429 | 503) => Some((
-                Some(head.status.as_u16()),
-                format!("status-{}", head.status.as_u16()),
-                format!("provider answered {}", head.status),
-                retry_after_ms(&head.headers),
-            )),
+            Attempt::Response { .. } if policy_class == Some(FailureClass::Permanent) => None,
+            Attempt::Response { head, .. }
+                if matches!(head.status.as_u16(), 429 | 503)
+                    || policy_class == Some(FailureClass::Transient) =>
+            {
+                Some((
+                    Some(head.status.as_u16()),
+                    format!("status-{}", head.status.as_u16()),
+                    format!("provider answered {}", head.status),
+                    retry_after_ms(&head.headers),
+                ))
+            }
             _ => None,
         };
         if let Some((status, kind, detail, retry_after)) = &transient
@@ -165,7 +207,15 @@ async fn run_inner(
             && let Some(delay) = backoff_ms(route, retry_no, *retry_after)
         {
             let ok = ledger
-                .note_retry(&op.tenant_id, &op.operation_id, claim.fence, *status, kind, detail, lease_ms + delay as i64)
+                .note_retry(
+                    &op.tenant_id,
+                    &op.operation_id,
+                    claim.fence,
+                    *status,
+                    kind,
+                    detail,
+                    lease_ms + delay as i64,
+                )
                 .await?;
             if !ok {
                 return Ok((None, fenced_off(&op.operation_id)));
@@ -175,7 +225,10 @@ async fn run_inner(
             if route.retry.mode == RetryMode::Background
                 && let Some(tx) = reply.take()
             {
-                let _ = tx.send(accepted(&op.operation_id, &format!("attempt {attempt_no} failed ({kind})")));
+                let _ = tx.send(accepted(
+                    &op.operation_id,
+                    &format!("attempt {attempt_no} failed ({kind})"),
+                ));
             }
             tokio::time::sleep(Duration::from_millis(delay)).await;
             retry_no += 1;
@@ -184,9 +237,18 @@ async fn run_inner(
         }
 
         let now = ledger.clock().now_ms();
-        let (outcome, answer) = classify(result, transient.is_some(), route, op, now);
+        let (outcome, answer) = classify(result, transient.is_some(), policy_class, route, op, now);
         crate::failpoint::hit("before-record");
-        let recorded = ledger.record_outcome(&op.tenant_id, &op.operation_id, claim.fence, OpState::Executing, owner, &outcome).await?;
+        let recorded = ledger
+            .record_outcome(
+                &op.tenant_id,
+                &op.operation_id,
+                claim.fence,
+                OpState::Executing,
+                owner,
+                &outcome,
+            )
+            .await?;
         if !recorded {
             return Ok((None, fenced_off(&op.operation_id)));
         }
@@ -204,7 +266,9 @@ async fn run_inner(
 fn fenced_off(operation_id: &str) -> Response {
     ApiError::OutcomeUnknown {
         operation_id: operation_id.to_owned(),
-        detail: "a newer claim took over this operation; its outcome will be recorded by that owner".into(),
+        detail:
+            "a newer claim took over this operation; its outcome will be recorded by that owner"
+                .into(),
         status: StatusCode::CONFLICT,
     }
     .into_response()
@@ -233,13 +297,26 @@ async fn attempt(
                 };
             }
             Ok(Err(e)) if e.is_connect() => return Attempt::ConnectFailed(error_chain(&e)),
-            Ok(Err(e)) => return Attempt::Lost { kind: "connection-lost", detail: error_chain(&e) },
+            Ok(Err(e)) => {
+                return Attempt::Lost {
+                    kind: "connection-lost",
+                    detail: error_chain(&e),
+                };
+            }
             Ok(Ok(r)) => r,
         };
         let (head, body) = resp.into_parts();
-        let body = match tokio::time::timeout_at(deadline, read_bounded(body, route.max_stored_response_bytes)).await {
+        let body = match tokio::time::timeout_at(
+            deadline,
+            read_bounded(body, route.max_stored_response_bytes),
+        )
+        .await
+        {
             Ok(b) => b,
-            Err(_) => ReadBody::Broken(Bytes::new(), "response body not complete within the response timeout".into()),
+            Err(_) => ReadBody::Broken(
+                Bytes::new(),
+                "response body not complete within the response timeout".into(),
+            ),
         };
         Attempt::Response { head, body }
     };
@@ -294,7 +371,14 @@ async fn read_bounded(mut body: Incoming, limit: usize) -> ReadBody {
 /// `Retry-After` in ms (delay-seconds, RFC 9110 §10.2.3; an HTTP-date is
 /// ignored and the backoff applies).
 fn retry_after_ms(headers: &HeaderMap) -> Option<u64> {
-    headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim().parse::<u64>().ok().map(|s| s.saturating_mul(1000))
+    headers
+        .get(header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .map(|s| s.saturating_mul(1000))
 }
 
 /// Full-jitter exponential backoff for retry number `n` (1 = first retry):
@@ -303,8 +387,15 @@ fn retry_after_ms(headers: &HeaderMap) -> Option<u64> {
 /// `max_retry_after_ms`.
 pub fn backoff_ms(route: &Route, n: u32, retry_after: Option<u64>) -> Option<u64> {
     let r = &route.retry;
-    let exp = r.base_delay_ms.saturating_mul(1u64 << (n.max(1) - 1).min(30)).min(r.max_delay_ms);
-    let jitter = if exp == 0 { 0 } else { rand::random_range(0..=exp) };
+    let exp = r
+        .base_delay_ms
+        .saturating_mul(1u64 << (n.max(1) - 1).min(30))
+        .min(r.max_delay_ms);
+    let jitter = if exp == 0 {
+        0
+    } else {
+        rand::random_range(0..=exp)
+    };
     match retry_after {
         Some(ra) if ra > r.max_retry_after_ms => None,
         Some(ra) => Some(jitter.max(ra)),
@@ -316,7 +407,12 @@ fn stored_headers(route: &Route, headers: &HeaderMap) -> Vec<(String, String)> {
     route
         .stored_response_headers
         .iter()
-        .flat_map(|n| headers.get_all(n).iter().filter_map(move |v| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned()))))
+        .flat_map(|n| {
+            headers
+                .get_all(n)
+                .iter()
+                .filter_map(move |v| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+        })
         .collect()
 }
 
@@ -331,9 +427,51 @@ fn exhausted(op: &Operation, last: &str) -> DeadLetter {
     }
 }
 
+/// Asks the tenant's policies on the route how to treat a failed response;
+/// `None` when there are none or they have no opinion.
+fn classify_by_policy(
+    app: &AppState,
+    route: &Route,
+    op: &Operation,
+    head: &http::response::Parts,
+    body: &ReadBody,
+) -> Option<FailureClass> {
+    let rt = app.settings();
+    let policies = rt.policies.for_route(&op.tenant_id, &route.name);
+    if policies.is_empty() {
+        return None;
+    }
+    let bytes = match body {
+        ReadBody::Whole(b) | ReadBody::Overflow(b, _) | ReadBody::Broken(b, _) => b,
+    };
+    let head = crate::policy::bindings::ResponseHead {
+        status: head.status.as_u16(),
+        headers: crate::forward::to_pairs(&head.headers)
+            .into_iter()
+            .map(|(name, value)| crate::policy::bindings::Header { name, value })
+            .collect(),
+    };
+    match crate::policy::classify_failure(&app.engine, policies, &op.tenant_id, &head, bytes) {
+        FailureClass::Unknown => None,
+        c => Some(c),
+    }
+}
+
 /// Turns the final attempt into the ledger outcome and the caller's answer.
-fn classify(result: Attempt, transient: bool, route: &Route, op: &Operation, now: i64) -> (Outcome, Response) {
-    let settle = now.saturating_add(route.read_back.as_ref().map_or(0, |rb| rb.settle_delay_ms as i64));
+fn classify(
+    result: Attempt,
+    transient: bool,
+    policy_class: Option<FailureClass>,
+    route: &Route,
+    op: &Operation,
+    now: i64,
+) -> (Outcome, Response) {
+    let settle = now.saturating_add(
+        route
+            .read_back
+            .as_ref()
+            .map_or(0, |rb| rb.settle_delay_ms as i64),
+    );
     // Only routes with a read-back are scheduled for automatic reconciliation.
     let next = route.read_back.as_ref().map(|_| now);
     match result {
@@ -346,34 +484,64 @@ fn classify(result: Attempt, transient: bool, route: &Route, op: &Operation, now
             (o, ApiError::ProviderUnreachable(detail).into_response())
         }
         Attempt::Lost { kind, detail } => {
-            let mut o = Outcome::new(OpState::Unknown, "outcome unknown after the request was sent");
+            let mut o = Outcome::new(
+                OpState::Unknown,
+                "outcome unknown after the request was sent",
+            );
             o.error_kind = Some(kind.into());
             o.error_detail = Some(detail.clone());
             o.attempt_outcome = Some(kind.into());
             o.next_reconcile_at = next;
             o.settle_until = Some(settle);
-            let status = if kind == "timeout" { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY };
-            (o, ApiError::OutcomeUnknown { operation_id: op.operation_id.clone(), detail, status }.into_response())
+            let status = if kind == "timeout" {
+                StatusCode::GATEWAY_TIMEOUT
+            } else {
+                StatusCode::BAD_GATEWAY
+            };
+            (
+                o,
+                ApiError::OutcomeUnknown {
+                    operation_id: op.operation_id.clone(),
+                    detail,
+                    status,
+                }
+                .into_response(),
+            )
         }
         Attempt::Response { head, body } => {
             let code = head.status.as_u16();
             let mut o = match code {
                 200..=299 => Outcome::new(OpState::Completed, "provider applied the effect"),
                 _ if transient => {
-                    let mut o = Outcome::new(OpState::Failed, format!("retries exhausted: provider answered {code}"));
+                    let mut o = Outcome::new(
+                        OpState::Failed,
+                        format!("retries exhausted: provider answered {code}"),
+                    );
                     o.error_kind = Some("retries-exhausted".into());
                     o.dead_letter = Some(exhausted(op, &format!("status {code}")));
                     o
                 }
+                _ if policy_class == Some(FailureClass::Permanent) => {
+                    let mut o = Outcome::new(
+                        OpState::Failed,
+                        format!("provider refused with {code} (permanent by policy)"),
+                    );
+                    o.error_kind = Some("permanent".into());
+                    o
+                }
                 500..=599 if code != 501 && code != 505 => {
-                    let mut o = Outcome::new(OpState::Unknown, format!("provider answered {code}; the effect may have been applied"));
+                    let mut o = Outcome::new(
+                        OpState::Unknown,
+                        format!("provider answered {code}; the effect may have been applied"),
+                    );
                     o.error_kind = Some("provider-5xx".into());
                     o.next_reconcile_at = next;
                     o.settle_until = Some(settle);
                     o
                 }
                 _ => {
-                    let mut o = Outcome::new(OpState::Failed, format!("provider refused with {code}"));
+                    let mut o =
+                        Outcome::new(OpState::Failed, format!("provider refused with {code}"));
                     o.error_kind = Some("permanent".into());
                     o
                 }
@@ -391,7 +559,10 @@ fn classify(result: Attempt, transient: bool, route: &Route, op: &Operation, now
                     o.response_body_omitted = true;
                     let rest = http_body_util::BodyStream::new(rest)
                         .filter_map(|f| async move { f.map(|f| f.into_data().ok()).transpose() });
-                    Body::from_stream(futures_util::stream::once(async move { Ok::<_, hyper::Error>(prefix) }).chain(rest))
+                    Body::from_stream(
+                        futures_util::stream::once(async move { Ok::<_, hyper::Error>(prefix) })
+                            .chain(rest),
+                    )
                 }
                 ReadBody::Broken(prefix, err) => {
                     o.response_body_omitted = true;

@@ -17,12 +17,14 @@ use crate::error::ApiError;
 /// The outbound HTTP client of one route (its connect timeout is per route).
 pub type HttpClient = Client<HttpConnector, Body>;
 
-/// Builds the client for a route: HTTP/1.1, pooled, `connect_timeout_ms`.
-pub fn client_for(route: &Route) -> HttpClient {
+/// Builds a route's client: HTTP/1.1, pooled, with `connect_timeout_ms`.
+pub fn client_for(connect_timeout_ms: u64) -> HttpClient {
     let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(Duration::from_millis(route.connect_timeout_ms)));
+    connector.set_connect_timeout(Some(Duration::from_millis(connect_timeout_ms)));
     connector.set_nodelay(true);
-    Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector)
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(connector)
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) plus proxy credentials; never forwarded.
@@ -56,7 +58,11 @@ fn connection_listed(headers: &HeaderMap) -> Vec<String> {
 /// Removes hop-by-hop headers from a response's headers in place.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let listed = connection_listed(headers);
-    let names: Vec<HeaderName> = headers.keys().filter(|n| is_hop_by_hop(n, &listed)).cloned().collect();
+    let names: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| is_hop_by_hop(n, &listed))
+        .cloned()
+        .collect();
     for n in names {
         headers.remove(n);
     }
@@ -75,7 +81,10 @@ pub fn upstream_uri(route: &Route, rest: &str, query: Option<&str>) -> Result<Ur
         s.push('?');
         s.push_str(q);
     }
-    s.parse().map_err(|_| ApiError::BadRequest { field: "path".into(), message: "the request path is not a valid URI".into() })
+    s.parse().map_err(|_| ApiError::BadRequest {
+        field: "path".into(),
+        message: "the request path is not a valid URI".into(),
+    })
 }
 
 /// The caller's headers as forwarded: drops hop-by-hop headers, `Host`,
@@ -101,7 +110,9 @@ pub fn caller_headers(route: &Route, incoming: &HeaderMap, peer: Option<SocketAd
         out.append(name.clone(), value.clone());
     }
     if let Some(peer) = peer {
-        let prior = incoming.get("x-forwarded-for").and_then(|v| v.to_str().ok());
+        let prior = incoming
+            .get("x-forwarded-for")
+            .and_then(|v| v.to_str().ok());
         let xff = match prior {
             Some(p) => format!("{p}, {}", peer.ip()),
             None => peer.ip().to_string(),
@@ -133,14 +144,19 @@ pub fn add_route_headers(route: &Route, out: &mut HeaderMap, provider_key: Optio
 /// Headers as a storable list of (name, value) pairs; values that are not
 /// visible ASCII are dropped.
 pub fn to_pairs(h: &HeaderMap) -> Vec<(String, String)> {
-    h.iter().filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned()))).collect()
+    h.iter()
+        .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+        .collect()
 }
 
 /// The reverse of [`to_pairs`].
 pub fn from_pairs(pairs: &[(String, String)]) -> HeaderMap {
     let mut h = HeaderMap::with_capacity(pairs.len());
     for (n, v) in pairs {
-        if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(n.as_bytes()), HeaderValue::from_str(v)) {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(n.as_bytes()),
+            HeaderValue::from_str(v),
+        ) {
             h.append(n, v);
         }
     }
@@ -148,7 +164,12 @@ pub fn from_pairs(pairs: &[(String, String)]) -> HeaderMap {
 }
 
 /// A request ready to send.
-pub fn build_request(method: Method, uri: Uri, headers: HeaderMap, body: Body) -> http::Request<Body> {
+pub fn build_request(
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> http::Request<Body> {
     let mut req = http::Request::new(body);
     *req.method_mut() = method;
     *req.uri_mut() = uri;

@@ -31,9 +31,13 @@ pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 /// visible ASCII; it is empty; or it is longer than `max_len` characters.
 pub fn parse_key(headers: &HeaderMap, max_len: usize) -> Result<Option<String>, ApiError> {
     let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
-    let Some(raw) = values.next() else { return Ok(None) };
+    let Some(raw) = values.next() else {
+        return Ok(None);
+    };
     if values.next().is_some() {
-        return Err(ApiError::IdempotencyKeyInvalid("the header appears more than once".into()));
+        return Err(ApiError::IdempotencyKeyInvalid(
+            "the header appears more than once".into(),
+        ));
     }
     let raw = raw
         .to_str()
@@ -51,17 +55,25 @@ pub fn parse_key(headers: &HeaderMap, max_len: usize) -> Result<Option<String>, 
         return Err(ApiError::IdempotencyKeyInvalid("the key is empty".into()));
     }
     if key.chars().count() > max_len {
-        return Err(ApiError::IdempotencyKeyInvalid(format!("the key is longer than {max_len} characters")));
+        return Err(ApiError::IdempotencyKeyInvalid(format!(
+            "the key is longer than {max_len} characters"
+        )));
     }
     if !key.bytes().all(|b| (0x20..0x7f).contains(&b)) {
-        return Err(ApiError::IdempotencyKeyInvalid("the key must be printable ASCII".into()));
+        return Err(ApiError::IdempotencyKeyInvalid(
+            "the key must be printable ASCII".into(),
+        ));
     }
     Ok(Some(key))
 }
 
 /// The unquoted form: visible ASCII without spaces, quotes, commas or semicolons.
 fn bare_key(raw: &str) -> Result<String, ApiError> {
-    if !raw.is_empty() && raw.bytes().all(|b| b.is_ascii_graphic() && !b"\",;\\".contains(&b)) {
+    if !raw.is_empty()
+        && raw
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && !b"\",;\\".contains(&b))
+    {
         Ok(raw.to_owned())
     } else {
         Err(ApiError::IdempotencyKeyInvalid(
@@ -72,7 +84,9 @@ fn bare_key(raw: &str) -> Result<String, ApiError> {
 
 /// How a body is canonicalised for the fingerprint.
 fn canonical_body(content_type: Option<&str>, body: &[u8]) -> Vec<u8> {
-    let mime = content_type.and_then(|c| c.split(';').next()).map(|c| c.trim().to_ascii_lowercase());
+    let mime = content_type
+        .and_then(|c| c.split(';').next())
+        .map(|c| c.trim().to_ascii_lowercase());
     match mime.as_deref() {
         Some(m) if m == "application/json" || m.ends_with("+json") => {
             // RFC 8785 JSON Canonicalization Scheme: key order and
@@ -86,9 +100,12 @@ fn canonical_body(content_type: Option<&str>, body: &[u8]) -> Vec<u8> {
             }
         }
         Some("application/x-www-form-urlencoded") => {
-            let mut pairs: Vec<(String, String)> = form_urlencoded::parse(body).into_owned().collect();
+            let mut pairs: Vec<(String, String)> =
+                form_urlencoded::parse(body).into_owned().collect();
             pairs.sort();
-            let enc = form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs).finish();
+            let enc = form_urlencoded::Serializer::new(String::new())
+                .extend_pairs(pairs)
+                .finish();
             enc.into_bytes()
         }
         _ => body.to_vec(),
@@ -97,10 +114,13 @@ fn canonical_body(content_type: Option<&str>, body: &[u8]) -> Vec<u8> {
 
 /// The canonical query: pairs decoded, sorted, re-encoded.
 fn canonical_query(query: Option<&str>) -> String {
-    let mut pairs: Vec<(String, String)> =
-        form_urlencoded::parse(query.unwrap_or("").as_bytes()).into_owned().collect();
+    let mut pairs: Vec<(String, String)> = form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .into_owned()
+        .collect();
     pairs.sort();
-    form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs).finish()
+    form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(pairs)
+        .finish()
 }
 
 /// The request fingerprint (draft §2.4): lower-case hex sha256 over the
@@ -136,7 +156,8 @@ pub fn fingerprint(
 /// every attempt of one operation carries the same key; tenant-scoped, so
 /// two tenants' equal keys never collide at the provider.
 pub fn provider_key(secret: &[u8], tenant: &str, operation_id: &str) -> String {
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC accepts any key length");
+    let mut mac =
+        <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC accepts any key length");
     mac.update(tenant.as_bytes());
     mac.update(&[0]);
     mac.update(operation_id.as_bytes());
@@ -159,10 +180,15 @@ mod tests {
 
     #[test]
     fn parses_string_token_and_bare_forms() {
-        assert_eq!(parse_key(&hm(&["\"abc 1\""]), 255).unwrap().unwrap(), "abc 1");
+        assert_eq!(
+            parse_key(&hm(&["\"abc 1\""]), 255).unwrap().unwrap(),
+            "abc 1"
+        );
         assert_eq!(parse_key(&hm(&["k1"]), 255).unwrap().unwrap(), "k1");
         assert_eq!(
-            parse_key(&hm(&["8e03978e-40d5-43e8-bc93-6894a57f9324"]), 255).unwrap().unwrap(),
+            parse_key(&hm(&["8e03978e-40d5-43e8-bc93-6894a57f9324"]), 255)
+                .unwrap()
+                .unwrap(),
             "8e03978e-40d5-43e8-bc93-6894a57f9324"
         );
         assert!(parse_key(&HeaderMap::new(), 255).unwrap().is_none());
@@ -180,7 +206,14 @@ mod tests {
 
     #[test]
     fn json_fingerprint_ignores_key_order_and_whitespace() {
-        let a = fingerprint("POST", "r", "/v1/c", None, Some("application/json"), br#"{"amount":100,"currency":"eur"}"#);
+        let a = fingerprint(
+            "POST",
+            "r",
+            "/v1/c",
+            None,
+            Some("application/json"),
+            br#"{"amount":100,"currency":"eur"}"#,
+        );
         let b = fingerprint(
             "POST",
             "r",
@@ -190,7 +223,14 @@ mod tests {
             br#"{ "currency": "eur", "amount": 100 }"#,
         );
         assert_eq!(a, b);
-        let c = fingerprint("POST", "r", "/v1/c", None, Some("application/json"), br#"{"amount":101,"currency":"eur"}"#);
+        let c = fingerprint(
+            "POST",
+            "r",
+            "/v1/c",
+            None,
+            Some("application/json"),
+            br#"{"amount":101,"currency":"eur"}"#,
+        );
         assert_ne!(a, c);
     }
 
@@ -199,9 +239,15 @@ mod tests {
         let f = |ct: &str, b: &[u8]| fingerprint("POST", "r", "/p", Some("b=2&a=1"), Some(ct), b);
         let ct = "application/x-www-form-urlencoded";
         assert_eq!(f(ct, b"x=1&y=2"), f(ct, b"y=2&x=1"));
-        assert_eq!(f(ct, b"x=1"), fingerprint("POST", "r", "/p", Some("a=1&b=2"), Some(ct), b"x=1"));
+        assert_eq!(
+            f(ct, b"x=1"),
+            fingerprint("POST", "r", "/p", Some("a=1&b=2"), Some(ct), b"x=1")
+        );
         assert_ne!(f("text/plain", b"x=1&y=2"), f("text/plain", b"y=2&x=1"));
-        assert_ne!(fingerprint("POST", "r", "/p", None, None, b""), fingerprint("PUT", "r", "/p", None, None, b""));
+        assert_ne!(
+            fingerprint("POST", "r", "/p", None, None, b""),
+            fingerprint("PUT", "r", "/p", None, None, b"")
+        );
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub mod forward;
 pub mod idempotency;
 pub mod ledger;
 pub mod metrics;
+pub mod policy;
 pub mod proxy;
 pub mod reconcile;
 pub mod template;

@@ -14,6 +14,8 @@
 //! | `effectgate_dead_letters` | gauge | `tenant` |
 //! | `effectgate_dead_letter_oldest_age_seconds` | gauge | `tenant` |
 //! | `effectgate_upstream_latency_seconds` | histogram (summary) | `route` |
+//! | `effectgate_policy_evaluation_seconds` | histogram (summary) | — |
+//! | `effectgate_policy_failures_total` | counter | `kind` (`timeout`, `out-of-memory`, `trap`, …) |
 //!
 //! Cardinality: `route` takes only configured route names and `tenant` only
 //! configured tenant ids, so the series count is bounded by the config. A
@@ -47,11 +49,20 @@ pub fn handle() -> PrometheusHandle {
 
 /// A request on `route` ended with `outcome`.
 pub fn request(route: &str, outcome: &'static str) {
-    counter!("effectgate_requests_total", "route" => route.to_owned(), "outcome" => outcome).increment(1);
+    counter!("effectgate_requests_total", "route" => route.to_owned(), "outcome" => outcome)
+        .increment(1);
     match outcome {
-        "replayed" => counter!("effectgate_replays_total", "route" => route.to_owned()).increment(1),
-        "fingerprint-mismatch" => counter!("effectgate_fingerprint_mismatches_total", "route" => route.to_owned()).increment(1),
-        "in-flight" => counter!("effectgate_in_flight_conflicts_total", "route" => route.to_owned()).increment(1),
+        "replayed" => {
+            counter!("effectgate_replays_total", "route" => route.to_owned()).increment(1)
+        }
+        "fingerprint-mismatch" => {
+            counter!("effectgate_fingerprint_mismatches_total", "route" => route.to_owned())
+                .increment(1)
+        }
+        "in-flight" => {
+            counter!("effectgate_in_flight_conflicts_total", "route" => route.to_owned())
+                .increment(1)
+        }
         _ => {}
     }
 }
@@ -79,12 +90,22 @@ pub fn stale_fence() {
 
 /// Time from sending to the end of the provider's response.
 pub fn upstream_latency(route: &str, d: Duration) {
-    histogram!("effectgate_upstream_latency_seconds", "route" => route.to_owned()).record(d.as_secs_f64());
+    histogram!("effectgate_upstream_latency_seconds", "route" => route.to_owned())
+        .record(d.as_secs_f64());
+}
+
+/// A policy call took `d`; `failure` is its failure kind, if it failed.
+pub fn policy_call(d: Duration, failure: Option<&'static str>) {
+    histogram!("effectgate_policy_evaluation_seconds").record(d.as_secs_f64());
+    if let Some(kind) = failure {
+        counter!("effectgate_policy_failures_total", "kind" => kind).increment(1);
+    }
 }
 
 /// Sets the per-tenant gauges (called on each scrape).
 pub fn tenant_gauges(tenant: &str, unknown: i64, dead_letters: i64, oldest_age_s: f64) {
     gauge!("effectgate_unknown_operations", "tenant" => tenant.to_owned()).set(unknown as f64);
     gauge!("effectgate_dead_letters", "tenant" => tenant.to_owned()).set(dead_letters as f64);
-    gauge!("effectgate_dead_letter_oldest_age_seconds", "tenant" => tenant.to_owned()).set(oldest_age_s);
+    gauge!("effectgate_dead_letter_oldest_age_seconds", "tenant" => tenant.to_owned())
+        .set(oldest_age_s);
 }

@@ -13,62 +13,150 @@ use http::{HeaderValue, StatusCode, header};
 use crate::app::AppState;
 use crate::config::{Role, Route};
 use crate::error::ApiError;
-use crate::forward::{add_route_headers, build_request, caller_headers, strip_hop_by_hop, to_pairs, upstream_uri};
+use crate::forward::{
+    add_route_headers, build_request, caller_headers, strip_hop_by_hop, to_pairs, upstream_uri,
+};
 use crate::idempotency::{IDEMPOTENT_REPLAYED, fingerprint, parse_key, provider_key};
 use crate::ledger::{NewOperation, Operation, Reservation, State as OpState};
+use crate::policy::{Verdict, evaluate_chain, wit_class};
 
 /// The proxy router: every path goes to [`handle`].
 pub fn router(state: AppState) -> Router {
     Router::new().fallback(handle).with_state(state)
 }
 
-async fn handle(State(app): State<AppState>, ConnectInfo(peer): ConnectInfo<SocketAddr>, req: Request) -> Response {
+async fn handle(
+    State(app): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    req: Request,
+) -> Response {
     match handle_inner(&app, peer, req).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
 }
 
-async fn handle_inner(app: &AppState, peer: SocketAddr, req: Request) -> Result<Response, ApiError> {
+async fn handle_inner(
+    app: &AppState,
+    peer: SocketAddr,
+    req: Request,
+) -> Result<Response, ApiError> {
     // 1. Authenticate the principal.
-    let principal = app.authenticate(req.headers())?.clone();
+    let principal = app.authenticate(req.headers())?;
     if principal.role != Role::Client {
-        return Err(ApiError::Forbidden { role: principal.role.as_str(), action: "send calls through the proxy" });
+        return Err(ApiError::Forbidden {
+            role: principal.role.as_str(),
+            action: "send calls through the proxy",
+        });
     }
-    // 2. Match the route; the gateway is never an open proxy.
+    // 2. Match the route; the gateway is never an open proxy. One snapshot
+    // of the settings and policies serves the whole request.
+    let rt = app.settings();
     let path = req.uri().path().to_owned();
-    let route = app
-        .settings
+    let route = rt
         .match_route(&path)
         .filter(|r| r.allows_tenant(&principal.tenant))
         .ok_or_else(|| ApiError::NotFound(format!("no route for {path}")))?
         .clone();
     let rest = &path[route.prefix.len() - 1..];
     let query = req.uri().query().map(str::to_owned);
+    let policies = rt.policies.for_route(&principal.tenant, &route.name);
     if !route.is_effectful(req.method()) {
         let uri = upstream_uri(&route, rest, query.as_deref())?;
-        return pass_through(app, &route, peer, req, uri).await;
+        if !policies.is_empty() {
+            // Headers only: the body streams through unread.
+            let request = policy_request(
+                &principal,
+                &route,
+                req.method().as_str(),
+                rest,
+                query.as_deref(),
+                req.headers(),
+                &[],
+                "",
+                "",
+                None,
+            );
+            match evaluate_chain(&app.engine, policies, &route, &principal.tenant, &request).0 {
+                Verdict::Allow { .. } => {}
+                Verdict::Deny {
+                    status,
+                    reason,
+                    policy,
+                } => return Err(denied(status, policy, reason)),
+                Verdict::RequireApproval { policy, .. } => {
+                    return Err(denied(
+                        403,
+                        policy.0,
+                        "approval is only possible for effectful calls".into(),
+                    ));
+                }
+                Verdict::Failed { policy, failure } => {
+                    return Err(ApiError::PolicyFailed {
+                        policy,
+                        detail: failure.to_string(),
+                    });
+                }
+            }
+        }
+        return pass_through(&route, peer, req, uri).await;
     }
 
     // 3. Identity: tenant + Idempotency-Key.
-    let key = parse_key(req.headers(), app.settings.limits.max_idempotency_key_len)?.ok_or_else(|| {
-        ApiError::IdempotencyKeyMissing { method: req.method().to_string(), route: route.name.clone() }
+    let key = parse_key(req.headers(), rt.limits.max_idempotency_key_len)?.ok_or_else(|| {
+        ApiError::IdempotencyKeyMissing {
+            method: req.method().to_string(),
+            route: route.name.clone(),
+        }
     })?;
 
     // 4. Read the body (bounded) and fingerprint the request.
     let (parts, body) = req.into_parts();
-    if let Some(len) = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+    if let Some(len) = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
         && len > route.max_body_bytes
     {
-        return Err(ApiError::PayloadTooLarge { limit: route.max_body_bytes });
+        return Err(ApiError::PayloadTooLarge {
+            limit: route.max_body_bytes,
+        });
     }
     let body = axum::body::to_bytes(body, route.max_body_bytes)
         .await
-        .map_err(|_| ApiError::PayloadTooLarge { limit: route.max_body_bytes })?;
-    let content_type = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let fp = fingerprint(parts.method.as_str(), &route.name, rest, query.as_deref(), content_type.as_deref(), &body);
+        .map_err(|_| ApiError::PayloadTooLarge {
+            limit: route.max_body_bytes,
+        })?;
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let fp = fingerprint(
+        parts.method.as_str(),
+        &route.name,
+        rest,
+        query.as_deref(),
+        content_type.as_deref(),
+        &body,
+    );
 
-    // 5. Policies come with the policy host; until then every request is allowed.
+    // 4b. The route's request contract, before the ledger; never retried.
+    if let Some(schema) = &route.request_schema {
+        let errors: Vec<(String, String)> = match serde_json::from_slice::<serde_json::Value>(&body)
+        {
+            Err(e) => vec![("".into(), format!("the body is not JSON: {e}"))],
+            Ok(v) => schema
+                .iter_errors(&v)
+                .take(16)
+                .map(|e| (e.instance_path().to_string(), e.to_string()))
+                .collect(),
+        };
+        if !errors.is_empty() {
+            crate::metrics::request(&route.name, "rejected");
+            return Err(ApiError::ContractViolation { errors });
+        }
+    }
 
     // 6. Reserve in the ledger atomically. A duplicate of a finished
     // operation is answered from the read pool first: COMPLETED and FAILED
@@ -80,7 +168,64 @@ async fn handle_inner(app: &AppState, peer: SocketAddr, req: Request) -> Result<
     {
         return answer_existing(app, &route, op, &fp).await;
     }
-    let stored_headers = to_pairs(&caller_headers(&route, &parts.headers, Some(peer)));
+    // 5. The tenant's policies on this route.
+    let mut effect_class = route.effect_class;
+    let mut forwarded = caller_headers(&route, &parts.headers, Some(peer));
+    let mut awaiting_approval = false;
+    let mut decisions = Vec::new();
+    if !policies.is_empty() {
+        let request = policy_request(
+            &principal,
+            &route,
+            parts.method.as_str(),
+            rest,
+            query.as_deref(),
+            &parts.headers,
+            &body,
+            &key,
+            &fp,
+            None,
+        );
+        let (verdict, records) =
+            evaluate_chain(&app.engine, policies, &route, &principal.tenant, &request);
+        decisions = records;
+        match verdict {
+            Verdict::Allow {
+                effect_class: ec,
+                add_headers,
+            } => {
+                if let Some(c) = ec {
+                    effect_class = c;
+                }
+                for (n, v) in add_headers {
+                    forwarded.append(n, v);
+                }
+            }
+            Verdict::Deny {
+                status,
+                reason,
+                policy,
+            } => {
+                app.ledger
+                    .record_decisions(&principal.tenant, &key, &fp, &decisions)
+                    .await?;
+                crate::metrics::request(&route.name, "rejected");
+                return Err(denied(status, policy, reason));
+            }
+            Verdict::Failed { policy, failure } => {
+                app.ledger
+                    .record_decisions(&principal.tenant, &key, &fp, &decisions)
+                    .await?;
+                crate::metrics::request(&route.name, "rejected");
+                return Err(ApiError::PolicyFailed {
+                    policy,
+                    detail: failure.to_string(),
+                });
+            }
+            Verdict::RequireApproval { .. } => awaiting_approval = true,
+        }
+    }
+    let stored_headers = to_pairs(&forwarded);
     let new = NewOperation {
         tenant_id: principal.tenant.clone(),
         operation_id: key.clone(),
@@ -90,14 +235,20 @@ async fn handle_inner(app: &AppState, peer: SocketAddr, req: Request) -> Result<
         query,
         fingerprint: fp.clone(),
         provider_key: provider_key(&app.provider_key_secret, &principal.tenant, &key),
-        effect_class: Some(route.effect_class.as_str().to_owned()),
+        effect_class: Some(effect_class.as_str().to_owned()),
         request_content_type: content_type,
         request_body: body.to_vec(),
         request_headers: stored_headers,
         principal: principal.name.clone(),
         retention_ms: i64::try_from(route.key_retention_ms).unwrap_or(i64::MAX),
+        awaiting_approval,
+        decisions,
     };
     let op = match app.ledger.reserve(&new).await? {
+        Reservation::Created(op) if op.state == OpState::AwaitingApproval => {
+            crate::metrics::request(&route.name, "awaiting-approval");
+            return Ok(awaiting_approval_response(&op));
+        }
         Reservation::Created(op) => {
             crate::failpoint::hit("after-reserve");
             op
@@ -110,18 +261,34 @@ async fn handle_inner(app: &AppState, peer: SocketAddr, req: Request) -> Result<
     let lease = crate::execute::lease_ms(app, &route);
     let Some(claim) = app
         .ledger
-        .claim(&op.tenant_id, &op.operation_id, op.state, op.version, &app.instance_id, lease, "lease claimed for attempt")
+        .claim(
+            &op.tenant_id,
+            &op.operation_id,
+            op.state,
+            op.version,
+            &app.instance_id,
+            lease,
+            "lease claimed for attempt",
+        )
         .await?
     else {
         crate::metrics::request(&route.name, "in-flight");
-        return Err(ApiError::InFlight { operation_id: op.operation_id.clone(), retry_after_s: 1 });
+        return Err(ApiError::InFlight {
+            operation_id: op.operation_id.clone(),
+            retry_after_s: 1,
+        });
     };
     crate::metrics::request(&route.name, "forwarded");
     Ok(crate::execute::execute_for_caller(app, &route, op, claim).await)
 }
 
 /// Answers a request whose key already names an operation (DESIGN.md step 6).
-async fn answer_existing(app: &AppState, route: &Route, op: Operation, fp: &str) -> Result<Response, ApiError> {
+async fn answer_existing(
+    app: &AppState,
+    route: &Route,
+    op: Operation,
+    fp: &str,
+) -> Result<Response, ApiError> {
     let key = op.operation_id.clone();
     if op.fingerprint != fp {
         crate::metrics::request(&route.name, "fingerprint-mismatch");
@@ -129,24 +296,34 @@ async fn answer_existing(app: &AppState, route: &Route, op: Operation, fp: &str)
     }
     let now = app.ledger.clock().now_ms();
     match op.state {
-        OpState::Completed | OpState::Failed | OpState::Compensated => Ok(replay_or_dead_letter(route, &op)),
+        OpState::Completed | OpState::Failed | OpState::Compensated => {
+            Ok(replay_or_dead_letter(route, &op))
+        }
         OpState::Executing if op.lease_expires_at.is_some_and(|t| t > now) => {
             crate::metrics::request(&route.name, "in-flight");
             let left_ms = op.lease_expires_at.unwrap_or(now) - now;
-            Err(ApiError::InFlight { operation_id: key, retry_after_s: (left_ms as u64).div_ceil(1000).max(1) })
+            Err(ApiError::InFlight {
+                operation_id: key,
+                retry_after_s: (left_ms as u64).div_ceil(1000).max(1),
+            })
         }
         OpState::Reserved => {
             crate::metrics::request(&route.name, "in-flight");
-            Err(ApiError::InFlight { operation_id: key, retry_after_s: 1 })
+            Err(ApiError::InFlight {
+                operation_id: key,
+                retry_after_s: 1,
+            })
         }
-        OpState::Executing | OpState::Unknown => match crate::reconcile::for_duplicate(app, op).await {
-            Ok(resolved) => Ok(replay_or_dead_letter(route, &resolved)),
-            Err(e) => {
-                crate::metrics::request(&route.name, "outcome-unknown");
-                Err(e)
+        OpState::Executing | OpState::Unknown => {
+            match crate::reconcile::for_duplicate(app, op).await {
+                Ok(resolved) => Ok(replay_or_dead_letter(route, &resolved)),
+                Err(e) => {
+                    crate::metrics::request(&route.name, "outcome-unknown");
+                    Err(e)
+                }
             }
-        },
-        OpState::AwaitingApproval => Ok(awaiting_approval(&op)),
+        }
+        OpState::AwaitingApproval => Ok(awaiting_approval_response(&op)),
     }
 }
 
@@ -165,13 +342,12 @@ fn replay_or_dead_letter(route: &Route, op: &Operation) -> Response {
 
 /// Streams a non-effectful request through without buffering either body.
 async fn pass_through(
-    app: &AppState,
     route: &Route,
     peer: SocketAddr,
     req: Request,
     uri: http::Uri,
 ) -> Result<Response, ApiError> {
-    let client = app.clients.get(&route.name).ok_or_else(|| ApiError::Internal("route without client".into()))?;
+    let client = &route.client;
     let (parts, body) = req.into_parts();
     let mut headers = caller_headers(route, &parts.headers, Some(peer));
     add_route_headers(route, &mut headers, None);
@@ -195,13 +371,23 @@ async fn pass_through(
 /// Replays a terminal operation's stored response with
 /// `Idempotent-Replayed: true`, without calling the provider.
 pub fn replay(op: &Operation) -> Response {
-    let mut resp = match op.response_status.and_then(|s| StatusCode::from_u16(s as u16).ok()) {
+    let mut resp = match op
+        .response_status
+        .and_then(|s| StatusCode::from_u16(s as u16).ok())
+    {
         Some(status) => {
-            let body = op.response_body.clone().map(Bytes::from).unwrap_or_default();
+            let body = op
+                .response_body
+                .clone()
+                .map(Bytes::from)
+                .unwrap_or_default();
             let mut r = Response::new(Body::from(body));
             *r.status_mut() = status;
             for (name, value) in &op.response_headers {
-                if let (Ok(n), Ok(v)) = (header::HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(value)) {
+                if let (Ok(n), Ok(v)) = (
+                    header::HeaderName::from_bytes(name.as_bytes()),
+                    HeaderValue::from_str(value),
+                ) {
                     r.headers_mut().append(n, v);
                 }
             }
@@ -215,16 +401,76 @@ pub fn replay(op: &Operation) -> Response {
             r
         }
         None => ApiError::ProviderUnreachable(
-            op.error_detail.clone().unwrap_or_else(|| "the provider could not be reached".into()),
+            op.error_detail
+                .clone()
+                .unwrap_or_else(|| "the provider could not be reached".into()),
         )
         .into_response(),
     };
-    resp.headers_mut().insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    resp.headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     resp
 }
 
+fn denied(status: u16, policy: String, reason: String) -> ApiError {
+    ApiError::PolicyDenied {
+        status: StatusCode::from_u16(status).unwrap_or(StatusCode::FORBIDDEN),
+        policy,
+        reason,
+    }
+}
+
+/// The request as a policy sees it (the gateway's credential and
+/// hop-by-hop headers removed).
+#[allow(clippy::too_many_arguments)]
+pub fn policy_request(
+    principal: &crate::config::Principal,
+    route: &Route,
+    method: &str,
+    path: &str,
+    query: Option<&str>,
+    headers: &http::HeaderMap,
+    body: &[u8],
+    operation_id: &str,
+    fingerprint: &str,
+    existing: Option<OpState>,
+) -> crate::policy::Request {
+    use crate::policy::bindings::{Header, OperationState};
+    let visible = caller_headers(route, headers, None);
+    crate::policy::Request {
+        tenant: principal.tenant.clone(),
+        principal: principal.name.clone(),
+        route: route.name.clone(),
+        effect_class: wit_class(route.effect_class),
+        method: method.to_owned(),
+        path: path.to_owned(),
+        query: query.map(str::to_owned),
+        headers: visible
+            .iter()
+            .filter_map(|(n, v)| {
+                Some(Header {
+                    name: n.as_str().to_owned(),
+                    value: v.to_str().ok()?.to_owned(),
+                })
+            })
+            .collect(),
+        body: body.to_vec(),
+        operation_id: operation_id.to_owned(),
+        fingerprint: fingerprint.to_owned(),
+        existing_state: existing.map(|s| match s {
+            OpState::Reserved => OperationState::Reserved,
+            OpState::AwaitingApproval => OperationState::AwaitingApproval,
+            OpState::Executing => OperationState::Executing,
+            OpState::Completed => OperationState::Completed,
+            OpState::Failed => OperationState::Failed,
+            OpState::Unknown => OperationState::Unknown,
+            OpState::Compensated => OperationState::Compensated,
+        }),
+    }
+}
+
 /// 202 for an operation waiting on a human decision.
-fn awaiting_approval(op: &Operation) -> Response {
+fn awaiting_approval_response(op: &Operation) -> Response {
     let body = serde_json::json!({
         "operation_id": op.operation_id,
         "state": op.state,

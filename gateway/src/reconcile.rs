@@ -79,8 +79,12 @@ pub enum Step {
 ///
 /// Errors: the ledger could not be read.
 pub async fn tick(app: &AppState) -> Result<Vec<(String, String, Step)>, LedgerError> {
-    let cfg = &app.settings.reconcile;
-    let due = app.ledger.due_for_reconciliation(cfg.reserved_grace_ms as i64, cfg.batch).await?;
+    let settings = app.settings();
+    let cfg = &settings.reconcile;
+    let due = app
+        .ledger
+        .due_for_reconciliation(cfg.reserved_grace_ms as i64, cfg.batch)
+        .await?;
     let steps = futures_util::stream::iter(due)
         .map(|op| async move {
             let (t, id) = (op.tenant_id.clone(), op.operation_id.clone());
@@ -101,7 +105,7 @@ pub async fn tick(app: &AppState) -> Result<Vec<(String, String, Step)>, LedgerE
 
 /// Runs the reconciler until `shutdown` turns true.
 pub async fn run(app: AppState, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    let period = Duration::from_millis(app.settings.reconcile.interval_ms);
+    let period = Duration::from_millis(app.settings().reconcile.interval_ms);
     loop {
         if let Err(e) = tick(&app).await {
             tracing::warn!(error = %e, "reconciler scan failed");
@@ -119,15 +123,26 @@ pub async fn run(app: AppState, mut shutdown: tokio::sync::watch::Receiver<bool>
 pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, LedgerError> {
     let ledger = &app.ledger;
     let owner: &str = &app.instance_id;
-    let Some(route) = app.settings.routes.iter().find(|r| r.name == op.route) else {
-        return Ok(Step::Skipped("the operation's route is no longer configured"));
+    let settings = app.settings();
+    let Some(route) = settings.routes.iter().find(|r| r.name == op.route) else {
+        return Ok(Step::Skipped(
+            "the operation's route is no longer configured",
+        ));
     };
     let now = ledger.clock().now_ms();
     match op.state {
         State::Reserved => {
             let lease = execute::lease_ms(app, route);
             let Some(claim) = ledger
-                .claim(&op.tenant_id, &op.operation_id, State::Reserved, op.version, owner, lease, "reconciler: executing an abandoned reservation")
+                .claim(
+                    &op.tenant_id,
+                    &op.operation_id,
+                    State::Reserved,
+                    op.version,
+                    owner,
+                    lease,
+                    "reconciler: executing an abandoned reservation",
+                )
                 .await?
             else {
                 return Ok(Step::Busy);
@@ -141,7 +156,10 @@ pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, Led
                 return Ok(Step::Busy);
             }
             let settle = route.read_back.as_ref().map(|rb| rb.settle_delay_ms as i64);
-            if !ledger.expire_lease(&op.tenant_id, &op.operation_id, op.version, settle, owner).await? {
+            if !ledger
+                .expire_lease(&op.tenant_id, &op.operation_id, op.version, settle, owner)
+                .await?
+            {
                 return Ok(Step::Busy);
             }
             crate::metrics::reconciliation("lease-expired");
@@ -154,22 +172,35 @@ pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, Led
         _ => return Ok(Step::Skipped("not in a state reconciliation resolves")),
     }
     let Some(rb) = &route.read_back else {
-        return Ok(Step::Skipped("the route has no read-back; an operator resolves it"));
+        return Ok(Step::Skipped(
+            "the route has no read-back; an operator resolves it",
+        ));
     };
-    let cfg = &app.settings.reconcile;
+    let cfg = &settings.reconcile;
     let Some(lease) = ledger
-        .lease_for_reconcile(&op.tenant_id, &op.operation_id, op.version, owner, cfg.lease_ms as i64, "reconciliation: read-back")
+        .lease_for_reconcile(
+            &op.tenant_id,
+            &op.operation_id,
+            op.version,
+            owner,
+            cfg.lease_ms as i64,
+            "reconciliation: read-back",
+        )
         .await?
     else {
         return Ok(Step::Busy);
     };
-    let result = read_back(app, route, rb, &op).await;
+    let result = read_back(route, rb, &op).await;
     tracing::info!(tenant = %op.tenant_id, operation_id = %op.operation_id, result = ?result, "read-back");
     let now = ledger.clock().now_ms();
     let (tid, oid) = (op.tenant_id.clone(), op.operation_id.clone());
     let record = |o: Outcome| {
         let (tid, oid) = (&tid, &oid);
-        async move { ledger.record_outcome(tid, oid, lease.fence, State::Unknown, owner, &o).await }
+        async move {
+            ledger
+                .record_outcome(tid, oid, lease.fence, State::Unknown, owner, &o)
+                .await
+        }
     };
     match result {
         ReadBackResult::Found { matched, reference } => {
@@ -188,7 +219,10 @@ pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, Led
             Ok(Step::Found)
         }
         ReadBackResult::Absent if op.settle_until.is_some_and(|t| now < t) => {
-            let mut o = Outcome::new(State::Unknown, "read-back: absent, but within the settle delay");
+            let mut o = Outcome::new(
+                State::Unknown,
+                "read-back: absent, but within the settle delay",
+            );
             o.keep_response = true;
             o.error_kind = op.error_kind.clone();
             o.error_detail = op.error_detail.clone();
@@ -201,7 +235,10 @@ pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, Led
         }
         ReadBackResult::Absent => {
             if op.attempts >= execute::attempt_budget(route, &op) {
-                let mut o = Outcome::new(State::Failed, "read-back: absent, and the retry budget is spent");
+                let mut o = Outcome::new(
+                    State::Failed,
+                    "read-back: absent, and the retry budget is spent",
+                );
                 o.keep_response = true;
                 o.error_kind = Some("retries-exhausted".into());
                 o.error_detail = op.error_detail.clone();
@@ -222,7 +259,14 @@ pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, Led
             }
             let lease_ms = execute::lease_ms(app, route);
             let Some(claim) = ledger
-                .reattempt(&op.tenant_id, &op.operation_id, lease.fence, owner, lease_ms, "read-back: absent; new attempt, same provider key")
+                .reattempt(
+                    &op.tenant_id,
+                    &op.operation_id,
+                    lease.fence,
+                    owner,
+                    lease_ms,
+                    "read-back: absent; new attempt, same provider key",
+                )
                 .await?
             else {
                 return Ok(Step::Busy);
@@ -251,23 +295,35 @@ pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, Led
                 });
                 Step::DeadLettered
             } else {
-                let exp = cfg.backoff_base_ms.saturating_mul(1u64 << (n - 1).clamp(0, 30)).min(cfg.backoff_max_ms);
-                o.next_reconcile_at = Some(now.saturating_add(rand::random_range(exp / 2..=exp.max(1)) as i64));
+                let exp = cfg
+                    .backoff_base_ms
+                    .saturating_mul(1u64 << (n - 1).clamp(0, 30))
+                    .min(cfg.backoff_max_ms);
+                o.next_reconcile_at =
+                    Some(now.saturating_add(rand::random_range(exp / 2..=exp.max(1)) as i64));
                 Step::ReadBackError
             };
             if !record(o).await? {
                 return Ok(Step::Busy);
             }
-            crate::metrics::reconciliation(if step == Step::DeadLettered { "dead-lettered" } else { "read-back-error" });
+            crate::metrics::reconciliation(if step == Step::DeadLettered {
+                "dead-lettered"
+            } else {
+                "read-back-error"
+            });
             Ok(step)
         }
     }
 }
 
 /// Asks the provider whether `op`'s effect exists.
-pub async fn read_back(app: &AppState, route: &Route, rb: &ReadBack, op: &Operation) -> ReadBackResult {
+pub async fn read_back(route: &Route, rb: &ReadBack, op: &Operation) -> ReadBackResult {
     let body: Value = serde_json::from_slice(&op.request_body).unwrap_or(Value::Null);
-    let vars = Vars { operation_id: &op.operation_id, provider_key: &op.provider_key, body: &body };
+    let vars = Vars {
+        operation_id: &op.operation_id,
+        provider_key: &op.provider_key,
+        body: &body,
+    };
     let path_and_query = rb.path.render(&vars, url_encode);
     let base = route.upstream.as_str().trim_end_matches('/');
     let uri: http::Uri = match format!("{base}{path_and_query}").parse() {
@@ -281,14 +337,17 @@ pub async fn read_back(app: &AppState, route: &Route, rb: &ReadBack, op: &Operat
         }
     }
     add_route_headers(route, &mut headers, None);
-    let Some(client) = app.clients.get(&route.name) else {
-        return ReadBackResult::Error("route without client".into());
-    };
+    let client = &route.client;
     let req = build_request(rb.method.clone(), uri, headers, axum::body::Body::empty());
     let call = async {
         let resp = client.request(req).await.map_err(|e| e.to_string())?;
         let status = resp.status();
-        let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
         Ok::<(StatusCode, Bytes), String>((status, body))
     };
     match tokio::time::timeout(Duration::from_millis(rb.timeout_ms), call).await {
@@ -317,11 +376,18 @@ pub fn interpret(rb: &ReadBack, status: StatusCode, body: &[u8]) -> ReadBackResu
         Some(Value::Object(o)) if o.is_empty() => ReadBackResult::Absent,
         Some(Value::String(s)) if s.is_empty() => ReadBackResult::Absent,
         Some(m) => {
-            let reference = rb.reference_pointer.as_ref().and_then(|p| v.pointer(p)).map(|r| match r {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            });
-            ReadBackResult::Found { matched: m.clone(), reference }
+            let reference = rb
+                .reference_pointer
+                .as_ref()
+                .and_then(|p| v.pointer(p))
+                .map(|r| match r {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                });
+            ReadBackResult::Found {
+                matched: m.clone(),
+                reference,
+            }
         }
     }
 }
@@ -332,30 +398,47 @@ pub fn interpret(rb: &ReadBack, status: StatusCode, body: &[u8]) -> ReadBackResu
 ///
 /// Errors: 409 `operation-outcome-unknown` when it is still unresolved.
 pub async fn for_duplicate(app: &AppState, op: Operation) -> Result<Operation, ApiError> {
-    let wait = Duration::from_millis(app.settings.reconcile.duplicate_wait_ms);
+    let wait = Duration::from_millis(app.settings().reconcile.duplicate_wait_ms);
     let (tenant, id) = (op.tenant_id.clone(), op.operation_id.clone());
     let deadline = tokio::time::Instant::now() + wait;
     let mut current = op;
     loop {
-        let step = match tokio::time::timeout_at(deadline, reconcile_op(app, current.clone())).await {
+        let step = match tokio::time::timeout_at(deadline, reconcile_op(app, current.clone())).await
+        {
             Ok(r) => r?,
             Err(_) => Step::Busy,
         };
-        current = app.ledger.get(&tenant, &id).await?.ok_or_else(|| ApiError::NotFound(format!("no operation {id:?}")))?;
+        current = app
+            .ledger
+            .get(&tenant, &id)
+            .await?
+            .ok_or_else(|| ApiError::NotFound(format!("no operation {id:?}")))?;
         if current.state.is_terminal() {
             return Ok(current);
         }
-        let unresolved = |detail: String| ApiError::OutcomeUnknown { operation_id: id.clone(), detail, status: StatusCode::CONFLICT };
+        let unresolved = |detail: String| ApiError::OutcomeUnknown {
+            operation_id: id.clone(),
+            detail,
+            status: StatusCode::CONFLICT,
+        };
         match step {
-            Step::Skipped(why) => return Err(unresolved(format!("the outcome is unknown and {why}"))),
+            Step::Skipped(why) => {
+                return Err(unresolved(format!("the outcome is unknown and {why}")));
+            }
             Step::Settling => {
                 return Err(unresolved("the provider does not show the effect yet; the read-back settle delay has not passed".into()));
             }
-            Step::ReadBackError => return Err(unresolved("the read-back failed; reconciliation retries with backoff".into())),
+            Step::ReadBackError => {
+                return Err(unresolved(
+                    "the read-back failed; reconciliation retries with backoff".into(),
+                ));
+            }
             _ => {}
         }
         if tokio::time::Instant::now() >= deadline {
-            return Err(unresolved("reconciliation is in progress; retry later".into()));
+            return Err(unresolved(
+                "reconciliation is in progress; retry later".into(),
+            ));
         }
         // Another owner holds it: look again shortly.
         tokio::time::sleep(Duration::from_millis(25)).await;

@@ -36,7 +36,10 @@ impl Template {
             if open > 0 {
                 parts.push(Part::Text(rest[..open].to_owned()));
             }
-            let close = rest[open..].find('}').ok_or_else(|| format!("unclosed '{{' in {s:?}"))? + open;
+            let close = rest[open..]
+                .find('}')
+                .ok_or_else(|| format!("unclosed '{{' in {s:?}"))?
+                + open;
             let name = &rest[open + 1..close];
             parts.push(match name {
                 "operation_id" => Part::OperationId,
@@ -82,7 +85,9 @@ impl Template {
 
 /// Percent-encodes a value for a URL path or query component.
 pub fn url_encode(s: &str) -> String {
-    form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>().replace('+', "%20")
+    form_urlencoded::byte_serialize(s.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
 }
 
 #[cfg(test)]
@@ -92,9 +97,19 @@ mod tests {
 
     #[test]
     fn renders_all_placeholders_encoded() {
-        let t = Template::parse("/v1/charges?ref={body:/client_ref}&k={provider_key}&op={operation_id}").unwrap();
+        let t = Template::parse(
+            "/v1/charges?ref={body:/client_ref}&k={provider_key}&op={operation_id}",
+        )
+        .unwrap();
         let body = json!({"client_ref": "a b&c"});
-        let s = t.render(&Vars { operation_id: "o/1", provider_key: "eg_1", body: &body }, url_encode);
+        let s = t.render(
+            &Vars {
+                operation_id: "o/1",
+                provider_key: "eg_1",
+                body: &body,
+            },
+            url_encode,
+        );
         assert_eq!(s, "/v1/charges?ref=a%20b%26c&k=eg_1&op=o%2F1");
     }
 

@@ -22,7 +22,10 @@ fn every_command_has_help() {
     ] {
         let out = effectgate().args(&args).output().unwrap();
         assert!(out.status.success(), "{args:?}");
-        assert!(String::from_utf8_lossy(&out.stdout).contains("Usage:"), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("Usage:"),
+            "{args:?}"
+        );
     }
 }
 
@@ -30,24 +33,49 @@ fn every_command_has_help() {
 fn check_config_names_the_bad_field() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.toml");
-    std::fs::write(&bad, "[[routes]]\nprefix = \"/a/\"\nupstream = \"http://x\"\nresponse_timeout_ms = \"soon\"\n").unwrap();
-    let out = effectgate().args(["check-config", "--config"]).arg(&bad).output().unwrap();
+    std::fs::write(
+        &bad,
+        "[[routes]]\nprefix = \"/a/\"\nupstream = \"http://x\"\nresponse_timeout_ms = \"soon\"\n",
+    )
+    .unwrap();
+    let out = effectgate()
+        .args(["check-config", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("routes[0].response_timeout_ms"), "{err}");
 
     let good = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/quickstart.toml");
-    let out = effectgate().args(["check-config", "--config", good]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = effectgate()
+        .args(["check-config", "--config", good])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
 fn migrate_then_ledger_list_and_show() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("l.db");
-    let run = |args: &[&str]| effectgate().args(args).env("EFFECTGATE_STORAGE__PATH", &db).output().unwrap();
+    let run = |args: &[&str]| {
+        effectgate()
+            .args(args)
+            .env("EFFECTGATE_STORAGE__PATH", &db)
+            .output()
+            .unwrap()
+    };
     let out = run(&["migrate"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(db.exists());
     let out = run(&["ledger", "list", "--state", "UNKNOWN"]);
     assert!(out.status.success());

@@ -24,11 +24,18 @@ const CLIENT_KEY: &str = "crash-client-key";
 const ADMIN_KEY: &str = "crash-admin-key";
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn sha(k: &str) -> String {
-    effectgate::config::key_digest(k).iter().map(|b| format!("{b:02x}")).collect()
+    effectgate::config::key_digest(k)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 struct Gw {
@@ -80,17 +87,27 @@ async fn start(dir: &Path, provider: &str, failpoint: Option<&str>) -> Gw {
     let (proxy, admin) = (free_port(), free_port());
     let cfg = write_config(dir, provider, proxy, admin);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_effectgate"));
-    cmd.args(["serve", "--config"]).arg(&cfg).stdout(Stdio::null()).stderr(Stdio::null());
+    cmd.args(["serve", "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
     cmd.env_remove("FAILPOINTS");
     if let Some(fp) = failpoint {
         cmd.env("FAILPOINTS", format!("{fp}=return"));
     }
     let child = cmd.spawn().unwrap();
-    let gw = Gw { child, proxy, admin };
+    let gw = Gw {
+        child,
+        proxy,
+        admin,
+    };
     let http = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        if let Ok(r) = http.get(format!("http://127.0.0.1:{admin}/readyz")).send().await
+        if let Ok(r) = http
+            .get(format!("http://127.0.0.1:{admin}/readyz"))
+            .send()
+            .await
             && r.status() == 200
         {
             return gw;
@@ -101,12 +118,19 @@ async fn start(dir: &Path, provider: &str, failpoint: Option<&str>) -> Gw {
 }
 
 fn effects_for(mock: &MockProvider, client_ref: &str) -> usize {
-    mock.provider.charges().iter().filter(|c| c.client_ref.as_deref() == Some(client_ref)).count()
+    mock.provider
+        .charges()
+        .iter()
+        .filter(|c| c.client_ref.as_deref() == Some(client_ref))
+        .count()
 }
 
 async fn state_of(gw: &Gw, key: &str) -> Option<String> {
     let r = reqwest::Client::new()
-        .get(format!("http://127.0.0.1:{}/admin/tenants/t/operations/{key}", gw.admin))
+        .get(format!(
+            "http://127.0.0.1:{}/admin/tenants/t/operations/{key}",
+            gw.admin
+        ))
         .bearer_auth(ADMIN_KEY)
         .send()
         .await
@@ -151,8 +175,15 @@ async fn run_once(point: &str, mock: &MockProvider, run: usize) -> (String, usiz
     .await
     .unwrap();
     let (exit, _dead) = status;
-    assert_eq!(exit.signal(), Some(9), "{point}: the gateway must die by SIGKILL, got {exit:?}");
-    assert!(call.await.unwrap().is_err(), "{point}: the caller can't have been answered");
+    assert_eq!(
+        exit.signal(),
+        Some(9),
+        "{point}: the gateway must die by SIGKILL, got {exit:?}"
+    );
+    assert!(
+        call.await.unwrap().is_err(),
+        "{point}: the caller can't have been answered"
+    );
 
     // Restart on the same ledger; the reconciler must finish the operation.
     let restarted = Instant::now();
@@ -163,7 +194,10 @@ async fn run_once(point: &str, mock: &MockProvider, run: usize) -> (String, usiz
         if s == "COMPLETED" || s == "FAILED" {
             break s;
         }
-        assert!(Instant::now() < deadline, "{point} run {run}: operation stuck in {s}");
+        assert!(
+            Instant::now() < deadline,
+            "{point} run {run}: operation stuck in {s}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let resolved_ms = restarted.elapsed().as_millis();
@@ -185,7 +219,9 @@ async fn run_once(point: &str, mock: &MockProvider, run: usize) -> (String, usiz
 }
 
 async fn crash_point(point: &str) {
-    let mock = mock_provider::spawn("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let mock = mock_provider::spawn("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
     let mut rows = Vec::new();
     for run in 0..RUNS {
         rows.push(run_once(point, &mock, run).await);
@@ -197,7 +233,12 @@ async fn crash_point(point: &str) {
         "crash matrix | {point:<14} | runs {RUNS} | terminal {}/{RUNS} | completed {completed}/{RUNS} | exactly one effect {exactly_one}/{RUNS} | stuck 0 | max recovery {max_ms} ms",
         rows.len()
     );
-    assert_eq!(exactly_one, RUNS, "{point}: effects per operation {:?}", rows.iter().map(|r| r.1).collect::<Vec<_>>());
+    assert_eq!(
+        exactly_one,
+        RUNS,
+        "{point}: effects per operation {:?}",
+        rows.iter().map(|r| r.1).collect::<Vec<_>>()
+    );
     assert_eq!(completed, RUNS, "{point}: every operation completes");
 }
 

@@ -121,14 +121,27 @@ pub async fn spawn_app() -> TestApp {
 
 /// [`spawn_app`] with options.
 pub async fn spawn_with(opts: Opts) -> TestApp {
-    let mock = mock_provider::spawn("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let mock = mock_provider::spawn("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("ledger.db");
-    let toml = format!("{}\n{}", config_toml(&mock.url(), &db, &opts.route_extra), opts.more);
+    let toml = format!(
+        "{}\n{}",
+        config_toml(&mock.url(), &db, &opts.route_extra),
+        opts.more
+    );
     let settings = settings_from(&toml, dir.path());
     let clock = opts.clock.unwrap_or_else(|| Arc::new(SystemClock));
     let gw = Gateway::start_with_clock(settings, clock).await.unwrap();
-    TestApp { gw, mock, dir, db, http: reqwest::Client::new(), toml }
+    TestApp {
+        gw,
+        mock,
+        dir,
+        db,
+        http: reqwest::Client::new(),
+        toml,
+    }
 }
 
 impl TestApp {
@@ -157,7 +170,12 @@ impl TestApp {
             .unwrap()
     }
     /// POST a JSON body to `/pay/v1/charges` as tenant `a` with extra headers.
-    pub async fn charge_with(&self, key: &str, body: &str, headers: &[(&str, &str)]) -> reqwest::Response {
+    pub async fn charge_with(
+        &self,
+        key: &str,
+        body: &str,
+        headers: &[(&str, &str)],
+    ) -> reqwest::Response {
         let mut b = self
             .http
             .post(self.proxy("/pay/v1/charges"))
@@ -175,12 +193,21 @@ impl TestApp {
     }
     /// POST JSON to an admin path with `key`.
     pub async fn admin_post(&self, key: &str, path: &str, body: &str) -> reqwest::Response {
-        self.http.post(self.admin(path)).bearer_auth(key).body(body.to_owned()).send().await.unwrap()
+        self.http
+            .post(self.admin(path))
+            .bearer_auth(key)
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap()
     }
     /// Provider requests by method: (POSTs, GETs).
     pub fn provider_calls(&self) -> (usize, usize) {
         let r = self.mock.provider.requests();
-        (r.iter().filter(|r| r.method == "POST").count(), r.iter().filter(|r| r.method == "GET").count())
+        (
+            r.iter().filter(|r| r.method == "POST").count(),
+            r.iter().filter(|r| r.method == "GET").count(),
+        )
     }
     /// GET an operation through the admin API as `admin_key` of `tenant`.
     pub async fn operation(&self, admin_key: &str, tenant: &str, id: &str) -> reqwest::Response {
@@ -199,10 +226,24 @@ impl TestApp {
     }
     /// Restarts the gateway on the same ledger file (same config).
     pub async fn restart(self) -> TestApp {
-        let TestApp { gw, mock, dir, db, http, toml } = self;
+        let TestApp {
+            gw,
+            mock,
+            dir,
+            db,
+            http,
+            toml,
+        } = self;
         gw.shutdown().await;
         let settings = settings_from(&toml, dir.path());
         let gw = Gateway::start(settings).await.unwrap();
-        TestApp { gw, mock, dir, db, http, toml }
+        TestApp {
+            gw,
+            mock,
+            dir,
+            db,
+            http,
+            toml,
+        }
     }
 }

@@ -10,7 +10,12 @@ fn states(op: &Value) -> Vec<(String, String)> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|t| (t["from_state"].as_str().unwrap_or("-").to_owned(), t["to_state"].as_str().unwrap().to_owned()))
+        .map(|t| {
+            (
+                t["from_state"].as_str().unwrap_or("-").to_owned(),
+                t["to_state"].as_str().unwrap().to_owned(),
+            )
+        })
         .collect()
 }
 
@@ -38,7 +43,11 @@ async fn first_call_applies_one_effect_and_records_three_transitions() {
     );
     // The provider saw the derived provider key, not the caller's key.
     let seen = app.mock.provider.requests();
-    let key = seen[0].headers.iter().find(|(n, _)| n == "idempotency-key").map(|(_, v)| v.clone());
+    let key = seen[0]
+        .headers
+        .iter()
+        .find(|(n, _)| n == "idempotency-key")
+        .map(|(_, v)| v.clone());
     assert_eq!(key.as_deref(), op["provider_key"].as_str());
     assert_ne!(key.as_deref(), Some("k1"));
 }
@@ -64,22 +73,34 @@ async fn same_key_other_body_is_422_and_leaves_the_original_untouched() {
     let app = spawn_app().await;
     assert_eq!(app.charge("k1", BODY).await.status(), 200);
     let before = app.op_json("k1").await;
-    let r = app.charge("k1", r#"{"amount":10000,"currency":"eur"}"#).await;
+    let r = app
+        .charge("k1", r#"{"amount":10000,"currency":"eur"}"#)
+        .await;
     assert_eq!(r.status(), 422);
     assert_eq!(r.headers()["content-type"], "application/problem+json");
     let p: Value = r.json().await.unwrap();
     assert_eq!(p["type"], "urn:effectgate:problem:idempotency-key-reused");
     assert_eq!(p["field"], "header:Idempotency-Key");
     let after = app.op_json("k1").await;
-    assert_eq!(before, after, "a rejected duplicate must not change the original row");
+    assert_eq!(
+        before, after,
+        "a rejected duplicate must not change the original row"
+    );
     assert_eq!(app.mock.provider.effects(), 1);
 }
 
 #[tokio::test]
 async fn reordered_json_with_other_whitespace_is_a_replay() {
     let app = spawn_app().await;
-    assert_eq!(app.charge("k1", r#"{"amount":100,"currency":"eur"}"#).await.status(), 200);
-    let r = app.charge("k1", "{ \"currency\": \"eur\",\n  \"amount\": 100 }").await;
+    assert_eq!(
+        app.charge("k1", r#"{"amount":100,"currency":"eur"}"#)
+            .await
+            .status(),
+        200
+    );
+    let r = app
+        .charge("k1", "{ \"currency\": \"eur\",\n  \"amount\": 100 }")
+        .await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["idempotent-replayed"], "true");
     assert_eq!(app.mock.provider.effects(), 1);
@@ -94,7 +115,10 @@ async fn fifty_concurrent_requests_with_one_key_make_one_effect() {
     let mut replays = 0;
     let mut conflicts = 0;
     for r in responses {
-        match (r.status().as_u16(), r.headers().get("idempotent-replayed").is_some()) {
+        match (
+            r.status().as_u16(),
+            r.headers().get("idempotent-replayed").is_some(),
+        ) {
             (200, false) => originals += 1,
             (200, true) => replays += 1,
             (409, _) => {
@@ -114,7 +138,12 @@ async fn fifty_concurrent_requests_with_one_key_make_one_effect() {
 async fn bad_input_gets_a_problem_naming_the_field() {
     let app = spawn_app().await;
     let url = app.proxy("/pay/v1/charges");
-    let post = || app.http.post(&url).header("Content-Type", "application/json").body(BODY);
+    let post = || {
+        app.http
+            .post(&url)
+            .header("Content-Type", "application/json")
+            .body(BODY)
+    };
 
     let r = post().bearer_auth(KEY_A).send().await.unwrap();
     assert_eq!(r.status(), 400);
@@ -122,26 +151,62 @@ async fn bad_input_gets_a_problem_naming_the_field() {
     assert_eq!(p["type"], "urn:effectgate:problem:idempotency-key-missing");
     assert_eq!(p["field"], "header:Idempotency-Key");
 
-    let r = post().bearer_auth(KEY_A).header("Idempotency-Key", "x".repeat(256)).send().await.unwrap();
+    let r = post()
+        .bearer_auth(KEY_A)
+        .header("Idempotency-Key", "x".repeat(256))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
-    let r = post().bearer_auth(KEY_A).header("Idempotency-Key", "x".repeat(255)).send().await.unwrap();
+    let r = post()
+        .bearer_auth(KEY_A)
+        .header("Idempotency-Key", "x".repeat(255))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
 
-    let r = post().bearer_auth(KEY_A).header("Idempotency-Key", "a").header("Idempotency-Key", "b").send().await.unwrap();
+    let r = post()
+        .bearer_auth(KEY_A)
+        .header("Idempotency-Key", "a")
+        .header("Idempotency-Key", "b")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     let p: Value = r.json().await.unwrap();
     assert_eq!(p["type"], "urn:effectgate:problem:idempotency-key-invalid");
 
     let big = format!(r#"{{"amount":100,"pad":"{}"}}"#, "x".repeat(5000));
-    let r = app.http.post(&url).bearer_auth(KEY_A).header("Idempotency-Key", "big").body(big).send().await.unwrap();
+    let r = app
+        .http
+        .post(&url)
+        .bearer_auth(KEY_A)
+        .header("Idempotency-Key", "big")
+        .body(big)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 413);
     let p: Value = r.json().await.unwrap();
     assert_eq!(p["limit_bytes"], 4096);
 
-    let r = app.http.post(app.proxy("/nowhere/x")).bearer_auth(KEY_A).header("Idempotency-Key", "n").send().await.unwrap();
+    let r = app
+        .http
+        .post(app.proxy("/nowhere/x"))
+        .bearer_auth(KEY_A)
+        .header("Idempotency-Key", "n")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 404);
 
-    let r = post().bearer_auth("wrong-key").header("Idempotency-Key", "w").send().await.unwrap();
+    let r = post()
+        .bearer_auth("wrong-key")
+        .header("Idempotency-Key", "w")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401);
     assert_eq!(r.headers()["content-type"], "application/problem+json");
     let r = post().header("Idempotency-Key", "w").send().await.unwrap();
@@ -167,16 +232,26 @@ async fn reply_lost_after_the_effect_is_unknown_and_never_re_executed() {
         .unwrap();
     assert_eq!(r.status(), 502);
     let p: Value = r.json().await.unwrap();
-    assert_eq!(p["type"], "urn:effectgate:problem:operation-outcome-unknown");
+    assert_eq!(
+        p["type"],
+        "urn:effectgate:problem:operation-outcome-unknown"
+    );
     assert_eq!(p["operation_id"], "lost");
     assert_eq!(app.op_json("lost").await["state"], "UNKNOWN");
 
     let dup = app.charge("lost", BODY).await;
     assert_eq!(dup.status(), 409);
     let p: Value = dup.json().await.unwrap();
-    assert_eq!(p["type"], "urn:effectgate:problem:operation-outcome-unknown");
+    assert_eq!(
+        p["type"],
+        "urn:effectgate:problem:operation-outcome-unknown"
+    );
     assert_eq!(app.mock.provider.effects(), 1);
-    assert_eq!(app.mock.provider.requests().len(), 1, "the duplicate must not reach the provider");
+    assert_eq!(
+        app.mock.provider.requests().len(),
+        1,
+        "the duplicate must not reach the provider"
+    );
 }
 
 #[tokio::test]
@@ -202,7 +277,11 @@ async fn provider_5xx_is_unknown_not_a_stored_final_answer() {
 
 #[tokio::test]
 async fn response_timeout_after_send_is_unknown() {
-    let app = spawn_with(Opts { route_extra: String::new(), ..Default::default() }).await;
+    let app = spawn_with(Opts {
+        route_extra: String::new(),
+        ..Default::default()
+    })
+    .await;
     let r = app
         .http
         .post(app.proxy("/pay/v1/charges"))
@@ -223,19 +302,39 @@ async fn response_timeout_after_send_is_unknown() {
 async fn tenants_are_isolated() {
     let app = spawn_app().await;
     assert_eq!(app.charge_as(KEY_A, "order-1", BODY).await.status(), 200);
-    let rb = app.charge_as(KEY_B, "order-1", r#"{"amount":5,"currency":"usd"}"#).await;
-    assert_eq!(rb.status(), 200, "B's key is its own operation, not a 422 or A's replay");
+    let rb = app
+        .charge_as(KEY_B, "order-1", r#"{"amount":5,"currency":"usd"}"#)
+        .await;
+    assert_eq!(
+        rb.status(),
+        200,
+        "B's key is its own operation, not a 422 or A's replay"
+    );
     assert!(rb.headers().get("idempotent-replayed").is_none());
     let cb: Value = rb.json().await.unwrap();
     assert_eq!(cb["amount"], 5);
     assert_eq!(app.mock.provider.effects(), 2);
 
     let a = app.op_json("order-1").await;
-    let b: Value = app.operation(ADMIN_B, "b", "order-1").await.json().await.unwrap();
-    assert_ne!(a["provider_key"], b["provider_key"], "provider keys must not collide across tenants");
+    let b: Value = app
+        .operation(ADMIN_B, "b", "order-1")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_ne!(
+        a["provider_key"], b["provider_key"],
+        "provider keys must not collide across tenants"
+    );
     // A's admin can't read B's operations: 404, not 403.
     assert_eq!(app.operation(ADMIN_A, "b", "order-1").await.status(), 404);
-    let r = app.http.get(app.admin("/admin/tenants/b/operations")).bearer_auth(ADMIN_A).send().await.unwrap();
+    let r = app
+        .http
+        .get(app.admin("/admin/tenants/b/operations"))
+        .bearer_auth(ADMIN_A)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 404);
     // A client key can't use the admin API.
     assert_eq!(app.operation(KEY_A, "a", "order-1").await.status(), 403);
@@ -272,30 +371,65 @@ async fn provider_credentials_are_injected_and_the_gateway_key_never_forwarded()
     let seen = app.mock.provider.requests();
     assert_eq!(seen.len(), 2);
     for req in &seen {
-        let auth: Vec<_> = req.headers.iter().filter(|(n, _)| n == "authorization").map(|(_, v)| v.as_str()).collect();
+        let auth: Vec<_> = req
+            .headers
+            .iter()
+            .filter(|(n, _)| n == "authorization")
+            .map(|(_, v)| v.as_str())
+            .collect();
         assert_eq!(auth, vec![format!("Bearer {PROVIDER_SECRET}").as_str()]);
-        assert!(req.headers.iter().all(|(_, v)| !v.contains(KEY_A)), "gateway key leaked: {:?}", req.headers);
+        assert!(
+            req.headers.iter().all(|(_, v)| !v.contains(KEY_A)),
+            "gateway key leaked: {:?}",
+            req.headers
+        );
         assert!(req.headers.iter().any(|(n, _)| n == "x-forwarded-for"));
-        assert!(req.headers.iter().all(|(n, _)| n != "x-hop"), "header named in Connection must be stripped");
+        assert!(
+            req.headers.iter().all(|(n, _)| n != "x-hop"),
+            "header named in Connection must be stripped"
+        );
     }
 }
 
 #[tokio::test]
 async fn non_effectful_requests_pass_through_without_the_ledger() {
     let app = spawn_app().await;
-    app.charge("k1", r#"{"amount":1,"currency":"eur","client_ref":"r1"}"#).await;
-    let r = app.http.get(app.proxy("/pay/v1/charges?client_ref=r1")).bearer_auth(KEY_A).send().await.unwrap();
+    app.charge("k1", r#"{"amount":1,"currency":"eur","client_ref":"r1"}"#)
+        .await;
+    let r = app
+        .http
+        .get(app.proxy("/pay/v1/charges?client_ref=r1"))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["data"].as_array().unwrap().len(), 1);
-    let list: Value =
-        app.http.get(app.admin("/admin/tenants/a/operations")).bearer_auth(ADMIN_A).send().await.unwrap().json().await.unwrap();
-    assert_eq!(list["operations"].as_array().unwrap().len(), 1, "the GET is not in the ledger");
+    let list: Value = app
+        .http
+        .get(app.admin("/admin/tenants/a/operations"))
+        .bearer_auth(ADMIN_A)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        list["operations"].as_array().unwrap().len(),
+        1,
+        "the GET is not in the ledger"
+    );
 }
 
 #[tokio::test]
 async fn transient_503s_are_retried_with_the_same_provider_key() {
-    let app = spawn_with(Opts { route_extra: "retry = { max_attempts = 3, base_delay_ms = 1, max_delay_ms = 5 }".into(), ..Default::default() }).await;
+    let app = spawn_with(Opts {
+        route_extra: "retry = { max_attempts = 3, base_delay_ms = 1, max_delay_ms = 5 }".into(),
+        ..Default::default()
+    })
+    .await;
     let r = app
         .http
         .post(app.proxy("/pay/v1/charges"))
@@ -311,23 +445,46 @@ async fn transient_503s_are_retried_with_the_same_provider_key() {
     let op = app.op_json("flaky").await;
     assert_eq!(op["state"], "COMPLETED");
     assert_eq!(op["attempts"], 3);
-    let log: Vec<&str> = op["attempts_log"].as_array().unwrap().iter().map(|a| a["outcome"].as_str().unwrap()).collect();
+    let log: Vec<&str> = op["attempts_log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["outcome"].as_str().unwrap())
+        .collect();
     assert_eq!(log, vec!["status-503", "status-503", "status-200"]);
     let keys: Vec<String> = app
         .mock
         .provider
         .requests()
         .iter()
-        .map(|r| r.headers.iter().find(|(n, _)| n == "idempotency-key").unwrap().1.clone())
+        .map(|r| {
+            r.headers
+                .iter()
+                .find(|(n, _)| n == "idempotency-key")
+                .unwrap()
+                .1
+                .clone()
+        })
         .collect();
     assert_eq!(keys.len(), 3);
-    assert!(keys.iter().all(|k| k == op["provider_key"].as_str().unwrap()), "{keys:?}");
+    assert!(
+        keys.iter()
+            .all(|k| k == op["provider_key"].as_str().unwrap()),
+        "{keys:?}"
+    );
 }
 
 #[tokio::test]
 async fn exhausted_retries_end_failed_with_the_last_answer() {
-    let app = spawn_with(Opts { route_extra: "retry = { max_attempts = 2, base_delay_ms = 1, max_delay_ms = 2 }".into(), ..Default::default() }).await;
-    app.mock.provider.set_faults(mock_provider::Faults { fail_503_times: 10, ..Default::default() });
+    let app = spawn_with(Opts {
+        route_extra: "retry = { max_attempts = 2, base_delay_ms = 1, max_delay_ms = 2 }".into(),
+        ..Default::default()
+    })
+    .await;
+    app.mock.provider.set_faults(mock_provider::Faults {
+        fail_503_times: 10,
+        ..Default::default()
+    });
     let r = app.charge("down", BODY).await;
     assert_eq!(r.status(), 503);
     let op = app.op_json("down").await;
@@ -364,7 +521,11 @@ async fn permanent_failure_is_failed_once_and_replayed() {
 
 #[tokio::test]
 async fn a_response_over_the_stored_limit_reaches_the_caller_but_is_not_stored() {
-    let app = spawn_with(Opts { route_extra: "max_stored_response_bytes = 16".into(), ..Default::default() }).await;
+    let app = spawn_with(Opts {
+        route_extra: "max_stored_response_bytes = 16".into(),
+        ..Default::default()
+    })
+    .await;
     let r = app.charge("large", BODY).await;
     assert_eq!(r.status(), 200);
     let full: Value = r.json().await.unwrap();
@@ -376,7 +537,12 @@ async fn a_response_over_the_stored_limit_reaches_the_caller_but_is_not_stored()
     let dup = app.charge("large", BODY).await;
     assert_eq!(dup.status(), 200, "the replay keeps the original status");
     assert_eq!(dup.headers()["idempotent-replayed"], "true");
-    assert!(dup.headers()["effectgate-stored-body"].to_str().unwrap().starts_with("omitted"));
+    assert!(
+        dup.headers()["effectgate-stored-body"]
+            .to_str()
+            .unwrap()
+            .starts_with("omitted")
+    );
     assert_eq!(dup.text().await.unwrap(), "");
     assert_eq!(app.mock.provider.effects(), 1);
 }
@@ -390,7 +556,11 @@ prefix = "/dead/"
 upstream = "http://127.0.0.1:9"
 retry = { max_attempts = 2, base_delay_ms = 1, max_delay_ms = 2 }
 "#;
-    let app = spawn_with(Opts { more: more.into(), ..Default::default() }).await;
+    let app = spawn_with(Opts {
+        more: more.into(),
+        ..Default::default()
+    })
+    .await;
     let r = app
         .http
         .post(app.proxy("/dead/x"))
@@ -404,7 +574,12 @@ retry = { max_attempts = 2, base_delay_ms = 1, max_delay_ms = 2 }
     let op = app.op_json("d1").await;
     assert_eq!(op["state"], "FAILED");
     assert_eq!(op["attempts"], 2);
-    let log: Vec<&str> = op["attempts_log"].as_array().unwrap().iter().map(|a| a["outcome"].as_str().unwrap()).collect();
+    let log: Vec<&str> = op["attempts_log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["outcome"].as_str().unwrap())
+        .collect();
     assert_eq!(log, vec!["connect-failed", "connect-failed"]);
 }
 
@@ -427,13 +602,34 @@ async fn admin_lists_by_state_and_rejects_bad_parameters() {
         async move { http.get(url).bearer_auth(ADMIN_A).send().await.unwrap() }
     };
     let v: Value = list("?state=UNKNOWN").await.json().await.unwrap();
-    let ids: Vec<&str> = v["operations"].as_array().unwrap().iter().map(|o| o["operation_id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = v["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["operation_id"].as_str().unwrap())
+        .collect();
     assert_eq!(ids, vec!["lost"]);
     let r = list("?state=BOGUS").await;
     assert_eq!(r.status(), 400);
     let p: Value = r.json().await.unwrap();
     assert_eq!(p["field"], "query:state");
     assert_eq!(list("?limit=0").await.status(), 400);
-    assert_eq!(app.http.get(app.admin("/healthz")).send().await.unwrap().status(), 200);
-    assert_eq!(app.http.get(app.admin("/readyz")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        app.http
+            .get(app.admin("/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        app.http
+            .get(app.admin("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
 }

@@ -22,18 +22,29 @@ const MANUAL: &str = "[reconcile]\nenabled = false\nmax_read_backs = 2\nbackoff_
 
 async fn app_with_read_back() -> (TestApp, Arc<ManualClock>) {
     let clock = ManualClock::new(1_000_000_000);
-    let app = spawn_with(Opts { route_extra: READ_BACK.into(), more: MANUAL.into(), clock: Some(clock.clone()) }).await;
+    let app = spawn_with(Opts {
+        route_extra: READ_BACK.into(),
+        more: MANUAL.into(),
+        clock: Some(clock.clone()),
+    })
+    .await;
     (app, clock)
 }
 
 async fn lose_reply(app: &TestApp, key: &str) {
-    let r = app.charge_with(key, BODY, &[("X-Mock-Fault", "drop-after-effect")]).await;
+    let r = app
+        .charge_with(key, BODY, &[("X-Mock-Fault", "drop-after-effect")])
+        .await;
     assert_eq!(r.status(), 502);
     assert_eq!(app.op_json(key).await["state"], "UNKNOWN");
 }
 
 fn steps_for<'a>(steps: &'a [(String, String, Step)], id: &str) -> Vec<&'a Step> {
-    steps.iter().filter(|(_, o, _)| o == id).map(|(_, _, s)| s).collect()
+    steps
+        .iter()
+        .filter(|(_, o, _)| o == id)
+        .map(|(_, _, s)| s)
+        .collect()
 }
 
 #[tokio::test]
@@ -46,7 +57,11 @@ async fn reply_lost_after_commit_is_reconciled_to_completed() {
     assert_eq!(op["state"], "COMPLETED");
     assert_eq!(op["provider_reference"], "ch_1");
     assert_eq!(app.mock.provider.effects(), 1);
-    assert_eq!(app.provider_calls().0, 1, "reconciliation never re-sends when the effect exists");
+    assert_eq!(
+        app.provider_calls().0,
+        1,
+        "reconciliation never re-sends when the effect exists"
+    );
     // A duplicate afterwards gets the replay: what the read-back returned.
     let dup = app.charge("lost", BODY).await;
     assert_eq!(dup.status(), 200);
@@ -60,7 +75,11 @@ async fn a_duplicate_of_an_unknown_operation_reconciles_at_once() {
     let (app, _clock) = app_with_read_back().await;
     lose_reply(&app, "lost").await;
     let dup = app.charge("lost", BODY).await;
-    assert_eq!(dup.status(), 200, "the duplicate waits for the read-back instead of a blind 409");
+    assert_eq!(
+        dup.status(),
+        200,
+        "the duplicate waits for the read-back instead of a blind 409"
+    );
     assert_eq!(dup.headers()["idempotent-replayed"], "true");
     assert_eq!(app.op_json("lost").await["state"], "COMPLETED");
     assert_eq!(app.mock.provider.effects(), 1);
@@ -69,14 +88,20 @@ async fn a_duplicate_of_an_unknown_operation_reconciles_at_once() {
 #[tokio::test]
 async fn read_back_lag_is_waited_out_not_retried() {
     let (app, clock) = app_with_read_back().await;
-    app.mock.provider.set_faults(Faults { readback_hidden: true, ..Default::default() });
+    app.mock.provider.set_faults(Faults {
+        readback_hidden: true,
+        ..Default::default()
+    });
     lose_reply(&app, "lag").await;
     // Within the settle delay: absent is not trusted; no new attempt.
     let steps = app.tick().await;
     assert_eq!(steps_for(&steps, "lag"), vec![&Step::Settling]);
     assert_eq!(app.provider_calls().0, 1);
     clock.advance(999);
-    assert!(steps_for(&app.tick().await, "lag").is_empty(), "not due before the delay ends");
+    assert!(
+        steps_for(&app.tick().await, "lag").is_empty(),
+        "not due before the delay ends"
+    );
     assert_eq!(app.provider_calls().0, 1);
     // The provider's index catches up; after the delay the effect is found.
     app.mock.provider.set_faults(Faults::default());
@@ -91,13 +116,20 @@ async fn read_back_lag_is_waited_out_not_retried() {
 async fn absent_after_the_settle_delay_retries_the_same_operation_with_the_same_key() {
     let (app, clock) = app_with_read_back().await;
     // A 504 with no effect behind it: the outcome is unknown to the gateway.
-    app.mock.provider.set_faults(Faults { fail_status_times: 1, fail_status: 504, ..Default::default() });
+    app.mock.provider.set_faults(Faults {
+        fail_status_times: 1,
+        fail_status: 504,
+        ..Default::default()
+    });
     let r = app.charge("gone", BODY).await;
     assert_eq!(r.status(), 502);
     assert_eq!(steps_for(&app.tick().await, "gone"), vec![&Step::Settling]);
     clock.advance(1000);
     let steps = app.tick().await;
-    assert_eq!(steps_for(&steps, "gone"), vec![&Step::Retried(Some(effectgate::ledger::State::Completed))]);
+    assert_eq!(
+        steps_for(&steps, "gone"),
+        vec![&Step::Retried(Some(effectgate::ledger::State::Completed))]
+    );
     let op = app.op_json("gone").await;
     assert_eq!(op["state"], "COMPLETED");
     assert_eq!(op["attempts"], 2);
@@ -108,25 +140,48 @@ async fn absent_after_the_settle_delay_retries_the_same_operation_with_the_same_
         .requests()
         .iter()
         .filter(|r| r.method == "POST")
-        .map(|r| r.headers.iter().find(|(n, _)| n == "idempotency-key").unwrap().1.clone())
+        .map(|r| {
+            r.headers
+                .iter()
+                .find(|(n, _)| n == "idempotency-key")
+                .unwrap()
+                .1
+                .clone()
+        })
         .collect();
-    assert_eq!(keys, vec![op["provider_key"].as_str().unwrap().to_owned(); 2]);
+    assert_eq!(
+        keys,
+        vec![op["provider_key"].as_str().unwrap().to_owned(); 2]
+    );
 }
 
 #[tokio::test]
 async fn a_read_back_error_never_creates_a_provider_call_and_ends_in_a_dead_letter() {
     let (app, clock) = app_with_read_back().await;
     lose_reply(&app, "rb").await;
-    app.mock.provider.set_faults(Faults { readback_fail_times: 10, ..Default::default() });
+    app.mock.provider.set_faults(Faults {
+        readback_fail_times: 10,
+        ..Default::default()
+    });
     clock.advance(1000);
-    assert_eq!(steps_for(&app.tick().await, "rb"), vec![&Step::ReadBackError]);
+    assert_eq!(
+        steps_for(&app.tick().await, "rb"),
+        vec![&Step::ReadBackError]
+    );
     let op = app.op_json("rb").await;
     assert_eq!(op["state"], "UNKNOWN");
     assert_eq!(op["reconcile_attempts"], 1);
     assert!(steps_for(&app.tick().await, "rb").is_empty(), "backing off");
     clock.advance(100);
-    assert_eq!(steps_for(&app.tick().await, "rb"), vec![&Step::DeadLettered]);
-    assert_eq!(app.provider_calls().0, 1, "read-back errors never lead to a new attempt");
+    assert_eq!(
+        steps_for(&app.tick().await, "rb"),
+        vec![&Step::DeadLettered]
+    );
+    assert_eq!(
+        app.provider_calls().0,
+        1,
+        "read-back errors never lead to a new attempt"
+    );
     assert_eq!(app.mock.provider.effects(), 1);
 
     let op = app.op_json("rb").await;
@@ -147,7 +202,12 @@ async fn a_read_back_error_never_creates_a_provider_call_and_ends_in_a_dead_lett
     assert_eq!(item["reason"], "reconciliation-out-of-bounds");
     assert_eq!(item["attempts"], 1);
     assert_eq!(item["last_error"]["kind"], "read-back-error");
-    assert!(item["operator_check"].as_str().unwrap().contains(op["provider_key"].as_str().unwrap()));
+    assert!(
+        item["operator_check"]
+            .as_str()
+            .unwrap()
+            .contains(op["provider_key"].as_str().unwrap())
+    );
     // A duplicate is told it's a dead letter, not replayed as a success.
     let dup = app.charge("rb", BODY).await;
     assert_eq!(dup.status(), 409);
@@ -155,9 +215,20 @@ async fn a_read_back_error_never_creates_a_provider_call_and_ends_in_a_dead_lett
     assert_eq!(p["type"], "urn:effectgate:problem:operation-dead-lettered");
 
     // Requeue: a client key can't; an operator can, and the read-back now finds it.
-    assert_eq!(app.admin_post(KEY_A, "/admin/tenants/a/operations/rb/requeue", "").await.status(), 403);
+    assert_eq!(
+        app.admin_post(KEY_A, "/admin/tenants/a/operations/rb/requeue", "")
+            .await
+            .status(),
+        403
+    );
     app.mock.provider.set_faults(Faults::default());
-    let r = app.admin_post(ADMIN_A, "/admin/tenants/a/operations/rb/requeue", r#"{"reason":"provider is back"}"#).await;
+    let r = app
+        .admin_post(
+            ADMIN_A,
+            "/admin/tenants/a/operations/rb/requeue",
+            r#"{"reason":"provider is back"}"#,
+        )
+        .await;
     assert_eq!(r.status(), 202);
     // The requeue read back at once and found the effect.
     let dup = app.charge("rb", BODY).await;
@@ -172,7 +243,10 @@ async fn a_read_back_error_never_creates_a_provider_call_and_ends_in_a_dead_lett
 #[tokio::test]
 async fn exhausted_retries_are_dead_lettered_with_reason_and_context() {
     let (app, _clock) = app_with_read_back().await;
-    app.mock.provider.set_faults(Faults { fail_503_times: 100, ..Default::default() });
+    app.mock.provider.set_faults(Faults {
+        fail_503_times: 100,
+        ..Default::default()
+    });
     let r = app.charge("busy", BODY).await;
     assert_eq!(r.status(), 503);
     let op = app.op_json("busy").await;
@@ -182,7 +256,9 @@ async fn exhausted_retries_are_dead_lettered_with_reason_and_context() {
     assert_eq!(op["attempts"], 3);
     assert!(app.mock.provider.effects() <= 1);
     app.mock.provider.set_faults(Faults::default());
-    let out = app.admin_post(ADMIN_A, "/admin/tenants/a/operations/busy/requeue", "{}").await;
+    let out = app
+        .admin_post(ADMIN_A, "/admin/tenants/a/operations/busy/requeue", "{}")
+        .await;
     assert_eq!(out.status(), 202);
     // The requeued operation is read back first (absent: no attempt was
     // ambiguous, so no settle delay applies), then attempted again.
@@ -202,9 +278,14 @@ async fn a_dead_letter_of_an_irreversible_route_is_not_requeued() {
         ..Default::default()
     })
     .await;
-    app.mock.provider.set_faults(Faults { fail_503_times: 1, ..Default::default() });
+    app.mock.provider.set_faults(Faults {
+        fail_503_times: 1,
+        ..Default::default()
+    });
     assert_eq!(app.charge("irr", BODY).await.status(), 503);
-    let r = app.admin_post(ADMIN_A, "/admin/tenants/a/operations/irr/requeue", "{}").await;
+    let r = app
+        .admin_post(ADMIN_A, "/admin/tenants/a/operations/irr/requeue", "{}")
+        .await;
     assert_eq!(r.status(), 409);
     let p: Value = r.json().await.unwrap();
     assert!(p["detail"].as_str().unwrap().contains("irreversible"));
@@ -213,21 +294,45 @@ async fn a_dead_letter_of_an_irreversible_route_is_not_requeued() {
 
 #[tokio::test]
 async fn an_operator_resolves_an_unknown_operation_on_a_route_without_read_back() {
-    let app = spawn_with(Opts { more: MANUAL.into(), ..Default::default() }).await;
-    let r = app.charge_with("op", BODY, &[("X-Mock-Fault", "drop-after-effect")]).await;
+    let app = spawn_with(Opts {
+        more: MANUAL.into(),
+        ..Default::default()
+    })
+    .await;
+    let r = app
+        .charge_with("op", BODY, &[("X-Mock-Fault", "drop-after-effect")])
+        .await;
     assert_eq!(r.status(), 502);
-    assert!(steps_for(&app.tick().await, "op").is_empty(), "no read-back: nothing automatic");
-    let bad = app.admin_post(ADMIN_A, "/admin/tenants/a/operations/op/resolve", r#"{"outcome":"maybe"}"#).await;
+    assert!(
+        steps_for(&app.tick().await, "op").is_empty(),
+        "no read-back: nothing automatic"
+    );
+    let bad = app
+        .admin_post(
+            ADMIN_A,
+            "/admin/tenants/a/operations/op/resolve",
+            r#"{"outcome":"maybe"}"#,
+        )
+        .await;
     assert_eq!(bad.status(), 400);
     let p: Value = bad.json().await.unwrap();
     assert_eq!(p["field"], "body.outcome");
     let r = app
-        .admin_post(ADMIN_A, "/admin/tenants/a/operations/op/resolve", r#"{"outcome":"completed","provider_reference":"ch_1","reason":"seen in dashboard"}"#)
+        .admin_post(
+            ADMIN_A,
+            "/admin/tenants/a/operations/op/resolve",
+            r#"{"outcome":"completed","provider_reference":"ch_1","reason":"seen in dashboard"}"#,
+        )
         .await;
     assert_eq!(r.status(), 200);
     let op: Value = r.json().await.unwrap();
     assert_eq!(op["state"], "COMPLETED");
-    let last = op["transitions"].as_array().unwrap().last().unwrap().clone();
+    let last = op["transitions"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
     assert_eq!(last["actor"], "a:admin");
     let dup = app.charge("op", BODY).await;
     assert_eq!(dup.status(), 200, "{:?}", dup.text().await);
@@ -243,7 +348,9 @@ async fn background_retry_mode_answers_202_and_finishes_the_operation() {
         ..Default::default()
     })
     .await;
-    let r = app.charge_with("bg", BODY, &[("X-Mock-Fault", "fail-503:1")]).await;
+    let r = app
+        .charge_with("bg", BODY, &[("X-Mock-Fault", "fail-503:1")])
+        .await;
     assert_eq!(r.status(), 202);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["operation_id"], "bg");
@@ -269,7 +376,15 @@ async fn metrics_are_exported() {
     app.charge("m1", BODY).await;
     app.charge("m1", BODY).await;
     lose_reply(&app, "m2").await;
-    let text = app.http.get(app.admin("/metrics")).send().await.unwrap().text().await.unwrap();
+    let text = app
+        .http
+        .get(app.admin("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     for needle in [
         "effectgate_requests_total",
         "effectgate_replays_total",

@@ -76,7 +76,9 @@ async fn run(
                 if let Some(k) = key(i) {
                     b = b.header("idempotency-key", k);
                 }
-                let req = b.body(Full::new(Bytes::from_static(BODY.as_bytes()))).unwrap();
+                let req = b
+                    .body(Full::new(Bytes::from_static(BODY.as_bytes())))
+                    .unwrap();
                 let t = Instant::now();
                 match client.request(req).await {
                     Ok(resp) => {
@@ -102,8 +104,18 @@ async fn run(
     }
     let elapsed = start.elapsed();
     all.sort_unstable();
-    let pct = |p: f64| all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1))).copied().unwrap_or(0);
-    Stats { name, rps: requests as f64 / elapsed.as_secs_f64(), p50_us: pct(0.50), p99_us: pct(0.99), errors }
+    let pct = |p: f64| {
+        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0)
+    };
+    Stats {
+        name,
+        rps: requests as f64 / elapsed.as_secs_f64(),
+        p50_us: pct(0.50),
+        p99_us: pct(0.99),
+        errors,
+    }
 }
 
 #[tokio::main]
@@ -111,7 +123,10 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let mock = mock_provider::spawn("127.0.0.1:0".parse()?).await?;
     let dir = tempfile::tempdir()?;
-    let hash: String = effectgate::config::key_digest(CLIENT_KEY).iter().map(|b| format!("{b:02x}")).collect();
+    let hash: String = effectgate::config::key_digest(CLIENT_KEY)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     let toml = format!(
         r#"
 [listen]
@@ -143,8 +158,9 @@ provider_idempotency_header = "Idempotency-Key"
 
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
-    let client: HttpClient =
-        Client::builder(TokioExecutor::new()).pool_max_idle_per_host(args.concurrency).build(connector);
+    let client: HttpClient = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(args.concurrency)
+        .build(connector);
     let (n, c) = (args.requests, args.concurrency);
     let direct = format!("{}/v1/charges", mock.url());
     let pass = format!("http://{}/pass/v1/charges", gw.proxy_addr);
@@ -152,19 +168,68 @@ provider_idempotency_header = "Idempotency-Key"
 
     // Warm-up (connections, allocator), not measured.
     run("warmup", &client, direct.clone(), 200, c, |_| None, false).await;
-    run("warmup", &client, pay.clone(), 1, 1, |_| Some("dup-key".into()), true).await;
+    run(
+        "warmup",
+        &client,
+        pay.clone(),
+        1,
+        1,
+        |_| Some("dup-key".into()),
+        true,
+    )
+    .await;
 
     let a = run("(a) direct", &client, direct, n, c, |_| None, false).await;
-    let b = run("(b) effectgate, pass-through route", &client, pass, n, c, |_| None, true).await;
-    let cc = run("(c) effectgate, effectful, unique keys", &client, pay.clone(), n, c, |i| Some(format!("k-{i}")), true).await;
-    let d = run("(d) effectgate, duplicates of one key", &client, pay, n, c, |_| Some("dup-key".into()), true).await;
+    let b = run(
+        "(b) effectgate, pass-through route",
+        &client,
+        pass,
+        n,
+        c,
+        |_| None,
+        true,
+    )
+    .await;
+    let cc = run(
+        "(c) effectgate, effectful, unique keys",
+        &client,
+        pay.clone(),
+        n,
+        c,
+        |i| Some(format!("k-{i}")),
+        true,
+    )
+    .await;
+    let d = run(
+        "(d) effectgate, duplicates of one key",
+        &client,
+        pay,
+        n,
+        c,
+        |_| Some("dup-key".into()),
+        true,
+    )
+    .await;
 
-    println!("requests per scenario: {n}, concurrency: {c}, ledger: SQLite (WAL, synchronous=FULL)");
-    println!("{:<42} {:>10} {:>10} {:>10} {:>7}", "scenario", "req/s", "p50 µs", "p99 µs", "errors");
+    println!(
+        "requests per scenario: {n}, concurrency: {c}, ledger: SQLite (WAL, synchronous=FULL)"
+    );
+    println!(
+        "{:<42} {:>10} {:>10} {:>10} {:>7}",
+        "scenario", "req/s", "p50 µs", "p99 µs", "errors"
+    );
     for s in [&a, &b, &cc, &d] {
-        println!("{:<42} {:>10.0} {:>10} {:>10} {:>7}", s.name, s.rps, s.p50_us, s.p99_us, s.errors);
+        println!(
+            "{:<42} {:>10.0} {:>10} {:>10} {:>7}",
+            s.name, s.rps, s.p50_us, s.p99_us, s.errors
+        );
     }
-    println!("ratios of throughput to (a), same run: b/a = {:.3}, c/a = {:.3}, d/a = {:.3}", b.rps / a.rps, cc.rps / a.rps, d.rps / a.rps);
+    println!(
+        "ratios of throughput to (a), same run: b/a = {:.3}, c/a = {:.3}, d/a = {:.3}",
+        b.rps / a.rps,
+        cc.rps / a.rps,
+        d.rps / a.rps
+    );
     gw.shutdown().await;
     tokio::time::sleep(Duration::from_millis(10)).await;
     Ok(())

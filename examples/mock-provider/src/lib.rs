@@ -163,26 +163,34 @@ pub async fn spawn(addr: SocketAddr) -> std::io::Result<MockProvider> {
     let provider = Provider::default();
     let app = router(provider.clone());
     let task = tokio::spawn(serve(listener, app));
-    Ok(MockProvider { addr, provider, task })
+    Ok(MockProvider {
+        addr,
+        provider,
+        task,
+    })
 }
 
 /// Accept loop: hyper per connection, so a handler can drop its connection.
 pub async fn serve(listener: TcpListener, app: Router) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
         let app = app.clone();
         tokio::spawn(async move {
             let kill = Arc::new(Notify::new());
             let k2 = kill.clone();
-            let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-                req.extensions_mut().insert(ConnKill(k2.clone()));
-                let app = app.clone();
-                async move {
-                    use tower_service::Service;
-                    let mut app = app;
-                    app.call(req.map(axum::body::Body::new)).await
-                }
-            });
+            let svc = hyper::service::service_fn(
+                move |mut req: hyper::Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(ConnKill(k2.clone()));
+                    let app = app.clone();
+                    async move {
+                        use tower_service::Service;
+                        let mut app = app;
+                        app.call(req.map(axum::body::Body::new)).await
+                    }
+                },
+            );
             let io = hyper_util::rt::TokioIo::new(stream);
             let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, svc);
             tokio::select! {
@@ -199,7 +207,10 @@ pub fn router(provider: Provider) -> Router {
         .route("/v1/charges", post(create_charge).get(list_charges))
         .route("/v1/charges/{id}", get(get_charge))
         .route("/stats", get(stats))
-        .route("/requests", get(|State(p): State<Provider>| async move { axum::Json(p.requests()) }))
+        .route(
+            "/requests",
+            get(|State(p): State<Provider>| async move { axum::Json(p.requests()) }),
+        )
         .route("/admin/faults", post(set_faults))
         .route("/admin/reset", post(reset))
         .with_state(provider)
@@ -207,10 +218,15 @@ pub fn router(provider: Provider) -> Router {
 
 async fn stats(State(p): State<Provider>) -> impl IntoResponse {
     let i = p.inner.lock().unwrap();
-    axum::Json(json!({"effects": i.charges.len(), "requests": i.requests.len(), "readbacks": i.readbacks}))
+    axum::Json(
+        json!({"effects": i.charges.len(), "requests": i.requests.len(), "readbacks": i.readbacks}),
+    )
 }
 
-async fn set_faults(State(p): State<Provider>, axum::Json(f): axum::Json<Faults>) -> impl IntoResponse {
+async fn set_faults(
+    State(p): State<Provider>,
+    axum::Json(f): axum::Json<Faults>,
+) -> impl IntoResponse {
     p.set_faults(f);
     StatusCode::NO_CONTENT
 }
@@ -227,7 +243,12 @@ fn record(p: &Provider, req: &Request) {
         headers: req
             .headers()
             .iter()
-            .map(|(n, v)| (n.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+            .map(|(n, v)| {
+                (
+                    n.as_str().to_owned(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
             .collect(),
     };
     p.inner.lock().unwrap().requests.push(seen);
@@ -242,7 +263,9 @@ async fn create_charge(State(p): State<Provider>, req: Request) -> Response {
     let kill = req.extensions().get::<ConnKill>().cloned();
     let (parts, body) = req.into_parts();
     let h = &parts.headers;
-    let body = axum::body::to_bytes(body, 1 << 20).await.unwrap_or_default();
+    let body = axum::body::to_bytes(body, 1 << 20)
+        .await
+        .unwrap_or_default();
     let v: Value = match serde_json::from_slice(&body) {
         Ok(v @ Value::Object(_)) => v,
         _ => {
@@ -254,11 +277,16 @@ async fn create_charge(State(p): State<Provider>, req: Request) -> Response {
         }
     };
     let key = header(h, "idempotency-key").map(str::to_owned);
-    let client_ref = v.get("client_ref").and_then(Value::as_str).map(str::to_owned);
+    let client_ref = v
+        .get("client_ref")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
     let fault = header(h, "x-mock-fault").unwrap_or("").to_owned();
 
     // Delay (header, then knob).
-    let mut delay = header(h, "x-mock-delay-ms").and_then(|d| d.parse::<u64>().ok()).unwrap_or(0);
+    let mut delay = header(h, "x-mock-delay-ms")
+        .and_then(|d| d.parse::<u64>().ok())
+        .unwrap_or(0);
     {
         let mut i = p.inner.lock().unwrap();
         if i.faults.delay_times > 0 {
@@ -271,19 +299,30 @@ async fn create_charge(State(p): State<Provider>, req: Request) -> Response {
     }
 
     let mut drop_after = fault == "drop-after-effect";
-    let delay_reply = fault.strip_prefix("delay-reply:").and_then(|d| d.parse::<u64>().ok());
+    let delay_reply = fault
+        .strip_prefix("delay-reply:")
+        .and_then(|d| d.parse::<u64>().ok());
     let response = {
         let mut i = p.inner.lock().unwrap();
         // Refusals without an effect.
-        let per_key = key.clone().or_else(|| client_ref.clone()).unwrap_or_default();
-        if let Some(n) = fault.strip_prefix("fail-503:").and_then(|n| n.parse::<u32>().ok()) {
+        let per_key = key
+            .clone()
+            .or_else(|| client_ref.clone())
+            .unwrap_or_default();
+        if let Some(n) = fault
+            .strip_prefix("fail-503:")
+            .and_then(|n| n.parse::<u32>().ok())
+        {
             let seen = i.per_key_failures.entry(per_key).or_insert(0);
             if *seen < n {
                 *seen += 1;
                 return unavailable(None);
             }
         }
-        if let Some(code) = fault.strip_prefix("status:").and_then(|c| c.parse::<u16>().ok()) {
+        if let Some(code) = fault
+            .strip_prefix("status:")
+            .and_then(|c| c.parse::<u16>().ok())
+        {
             return refuse(code);
         }
         if i.faults.fail_503_times > 0 {
@@ -302,7 +341,8 @@ async fn create_charge(State(p): State<Provider>, req: Request) -> Response {
         if let Some(idx) = key.as_ref().and_then(|k| i.by_key.get(k)) {
             let c = i.charges[*idx].clone();
             let mut r = (StatusCode::OK, axum::Json(c)).into_response();
-            r.headers_mut().insert("idempotent-replayed", "true".parse().unwrap());
+            r.headers_mut()
+                .insert("idempotent-replayed", "true".parse().unwrap());
             r
         } else {
             let charge = Charge {
@@ -345,8 +385,16 @@ fn unavailable(retry_after: Option<u32>) -> Response {
 
 fn refuse(code: u16) -> Response {
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST);
-    let kind = if code < 500 { "card_error" } else { "api_error" };
-    (status, axum::Json(json!({"error": {"type": kind, "message": format!("refused with {code}")}}))).into_response()
+    let kind = if code < 500 {
+        "card_error"
+    } else {
+        "api_error"
+    };
+    (
+        status,
+        axum::Json(json!({"error": {"type": kind, "message": format!("refused with {code}")}})),
+    )
+        .into_response()
 }
 
 #[derive(Debug, Deserialize)]
@@ -355,7 +403,11 @@ struct ChargeQuery {
     idempotency_key: Option<String>,
 }
 
-async fn list_charges(State(p): State<Provider>, Query(q): Query<ChargeQuery>, req: Request) -> Response {
+async fn list_charges(
+    State(p): State<Provider>,
+    Query(q): Query<ChargeQuery>,
+    req: Request,
+) -> Response {
     record(&p, &req);
     let mut i = p.inner.lock().unwrap();
     i.readbacks += 1;
@@ -371,8 +423,16 @@ async fn list_charges(State(p): State<Provider>, Query(q): Query<ChargeQuery>, r
         .charges
         .iter()
         .filter(|c| c.created.is_none_or(|t| t.elapsed() >= lag))
-        .filter(|c| q.client_ref.as_ref().is_none_or(|r| c.client_ref.as_ref() == Some(r)))
-        .filter(|c| q.idempotency_key.as_ref().is_none_or(|k| c.idempotency_key.as_ref() == Some(k)))
+        .filter(|c| {
+            q.client_ref
+                .as_ref()
+                .is_none_or(|r| c.client_ref.as_ref() == Some(r))
+        })
+        .filter(|c| {
+            q.idempotency_key
+                .as_ref()
+                .is_none_or(|k| c.idempotency_key.as_ref() == Some(k))
+        })
         .collect();
     axum::Json(json!({"object": "list", "data": data})).into_response()
 }
@@ -381,6 +441,10 @@ async fn get_charge(State(p): State<Provider>, Path(id): Path<String>) -> Respon
     let i = p.inner.lock().unwrap();
     match i.charges.iter().find(|c| c.id == id) {
         Some(c) => axum::Json(c.clone()).into_response(),
-        None => (StatusCode::NOT_FOUND, axum::Json(json!({"error": {"type": "invalid_request_error"}}))).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({"error": {"type": "invalid_request_error"}})),
+        )
+            .into_response(),
     }
 }

@@ -45,7 +45,10 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> i64 {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0)
     }
 }
 
@@ -152,7 +155,9 @@ impl fmt::Display for State {
 
 /// Error for an unknown state name.
 #[derive(Debug, thiserror::Error)]
-#[error("unknown operation state {0:?}; expected one of RESERVED, AWAITING_APPROVAL, EXECUTING, COMPLETED, FAILED, UNKNOWN, COMPENSATED")]
+#[error(
+    "unknown operation state {0:?}; expected one of RESERVED, AWAITING_APPROVAL, EXECUTING, COMPLETED, FAILED, UNKNOWN, COMPENSATED"
+)]
 pub struct UnknownState(pub String);
 
 impl FromStr for State {
@@ -300,6 +305,11 @@ pub struct NewOperation {
     pub principal: String,
     /// Key retention (ms).
     pub retention_ms: i64,
+    /// Start in AWAITING_APPROVAL instead of RESERVED (a policy asked for
+    /// approval).
+    pub awaiting_approval: bool,
+    /// Policy decisions to record with the reservation.
+    pub decisions: Vec<crate::policy::DecisionRecord>,
 }
 
 /// Result of [`Ledger::reserve`].
@@ -435,7 +445,9 @@ pub enum LedgerError {
 impl From<LedgerError> for crate::error::ApiError {
     fn from(e: LedgerError) -> Self {
         match e {
-            LedgerError::IllegalTransition { .. } => crate::error::ApiError::Internal(e.to_string()),
+            LedgerError::IllegalTransition { .. } => {
+                crate::error::ApiError::Internal(e.to_string())
+            }
             other => crate::error::ApiError::LedgerUnavailable(other.to_string()),
         }
     }

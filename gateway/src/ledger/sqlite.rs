@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
 use sqlx::{Row, SqlitePool};
 
 use super::{Attempt, Clock, LedgerError, Operation, State, Transition};
@@ -54,15 +56,28 @@ impl Ledger {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_millis(busy_timeout_ms));
-        let write = SqlitePoolOptions::new().max_connections(1).connect_with(opts.clone()).await?;
+        let write = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(opts.clone())
+            .await?;
         MIGRATOR.run(&write).await?;
-        let read = SqlitePoolOptions::new().max_connections(max_read_connections).connect_with(opts).await?;
-        Ok(Self { write, read, clock, stale_fence_rejections: Arc::new(AtomicU64::new(0)) })
+        let read = SqlitePoolOptions::new()
+            .max_connections(max_read_connections)
+            .connect_with(opts)
+            .await?;
+        Ok(Self {
+            write,
+            read,
+            clock,
+            stale_fence_rejections: Arc::new(AtomicU64::new(0)),
+        })
     }
 
     /// Applies the embedded migrations only (`effectgate migrate`).
     pub async fn migrate(path: &Path) -> Result<(), LedgerError> {
-        Self::open(path, 1, 5_000, Arc::new(super::SystemClock)).await.map(|_| ())
+        Self::open(path, 1, 5_000, Arc::new(super::SystemClock))
+            .await
+            .map(|_| ())
     }
 
     /// The clock the ledger stamps rows with.
@@ -96,18 +111,28 @@ impl Ledger {
             .bind(fresh.as_slice())
             .execute(&self.write)
             .await?;
-        let row = sqlx::query("SELECT value FROM meta WHERE name = 'provider_key_secret'").fetch_one(&self.write).await?;
+        let row = sqlx::query("SELECT value FROM meta WHERE name = 'provider_key_secret'")
+            .fetch_one(&self.write)
+            .await?;
         Ok(row.try_get("value")?)
     }
 
     /// Reads one operation of `tenant`. Another tenant's operation is `None`.
-    pub async fn get(&self, tenant: &str, operation_id: &str) -> Result<Option<Operation>, LedgerError> {
+    pub async fn get(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+    ) -> Result<Option<Operation>, LedgerError> {
         let mut conn = self.read.acquire().await?;
         Ok(fetch_op(&mut *conn, tenant, operation_id).await?)
     }
 
     /// The attempts log of one operation, oldest first.
-    pub async fn attempts(&self, tenant: &str, operation_id: &str) -> Result<Vec<Attempt>, LedgerError> {
+    pub async fn attempts(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+    ) -> Result<Vec<Attempt>, LedgerError> {
         let rows = sqlx::query(
             "SELECT attempt, fence, status, outcome, detail, at FROM attempts \
              WHERE tenant_id = ? AND operation_id = ? ORDER BY attempt",
@@ -131,8 +156,44 @@ impl Ledger {
             .map_err(Into::into)
     }
 
+    /// Policy decisions recorded for an operation id, oldest first, as JSON
+    /// objects (policy, content_hash, decision, reason, duration_us,
+    /// fingerprint, at).
+    pub async fn decisions(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+    ) -> Result<Vec<serde_json::Value>, LedgerError> {
+        let rows = sqlx::query(
+            "SELECT policy, content_hash, decision, reason, duration_us, fingerprint, at FROM policy_decisions \
+             WHERE tenant_id = ? AND operation_id = ? ORDER BY seq",
+        )
+        .bind(tenant)
+        .bind(operation_id)
+        .fetch_all(&self.read)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(serde_json::json!({
+                    "policy": r.try_get::<String, _>("policy")?,
+                    "content_hash": r.try_get::<String, _>("content_hash")?,
+                    "decision": r.try_get::<String, _>("decision")?,
+                    "reason": r.try_get::<Option<String>, _>("reason")?,
+                    "duration_us": r.try_get::<i64, _>("duration_us")?,
+                    "fingerprint": r.try_get::<String, _>("fingerprint")?,
+                    "at": r.try_get::<i64, _>("at")?,
+                }))
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Into::into)
+    }
+
     /// The transition history of one operation, oldest first.
-    pub async fn transitions(&self, tenant: &str, operation_id: &str) -> Result<Vec<Transition>, LedgerError> {
+    pub async fn transitions(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+    ) -> Result<Vec<Transition>, LedgerError> {
         let rows = sqlx::query(
             "SELECT seq, from_state, to_state, version, fence, actor, reason, at FROM transitions \
              WHERE tenant_id = ? AND operation_id = ? ORDER BY seq",
@@ -148,7 +209,9 @@ impl Ledger {
                 Ok(Transition {
                     seq: r.try_get("seq")?,
                     from_state: from.and_then(|s| s.parse().ok()),
-                    to_state: to.parse().map_err(|e: super::UnknownState| sqlx::Error::Decode(e.into()))?,
+                    to_state: to
+                        .parse()
+                        .map_err(|e: super::UnknownState| sqlx::Error::Decode(e.into()))?,
                     version: r.try_get("version")?,
                     fence: r.try_get("fence")?,
                     actor: r.try_get("actor")?,
@@ -164,7 +227,11 @@ impl Ledger {
     /// means "operator only": the route has no read-back) and not leased, EXECUTING
     /// ones whose lease expired, and RESERVED ones untouched for
     /// `reserved_grace_ms`.
-    pub async fn due_for_reconciliation(&self, reserved_grace_ms: i64, limit: u32) -> Result<Vec<Operation>, LedgerError> {
+    pub async fn due_for_reconciliation(
+        &self,
+        reserved_grace_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<Operation>, LedgerError> {
         let now = self.clock.now_ms();
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {OP_COLUMNS} FROM operations WHERE \
@@ -179,11 +246,18 @@ impl Ledger {
         .bind(i64::from(limit))
         .fetch_all(&self.read)
         .await?;
-        rows.iter().map(op_from_row).collect::<Result<_, _>>().map_err(Into::into)
+        rows.iter()
+            .map(op_from_row)
+            .collect::<Result<_, _>>()
+            .map_err(Into::into)
     }
 
     /// Dead letters of `tenant`, oldest first, at most `limit`.
-    pub async fn dead_letters(&self, tenant: Option<&str>, limit: u32) -> Result<Vec<Operation>, LedgerError> {
+    pub async fn dead_letters(
+        &self,
+        tenant: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Operation>, LedgerError> {
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {OP_COLUMNS} FROM operations WHERE dead_letter = 1 AND (?1 IS NULL OR tenant_id = ?1) \
              ORDER BY updated_at LIMIT ?2"
@@ -192,7 +266,10 @@ impl Ledger {
         .bind(i64::from(limit))
         .fetch_all(&self.read)
         .await?;
-        rows.iter().map(op_from_row).collect::<Result<_, _>>().map_err(Into::into)
+        rows.iter()
+            .map(op_from_row)
+            .collect::<Result<_, _>>()
+            .map_err(Into::into)
     }
 
     /// Per-tenant counts: (tenant, UNKNOWN operations, dead letters, oldest
@@ -206,14 +283,26 @@ impl Ledger {
         .fetch_all(&self.read)
         .await?;
         rows.iter()
-            .map(|r| Ok((r.try_get("tenant_id")?, r.try_get("unknown")?, r.try_get("dead")?, r.try_get("oldest")?)))
+            .map(|r| {
+                Ok((
+                    r.try_get("tenant_id")?,
+                    r.try_get("unknown")?,
+                    r.try_get("dead")?,
+                    r.try_get("oldest")?,
+                ))
+            })
             .collect::<Result<_, sqlx::Error>>()
             .map_err(Into::into)
     }
 
     /// Lists operations, newest change first, optionally filtered by tenant
     /// and state, at most `limit` rows.
-    pub async fn list(&self, tenant: Option<&str>, state: Option<State>, limit: u32) -> Result<Vec<Operation>, LedgerError> {
+    pub async fn list(
+        &self,
+        tenant: Option<&str>,
+        state: Option<State>,
+        limit: u32,
+    ) -> Result<Vec<Operation>, LedgerError> {
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {OP_COLUMNS} FROM operations WHERE (?1 IS NULL OR tenant_id = ?1) AND (?2 IS NULL OR state = ?2) \
              ORDER BY updated_at DESC, operation_id LIMIT ?3"
@@ -223,11 +312,18 @@ impl Ledger {
         .bind(i64::from(limit))
         .fetch_all(&self.read)
         .await?;
-        rows.iter().map(op_from_row).collect::<Result<_, _>>().map_err(Into::into)
+        rows.iter()
+            .map(op_from_row)
+            .collect::<Result<_, _>>()
+            .map_err(Into::into)
     }
 }
 
-pub(super) async fn fetch_op<'e, E>(ex: E, tenant: &str, operation_id: &str) -> Result<Option<Operation>, sqlx::Error>
+pub(super) async fn fetch_op<'e, E>(
+    ex: E,
+    tenant: &str,
+    operation_id: &str,
+) -> Result<Option<Operation>, sqlx::Error>
 where
     E: sqlx::Executor<'e, Database = sqlx::Sqlite>,
 {
@@ -254,7 +350,9 @@ pub(super) fn op_from_row(r: &SqliteRow) -> Result<Operation, sqlx::Error> {
         fingerprint: r.try_get("fingerprint")?,
         provider_key: r.try_get("provider_key")?,
         effect_class: r.try_get("effect_class")?,
-        state: state.parse().map_err(|e: super::UnknownState| sqlx::Error::Decode(e.into()))?,
+        state: state
+            .parse()
+            .map_err(|e: super::UnknownState| sqlx::Error::Decode(e.into()))?,
         version: r.try_get("version")?,
         attempts: r.try_get("attempts")?,
         lease_owner: r.try_get("lease_owner")?,
@@ -264,7 +362,9 @@ pub(super) fn op_from_row(r: &SqliteRow) -> Result<Operation, sqlx::Error> {
         request_body: r.try_get("request_body")?,
         principal: r.try_get("principal")?,
         response_status: r.try_get("response_status")?,
-        response_headers: headers.and_then(|h| serde_json::from_str(&h).ok()).unwrap_or_default(),
+        response_headers: headers
+            .and_then(|h| serde_json::from_str(&h).ok())
+            .unwrap_or_default(),
         response_body: r.try_get("response_body")?,
         response_body_bytes: r.try_get("response_body_bytes")?,
         response_body_omitted: r.try_get("response_body_omitted")?,
@@ -273,7 +373,8 @@ pub(super) fn op_from_row(r: &SqliteRow) -> Result<Operation, sqlx::Error> {
         created_at: r.try_get("created_at")?,
         updated_at: r.try_get("updated_at")?,
         expires_at: r.try_get("expires_at")?,
-        request_headers: serde_json::from_str(&r.try_get::<String, _>("request_headers")?).unwrap_or_default(),
+        request_headers: serde_json::from_str(&r.try_get::<String, _>("request_headers")?)
+            .unwrap_or_default(),
         reconcile_attempts: r.try_get("reconcile_attempts")?,
         next_reconcile_at: r.try_get("next_reconcile_at")?,
         dead_letter: r.try_get("dead_letter")?,

@@ -29,7 +29,11 @@ impl Ledger {
                 "DELETE FROM transitions WHERE tenant_id = ? AND operation_id = ?",
                 "DELETE FROM attempts WHERE tenant_id = ? AND operation_id = ?",
             ] {
-                sqlx::query(sql).bind(&new.tenant_id).bind(&new.operation_id).execute(&mut *tx).await?;
+                sqlx::query(sql)
+                    .bind(&new.tenant_id)
+                    .bind(&new.operation_id)
+                    .execute(&mut *tx)
+                    .await?;
             }
         }
         let inserted = sqlx::query(
@@ -59,12 +63,67 @@ impl Ledger {
         .await?;
         let created = inserted.rows_affected() == 1;
         if created {
-            insert_transition(&mut tx, &new.tenant_id, &new.operation_id, None, State::Reserved, 1, 0, &new.principal, "reserved", now)
+            insert_transition(
+                &mut tx,
+                &new.tenant_id,
+                &new.operation_id,
+                None,
+                State::Reserved,
+                1,
+                0,
+                &new.principal,
+                "reserved",
+                now,
+            )
+            .await?;
+            if new.awaiting_approval {
+                sqlx::query(
+                    "UPDATE operations SET state = 'AWAITING_APPROVAL', version = 2 WHERE tenant_id = ? AND operation_id = ?",
+                )
+                .bind(&new.tenant_id)
+                .bind(&new.operation_id)
+                .execute(&mut *tx)
                 .await?;
+                let reason = new
+                    .decisions
+                    .iter()
+                    .filter(|d| d.decision == "require-approval")
+                    .map(|d| format!("{}: {}", d.policy, d.reason.as_deref().unwrap_or("")))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                insert_transition(
+                    &mut tx,
+                    &new.tenant_id,
+                    &new.operation_id,
+                    Some(State::Reserved),
+                    State::AwaitingApproval,
+                    2,
+                    0,
+                    &new.principal,
+                    &format!("approval required: {reason}"),
+                    now,
+                )
+                .await?;
+            }
+            insert_decisions(
+                &mut tx,
+                &new.tenant_id,
+                &new.operation_id,
+                &new.fingerprint,
+                &new.decisions,
+                now,
+            )
+            .await?;
         }
-        let op = fetch_op(&mut *tx, &new.tenant_id, &new.operation_id).await?.ok_or(sqlx::Error::RowNotFound)?;
+        let op = fetch_op(&mut *tx, &new.tenant_id, &new.operation_id)
+            .await?
+            .ok_or(sqlx::Error::RowNotFound)?;
         tx.commit().await?;
-        Ok(if created { Reservation::Created(op) } else { Reservation::Existing(op) })
+        Ok(if created {
+            Reservation::Created(op)
+        } else {
+            Reservation::Existing(op)
+        })
     }
 
     /// Claims the lease on an operation and moves it `from → EXECUTING`, if
@@ -89,7 +148,10 @@ impl Ledger {
         reason: &str,
     ) -> Result<Option<Claim>, LedgerError> {
         if !from.can_transition_to(State::Executing) || from == State::Failed {
-            return Err(LedgerError::IllegalTransition { from, to: State::Executing });
+            return Err(LedgerError::IllegalTransition {
+                from,
+                to: State::Executing,
+            });
         }
         let now = self.clock.now_ms();
         let expires = now.saturating_add(lease_ms.max(0));
@@ -118,8 +180,19 @@ impl Ledger {
             attempt: row.try_get("attempts")?,
             lease_expires_at: expires,
         };
-        insert_transition(&mut tx, tenant, operation_id, Some(from), State::Executing, claim.version, claim.fence, owner, reason, now)
-            .await?;
+        insert_transition(
+            &mut tx,
+            tenant,
+            operation_id,
+            Some(from),
+            State::Executing,
+            claim.version,
+            claim.fence,
+            owner,
+            reason,
+            now,
+        )
+        .await?;
         tx.commit().await?;
         Ok(Some(claim))
     }
@@ -152,9 +225,14 @@ impl Ledger {
             return Err(LedgerError::IllegalTransition { from, to });
         }
         let now = self.clock.now_ms();
-        let headers = serde_json::to_string(&outcome.response_headers).unwrap_or_else(|_| "[]".into());
+        let headers =
+            serde_json::to_string(&outcome.response_headers).unwrap_or_else(|_| "[]".into());
         let (dl, dl_reason, dl_check) = match &outcome.dead_letter {
-            Some(d) => (true, Some(d.reason.as_str()), Some(d.operator_check.as_str())),
+            Some(d) => (
+                true,
+                Some(d.reason.as_str()),
+                Some(d.operator_check.as_str()),
+            ),
             None => (false, None, None),
         };
         let mut tx = self.write.begin().await?;
@@ -198,7 +276,12 @@ impl Ledger {
         .await?;
         let Some(row) = row else {
             self.count_stale_fence();
-            tracing::warn!(tenant, operation_id, fence, "write rejected: fencing token is not current");
+            tracing::warn!(
+                tenant,
+                operation_id,
+                fence,
+                "write rejected: fencing token is not current"
+            );
             return Ok(false);
         };
         let version: i64 = row.try_get("version")?;
@@ -217,7 +300,19 @@ impl Ledger {
             )
             .await?;
         }
-        insert_transition(&mut tx, tenant, operation_id, Some(from), to, version, fence, actor, &outcome.reason, now).await?;
+        insert_transition(
+            &mut tx,
+            tenant,
+            operation_id,
+            Some(from),
+            to,
+            version,
+            fence,
+            actor,
+            &outcome.reason,
+            now,
+        )
+        .await?;
         tx.commit().await?;
         Ok(true)
     }
@@ -260,8 +355,19 @@ impl Ledger {
         .await?;
         let Some(row) = row else { return Ok(false) };
         let (v, f): (i64, i64) = (row.try_get("version")?, row.try_get("fence")?);
-        insert_transition(&mut tx, tenant, operation_id, Some(State::Executing), State::Unknown, v, f, actor, "lease expired", now)
-            .await?;
+        insert_transition(
+            &mut tx,
+            tenant,
+            operation_id,
+            Some(State::Executing),
+            State::Unknown,
+            v,
+            f,
+            actor,
+            "lease expired",
+            now,
+        )
+        .await?;
         tx.commit().await?;
         Ok(true)
     }
@@ -302,8 +408,19 @@ impl Ledger {
             attempt: row.try_get("attempts")?,
             lease_expires_at: expires,
         };
-        insert_transition(&mut tx, tenant, operation_id, Some(State::Unknown), State::Unknown, claim.version, claim.fence, owner, reason, now)
-            .await?;
+        insert_transition(
+            &mut tx,
+            tenant,
+            operation_id,
+            Some(State::Unknown),
+            State::Unknown,
+            claim.version,
+            claim.fence,
+            owner,
+            reason,
+            now,
+        )
+        .await?;
         tx.commit().await?;
         Ok(Some(claim))
     }
@@ -348,8 +465,19 @@ impl Ledger {
             attempt: row.try_get("attempts")?,
             lease_expires_at: expires,
         };
-        insert_transition(&mut tx, tenant, operation_id, Some(State::Unknown), State::Executing, claim.version, claim.fence, owner, reason, now)
-            .await?;
+        insert_transition(
+            &mut tx,
+            tenant,
+            operation_id,
+            Some(State::Unknown),
+            State::Executing,
+            claim.version,
+            claim.fence,
+            owner,
+            reason,
+            now,
+        )
+        .await?;
         tx.commit().await?;
         Ok(Some(claim))
     }
@@ -371,7 +499,10 @@ impl Ledger {
         reason: &str,
     ) -> Result<Option<i64>, LedgerError> {
         if !matches!(to, State::Unknown | State::Reserved) {
-            return Err(LedgerError::IllegalTransition { from: State::Failed, to });
+            return Err(LedgerError::IllegalTransition {
+                from: State::Failed,
+                to,
+            });
         }
         let now = self.clock.now_ms();
         let mut tx = self.write.begin().await?;
@@ -391,7 +522,19 @@ impl Ledger {
         .await?;
         let Some(row) = row else { return Ok(None) };
         let (v, f): (i64, i64) = (row.try_get("version")?, row.try_get("fence")?);
-        insert_transition(&mut tx, tenant, operation_id, Some(State::Failed), to, v, f, actor, reason, now).await?;
+        insert_transition(
+            &mut tx,
+            tenant,
+            operation_id,
+            Some(State::Failed),
+            to,
+            v,
+            f,
+            actor,
+            reason,
+            now,
+        )
+        .await?;
         tx.commit().await?;
         Ok(Some(v))
     }
@@ -432,15 +575,31 @@ impl Ledger {
             return Ok(false);
         };
         let next: i64 = row.try_get("attempts")?;
-        insert_attempt(&mut tx, tenant, operation_id, next - 1, fence, status.map(i64::from), outcome, Some(detail), now)
-            .await?;
+        insert_attempt(
+            &mut tx,
+            tenant,
+            operation_id,
+            next - 1,
+            fence,
+            status.map(i64::from),
+            outcome,
+            Some(detail),
+            now,
+        )
+        .await?;
         tx.commit().await?;
         Ok(true)
     }
 
     /// Extends the lease held under `fence` to now + `lease_ms`. Returns
     /// `false` if the token is no longer current.
-    pub async fn extend_lease(&self, tenant: &str, operation_id: &str, fence: i64, lease_ms: i64) -> Result<bool, LedgerError> {
+    pub async fn extend_lease(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        fence: i64,
+        lease_ms: i64,
+    ) -> Result<bool, LedgerError> {
         let now = self.clock.now_ms();
         let r = sqlx::query(
             "UPDATE operations SET lease_expires_at = ? \
@@ -457,7 +616,6 @@ impl Ledger {
         }
         Ok(r.rows_affected() == 1)
     }
-
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -491,6 +649,55 @@ async fn insert_transition(
     Ok(())
 }
 
+async fn insert_decisions(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tenant: &str,
+    operation_id: &str,
+    fingerprint: &str,
+    decisions: &[crate::policy::DecisionRecord],
+    at: i64,
+) -> Result<(), sqlx::Error> {
+    for d in decisions {
+        sqlx::query(
+            "INSERT INTO policy_decisions (tenant_id, operation_id, fingerprint, policy, content_hash, decision, reason, \
+             duration_us, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(tenant)
+        .bind(operation_id)
+        .bind(fingerprint)
+        .bind(&d.policy)
+        .bind(&d.content_hash)
+        .bind(&d.decision)
+        .bind(&d.reason)
+        .bind(d.duration_us)
+        .bind(at)
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
+}
+
+impl Ledger {
+    /// Records the decisions of a request that did not reserve an operation
+    /// (denied, or a policy failed closed), under the key it carried.
+    pub async fn record_decisions(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        fingerprint: &str,
+        decisions: &[crate::policy::DecisionRecord],
+    ) -> Result<(), LedgerError> {
+        if decisions.is_empty() {
+            return Ok(());
+        }
+        let now = self.clock.now_ms();
+        let mut tx = self.write.begin().await?;
+        insert_decisions(&mut tx, tenant, operation_id, fingerprint, decisions, now).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn insert_attempt(
     tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
@@ -519,4 +726,3 @@ async fn insert_attempt(
     .await?;
     Ok(())
 }
-

@@ -1,0 +1,11 @@
+//! Host bindings for the `effectgate:policy` world (`wit/policy.wit`).
+
+wasmtime::component::bindgen!({
+    path: "../wit",
+    world: "policy",
+});
+
+pub use effectgate::policy::types::{Allow, Deny, EffectClass, Header, OperationState};
+
+/// The world's package and version, as policies must target it.
+pub const WORLD: &str = "effectgate:policy@0.1.0";

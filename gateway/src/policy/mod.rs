@@ -1,0 +1,455 @@
+//! Tenant policies as WebAssembly components.
+//!
+//! - [`bindings`]: the `effectgate:policy@0.1.0` world (`wit/policy.wit`);
+//! - [`engine`]: the wasmtime host (compile once, `InstancePre` cached by
+//!   content hash, a fresh `Store` per call with memory, epoch-deadline and
+//!   optional fuel limits);
+//! - [`PolicySet`]: each tenant's ordered policies per route, with their
+//!   configs validated against the policies' `config-schema()`;
+//! - [`cases`]: `effectgate policy test`.
+//!
+//! Chain semantics: the first deny wins; approval is required if any policy
+//! requires it; allows merge (the last effect class given wins, added
+//! headers accumulate).
+
+pub mod bindings;
+pub mod cases;
+pub mod engine;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::HeaderName;
+use serde::Serialize;
+
+pub use bindings::{Decision, EffectClass as WitEffectClass, FailureClass, ReplayVerdict, Request};
+pub use engine::{CompiledPolicy, LoadError, PolicyEngine, PolicyFailure};
+
+use crate::config::{EffectClass, PolicyLimitsSpec, Route, Settings};
+
+/// A policy bound to a tenant's route.
+#[derive(Debug, Clone)]
+pub struct BoundPolicy {
+    /// Policy name: the module's file stem.
+    pub name: String,
+    /// The compiled module.
+    pub compiled: Arc<CompiledPolicy>,
+    /// The tenant's config, as JSON text.
+    pub config: String,
+}
+
+/// Every tenant's policies, per route. Immutable; a reload builds a new one.
+#[derive(Debug, Default)]
+pub struct PolicySet {
+    /// (tenant, route name) → policies in order. Route `*` bindings are
+    /// expanded into every route.
+    by_route: HashMap<(String, String), Vec<BoundPolicy>>,
+}
+
+/// A load-time error naming the tenant, the policy and the JSON pointer.
+#[derive(Debug, thiserror::Error)]
+#[error("tenant {tenant:?}, policy {policy:?}: {message}")]
+pub struct BindError {
+    /// Tenant id.
+    pub tenant: String,
+    /// Policy module path.
+    pub policy: String,
+    /// What is wrong (for invalid configs, with the JSON pointer).
+    pub message: String,
+}
+
+impl PolicySet {
+    /// Compiles (or reuses) every bound module and validates each tenant's
+    /// config against the module's `config-schema()` with the jsonschema crate.
+    ///
+    /// Errors: the first module that can't be loaded or config that doesn't
+    /// validate, naming tenant, policy and the JSON pointer of the failure.
+    pub fn build(engine: &PolicyEngine, settings: &Settings) -> Result<Self, BindError> {
+        let mut by_route: HashMap<(String, String), Vec<BoundPolicy>> = HashMap::new();
+        for (tenant, b) in &settings.policy_bindings {
+            let policy = b.module.display().to_string();
+            let err = |message: String| BindError {
+                tenant: tenant.clone(),
+                policy: policy.clone(),
+                message,
+            };
+            let compiled = engine.load(&b.module).map_err(|e| err(e.to_string()))?;
+            let schema: serde_json::Value = serde_json::from_str(&compiled.config_schema)
+                .map_err(|e| err(format!("config-schema() is not JSON: {e}")))?;
+            let validator = jsonschema::validator_for(&schema)
+                .map_err(|e| err(format!("config-schema() is not a valid JSON Schema: {e}")))?;
+            if let Some(first) = validator.iter_errors(&b.config).next() {
+                let pointer = first.instance_path().to_string();
+                let pointer = if pointer.is_empty() {
+                    "/".to_owned()
+                } else {
+                    pointer
+                };
+                return Err(err(format!("config is invalid at {pointer}: {first}")));
+            }
+            let name = b
+                .module
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| policy.clone());
+            let bound = BoundPolicy {
+                name,
+                compiled,
+                config: b.config.to_string(),
+            };
+            let routes: Vec<String> = if b.route == "*" {
+                settings.routes.iter().map(|r| r.name.clone()).collect()
+            } else {
+                vec![b.route.clone()]
+            };
+            for r in routes {
+                by_route
+                    .entry((tenant.clone(), r))
+                    .or_default()
+                    .push(bound.clone());
+            }
+        }
+        Ok(Self { by_route })
+    }
+
+    /// The policies of `tenant` on `route`, in order (empty if none).
+    pub fn for_route(&self, tenant: &str, route: &str) -> &[BoundPolicy] {
+        self.by_route
+            .get(&(tenant.to_owned(), route.to_owned()))
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// Content hashes of every module in the set.
+    pub fn hashes(&self) -> Vec<[u8; 32]> {
+        let mut v: Vec<[u8; 32]> = self
+            .by_route
+            .values()
+            .flatten()
+            .map(|p| p.compiled.hash)
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+}
+
+/// One policy's decision, as recorded with the operation.
+#[derive(Debug, Clone, Serialize)]
+pub struct DecisionRecord {
+    /// Policy name.
+    pub policy: String,
+    /// sha256 of the module.
+    pub content_hash: String,
+    /// `allow`, `deny`, `require-approval`, `failed-closed`, `failed-open`.
+    pub decision: String,
+    /// Reason or failure detail.
+    pub reason: Option<String>,
+    /// Time the call took, µs.
+    pub duration_us: i64,
+}
+
+/// The chain's verdict.
+#[derive(Debug, Clone)]
+pub enum Verdict {
+    /// Run it, with these changes.
+    Allow {
+        /// Effect class override.
+        effect_class: Option<EffectClass>,
+        /// Headers to add to the forwarded request.
+        add_headers: Vec<(HeaderName, http::HeaderValue)>,
+    },
+    /// Refused (the first deny).
+    Deny {
+        /// 4xx status.
+        status: u16,
+        /// Reason.
+        reason: String,
+        /// Policy that denied.
+        policy: String,
+    },
+    /// A human must approve first.
+    RequireApproval {
+        /// Reasons of every policy that asked.
+        reasons: Vec<String>,
+        /// First policy that asked (name and content hash).
+        policy: (String, String),
+    },
+    /// A policy failed and the route fails closed.
+    Failed {
+        /// Policy that failed.
+        policy: String,
+        /// What happened.
+        failure: PolicyFailure,
+    },
+}
+
+/// Converts a gateway effect class to the WIT one.
+pub fn wit_class(c: EffectClass) -> WitEffectClass {
+    match c {
+        EffectClass::Derived => WitEffectClass::Derived,
+        EffectClass::Analytics => WitEffectClass::Analytics,
+        EffectClass::Notification => WitEffectClass::Notification,
+        EffectClass::Payment => WitEffectClass::Payment,
+        EffectClass::Permission => WitEffectClass::Permission,
+        EffectClass::Irreversible => WitEffectClass::Irreversible,
+    }
+}
+
+fn from_wit_class(c: WitEffectClass) -> EffectClass {
+    match c {
+        WitEffectClass::Derived => EffectClass::Derived,
+        WitEffectClass::Analytics => EffectClass::Analytics,
+        WitEffectClass::Notification => EffectClass::Notification,
+        WitEffectClass::Payment => EffectClass::Payment,
+        WitEffectClass::Permission => EffectClass::Permission,
+        WitEffectClass::Irreversible => EffectClass::Irreversible,
+    }
+}
+
+/// Checks a policy's decision against the output rules (RFC-style 4xx
+/// statuses, sizes, and headers a policy may never set).
+fn validate(
+    d: Decision,
+    route: &Route,
+    limits: &PolicyLimitsSpec,
+) -> Result<Decision, PolicyFailure> {
+    let too_long = |what: &str, s: &str| {
+        (s.len() > limits.max_reason_bytes).then(|| {
+            PolicyFailure::InvalidOutput(format!(
+                "{what} is {} bytes; the limit is {}",
+                s.len(),
+                limits.max_reason_bytes
+            ))
+        })
+    };
+    match &d {
+        Decision::Deny(deny) => {
+            if !(400..=499).contains(&deny.status) {
+                return Err(PolicyFailure::InvalidOutput(format!(
+                    "deny status {} is not 4xx",
+                    deny.status
+                )));
+            }
+            if let Some(e) = too_long("the deny reason", &deny.reason) {
+                return Err(e);
+            }
+        }
+        Decision::RequireApproval(reason) => {
+            if let Some(e) = too_long("the approval reason", reason) {
+                return Err(e);
+            }
+        }
+        Decision::Allow(allow) => {
+            if allow.add_headers.len() > limits.max_add_headers {
+                return Err(PolicyFailure::InvalidOutput(format!(
+                    "{} headers added; the limit is {}",
+                    allow.add_headers.len(),
+                    limits.max_add_headers
+                )));
+            }
+            for h in &allow.add_headers {
+                let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| {
+                    PolicyFailure::InvalidOutput(format!("{:?} is not a header name", h.name))
+                })?;
+                let forbidden = crate::forward::is_hop_by_hop(&name, &[])
+                    || name == http::header::HOST
+                    || name == http::header::AUTHORIZATION
+                    || name == http::header::CONTENT_LENGTH
+                    || name.as_str() == crate::idempotency::IDEMPOTENCY_KEY
+                    || route.inject_headers.iter().any(|(n, _)| *n == name)
+                    || route.provider_idempotency_header.as_ref() == Some(&name);
+                if forbidden {
+                    return Err(PolicyFailure::InvalidOutput(format!(
+                        "a policy may not set the {name} header"
+                    )));
+                }
+                if h.value.len() > limits.max_header_bytes
+                    || http::HeaderValue::from_str(&h.value).is_err()
+                {
+                    return Err(PolicyFailure::InvalidOutput(format!(
+                        "invalid or oversized value for header {name}"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(d)
+}
+
+/// Runs the chain of `policies` on `request`. Returns the verdict and one
+/// record per policy that ran.
+pub fn evaluate_chain(
+    engine: &PolicyEngine,
+    policies: &[BoundPolicy],
+    route: &Route,
+    tenant: &str,
+    request: &Request,
+) -> (Verdict, Vec<DecisionRecord>) {
+    let mut records = Vec::with_capacity(policies.len());
+    let mut effect_class = None;
+    let mut add_headers = Vec::new();
+    let mut approvals: Vec<(String, String, String)> = Vec::new();
+    for p in policies {
+        let started = Instant::now();
+        let label = format!("{tenant}/{}", p.name);
+        let out = engine
+            .call(&p.compiled, &label, |inst, store| {
+                inst.call_evaluate(store, &p.config, request)
+            })
+            .and_then(|d| validate(d, route, engine.limits()));
+        let duration_us = started.elapsed().as_micros() as i64;
+        let rec = |decision: &str, reason: Option<String>| DecisionRecord {
+            policy: p.name.clone(),
+            content_hash: p.compiled.hash_hex.clone(),
+            decision: decision.to_owned(),
+            reason,
+            duration_us,
+        };
+        match out {
+            Ok(Decision::Allow(a)) => {
+                records.push(rec("allow", None));
+                if let Some(c) = a.effect_class {
+                    effect_class = Some(from_wit_class(c));
+                }
+                for h in a.add_headers {
+                    if let (Ok(n), Ok(v)) = (
+                        HeaderName::from_bytes(h.name.as_bytes()),
+                        http::HeaderValue::from_str(&h.value),
+                    ) {
+                        add_headers.push((n, v));
+                    }
+                }
+            }
+            Ok(Decision::Deny(d)) => {
+                records.push(rec("deny", Some(d.reason.clone())));
+                return (
+                    Verdict::Deny {
+                        status: d.status,
+                        reason: d.reason,
+                        policy: p.name.clone(),
+                    },
+                    records,
+                );
+            }
+            Ok(Decision::RequireApproval(reason)) => {
+                records.push(rec("require-approval", Some(reason.clone())));
+                approvals.push((p.name.clone(), p.compiled.hash_hex.clone(), reason));
+            }
+            Err(failure) => {
+                tracing::warn!(tenant, policy = %p.name, kind = failure.kind(), error = %failure, "policy call failed");
+                if route.policy_fail_open {
+                    records.push(rec("failed-open", Some(failure.to_string())));
+                } else {
+                    records.push(rec("failed-closed", Some(failure.to_string())));
+                    return (
+                        Verdict::Failed {
+                            policy: p.name.clone(),
+                            failure,
+                        },
+                        records,
+                    );
+                }
+            }
+        }
+    }
+    if let Some((name, hash, _)) = approvals.first() {
+        let policy = (name.clone(), hash.clone());
+        return (
+            Verdict::RequireApproval {
+                reasons: approvals.into_iter().map(|a| a.2).collect(),
+                policy,
+            },
+            records,
+        );
+    }
+    (
+        Verdict::Allow {
+            effect_class,
+            add_headers,
+        },
+        records,
+    )
+}
+
+/// Asks the chain how to treat a provider failure: the first answer that
+/// is not `unknown` wins; failures of the policy count as `unknown`.
+pub fn classify_failure(
+    engine: &PolicyEngine,
+    policies: &[BoundPolicy],
+    tenant: &str,
+    head: &bindings::ResponseHead,
+    body: &[u8],
+) -> FailureClass {
+    for p in policies {
+        let label = format!("{tenant}/{}", p.name);
+        match engine.call(&p.compiled, &label, |inst, store| {
+            inst.call_classify_failure(store, &p.config, head, body)
+        }) {
+            Ok(FailureClass::Unknown) => {}
+            Ok(c) => return c,
+            Err(e) => {
+                tracing::warn!(tenant, policy = %p.name, error = %e, "classify-failure failed; ignoring")
+            }
+        }
+    }
+    FailureClass::Unknown
+}
+
+/// The chain's replay verdict: the most restrictive answer wins (deny >
+/// manual > revalidate > same-operation-only > allow). Without policies, or
+/// when a policy fails, the DESIGN.md default for the effect class applies.
+pub fn replay_verdict(
+    engine: &PolicyEngine,
+    policies: &[BoundPolicy],
+    tenant: &str,
+    op: &bindings::Operation,
+) -> ReplayVerdict {
+    let rank = |v: &ReplayVerdict| match v {
+        ReplayVerdict::Allow => 0,
+        ReplayVerdict::SameOperationOnly => 1,
+        ReplayVerdict::Revalidate => 2,
+        ReplayVerdict::Manual => 3,
+        ReplayVerdict::Deny => 4,
+    };
+    let default = default_replay(from_wit_class(op.effect_class));
+    let mut verdict: Option<ReplayVerdict> = None;
+    for p in policies {
+        let label = format!("{tenant}/{}", p.name);
+        let v = match engine.call(&p.compiled, &label, |inst, store| {
+            inst.call_replay(store, &p.config, op)
+        }) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(tenant, policy = %p.name, error = %e, "replay() failed; using the default");
+                default
+            }
+        };
+        verdict = Some(match verdict {
+            Some(cur) if rank(&cur) >= rank(&v) => cur,
+            _ => v,
+        });
+    }
+    verdict.unwrap_or(default)
+}
+
+/// DESIGN.md's replay defaults by effect class.
+pub fn default_replay(c: EffectClass) -> ReplayVerdict {
+    match c {
+        EffectClass::Derived | EffectClass::Analytics => ReplayVerdict::Allow,
+        EffectClass::Notification | EffectClass::Payment => ReplayVerdict::SameOperationOnly,
+        EffectClass::Permission => ReplayVerdict::Revalidate,
+        EffectClass::Irreversible => ReplayVerdict::Manual,
+    }
+}
+
+/// Name of a replay verdict (`same-operation-only`).
+pub fn verdict_name(v: ReplayVerdict) -> &'static str {
+    match v {
+        ReplayVerdict::Allow => "allow",
+        ReplayVerdict::SameOperationOnly => "same-operation-only",
+        ReplayVerdict::Revalidate => "revalidate",
+        ReplayVerdict::Manual => "manual",
+        ReplayVerdict::Deny => "deny",
+    }
+}
