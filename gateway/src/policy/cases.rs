@@ -170,7 +170,10 @@ pub fn run(
             .or_else(|| file.config.clone())
             .unwrap_or_else(|| Value::Object(Default::default()));
         let result = match validator.iter_errors(&config).next() {
-            Some(e) => Err(format!("config invalid at {}: {e}", e.instance_path())),
+            Some(e) => {
+                let ptr = e.instance_path().to_string();
+                Err(format!("config invalid at {}: {e}", if ptr.is_empty() { "/" } else { ptr.as_str() }))
+            }
             None => run_case(engine, &compiled, &config.to_string(), case, i),
         };
         match result {
