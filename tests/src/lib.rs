@@ -9,6 +9,11 @@ use effectgate::config::{self, Settings};
 use effectgate::ledger::{Clock, SystemClock};
 use mock_provider::MockProvider;
 
+/// Path of a built policy component, e.g. `policy_wasm("amount_threshold")`.
+pub fn policy_wasm(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("POLICY_WASM_DIR")).join(format!("{name}.wasm"))
+}
+
 /// Client key of tenant `a`.
 pub const KEY_A: &str = "test-client-key-a";
 /// Admin key of tenant `a`.
@@ -35,6 +40,17 @@ static ENV: Once = Once::new();
 /// `Idempotency-Key`, credential injected from `MOCK_PROVIDER_SECRET`.
 /// `route_extra` is appended to the route table (TOML lines).
 pub fn config_toml(provider_url: &str, db: &std::path::Path, route_extra: &str) -> String {
+    config_toml_with(provider_url, db, route_extra, "", "")
+}
+
+/// [`config_toml`] with extra lines inside tenants `a` and `b`.
+pub fn config_toml_with(
+    provider_url: &str,
+    db: &std::path::Path,
+    route_extra: &str,
+    tenant_a: &str,
+    tenant_b: &str,
+) -> String {
     format!(
         r#"
 [listen]
@@ -47,10 +63,12 @@ path = "{db}"
 [[tenants]]
 id = "a"
 keys = [{{ role = "client", sha256 = "{ka}" }}, {{ role = "admin", sha256 = "{aa}" }}]
+{tenant_a}
 
 [[tenants]]
 id = "b"
 keys = [{{ role = "client", sha256 = "{kb}" }}, {{ role = "admin", sha256 = "{ab}" }}]
+{tenant_b}
 
 [[routes]]
 name = "payments"
@@ -110,6 +128,10 @@ pub struct Opts {
     pub route_extra: String,
     /// Extra TOML appended after the route (more routes).
     pub more: String,
+    /// Extra TOML lines inside tenant `a` (e.g. its policies).
+    pub tenant_a: String,
+    /// Extra TOML lines inside tenant `b`.
+    pub tenant_b: String,
     /// Clock to run the gateway with.
     pub clock: Option<Arc<dyn Clock>>,
 }
@@ -128,7 +150,13 @@ pub async fn spawn_with(opts: Opts) -> TestApp {
     let db = dir.path().join("ledger.db");
     let toml = format!(
         "{}\n{}",
-        config_toml(&mock.url(), &db, &opts.route_extra),
+        config_toml_with(
+            &mock.url(),
+            &db,
+            &opts.route_extra,
+            &opts.tenant_a,
+            &opts.tenant_b
+        ),
         opts.more
     );
     let settings = settings_from(&toml, dir.path());

@@ -30,6 +30,8 @@ fn new_op(id: &str) -> NewOperation {
         request_headers: vec![],
         principal: "p".into(),
         retention_ms: 10_000,
+        awaiting_approval: false,
+        decisions: vec![],
     }
 }
 

@@ -26,6 +26,7 @@ async fn app_with_read_back() -> (TestApp, Arc<ManualClock>) {
         route_extra: READ_BACK.into(),
         more: MANUAL.into(),
         clock: Some(clock.clone()),
+        ..Default::default()
     })
     .await;
     (app, clock)

@@ -5,7 +5,7 @@ wasmtime::component::bindgen!({
     world: "policy",
 });
 
-pub use effectgate::policy::types::{Allow, Deny, EffectClass, Header, OperationState};
+pub use self::effectgate::policy::types::{Allow, Deny, EffectClass, Header, OperationState};
 
 /// The world's package and version, as policies must target it.
 pub const WORLD: &str = "effectgate:policy@0.1.0";

@@ -172,7 +172,10 @@ pub fn run(
         let result = match validator.iter_errors(&config).next() {
             Some(e) => {
                 let ptr = e.instance_path().to_string();
-                Err(format!("config invalid at {}: {e}", if ptr.is_empty() { "/" } else { ptr.as_str() }))
+                Err(format!(
+                    "config invalid at {}: {e}",
+                    if ptr.is_empty() { "/" } else { ptr.as_str() }
+                ))
             }
             None => run_case(engine, &compiled, &config.to_string(), case, i),
         };

@@ -187,13 +187,20 @@ impl PolicyEngine {
             cfg.wasm_component_model(true);
             cfg.epoch_interruption(true);
             cfg.consume_fuel(limits.fuel.is_some());
+            // Reserve only what the memory limit allows, plus a small guard:
+            // the default 4 GiB reservation per memory would make a pool of
+            // hundreds of slots reserve terabytes of address space.
+            let reservation = (limits.memory_bytes as u64).next_multiple_of(64 * 1024);
+            cfg.memory_reservation(reservation);
+            cfg.memory_guard_size(64 * 1024);
+            cfg.memory_reservation_for_growth(0);
             if pooling {
                 let mut pool = PoolingAllocationConfig::default();
                 pool.total_component_instances(limits.pool_instances);
                 pool.total_core_instances(limits.pool_instances.saturating_mul(4));
-                pool.total_memories(limits.pool_instances.saturating_mul(2));
+                pool.total_memories(limits.pool_instances);
                 pool.total_tables(limits.pool_instances.saturating_mul(4));
-                pool.max_memory_size(limits.memory_bytes.max(1 << 20));
+                pool.max_memory_size(reservation as usize);
                 cfg.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
             }
             Engine::new(&cfg)

@@ -34,15 +34,34 @@ impl Policy for AllowList {
 
     fn evaluate(config: &Value, request: &Request) -> Decision {
         let empty = Vec::new();
-        let allowed = config["rules"].as_array().unwrap_or(&empty).iter().any(|rule| {
-            let method_ok = match rule["methods"].as_array() {
-                None => true,
-                Some(ms) => ms.iter().any(|m| m.as_str().is_some_and(|m| m.eq_ignore_ascii_case(&request.method))),
-            };
-            let path_ok = rule["path_prefix"].as_str().is_some_and(|p| request.path.starts_with(p));
-            method_ok && path_ok
-        });
-        if allowed { allow() } else { deny(403, format!("{} {} is not on this tenant's allow-list", request.method, request.path)) }
+        let allowed = config["rules"]
+            .as_array()
+            .unwrap_or(&empty)
+            .iter()
+            .any(|rule| {
+                let method_ok = match rule["methods"].as_array() {
+                    None => true,
+                    Some(ms) => ms.iter().any(|m| {
+                        m.as_str()
+                            .is_some_and(|m| m.eq_ignore_ascii_case(&request.method))
+                    }),
+                };
+                let path_ok = rule["path_prefix"]
+                    .as_str()
+                    .is_some_and(|p| request.path.starts_with(p));
+                method_ok && path_ok
+            });
+        if allowed {
+            allow()
+        } else {
+            deny(
+                403,
+                format!(
+                    "{} {} is not on this tenant's allow-list",
+                    request.method, request.path
+                ),
+            )
+        }
     }
 }
 

@@ -31,20 +31,38 @@ impl Policy for AmountThreshold {
 
     fn evaluate(config: &Value, request: &Request) -> Decision {
         let Some(body) = json_body(request) else {
-            return deny(400, "the request body must be JSON for the amount-threshold policy");
+            return deny(
+                400,
+                "the request body must be JSON for the amount-threshold policy",
+            );
         };
         let amount_ptr = config["amount_pointer"].as_str().unwrap_or("/amount");
         let currency_ptr = config["currency_pointer"].as_str().unwrap_or("/currency");
         if let Some(allowed) = config["currencies"].as_array() {
-            let currency = body.pointer(currency_ptr).and_then(Value::as_str).unwrap_or("");
-            if !allowed.iter().any(|c| c.as_str().is_some_and(|c| c.eq_ignore_ascii_case(currency))) {
-                return deny(403, format!("currency {currency:?} is not allowed for this tenant"));
+            let currency = body
+                .pointer(currency_ptr)
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if !allowed
+                .iter()
+                .any(|c| c.as_str().is_some_and(|c| c.eq_ignore_ascii_case(currency)))
+            {
+                return deny(
+                    403,
+                    format!("currency {currency:?} is not allowed for this tenant"),
+                );
             }
         }
         let threshold = config["threshold"].as_f64().unwrap_or(0.0);
         match body.pointer(amount_ptr).and_then(Value::as_f64) {
             Some(amount) if amount > threshold => {
-                log::info("approval required", &[("amount", &amount.to_string()), ("threshold", &threshold.to_string())]);
+                log::info(
+                    "approval required",
+                    &[
+                        ("amount", &amount.to_string()),
+                        ("threshold", &threshold.to_string()),
+                    ],
+                );
                 require_approval(format!("amount {amount} exceeds the threshold {threshold}"))
             }
             Some(_) => allow(),

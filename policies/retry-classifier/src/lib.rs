@@ -16,14 +16,20 @@ struct RetryClassifier;
 
 fn list<'a>(config: &'a Value, key: &str, default: &'a [&'a str]) -> Vec<String> {
     match config[key].as_array() {
-        Some(a) => a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect(),
+        Some(a) => a
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect(),
         None => default.iter().map(|s| s.to_string()).collect(),
     }
 }
 
 fn statuses(config: &Value, key: &str, default: &[u16]) -> Vec<u16> {
     match config[key].as_array() {
-        Some(a) => a.iter().filter_map(|v| v.as_u64().map(|n| n as u16)).collect(),
+        Some(a) => a
+            .iter()
+            .filter_map(|v| v.as_u64().map(|n| n as u16))
+            .collect(),
         None => default.to_vec(),
     }
 }
@@ -46,23 +52,42 @@ impl Policy for RetryClassifier {
     }
 
     fn classify_failure(config: &Value, head: &ResponseHead, body: &[u8]) -> FailureClass {
-        let pointer = config["error_type_pointer"].as_str().unwrap_or("/error/type");
+        let pointer = config["error_type_pointer"]
+            .as_str()
+            .unwrap_or("/error/type");
         if let Ok(v) = serde_json::from_slice::<Value>(body)
             && let Some(kind) = v.pointer(pointer).and_then(Value::as_str)
         {
-            if list(config, "transient_types", &["api_error", "rate_limit_error"]).iter().any(|t| t == kind) {
+            if list(
+                config,
+                "transient_types",
+                &["api_error", "rate_limit_error"],
+            )
+            .iter()
+            .any(|t| t == kind)
+            {
                 return FailureClass::Transient;
             }
-            if list(config, "permanent_types", &["card_error", "invalid_request_error", "idempotency_error"])
-                .iter()
-                .any(|t| t == kind)
+            if list(
+                config,
+                "permanent_types",
+                &["card_error", "invalid_request_error", "idempotency_error"],
+            )
+            .iter()
+            .any(|t| t == kind)
             {
                 return FailureClass::Permanent;
             }
         }
         if statuses(config, "transient_statuses", &[429, 503]).contains(&head.status) {
             FailureClass::Transient
-        } else if statuses(config, "permanent_statuses", &[400, 401, 402, 403, 404, 409, 422]).contains(&head.status) {
+        } else if statuses(
+            config,
+            "permanent_statuses",
+            &[400, 401, 402, 403, 404, 409, 422],
+        )
+        .contains(&head.status)
+        {
             FailureClass::Permanent
         } else {
             FailureClass::Unknown

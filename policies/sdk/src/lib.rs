@@ -36,8 +36,8 @@ pub mod bindings {
 pub use wit_bindgen as __wit_bindgen;
 
 pub use bindings::effectgate::policy::types::{
-    Allow, Decision, Deny, EffectClass, FailureClass, Header, Operation, OperationState, ReplayVerdict, Request,
-    ResponseHead,
+    Allow, Decision, Deny, EffectClass, FailureClass, Header, Operation, OperationState,
+    ReplayVerdict, Request, ResponseHead,
 };
 pub use serde_json::{self, Value, json};
 
@@ -70,12 +70,18 @@ pub trait Policy {
 
 /// Allow the request unchanged.
 pub fn allow() -> Decision {
-    Decision::Allow(Allow { effect_class: None, add_headers: Vec::new() })
+    Decision::Allow(Allow {
+        effect_class: None,
+        add_headers: Vec::new(),
+    })
 }
 
 /// Refuse with a 4xx `status` and a reason the caller sees.
 pub fn deny(status: u16, reason: impl Into<String>) -> Decision {
-    Decision::Deny(Deny { status, reason: reason.into() })
+    Decision::Deny(Deny {
+        status,
+        reason: reason.into(),
+    })
 }
 
 /// Require a human approval of this exact request.
@@ -130,7 +136,10 @@ pub mod log {
     use super::bindings::effectgate::policy::log::{Level, log};
 
     fn emit(level: Level, message: &str, fields: &[(&str, &str)]) {
-        let fields: Vec<(String, String)> = fields.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let fields: Vec<(String, String)> = fields
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         log(level, message, &fields);
     }
     /// Debug.
