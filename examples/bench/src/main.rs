@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use clap::Parser;
@@ -31,6 +31,13 @@ struct Args {
     /// Concurrent connections.
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
+    /// Folder of built policy components (see README); without it the
+    /// policy scenarios are skipped.
+    #[arg(long, default_value = "policies/target/wasm32-wasip2/release")]
+    policy_dir: std::path::PathBuf,
+    /// Policy calls measured per overhead scenario.
+    #[arg(long, default_value_t = 5000)]
+    policy_calls: usize,
 }
 
 const CLIENT_KEY: &str = "bench-client-key";
@@ -118,9 +125,109 @@ async fn run(
     }
 }
 
+fn n_reqs(args: &Args) -> usize {
+    args.requests.min(2000)
+}
+
+/// `[[tenants.policies]]` entries for `n` policies (0, 1 or 3), all allowing.
+fn policy_bindings(dir: &std::path::Path, n: usize) -> String {
+    let all = [
+        ("amount_threshold", "{ threshold = 1000000 }"),
+        ("allow_list", r#"{ rules = [{ path_prefix = "/" }] }"#),
+        ("replay_matrix", "{}"),
+    ];
+    all.iter()
+        .take(n)
+        .map(|(m, c)| {
+            format!(
+                "[[tenants.policies]]\nroute = \"pay\"\nmodule = \"{}\"\nconfig = {c}\n",
+                dir.join(format!("{m}.wasm")).display()
+            )
+        })
+        .collect()
+}
+
+/// Per-call policy overhead: one `evaluate` on a fresh instance (1 policy)
+/// and a chain of 3, measured directly on the engine.
+fn policy_overhead(args: &Args) -> anyhow::Result<()> {
+    use effectgate::policy::{BoundPolicy, PolicyEngine, evaluate_chain};
+    let engine = PolicyEngine::new(&Default::default())?;
+    let mk = |m: &str, cfg: &str| -> anyhow::Result<BoundPolicy> {
+        Ok(BoundPolicy {
+            name: m.into(),
+            compiled: engine.load(&args.policy_dir.join(format!("{m}.wasm")))?,
+            config: cfg.into(),
+        })
+    };
+    let three = vec![
+        mk("amount_threshold", r#"{"threshold":1000000}"#)?,
+        mk("allow_list", r#"{"rules":[{"path_prefix":"/"}]}"#)?,
+        mk("replay_matrix", "{}")?,
+    ];
+    let dir = tempfile::tempdir()?;
+    let cfg = dir.path().join("r.toml");
+    std::fs::write(
+        &cfg,
+        "[[routes]]\nname = \"pay\"\nprefix = \"/pay/\"\nupstream = \"http://127.0.0.1:9\"\n",
+    )?;
+    let settings = effectgate::config::load(Some(&cfg))?;
+    let route = settings.routes[0].clone();
+    let request = effectgate::policy::Request {
+        tenant: "bench".into(),
+        principal: "bench:client".into(),
+        route: "pay".into(),
+        effect_class: effectgate::policy::WitEffectClass::Payment,
+        method: "POST".into(),
+        path: "/v1/charges".into(),
+        query: None,
+        headers: vec![],
+        body: BODY.as_bytes().to_vec(),
+        operation_id: "k".into(),
+        fingerprint: "0".repeat(64),
+        existing_state: None,
+    };
+    println!(
+        "policy engine: pooling allocator {}",
+        if engine.pooling {
+            "on"
+        } else {
+            "off (unavailable)"
+        }
+    );
+    println!(
+        "{:<42} {:>10} {:>10}",
+        "policy overhead per request", "p50 µs", "p99 µs"
+    );
+    for n in [1usize, 3] {
+        let chain = &three[..n];
+        for _ in 0..200 {
+            evaluate_chain(&engine, chain, &route, "bench", &request);
+        }
+        let mut lat: Vec<u128> = (0..args.policy_calls)
+            .map(|_| {
+                let t = Instant::now();
+                let _ = evaluate_chain(&engine, chain, &route, "bench", &request);
+                t.elapsed().as_micros()
+            })
+            .collect();
+        lat.sort_unstable();
+        let p = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
+        println!(
+            "{:<42} {:>10} {:>10}",
+            format!("{n} polic{}", if n == 1 { "y" } else { "ies" }),
+            p(0.5),
+            p(0.99)
+        );
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if let Ok(abs) = args.policy_dir.canonicalize() {
+        args.policy_dir = abs;
+    }
     let mock = mock_provider::spawn("127.0.0.1:0".parse()?).await?;
     let dir = tempfile::tempdir()?;
     let hash: String = effectgate::config::key_digest(CLIENT_KEY)
@@ -231,6 +338,79 @@ provider_idempotency_header = "Idempotency-Key"
         d.rps / a.rps
     );
     gw.shutdown().await;
-    tokio::time::sleep(Duration::from_millis(10)).await;
+
+    let threshold = args.policy_dir.join("amount_threshold.wasm");
+    if !threshold.exists() {
+        println!(
+            "policy scenarios skipped: {} not found (build the policies first)",
+            threshold.display()
+        );
+        return Ok(());
+    }
+    policy_overhead(&args)?;
+    // Proxy throughput with 0, 1 and 3 policies on the effectful route.
+    let mut rows = Vec::new();
+    for n in [0usize, 1, 3] {
+        let dir = tempfile::tempdir()?;
+        let policies = policy_bindings(&args.policy_dir, n);
+        let toml = format!(
+            r#"
+[listen]
+proxy = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+[storage]
+path = "{db}"
+[[tenants]]
+id = "bench"
+keys = [{{ role = "client", sha256 = "{hash}" }}]
+{policies}
+[[routes]]
+name = "pay"
+prefix = "/pay/"
+upstream = "{up}"
+effectful_methods = ["POST"]
+provider_idempotency_header = "Idempotency-Key"
+"#,
+            db = dir.path().join("bench.db").display(),
+            up = mock.url()
+        );
+        let cfg = dir.path().join("bench.toml");
+        std::fs::write(&cfg, toml)?;
+        let gw = effectgate::Gateway::start(effectgate::config::load(Some(&cfg))?).await?;
+        let url = format!("http://{}/pay/v1/charges", gw.proxy_addr);
+        let name: &'static str = match n {
+            0 => "(c0) effectful, 0 policies",
+            1 => "(c1) effectful, 1 policy",
+            _ => "(c3) effectful, 3 policies",
+        };
+        rows.push(
+            run(
+                name,
+                &client,
+                url,
+                n_reqs(&args),
+                c,
+                move |i| Some(format!("p{n}-{i}")),
+                true,
+            )
+            .await,
+        );
+        gw.shutdown().await;
+    }
+    println!(
+        "{:<42} {:>10} {:>10} {:>10} {:>7}",
+        "scenario", "req/s", "p50 µs", "p99 µs", "errors"
+    );
+    for s in &rows {
+        println!(
+            "{:<42} {:>10.0} {:>10} {:>10} {:>7}",
+            s.name, s.rps, s.p50_us, s.p99_us, s.errors
+        );
+    }
+    println!(
+        "ratios of throughput to 0 policies, same run: 1/0 = {:.3}, 3/0 = {:.3}",
+        rows[1].rps / rows[0].rps,
+        rows[2].rps / rows[0].rps
+    );
     Ok(())
 }
