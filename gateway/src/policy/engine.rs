@@ -201,6 +201,13 @@ impl PolicyEngine {
                 pool.total_memories(limits.pool_instances);
                 pool.total_tables(limits.pool_instances.saturating_mul(4));
                 pool.max_memory_size(reservation as usize);
+                // Reset a reused slot's low 256 KiB (a policy's stack and
+                // small heap) with memset instead of returning the pages to
+                // the kernel: a fresh call then doesn't page-fault through
+                // them. Halves the per-call cost.
+                pool.linear_memory_keep_resident(256 << 10);
+                pool.table_keep_resident(16 << 10);
+
                 cfg.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
             }
             Engine::new(&cfg)
