@@ -24,6 +24,12 @@ fn main() {
         manifest_dir.join("../wit").display()
     );
     let target_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("policies-target");
+    // The one extra piece a fresh clone needs; idempotent and quick when present.
+    if let Ok(status) = Command::new("rustup").args(["target", "add", "wasm32-wasip2"]).status()
+        && !status.success()
+    {
+        println!("cargo:warning=rustup could not add the wasm32-wasip2 target");
+    }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .args([
