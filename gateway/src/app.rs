@@ -247,6 +247,13 @@ impl Gateway {
                 .await
             }));
         }
+        {
+            let (app, rx) = (state.clone(), rx.clone());
+            tasks.push(tokio::spawn(async move {
+                crate::approvals::relay(app, rx).await;
+                Ok(())
+            }));
+        }
         if state.settings().reconcile.enabled {
             let (app, rx) = (state.clone(), rx.clone());
             tasks.push(tokio::spawn(async move {

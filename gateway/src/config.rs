@@ -360,6 +360,33 @@ pub struct TenantSpec {
     /// Policies bound to this tenant's routes, in evaluation order.
     #[serde(default)]
     pub policies: Vec<PolicyBindingSpec>,
+    /// Where approval events are POSTed (signed with HMAC-SHA256).
+    #[serde(default)]
+    pub webhook: Option<WebhookSpec>,
+    /// Whether the principal that made a request may approve it. Default false.
+    #[serde(default)]
+    pub allow_self_approval: bool,
+}
+
+/// `tenants[].webhook`: approval notifications, delivered at least once
+/// from the outbox. Each POST carries `Effectgate-Event-Id` and
+/// `Effectgate-Signature: sha256=<hex HMAC-SHA256 of the body>`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookSpec {
+    /// `http://…` URL.
+    pub url: String,
+    /// Environment variable holding the signing secret.
+    pub secret_env: String,
+}
+
+/// A validated webhook.
+#[derive(Debug, Clone)]
+pub struct Webhook {
+    /// URL.
+    pub url: http::Uri,
+    /// Signing secret.
+    pub secret: Vec<u8>,
 }
 
 /// `[[tenants.keys]]`: one gateway API key. Exactly one of `sha256`, `env`,
@@ -491,6 +518,14 @@ pub struct RouteSpec {
     /// is logged and counted.
     #[serde(default)]
     pub policy_fail_open: bool,
+    /// How long an approval stays pending before it expires, in ms. Default 86400000 (24 h).
+    #[serde(default = "default_approval_ttl_ms")]
+    pub approval_ttl_ms: u64,
+    /// When an approval is granted, the gateway executes the stored request
+    /// itself (byte for byte what was approved); the caller polls for the
+    /// result. Default false: the caller re-sends the same request.
+    #[serde(default)]
+    pub execute_on_approval: bool,
     /// JSON Schema file (relative to the config file) that request bodies of
     /// effectful calls must satisfy; a body that fails it gets 422 before
     /// the ledger and is never retried.
@@ -558,6 +593,9 @@ fn default_max_body_bytes() -> usize {
 fn default_max_stored_response_bytes() -> usize {
     256 * 1024
 }
+fn default_approval_ttl_ms() -> u64 {
+    86_400_000
+}
 fn default_key_retention_hours() -> u64 {
     24
 }
@@ -605,6 +643,10 @@ pub struct Settings {
     pub policy_bindings: Vec<(String, PolicyBindingSpec)>,
     /// The config file, if one was loaded (for reloads).
     pub source: Option<PathBuf>,
+    /// Webhooks by tenant.
+    pub webhooks: HashMap<String, Webhook>,
+    /// Tenants whose principals may approve their own requests.
+    pub self_approval: BTreeSet<String>,
 }
 
 /// An authenticated caller.
@@ -659,6 +701,10 @@ pub struct Route {
     pub read_back: Option<ReadBack>,
     /// Fail open on policy failure.
     pub policy_fail_open: bool,
+    /// Approval lifetime, ms.
+    pub approval_ttl_ms: u64,
+    /// Execute the stored request once approved.
+    pub execute_on_approval: bool,
     /// Request body contract.
     pub request_schema: Option<std::sync::Arc<jsonschema::Validator>>,
 }
@@ -1096,6 +1142,8 @@ impl ConfigFile {
                 effect_class: r.effect_class,
                 read_back,
                 policy_fail_open: r.policy_fail_open,
+                approval_ttl_ms: r.approval_ttl_ms,
+                execute_on_approval: r.execute_on_approval,
                 request_schema,
             });
         }
@@ -1110,6 +1158,24 @@ impl ConfigFile {
                 let mut b = b.clone();
                 b.module = base_dir.join(&b.module);
                 policy_bindings.push((t.id.clone(), b));
+            }
+        }
+        let mut webhooks = HashMap::new();
+        let mut self_approval = BTreeSet::new();
+        for (ti, t) in self.tenants.iter().enumerate() {
+            if t.allow_self_approval {
+                self_approval.insert(t.id.clone());
+            }
+            if let Some(w) = &t.webhook {
+                let wp = format!("tenants[{ti}].webhook");
+                let url: http::Uri = w.url.parse().map_err(|_| ConfigError::new(format!("{wp}.url"), "not a URL"))?;
+                if url.scheme_str() != Some("http") || url.host().is_none() {
+                    return Err(ConfigError::new(format!("{wp}.url"), "must be an http:// URL"));
+                }
+                let secret = std::env::var(&w.secret_env).map_err(|_| {
+                    ConfigError::new(format!("{wp}.secret_env"), format!("environment variable {} is not set", w.secret_env))
+                })?;
+                webhooks.insert(t.id.clone(), Webhook { url, secret: secret.into_bytes() });
             }
         }
         if self.policy.memory_bytes < 64 * 1024 {
@@ -1152,6 +1218,8 @@ impl ConfigFile {
             policy_limits: self.policy,
             policy_bindings,
             source: source.map(Path::to_path_buf),
+            webhooks,
+            self_approval,
         })
     }
 }

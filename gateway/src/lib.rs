@@ -18,6 +18,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod approvals;
 pub mod cli;
 pub mod config;
 pub mod error;

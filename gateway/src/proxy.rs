@@ -22,7 +22,40 @@ use crate::policy::{Verdict, evaluate_chain, wit_class};
 
 /// The proxy router: every path goes to [`handle`].
 pub fn router(state: AppState) -> Router {
-    Router::new().fallback(handle).with_state(state)
+    Router::new().route("/approvals/{id}", axum::routing::get(approval_status)).fallback(handle).with_state(state)
+}
+
+/// `GET /approvals/{id}`: the caller polls its approval with its own key.
+/// Another tenant's approval is 404.
+async fn approval_status(
+    State(app): State<AppState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    headers: http::HeaderMap,
+) -> Response {
+    let result = async {
+        let principal = app.authenticate(&headers)?;
+        let a = app
+            .ledger
+            .approval(&principal.tenant, &id)
+            .await?
+            .ok_or_else(|| ApiError::NotFound(format!("no approval {id:?}")))?;
+        let op = app.ledger.get(&principal.tenant, &a.operation_id).await?;
+        Ok::<_, ApiError>(axum::Json(serde_json::json!({
+            "approval_id": a.id,
+            "status": a.status,
+            "operation_id": a.operation_id,
+            "operation_state": op.map(|o| o.state),
+            "reason": a.reason,
+            "expires_at": a.expires_at,
+            "decided_by": a.decided_by,
+            "comment": a.comment,
+        })))
+    }
+    .await;
+    match result {
+        Ok(r) => r.into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn handle(
@@ -172,6 +205,7 @@ async fn handle_inner(
     let mut effect_class = route.effect_class;
     let mut forwarded = caller_headers(&route, &parts.headers, Some(peer));
     let mut awaiting_approval = false;
+    let mut approval = None;
     let mut decisions = Vec::new();
     if !policies.is_empty() {
         let request = policy_request(
@@ -222,7 +256,17 @@ async fn handle_inner(
                     detail: failure.to_string(),
                 });
             }
-            Verdict::RequireApproval { .. } => awaiting_approval = true,
+            Verdict::RequireApproval { reasons, policy } => {
+                awaiting_approval = true;
+                approval = Some(crate::ledger::NewApproval {
+                    id: format!("apr_{}", hex::encode(rand::random::<[u8; 12]>())),
+                    kind: "request".into(),
+                    policy: policy.0,
+                    policy_hash: policy.1,
+                    reason: reasons.join("; "),
+                    ttl_ms: i64::try_from(route.approval_ttl_ms).unwrap_or(i64::MAX),
+                });
+            }
         }
     }
     let stored_headers = to_pairs(&forwarded);
@@ -243,11 +287,12 @@ async fn handle_inner(
         retention_ms: i64::try_from(route.key_retention_ms).unwrap_or(i64::MAX),
         awaiting_approval,
         decisions,
+        approval,
     };
     let op = match app.ledger.reserve(&new).await? {
         Reservation::Created(op) if op.state == OpState::AwaitingApproval => {
             crate::metrics::request(&route.name, "awaiting-approval");
-            return Ok(awaiting_approval_response(&op));
+            return resume_awaiting(app, &route, op).await;
         }
         Reservation::Created(op) => {
             crate::failpoint::hit("after-reserve");
@@ -323,7 +368,7 @@ async fn answer_existing(
                 }
             }
         }
-        OpState::AwaitingApproval => Ok(awaiting_approval_response(&op)),
+        OpState::AwaitingApproval => resume_awaiting(app, route, op).await,
     }
 }
 
@@ -469,12 +514,50 @@ pub fn policy_request(
     }
 }
 
-/// 202 for an operation waiting on a human decision.
-fn awaiting_approval_response(op: &Operation) -> Response {
+/// Answers a request for an operation AWAITING_APPROVAL: 202 while its
+/// approval is pending; once approved, this (identical) request spends the
+/// approval and executes, exactly once; a refused approval has already
+/// failed the operation, which is replayed.
+async fn resume_awaiting(app: &AppState, route: &Route, op: Operation) -> Result<Response, ApiError> {
+    let approval = app.ledger.approval_for(&op.tenant_id, &op.operation_id, "request").await?;
+    let Some(a) = approval else { return Ok(awaiting_approval_response(&op, None)) };
+    match a.status.as_str() {
+        "approved" => {
+            let lease = crate::execute::lease_ms(app, route);
+            match app.ledger.use_approval(&op.tenant_id, &a.id, &op.operation_id, &op.fingerprint, &app.instance_id, lease).await? {
+                Some(claim) => {
+                    let op = app.ledger.get(&op.tenant_id, &op.operation_id).await?.unwrap_or(op);
+                    Ok(crate::execute::execute_for_caller(app, route, op, claim).await)
+                }
+                None => Err(ApiError::InFlight { operation_id: op.operation_id, retry_after_s: 1 }),
+            }
+        }
+        "rejected" | "expired" => match app.ledger.get(&op.tenant_id, &op.operation_id).await? {
+            Some(now) if now.state.is_terminal() => Ok(replay_or_dead_letter(route, &now)),
+            _ => Ok(awaiting_approval_response(&op, Some(&a))),
+        },
+        "used" => Err(ApiError::InFlight { operation_id: op.operation_id, retry_after_s: 1 }),
+        _ => Ok(awaiting_approval_response(&op, Some(&a))),
+    }
+}
+
+/// 202 for an operation waiting on a human decision, with
+/// `Location: /approvals/{id}` to poll.
+fn awaiting_approval_response(op: &Operation, approval: Option<&crate::ledger::Approval>) -> Response {
     let body = serde_json::json!({
         "operation_id": op.operation_id,
         "state": op.state,
-        "detail": "the operation awaits approval; nothing has been sent to the provider",
+        "approval_id": approval.map(|a| &a.id),
+        "approval_status": approval.map(|a| &a.status),
+        "reason": approval.map(|a| &a.reason),
+        "detail": "the operation awaits approval; nothing has been sent to the provider. Poll the Location, \
+                   then re-send this same request once it is approved.",
     });
-    (StatusCode::ACCEPTED, axum::Json(body)).into_response()
+    let mut r = (StatusCode::ACCEPTED, axum::Json(body)).into_response();
+    if let Some(a) = approval
+        && let Ok(v) = HeaderValue::from_str(&format!("/approvals/{}", a.id))
+    {
+        r.headers_mut().insert(header::LOCATION, v);
+    }
+    r
 }

@@ -81,6 +81,11 @@ pub enum Step {
 pub async fn tick(app: &AppState) -> Result<Vec<(String, String, Step)>, LedgerError> {
     let settings = app.settings();
     let cfg = &settings.reconcile;
+    // Approvals past their expiry can never authorise anything: expire them.
+    let expired = app.ledger.expire_approvals(cfg.batch).await?;
+    if expired > 0 {
+        tracing::info!(expired, "approvals expired");
+    }
     let due = app
         .ledger
         .due_for_reconciliation(cfg.reserved_grace_ms as i64, cfg.batch)

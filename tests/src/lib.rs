@@ -18,6 +18,14 @@ pub fn policy_wasm(name: &str) -> std::path::PathBuf {
 pub const KEY_A: &str = "test-client-key-a";
 /// Admin key of tenant `a`.
 pub const ADMIN_A: &str = "test-admin-key-a";
+/// Approver key of tenant `a`.
+pub const APPROVER_A: &str = "test-approver-key-a";
+/// Operator key of tenant `a`.
+pub const OPERATOR_A: &str = "test-operator-key-a";
+/// An approver key of tenant `a` whose principal has the client's name (self-approval).
+pub const SELF_APPROVER_A: &str = "test-self-approver-key-a";
+/// Approver key of tenant `b`.
+pub const APPROVER_B: &str = "test-approver-key-b";
 /// Client key of tenant `b`.
 pub const KEY_B: &str = "test-client-key-b";
 /// Admin key of tenant `b`.
@@ -62,12 +70,14 @@ path = "{db}"
 
 [[tenants]]
 id = "a"
-keys = [{{ role = "client", sha256 = "{ka}" }}, {{ role = "admin", sha256 = "{aa}" }}]
+keys = [{{ role = "client", sha256 = "{ka}" }}, {{ role = "admin", sha256 = "{aa}" }},
+        {{ role = "approver", sha256 = "{pa}" }}, {{ role = "operator", sha256 = "{oa}" }},
+        {{ role = "approver", name = "a:client", sha256 = "{sa}" }}]
 {tenant_a}
 
 [[tenants]]
 id = "b"
-keys = [{{ role = "client", sha256 = "{kb}" }}, {{ role = "admin", sha256 = "{ab}" }}]
+keys = [{{ role = "client", sha256 = "{kb}" }}, {{ role = "admin", sha256 = "{ab}" }}, {{ role = "approver", sha256 = "{pb}" }}]
 {tenant_b}
 
 [[routes]]
@@ -86,6 +96,10 @@ inject_headers = [{{ name = "Authorization", value_env = "MOCK_PROVIDER_SECRET",
         aa = hash(ADMIN_A),
         kb = hash(KEY_B),
         ab = hash(ADMIN_B),
+        pa = hash(APPROVER_A),
+        oa = hash(OPERATOR_A),
+        sa = hash(SELF_APPROVER_A),
+        pb = hash(APPROVER_B),
     )
 }
 

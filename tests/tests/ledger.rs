@@ -32,6 +32,7 @@ fn new_op(id: &str) -> NewOperation {
         retention_ms: 10_000,
         awaiting_approval: false,
         decisions: vec![],
+        approval: None,
     }
 }
 

@@ -20,6 +20,7 @@
 //! row in `transitions`, in one transaction. Application code never
 //! checks-then-acts.
 
+mod approvals;
 mod sqlite;
 mod sqlite_write;
 
@@ -30,6 +31,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use serde::Serialize;
 
+pub use approvals::{Approval, Decision as ApprovalDecision, NewApproval, OutboxEvent};
 pub use sqlite::Ledger;
 
 /// A source of time in ms since the Unix epoch. Injected so tests can
@@ -131,6 +133,8 @@ impl State {
             (Reserved, Executing)
                 | (Reserved, AwaitingApproval)
                 | (AwaitingApproval, Executing)
+                | (AwaitingApproval, AwaitingApproval)
+                | (Completed, Completed)
                 | (AwaitingApproval, Failed)
                 | (Executing, Completed)
                 | (Executing, Failed)
@@ -310,6 +314,8 @@ pub struct NewOperation {
     pub awaiting_approval: bool,
     /// Policy decisions to record with the reservation.
     pub decisions: Vec<crate::policy::DecisionRecord>,
+    /// The approval to create with it (when `awaiting_approval`).
+    pub approval: Option<NewApproval>,
 }
 
 /// Result of [`Ledger::reserve`].
@@ -461,7 +467,8 @@ mod tests {
     fn completed_never_goes_back() {
         for to in State::ALL {
             let ok = State::Completed.can_transition_to(to);
-            assert_eq!(ok, to == State::Compensated, "COMPLETED → {to}");
+            // COMPLETED → COMPLETED records an audited forced replay; the state never goes back.
+            assert_eq!(ok, matches!(to, State::Compensated | State::Completed), "COMPLETED → {to}");
         }
     }
 

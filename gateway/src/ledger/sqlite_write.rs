@@ -114,6 +114,11 @@ impl Ledger {
                 now,
             )
             .await?;
+            if new.awaiting_approval
+                && let Some(a) = &new.approval
+            {
+                super::approvals::insert_approval(&mut tx, new, a, now).await?;
+            }
         }
         let op = fetch_op(&mut *tx, &new.tenant_id, &new.operation_id)
             .await?
@@ -482,6 +487,44 @@ impl Ledger {
         Ok(Some(claim))
     }
 
+    /// Appends an audit transition `state → state` (an approval decision, a
+    /// forced replay) if the row is still at `version` in `state`. Returns
+    /// whether it was written.
+    ///
+    /// Errors: [`LedgerError::IllegalTransition`] if the state machine has no
+    /// such self-transition.
+    pub async fn audit(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        version: i64,
+        state: State,
+        actor: &str,
+        reason: &str,
+    ) -> Result<bool, LedgerError> {
+        if !state.can_transition_to(state) {
+            return Err(LedgerError::IllegalTransition { from: state, to: state });
+        }
+        let now = self.clock.now_ms();
+        let mut tx = self.write.begin().await?;
+        let row = sqlx::query(
+            "UPDATE operations SET version = version + 1, updated_at = ? \
+             WHERE tenant_id = ? AND operation_id = ? AND version = ? AND state = ? RETURNING version, fence",
+        )
+        .bind(now)
+        .bind(tenant)
+        .bind(operation_id)
+        .bind(version)
+        .bind(state.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else { return Ok(false) };
+        let (v, f): (i64, i64) = (row.try_get("version")?, row.try_get("fence")?);
+        insert_transition(&mut tx, tenant, operation_id, Some(state), state, v, f, actor, reason, now).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
     /// Requeues a dead letter with the same operation id and provider key:
     /// FAILED (dead letter) → `to`, where `to` is UNKNOWN (the reconciler
     /// reads back before any new attempt) or RESERVED (the route has no
@@ -619,7 +662,7 @@ impl Ledger {
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn insert_transition(
+pub(super) async fn insert_transition(
     tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
     tenant: &str,
     operation_id: &str,

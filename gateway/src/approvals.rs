@@ -1,0 +1,418 @@
+//! Approvals and replays on the admin listener, and the outbox relay that
+//! notifies tenants' webhooks.
+//!
+//! | route | roles |
+//! |---|---|
+//! | `GET /admin/tenants/{t}/approvals?status=pending` | approver, operator, admin of `t` |
+//! | `GET /admin/tenants/{t}/approvals/{id}` | approver, operator, admin of `t` |
+//! | `POST /admin/tenants/{t}/approvals/{id}/approve` | approver of `t` |
+//! | `POST /admin/tenants/{t}/approvals/{id}/reject` | approver of `t` |
+//! | `POST /admin/tenants/{t}/operations/{id}/replay` | operator of `t` |
+//!
+//! Approve/reject take `{"comment": "…"}` (optional). By default the
+//! principal that made a request can't approve it (`allow_self_approval`).
+//! Replay takes `{"force": false, "reason": "…"}`.
+
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use hmac::{Hmac, Mac};
+use http::{HeaderMap, StatusCode};
+use serde::Deserialize;
+use serde_json::json;
+use sha2::Sha256;
+
+use crate::app::AppState;
+use crate::config::{EffectClass, Role};
+use crate::error::ApiError;
+use crate::ledger::{ApprovalDecision, NewApproval, Operation, State as OpState};
+use crate::policy::{ReplayVerdict, Verdict, verdict_name};
+
+const VIEWERS: &[Role] = &[Role::Approver, Role::Operator, Role::Admin];
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DecisionBody {
+    #[serde(default)]
+    comment: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayBody {
+    #[serde(default)]
+    force: bool,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+fn parse<T: for<'de> Deserialize<'de> + Default>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest { field: "body".into(), message: format!("invalid JSON body: {e}") })
+}
+
+/// Lists approvals of a tenant (`?status=pending|approved|rejected|expired|used`).
+pub async fn list(
+    State(app): State<AppState>,
+    Path(tenant): Path<String>,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    app.authorize_admin(&headers, &tenant, VIEWERS)?;
+    let status = q.get("status").map(String::as_str);
+    if let Some(s) = status
+        && !["pending", "approved", "rejected", "expired", "used"].contains(&s)
+    {
+        return Err(ApiError::BadRequest { field: "query:status".into(), message: format!("unknown approval status {s:?}") });
+    }
+    let items = app.ledger.approvals(&tenant, status, app.settings().limits.max_list_limit).await?;
+    Ok(axum::Json(json!({ "approvals": items })).into_response())
+}
+
+/// One approval with the exact request it is bound to (headers without
+/// secrets, the body) and the operation's state.
+pub async fn get(
+    State(app): State<AppState>,
+    Path((tenant, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    app.authorize_admin(&headers, &tenant, VIEWERS)?;
+    Ok(axum::Json(approval_view(&app, &tenant, &id).await?).into_response())
+}
+
+/// An approval as the API and the console show it.
+pub async fn approval_view(app: &AppState, tenant: &str, id: &str) -> Result<serde_json::Value, ApiError> {
+    let a = app.ledger.approval(tenant, id).await?.ok_or_else(|| ApiError::NotFound(format!("no approval {id:?}")))?;
+    let op = app.ledger.get(tenant, &a.operation_id).await?;
+    let mut v = serde_json::to_value(&a).map_err(|e| ApiError::Internal(e.to_string()))?;
+    if let Some(op) = op {
+        v["operation_state"] = json!(op.state);
+        v["request"] = json!({
+            "method": op.method,
+            "path": op.path,
+            "query": op.query,
+            "headers": op.request_headers,
+            "content_type": op.request_content_type,
+            "body": String::from_utf8_lossy(&op.request_body),
+        });
+    }
+    Ok(v)
+}
+
+/// Approves (`decision = Approve`) or rejects an approval.
+pub async fn decide(
+    app: &AppState,
+    headers: &HeaderMap,
+    tenant: &str,
+    id: &str,
+    decision: ApprovalDecision,
+    comment: Option<String>,
+) -> Result<serde_json::Value, ApiError> {
+    let p = app.authorize_admin(headers, tenant, &[Role::Approver])?;
+    let a = app.ledger.approval(tenant, id).await?.ok_or_else(|| ApiError::NotFound(format!("no approval {id:?}")))?;
+    if a.requested_by == p.name && !app.settings().self_approval.contains(tenant) {
+        return Err(ApiError::Forbidden { role: "approver", action: "decide a request it made itself" });
+    }
+    let comment = comment.map(|c| c.chars().take(1024).collect::<String>());
+    let Some(decided) = app.ledger.decide(tenant, id, decision, &p.name, comment.as_deref()).await? else {
+        return Err(ApiError::Conflict(format!("approval {id:?} is {} and can't be decided again", a.status)));
+    };
+    if decision == ApprovalDecision::Approve {
+        after_approval(app, &decided).await?;
+    }
+    approval_view(app, tenant, id).await
+}
+
+async fn after_approval(app: &AppState, a: &crate::ledger::Approval) -> Result<(), ApiError> {
+    let rt = app.settings();
+    let Some(route) = rt.routes.iter().find(|r| r.name == a.route).cloned() else { return Ok(()) };
+    if a.kind == "replay" {
+        // An operator's manual replay: now approved, run it (single use).
+        if app.ledger.use_replay_approval(&a.tenant_id, &a.id).await?
+            && let Some(op) = app.ledger.get(&a.tenant_id, &a.operation_id).await?
+        {
+            let _ = run_replay(app, &route, op, ReplayVerdict::SameOperationOnly, false, &a.decided_by.clone().unwrap_or_default()).await?;
+        }
+        return Ok(());
+    }
+    if route.execute_on_approval {
+        let lease = crate::execute::lease_ms(app, &route);
+        if let Some(claim) =
+            app.ledger.use_approval(&a.tenant_id, &a.id, &a.operation_id, &a.fingerprint, &app.instance_id, lease).await?
+            && let Some(op) = app.ledger.get(&a.tenant_id, &a.operation_id).await?
+        {
+            // The stored request, byte for byte what was approved.
+            tokio::spawn(crate::execute::run(app.clone(), route, op, claim, None));
+        }
+    }
+    Ok(())
+}
+
+/// `POST …/approvals/{id}/approve`.
+pub async fn approve(
+    State(app): State<AppState>,
+    Path((tenant, id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let b: DecisionBody = parse(&body)?;
+    Ok(axum::Json(decide(&app, &headers, &tenant, &id, ApprovalDecision::Approve, b.comment).await?).into_response())
+}
+
+/// `POST …/approvals/{id}/reject`.
+pub async fn reject(
+    State(app): State<AppState>,
+    Path((tenant, id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let b: DecisionBody = parse(&body)?;
+    Ok(axum::Json(decide(&app, &headers, &tenant, &id, ApprovalDecision::Reject, b.comment).await?).into_response())
+}
+
+/// `POST …/operations/{id}/replay` (operator): runs the tenant's replay
+/// verdict for the operation's effect class.
+pub async fn replay(
+    State(app): State<AppState>,
+    Path((tenant, operation_id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let b: ReplayBody = parse(&body)?;
+    let (status, v) = replay_operation(&app, &headers, &tenant, &operation_id, b.force, b.reason).await?;
+    Ok((status, axum::Json(v)).into_response())
+}
+
+/// The replay action shared by the API and the console. Returns the status
+/// and a JSON report with the verdict and what happened.
+///
+/// Errors: 403 for roles other than operator (a client key can never
+/// replay), 404 for an unknown operation, 409 for a deny verdict or an
+/// operation in flight.
+pub async fn replay_operation(
+    app: &AppState,
+    headers: &HeaderMap,
+    tenant: &str,
+    operation_id: &str,
+    force: bool,
+    reason: Option<String>,
+) -> Result<(StatusCode, serde_json::Value), ApiError> {
+    let p = app.authorize_admin(headers, tenant, &[Role::Operator])?;
+    let op = app.ledger.get(tenant, operation_id).await?.ok_or_else(|| ApiError::NotFound(format!("no operation {operation_id:?}")))?;
+    let rt = app.settings();
+    let route = rt
+        .routes
+        .iter()
+        .find(|r| r.name == op.route)
+        .cloned()
+        .ok_or_else(|| ApiError::Conflict(format!("route {:?} is no longer configured", op.route)))?;
+    let class = op
+        .effect_class
+        .as_deref()
+        .and_then(|c| serde_json::from_value::<EffectClass>(json!(c)).ok())
+        .unwrap_or(route.effect_class);
+    let verdict = crate::admin::replay_verdict_for(app, &op, class);
+    let reason = reason.unwrap_or_else(|| "no reason given".into());
+    tracing::info!(tenant, operation_id, verdict = verdict_name(verdict), force, by = %p.name, "replay requested");
+    let report = |status: StatusCode, outcome: &str, extra: serde_json::Value| {
+        let mut v = json!({"operation_id": operation_id, "verdict": verdict_name(verdict), "outcome": outcome});
+        if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+            o.extend(e.clone());
+        }
+        Ok((status, v))
+    };
+    match verdict {
+        ReplayVerdict::Deny => Err(ApiError::Conflict(format!(
+            "replay denied by the {} verdict for effect class {}",
+            verdict_name(verdict),
+            class.as_str()
+        ))),
+        ReplayVerdict::Manual => {
+            let a = NewApproval {
+                id: format!("apr_{}", hex::encode(rand::random::<[u8; 12]>())),
+                kind: "replay".into(),
+                policy: "replay".into(),
+                policy_hash: String::new(),
+                reason: format!("{} asked to replay ({reason}); the effect class {} needs a human", p.name, class.as_str()),
+                ttl_ms: i64::try_from(route.approval_ttl_ms).unwrap_or(i64::MAX),
+            };
+            app.ledger.create_replay_approval(&op, &a, &p.name).await?;
+            report(StatusCode::ACCEPTED, "approval-required", json!({"approval_id": a.id}))
+        }
+        ReplayVerdict::Revalidate => {
+            // Evaluate the stored request again with the current policies.
+            let policies = rt.policies.for_route(tenant, &route.name);
+            let principal = crate::config::Principal { tenant: tenant.into(), name: op.principal.clone(), role: Role::Client };
+            let request = crate::proxy::policy_request(
+                &principal,
+                &route,
+                &op.method,
+                &op.path,
+                op.query.as_deref(),
+                &crate::forward::from_pairs(&op.request_headers),
+                &op.request_body,
+                &op.operation_id,
+                &op.fingerprint,
+                Some(op.state),
+            );
+            let (v, _) = crate::policy::evaluate_chain(&app.engine, policies, &route, tenant, &request);
+            match v {
+                Verdict::Allow { .. } => {
+                    let (outcome, extra) = run_replay(app, &route, op, ReplayVerdict::SameOperationOnly, false, &p.name).await?;
+                    report(StatusCode::OK, &outcome, extra)
+                }
+                Verdict::Deny { reason, policy, .. } => {
+                    Err(ApiError::Conflict(format!("revalidation denied the replay: policy {policy}: {reason}")))
+                }
+                Verdict::RequireApproval { reasons, .. } => {
+                    Err(ApiError::Conflict(format!("revalidation requires an approval: {}", reasons.join("; "))))
+                }
+                Verdict::Failed { policy, failure } => Err(ApiError::PolicyFailed { policy, detail: failure.to_string() }),
+            }
+        }
+        ReplayVerdict::Allow | ReplayVerdict::SameOperationOnly => {
+            let (outcome, extra) = run_replay(app, &route, op, verdict, force, &p.name).await?;
+            report(StatusCode::OK, &outcome, extra)
+        }
+    }
+}
+
+/// Carries out a permitted replay of the **same** operation (same id, same
+/// provider key). COMPLETED: the stored result stands and the provider is
+/// not called, unless the verdict is `allow` and `force` is set (audited).
+/// FAILED on the terminal route: requeued. UNKNOWN: reconciled (read-back
+/// first). Anything in flight: 409.
+async fn run_replay(
+    app: &AppState,
+    route: &crate::config::Route,
+    op: Operation,
+    verdict: ReplayVerdict,
+    force: bool,
+    actor: &str,
+) -> Result<(String, serde_json::Value), ApiError> {
+    match op.state {
+        OpState::Completed if force && verdict == ReplayVerdict::Allow => {
+            let state = forced_replay(app, route, &op, actor).await?;
+            Ok(("re-executed (forced)".into(), json!({"state": state, "provider_called": true})))
+        }
+        OpState::Completed | OpState::Compensated => {
+            Ok(("stored result stands".into(), json!({"state": op.state, "provider_called": false})))
+        }
+        OpState::Failed if op.dead_letter => {
+            let target = if route.read_back.is_some() { OpState::Unknown } else { OpState::Reserved };
+            let v = app
+                .ledger
+                .requeue(&op.tenant_id, &op.operation_id, op.version, target, actor, "replayed by operator")
+                .await?
+                .ok_or_else(|| ApiError::Conflict("the operation changed meanwhile".into()))?;
+            let lease = crate::execute::lease_ms(app, route);
+            if target == OpState::Reserved {
+                if let Some(claim) =
+                    app.ledger.claim(&op.tenant_id, &op.operation_id, OpState::Reserved, v, &app.instance_id, lease, "replay: new attempt").await?
+                {
+                    let fresh = app.ledger.get(&op.tenant_id, &op.operation_id).await?.unwrap_or(op.clone());
+                    crate::execute::run(app.clone(), route.clone(), fresh, claim, None).await;
+                }
+            } else if let Some(fresh) = app.ledger.get(&op.tenant_id, &op.operation_id).await? {
+                crate::reconcile::reconcile_op(app, fresh).await?;
+            }
+            let now = app.ledger.get(&op.tenant_id, &op.operation_id).await?;
+            Ok(("requeued".into(), json!({"state": now.map(|o| o.state), "provider_called": true})))
+        }
+        OpState::Failed => Ok(("stored failure stands".into(), json!({"state": op.state, "provider_called": false}))),
+        OpState::Unknown => {
+            let step = crate::reconcile::reconcile_op(app, op.clone()).await?;
+            let now = app.ledger.get(&op.tenant_id, &op.operation_id).await?;
+            Ok(("reconciled".into(), json!({"state": now.map(|o| o.state), "step": format!("{step:?}")})))
+        }
+        _ => Err(ApiError::InFlight { operation_id: op.operation_id.clone(), retry_after_s: 1 }),
+    }
+}
+
+/// Re-sends a COMPLETED operation's stored request with the same provider
+/// key, on an operator's explicit `force` under an `allow` verdict. The
+/// state stays COMPLETED; the attempt and a COMPLETED → COMPLETED transition
+/// naming the operator are recorded.
+async fn forced_replay(app: &AppState, route: &crate::config::Route, op: &Operation, actor: &str) -> Result<OpState, ApiError> {
+    let mut headers = crate::forward::from_pairs(&op.request_headers);
+    crate::forward::add_route_headers(route, &mut headers, Some(&op.provider_key));
+    headers.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(op.request_body.len()));
+    let uri = crate::forward::upstream_uri(route, &op.path, op.query.as_deref())?;
+    let method: http::Method = op.method.parse().map_err(|_| ApiError::Internal("stored method".into()))?;
+    let req = crate::forward::build_request(method, uri, headers, axum::body::Body::from(op.request_body.clone()));
+    let status = match tokio::time::timeout(Duration::from_millis(route.response_timeout_ms), route.client.request(req)).await {
+        Ok(Ok(r)) => r.status().as_u16().to_string(),
+        Ok(Err(e)) => format!("error: {e}"),
+        Err(_) => "timeout".into(),
+    };
+    app.ledger
+        .audit(&op.tenant_id, &op.operation_id, op.version, OpState::Completed, actor, &format!("forced replay by {actor} (audited): provider answered {status}"))
+        .await?;
+    Ok(OpState::Completed)
+}
+
+/// The outbox relay: delivers approval events to tenants' webhooks, at
+/// least once, signed. Runs until `shutdown`.
+pub async fn relay(app: AppState, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    loop {
+        if let Err(e) = relay_once(&app).await {
+            tracing::warn!(error = %e, "outbox relay failed");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(app.settings().reconcile.interval_ms.min(500))) => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+/// `Effectgate-Signature` value for `body`: `sha256=<hex HMAC-SHA256>`.
+pub fn signature(secret: &[u8], body: &[u8]) -> String {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC accepts any key length");
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// One delivery pass over the due events.
+pub async fn relay_once(app: &AppState) -> Result<usize, ApiError> {
+    let rt = app.settings();
+    let events = app.ledger.claim_events(&app.instance_id, 30_000, 50).await?;
+    let mut delivered = 0;
+    for ev in events {
+        let Some(hook) = rt.webhooks.get(&ev.tenant_id) else {
+            // No webhook configured: nothing to deliver to; mark it done.
+            app.ledger.event_attempted(&ev.event_id, true, Some("no webhook configured"), 0).await?;
+            continue;
+        };
+        crate::failpoint::hit("before-deliver");
+        let body = ev.payload.clone().into_bytes();
+        let req = http::Request::post(hook.url.clone())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header("effectgate-event-id", &ev.event_id)
+            .header("effectgate-event-type", &ev.event_type)
+            .header("effectgate-signature", signature(&hook.secret, &body))
+            .body(axum::body::Body::from(body))
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        let client = crate::forward::client_for(2_000);
+        let result = tokio::time::timeout(Duration::from_secs(5), client.request(req)).await;
+        let now = app.ledger.clock().now_ms();
+        match result {
+            Ok(Ok(r)) if r.status().is_success() => {
+                app.ledger.event_attempted(&ev.event_id, true, None, now).await?;
+                delivered += 1;
+            }
+            other => {
+                let err = match other {
+                    Ok(Ok(r)) => format!("receiver answered {}", r.status()),
+                    Ok(Err(e)) => e.to_string(),
+                    Err(_) => "timeout".into(),
+                };
+                let backoff = 1_000i64.saturating_mul(1 << ev.attempts.clamp(0, 10)).min(300_000);
+                app.ledger.event_attempted(&ev.event_id, false, Some(&err), now + backoff).await?;
+            }
+        }
+    }
+    Ok(delivered)
+}
