@@ -25,7 +25,9 @@ fn main() {
     );
     let target_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("policies-target");
     // The one extra piece a fresh clone needs; idempotent and quick when present.
-    if let Ok(status) = Command::new("rustup").args(["target", "add", "wasm32-wasip2"]).status()
+    if let Ok(status) = Command::new("rustup")
+        .args(["target", "add", "wasm32-wasip2"])
+        .status()
         && !status.success()
     {
         println!("cargo:warning=rustup could not add the wasm32-wasip2 target");

@@ -58,11 +58,26 @@ pub fn router(state: AppState) -> Router {
             post(resolve),
         )
         .route("/admin/reload", post(reload))
-        .route("/admin/tenants/{tenant}/approvals", get(crate::approvals::list))
-        .route("/admin/tenants/{tenant}/approvals/{id}", get(crate::approvals::get))
-        .route("/admin/tenants/{tenant}/approvals/{id}/approve", post(crate::approvals::approve))
-        .route("/admin/tenants/{tenant}/approvals/{id}/reject", post(crate::approvals::reject))
-        .route("/admin/tenants/{tenant}/operations/{operation_id}/replay", post(crate::approvals::replay))
+        .route(
+            "/admin/tenants/{tenant}/approvals",
+            get(crate::approvals::list),
+        )
+        .route(
+            "/admin/tenants/{tenant}/approvals/{id}",
+            get(crate::approvals::get),
+        )
+        .route(
+            "/admin/tenants/{tenant}/approvals/{id}/approve",
+            post(crate::approvals::approve),
+        )
+        .route(
+            "/admin/tenants/{tenant}/approvals/{id}/reject",
+            post(crate::approvals::reject),
+        )
+        .route(
+            "/admin/tenants/{tenant}/operations/{operation_id}/replay",
+            post(crate::approvals::replay),
+        )
         .fallback(|| async { ApiError::NotFound("no such admin endpoint".into()) })
         .with_state(state)
 }

@@ -51,7 +51,10 @@ fn parse<T: for<'de> Deserialize<'de> + Default>(body: &[u8]) -> Result<T, ApiEr
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest { field: "body".into(), message: format!("invalid JSON body: {e}") })
+    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest {
+        field: "body".into(),
+        message: format!("invalid JSON body: {e}"),
+    })
 }
 
 /// Lists approvals of a tenant (`?status=pending|approved|rejected|expired|used`).
@@ -66,9 +69,15 @@ pub async fn list(
     if let Some(s) = status
         && !["pending", "approved", "rejected", "expired", "used"].contains(&s)
     {
-        return Err(ApiError::BadRequest { field: "query:status".into(), message: format!("unknown approval status {s:?}") });
+        return Err(ApiError::BadRequest {
+            field: "query:status".into(),
+            message: format!("unknown approval status {s:?}"),
+        });
     }
-    let items = app.ledger.approvals(&tenant, status, app.settings().limits.max_list_limit).await?;
+    let items = app
+        .ledger
+        .approvals(&tenant, status, app.settings().limits.max_list_limit)
+        .await?;
     Ok(axum::Json(json!({ "approvals": items })).into_response())
 }
 
@@ -84,8 +93,16 @@ pub async fn get(
 }
 
 /// An approval as the API and the console show it.
-pub async fn approval_view(app: &AppState, tenant: &str, id: &str) -> Result<serde_json::Value, ApiError> {
-    let a = app.ledger.approval(tenant, id).await?.ok_or_else(|| ApiError::NotFound(format!("no approval {id:?}")))?;
+pub async fn approval_view(
+    app: &AppState,
+    tenant: &str,
+    id: &str,
+) -> Result<serde_json::Value, ApiError> {
+    let a = app
+        .ledger
+        .approval(tenant, id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no approval {id:?}")))?;
     let op = app.ledger.get(tenant, &a.operation_id).await?;
     let mut v = serde_json::to_value(&a).map_err(|e| ApiError::Internal(e.to_string()))?;
     if let Some(op) = op {
@@ -112,13 +129,27 @@ pub async fn decide(
     comment: Option<String>,
 ) -> Result<serde_json::Value, ApiError> {
     let p = app.authorize_admin(headers, tenant, &[Role::Approver])?;
-    let a = app.ledger.approval(tenant, id).await?.ok_or_else(|| ApiError::NotFound(format!("no approval {id:?}")))?;
+    let a = app
+        .ledger
+        .approval(tenant, id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no approval {id:?}")))?;
     if a.requested_by == p.name && !app.settings().self_approval.contains(tenant) {
-        return Err(ApiError::Forbidden { role: "approver", action: "decide a request it made itself" });
+        return Err(ApiError::Forbidden {
+            role: "approver",
+            action: "decide a request it made itself",
+        });
     }
     let comment = comment.map(|c| c.chars().take(1024).collect::<String>());
-    let Some(decided) = app.ledger.decide(tenant, id, decision, &p.name, comment.as_deref()).await? else {
-        return Err(ApiError::Conflict(format!("approval {id:?} is {} and can't be decided again", a.status)));
+    let Some(decided) = app
+        .ledger
+        .decide(tenant, id, decision, &p.name, comment.as_deref())
+        .await?
+    else {
+        return Err(ApiError::Conflict(format!(
+            "approval {id:?} is {} and can't be decided again",
+            a.status
+        )));
     };
     if decision == ApprovalDecision::Approve {
         after_approval(app, &decided).await?;
@@ -128,20 +159,39 @@ pub async fn decide(
 
 async fn after_approval(app: &AppState, a: &crate::ledger::Approval) -> Result<(), ApiError> {
     let rt = app.settings();
-    let Some(route) = rt.routes.iter().find(|r| r.name == a.route).cloned() else { return Ok(()) };
+    let Some(route) = rt.routes.iter().find(|r| r.name == a.route).cloned() else {
+        return Ok(());
+    };
     if a.kind == "replay" {
         // An operator's manual replay: now approved, run it (single use).
         if app.ledger.use_replay_approval(&a.tenant_id, &a.id).await?
             && let Some(op) = app.ledger.get(&a.tenant_id, &a.operation_id).await?
         {
-            let _ = run_replay(app, &route, op, ReplayVerdict::SameOperationOnly, false, &a.decided_by.clone().unwrap_or_default()).await?;
+            let _ = run_replay(
+                app,
+                &route,
+                op,
+                ReplayVerdict::SameOperationOnly,
+                false,
+                &a.decided_by.clone().unwrap_or_default(),
+            )
+            .await?;
         }
         return Ok(());
     }
     if route.execute_on_approval {
         let lease = crate::execute::lease_ms(app, &route);
-        if let Some(claim) =
-            app.ledger.use_approval(&a.tenant_id, &a.id, &a.operation_id, &a.fingerprint, &app.instance_id, lease).await?
+        if let Some(claim) = app
+            .ledger
+            .use_approval(
+                &a.tenant_id,
+                &a.id,
+                &a.operation_id,
+                &a.fingerprint,
+                &app.instance_id,
+                lease,
+            )
+            .await?
             && let Some(op) = app.ledger.get(&a.tenant_id, &a.operation_id).await?
         {
             // The stored request, byte for byte what was approved.
@@ -159,7 +209,18 @@ pub async fn approve(
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     let b: DecisionBody = parse(&body)?;
-    Ok(axum::Json(decide(&app, &headers, &tenant, &id, ApprovalDecision::Approve, b.comment).await?).into_response())
+    Ok(axum::Json(
+        decide(
+            &app,
+            &headers,
+            &tenant,
+            &id,
+            ApprovalDecision::Approve,
+            b.comment,
+        )
+        .await?,
+    )
+    .into_response())
 }
 
 /// `POST …/approvals/{id}/reject`.
@@ -170,7 +231,18 @@ pub async fn reject(
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     let b: DecisionBody = parse(&body)?;
-    Ok(axum::Json(decide(&app, &headers, &tenant, &id, ApprovalDecision::Reject, b.comment).await?).into_response())
+    Ok(axum::Json(
+        decide(
+            &app,
+            &headers,
+            &tenant,
+            &id,
+            ApprovalDecision::Reject,
+            b.comment,
+        )
+        .await?,
+    )
+    .into_response())
 }
 
 /// `POST …/operations/{id}/replay` (operator): runs the tenant's replay
@@ -182,7 +254,8 @@ pub async fn replay(
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     let b: ReplayBody = parse(&body)?;
-    let (status, v) = replay_operation(&app, &headers, &tenant, &operation_id, b.force, b.reason).await?;
+    let (status, v) =
+        replay_operation(&app, &headers, &tenant, &operation_id, b.force, b.reason).await?;
     Ok((status, axum::Json(v)).into_response())
 }
 
@@ -201,14 +274,20 @@ pub async fn replay_operation(
     reason: Option<String>,
 ) -> Result<(StatusCode, serde_json::Value), ApiError> {
     let p = app.authorize_admin(headers, tenant, &[Role::Operator])?;
-    let op = app.ledger.get(tenant, operation_id).await?.ok_or_else(|| ApiError::NotFound(format!("no operation {operation_id:?}")))?;
+    let op = app
+        .ledger
+        .get(tenant, operation_id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no operation {operation_id:?}")))?;
     let rt = app.settings();
     let route = rt
         .routes
         .iter()
         .find(|r| r.name == op.route)
         .cloned()
-        .ok_or_else(|| ApiError::Conflict(format!("route {:?} is no longer configured", op.route)))?;
+        .ok_or_else(|| {
+            ApiError::Conflict(format!("route {:?} is no longer configured", op.route))
+        })?;
     let class = op
         .effect_class
         .as_deref()
@@ -236,16 +315,28 @@ pub async fn replay_operation(
                 kind: "replay".into(),
                 policy: "replay".into(),
                 policy_hash: String::new(),
-                reason: format!("{} asked to replay ({reason}); the effect class {} needs a human", p.name, class.as_str()),
+                reason: format!(
+                    "{} asked to replay ({reason}); the effect class {} needs a human",
+                    p.name,
+                    class.as_str()
+                ),
                 ttl_ms: i64::try_from(route.approval_ttl_ms).unwrap_or(i64::MAX),
             };
             app.ledger.create_replay_approval(&op, &a, &p.name).await?;
-            report(StatusCode::ACCEPTED, "approval-required", json!({"approval_id": a.id}))
+            report(
+                StatusCode::ACCEPTED,
+                "approval-required",
+                json!({"approval_id": a.id}),
+            )
         }
         ReplayVerdict::Revalidate => {
             // Evaluate the stored request again with the current policies.
             let policies = rt.policies.for_route(tenant, &route.name);
-            let principal = crate::config::Principal { tenant: tenant.into(), name: op.principal.clone(), role: Role::Client };
+            let principal = crate::config::Principal {
+                tenant: tenant.into(),
+                name: op.principal.clone(),
+                role: Role::Client,
+            };
             let request = crate::proxy::policy_request(
                 &principal,
                 &route,
@@ -258,19 +349,32 @@ pub async fn replay_operation(
                 &op.fingerprint,
                 Some(op.state),
             );
-            let (v, _) = crate::policy::evaluate_chain(&app.engine, policies, &route, tenant, &request);
+            let (v, _) =
+                crate::policy::evaluate_chain(&app.engine, policies, &route, tenant, &request);
             match v {
                 Verdict::Allow { .. } => {
-                    let (outcome, extra) = run_replay(app, &route, op, ReplayVerdict::SameOperationOnly, false, &p.name).await?;
+                    let (outcome, extra) = run_replay(
+                        app,
+                        &route,
+                        op,
+                        ReplayVerdict::SameOperationOnly,
+                        false,
+                        &p.name,
+                    )
+                    .await?;
                     report(StatusCode::OK, &outcome, extra)
                 }
-                Verdict::Deny { reason, policy, .. } => {
-                    Err(ApiError::Conflict(format!("revalidation denied the replay: policy {policy}: {reason}")))
-                }
-                Verdict::RequireApproval { reasons, .. } => {
-                    Err(ApiError::Conflict(format!("revalidation requires an approval: {}", reasons.join("; "))))
-                }
-                Verdict::Failed { policy, failure } => Err(ApiError::PolicyFailed { policy, detail: failure.to_string() }),
+                Verdict::Deny { reason, policy, .. } => Err(ApiError::Conflict(format!(
+                    "revalidation denied the replay: policy {policy}: {reason}"
+                ))),
+                Verdict::RequireApproval { reasons, .. } => Err(ApiError::Conflict(format!(
+                    "revalidation requires an approval: {}",
+                    reasons.join("; ")
+                ))),
+                Verdict::Failed { policy, failure } => Err(ApiError::PolicyFailed {
+                    policy,
+                    detail: failure.to_string(),
+                }),
             }
         }
         ReplayVerdict::Allow | ReplayVerdict::SameOperationOnly => {
@@ -296,39 +400,80 @@ async fn run_replay(
     match op.state {
         OpState::Completed if force && verdict == ReplayVerdict::Allow => {
             let state = forced_replay(app, route, &op, actor).await?;
-            Ok(("re-executed (forced)".into(), json!({"state": state, "provider_called": true})))
+            Ok((
+                "re-executed (forced)".into(),
+                json!({"state": state, "provider_called": true}),
+            ))
         }
-        OpState::Completed | OpState::Compensated => {
-            Ok(("stored result stands".into(), json!({"state": op.state, "provider_called": false})))
-        }
+        OpState::Completed | OpState::Compensated => Ok((
+            "stored result stands".into(),
+            json!({"state": op.state, "provider_called": false}),
+        )),
         OpState::Failed if op.dead_letter => {
-            let target = if route.read_back.is_some() { OpState::Unknown } else { OpState::Reserved };
+            let target = if route.read_back.is_some() {
+                OpState::Unknown
+            } else {
+                OpState::Reserved
+            };
             let v = app
                 .ledger
-                .requeue(&op.tenant_id, &op.operation_id, op.version, target, actor, "replayed by operator")
+                .requeue(
+                    &op.tenant_id,
+                    &op.operation_id,
+                    op.version,
+                    target,
+                    actor,
+                    "replayed by operator",
+                )
                 .await?
                 .ok_or_else(|| ApiError::Conflict("the operation changed meanwhile".into()))?;
             let lease = crate::execute::lease_ms(app, route);
             if target == OpState::Reserved {
-                if let Some(claim) =
-                    app.ledger.claim(&op.tenant_id, &op.operation_id, OpState::Reserved, v, &app.instance_id, lease, "replay: new attempt").await?
+                if let Some(claim) = app
+                    .ledger
+                    .claim(
+                        &op.tenant_id,
+                        &op.operation_id,
+                        OpState::Reserved,
+                        v,
+                        &app.instance_id,
+                        lease,
+                        "replay: new attempt",
+                    )
+                    .await?
                 {
-                    let fresh = app.ledger.get(&op.tenant_id, &op.operation_id).await?.unwrap_or(op.clone());
+                    let fresh = app
+                        .ledger
+                        .get(&op.tenant_id, &op.operation_id)
+                        .await?
+                        .unwrap_or(op.clone());
                     crate::execute::run(app.clone(), route.clone(), fresh, claim, None).await;
                 }
             } else if let Some(fresh) = app.ledger.get(&op.tenant_id, &op.operation_id).await? {
                 crate::reconcile::reconcile_op(app, fresh).await?;
             }
             let now = app.ledger.get(&op.tenant_id, &op.operation_id).await?;
-            Ok(("requeued".into(), json!({"state": now.map(|o| o.state), "provider_called": true})))
+            Ok((
+                "requeued".into(),
+                json!({"state": now.map(|o| o.state), "provider_called": true}),
+            ))
         }
-        OpState::Failed => Ok(("stored failure stands".into(), json!({"state": op.state, "provider_called": false}))),
+        OpState::Failed => Ok((
+            "stored failure stands".into(),
+            json!({"state": op.state, "provider_called": false}),
+        )),
         OpState::Unknown => {
             let step = crate::reconcile::reconcile_op(app, op.clone()).await?;
             let now = app.ledger.get(&op.tenant_id, &op.operation_id).await?;
-            Ok(("reconciled".into(), json!({"state": now.map(|o| o.state), "step": format!("{step:?}")})))
+            Ok((
+                "reconciled".into(),
+                json!({"state": now.map(|o| o.state), "step": format!("{step:?}")}),
+            ))
         }
-        _ => Err(ApiError::InFlight { operation_id: op.operation_id.clone(), retry_after_s: 1 }),
+        _ => Err(ApiError::InFlight {
+            operation_id: op.operation_id.clone(),
+            retry_after_s: 1,
+        }),
     }
 }
 
@@ -336,20 +481,48 @@ async fn run_replay(
 /// key, on an operator's explicit `force` under an `allow` verdict. The
 /// state stays COMPLETED; the attempt and a COMPLETED → COMPLETED transition
 /// naming the operator are recorded.
-async fn forced_replay(app: &AppState, route: &crate::config::Route, op: &Operation, actor: &str) -> Result<OpState, ApiError> {
+async fn forced_replay(
+    app: &AppState,
+    route: &crate::config::Route,
+    op: &Operation,
+    actor: &str,
+) -> Result<OpState, ApiError> {
     let mut headers = crate::forward::from_pairs(&op.request_headers);
     crate::forward::add_route_headers(route, &mut headers, Some(&op.provider_key));
-    headers.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(op.request_body.len()));
+    headers.insert(
+        http::header::CONTENT_LENGTH,
+        http::HeaderValue::from(op.request_body.len()),
+    );
     let uri = crate::forward::upstream_uri(route, &op.path, op.query.as_deref())?;
-    let method: http::Method = op.method.parse().map_err(|_| ApiError::Internal("stored method".into()))?;
-    let req = crate::forward::build_request(method, uri, headers, axum::body::Body::from(op.request_body.clone()));
-    let status = match tokio::time::timeout(Duration::from_millis(route.response_timeout_ms), route.client.request(req)).await {
+    let method: http::Method = op
+        .method
+        .parse()
+        .map_err(|_| ApiError::Internal("stored method".into()))?;
+    let req = crate::forward::build_request(
+        method,
+        uri,
+        headers,
+        axum::body::Body::from(op.request_body.clone()),
+    );
+    let status = match tokio::time::timeout(
+        Duration::from_millis(route.response_timeout_ms),
+        route.client.request(req),
+    )
+    .await
+    {
         Ok(Ok(r)) => r.status().as_u16().to_string(),
         Ok(Err(e)) => format!("error: {e}"),
         Err(_) => "timeout".into(),
     };
     app.ledger
-        .audit(&op.tenant_id, &op.operation_id, op.version, OpState::Completed, actor, &format!("forced replay by {actor} (audited): provider answered {status}"))
+        .audit(
+            &op.tenant_id,
+            &op.operation_id,
+            op.version,
+            OpState::Completed,
+            actor,
+            &format!("forced replay by {actor} (audited): provider answered {status}"),
+        )
         .await?;
     Ok(OpState::Completed)
 }
@@ -370,7 +543,8 @@ pub async fn relay(app: AppState, mut shutdown: tokio::sync::watch::Receiver<boo
 
 /// `Effectgate-Signature` value for `body`: `sha256=<hex HMAC-SHA256>`.
 pub fn signature(secret: &[u8], body: &[u8]) -> String {
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC accepts any key length");
+    let mut mac =
+        <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC accepts any key length");
     mac.update(body);
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
@@ -378,12 +552,15 @@ pub fn signature(secret: &[u8], body: &[u8]) -> String {
 /// One delivery pass over the due events.
 pub async fn relay_once(app: &AppState) -> Result<usize, ApiError> {
     let rt = app.settings();
-    let events = app.ledger.claim_events(&app.instance_id, 30_000, 50).await?;
+    let lease = i64::try_from(rt.reconcile.outbox_lease_ms).unwrap_or(i64::MAX);
+    let events = app.ledger.claim_events(&app.instance_id, lease, 50).await?;
     let mut delivered = 0;
     for ev in events {
         let Some(hook) = rt.webhooks.get(&ev.tenant_id) else {
             // No webhook configured: nothing to deliver to; mark it done.
-            app.ledger.event_attempted(&ev.event_id, true, Some("no webhook configured"), 0).await?;
+            app.ledger
+                .event_attempted(&ev.event_id, true, Some("no webhook configured"), 0)
+                .await?;
             continue;
         };
         crate::failpoint::hit("before-deliver");
@@ -400,7 +577,9 @@ pub async fn relay_once(app: &AppState) -> Result<usize, ApiError> {
         let now = app.ledger.clock().now_ms();
         match result {
             Ok(Ok(r)) if r.status().is_success() => {
-                app.ledger.event_attempted(&ev.event_id, true, None, now).await?;
+                app.ledger
+                    .event_attempted(&ev.event_id, true, None, now)
+                    .await?;
                 delivered += 1;
             }
             other => {
@@ -409,8 +588,12 @@ pub async fn relay_once(app: &AppState) -> Result<usize, ApiError> {
                     Ok(Err(e)) => e.to_string(),
                     Err(_) => "timeout".into(),
                 };
-                let backoff = 1_000i64.saturating_mul(1 << ev.attempts.clamp(0, 10)).min(300_000);
-                app.ledger.event_attempted(&ev.event_id, false, Some(&err), now + backoff).await?;
+                let backoff = 1_000i64
+                    .saturating_mul(1 << ev.attempts.clamp(0, 10))
+                    .min(300_000);
+                app.ledger
+                    .event_attempted(&ev.event_id, false, Some(&err), now + backoff)
+                    .await?;
             }
         }
     }

@@ -166,6 +166,9 @@ pub struct ReconcileSpec {
     pub backoff_base_ms: u64,
     /// Backoff cap, in ms. Default 60000.
     pub backoff_max_ms: u64,
+    /// How long the outbox relay holds a claimed event before another
+    /// relay (or this one after a restart) may deliver it, in ms. Default 5000.
+    pub outbox_lease_ms: u64,
 }
 
 impl Default for ReconcileSpec {
@@ -180,6 +183,7 @@ impl Default for ReconcileSpec {
             max_read_backs: 10,
             backoff_base_ms: 1_000,
             backoff_max_ms: 60_000,
+            outbox_lease_ms: 5_000,
         }
     }
 }
@@ -1168,14 +1172,29 @@ impl ConfigFile {
             }
             if let Some(w) = &t.webhook {
                 let wp = format!("tenants[{ti}].webhook");
-                let url: http::Uri = w.url.parse().map_err(|_| ConfigError::new(format!("{wp}.url"), "not a URL"))?;
+                let url: http::Uri = w
+                    .url
+                    .parse()
+                    .map_err(|_| ConfigError::new(format!("{wp}.url"), "not a URL"))?;
                 if url.scheme_str() != Some("http") || url.host().is_none() {
-                    return Err(ConfigError::new(format!("{wp}.url"), "must be an http:// URL"));
+                    return Err(ConfigError::new(
+                        format!("{wp}.url"),
+                        "must be an http:// URL",
+                    ));
                 }
                 let secret = std::env::var(&w.secret_env).map_err(|_| {
-                    ConfigError::new(format!("{wp}.secret_env"), format!("environment variable {} is not set", w.secret_env))
+                    ConfigError::new(
+                        format!("{wp}.secret_env"),
+                        format!("environment variable {} is not set", w.secret_env),
+                    )
                 })?;
-                webhooks.insert(t.id.clone(), Webhook { url, secret: secret.into_bytes() });
+                webhooks.insert(
+                    t.id.clone(),
+                    Webhook {
+                        url,
+                        secret: secret.into_bytes(),
+                    },
+                );
             }
         }
         if self.policy.memory_bytes < 64 * 1024 {

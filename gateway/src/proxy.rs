@@ -22,7 +22,10 @@ use crate::policy::{Verdict, evaluate_chain, wit_class};
 
 /// The proxy router: every path goes to [`handle`].
 pub fn router(state: AppState) -> Router {
-    Router::new().route("/approvals/{id}", axum::routing::get(approval_status)).fallback(handle).with_state(state)
+    Router::new()
+        .route("/approvals/{id}", axum::routing::get(approval_status))
+        .fallback(handle)
+        .with_state(state)
 }
 
 /// `GET /approvals/{id}`: the caller polls its approval with its own key.
@@ -518,32 +521,65 @@ pub fn policy_request(
 /// approval is pending; once approved, this (identical) request spends the
 /// approval and executes, exactly once; a refused approval has already
 /// failed the operation, which is replayed.
-async fn resume_awaiting(app: &AppState, route: &Route, op: Operation) -> Result<Response, ApiError> {
-    let approval = app.ledger.approval_for(&op.tenant_id, &op.operation_id, "request").await?;
-    let Some(a) = approval else { return Ok(awaiting_approval_response(&op, None)) };
+async fn resume_awaiting(
+    app: &AppState,
+    route: &Route,
+    op: Operation,
+) -> Result<Response, ApiError> {
+    let approval = app
+        .ledger
+        .approval_for(&op.tenant_id, &op.operation_id, "request")
+        .await?;
+    let Some(a) = approval else {
+        return Ok(awaiting_approval_response(&op, None));
+    };
     match a.status.as_str() {
         "approved" => {
             let lease = crate::execute::lease_ms(app, route);
-            match app.ledger.use_approval(&op.tenant_id, &a.id, &op.operation_id, &op.fingerprint, &app.instance_id, lease).await? {
+            match app
+                .ledger
+                .use_approval(
+                    &op.tenant_id,
+                    &a.id,
+                    &op.operation_id,
+                    &op.fingerprint,
+                    &app.instance_id,
+                    lease,
+                )
+                .await?
+            {
                 Some(claim) => {
-                    let op = app.ledger.get(&op.tenant_id, &op.operation_id).await?.unwrap_or(op);
+                    let op = app
+                        .ledger
+                        .get(&op.tenant_id, &op.operation_id)
+                        .await?
+                        .unwrap_or(op);
                     Ok(crate::execute::execute_for_caller(app, route, op, claim).await)
                 }
-                None => Err(ApiError::InFlight { operation_id: op.operation_id, retry_after_s: 1 }),
+                None => Err(ApiError::InFlight {
+                    operation_id: op.operation_id,
+                    retry_after_s: 1,
+                }),
             }
         }
         "rejected" | "expired" => match app.ledger.get(&op.tenant_id, &op.operation_id).await? {
             Some(now) if now.state.is_terminal() => Ok(replay_or_dead_letter(route, &now)),
             _ => Ok(awaiting_approval_response(&op, Some(&a))),
         },
-        "used" => Err(ApiError::InFlight { operation_id: op.operation_id, retry_after_s: 1 }),
+        "used" => Err(ApiError::InFlight {
+            operation_id: op.operation_id,
+            retry_after_s: 1,
+        }),
         _ => Ok(awaiting_approval_response(&op, Some(&a))),
     }
 }
 
 /// 202 for an operation waiting on a human decision, with
 /// `Location: /approvals/{id}` to poll.
-fn awaiting_approval_response(op: &Operation, approval: Option<&crate::ledger::Approval>) -> Response {
+fn awaiting_approval_response(
+    op: &Operation,
+    approval: Option<&crate::ledger::Approval>,
+) -> Response {
     let body = serde_json::json!({
         "operation_id": op.operation_id,
         "state": op.state,

@@ -9,6 +9,8 @@ use effectgate::config::{self, Settings};
 use effectgate::ledger::{Clock, SystemClock};
 use mock_provider::MockProvider;
 
+pub mod receiver;
+
 /// Path of a built policy component, e.g. `policy_wasm("amount_threshold")`.
 pub fn policy_wasm(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("POLICY_WASM_DIR")).join(format!("{name}.wasm"))

@@ -39,7 +39,12 @@ async fn pending(app: &TestApp, key: &str, body: &str) -> String {
 }
 
 async fn decide(app: &TestApp, key: &str, tenant: &str, id: &str, what: &str) -> reqwest::Response {
-    app.admin_post(key, &format!("/admin/tenants/{tenant}/approvals/{id}/{what}"), r#"{"comment":"checked with finance"}"#).await
+    app.admin_post(
+        key,
+        &format!("/admin/tenants/{tenant}/approvals/{id}/{what}"),
+        r#"{"comment":"checked with finance"}"#,
+    )
+    .await
 }
 
 #[tokio::test]
@@ -47,26 +52,63 @@ async fn an_approval_is_bound_to_the_arguments() {
     let app = app_with("", None).await;
     let id = pending(&app, "k1", BIG).await;
     // The caller polls with its own key.
-    let poll: Value = app.http.get(app.proxy(&format!("/approvals/{id}"))).bearer_auth(KEY_A).send().await.unwrap().json().await.unwrap();
+    let poll: Value = app
+        .http
+        .get(app.proxy(&format!("/approvals/{id}")))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(poll["status"], "pending");
-    assert_eq!(decide(&app, APPROVER_A, "a", &id, "approve").await.status(), 200);
+    assert_eq!(
+        decide(&app, APPROVER_A, "a", &id, "approve").await.status(),
+        200
+    );
 
     // Same key, other arguments: 422; the approval doesn't carry over.
-    let r = app.charge("k1", r#"{"amount":9000,"currency":"eur"}"#).await;
+    let r = app
+        .charge("k1", r#"{"amount":9000,"currency":"eur"}"#)
+        .await;
     assert_eq!(r.status(), 422);
     // A new key with the same (approved) arguments needs its own approval.
     let other = pending(&app, "k2", BIG).await;
     assert_ne!(other, id);
-    assert_eq!(app.mock.provider.effects(), 0, "nothing ran without its own approval");
+    assert_eq!(
+        app.mock.provider.effects(),
+        0,
+        "nothing ran without its own approval"
+    );
     // The approved request itself runs once, and a re-send replays.
     assert_eq!(app.charge("k1", BIG).await.status(), 200);
     let again = app.charge("k1", BIG).await;
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(app.mock.provider.effects(), 1);
     let op = app.op_json("k1").await;
-    let reasons: Vec<&str> = op["transitions"].as_array().unwrap().iter().map(|t| t["reason"].as_str().unwrap()).collect();
-    assert!(reasons.iter().any(|r| r.contains("approved by a:approver: checked with finance")), "{reasons:?}");
-    let poll: Value = app.http.get(app.proxy(&format!("/approvals/{id}"))).bearer_auth(KEY_A).send().await.unwrap().json().await.unwrap();
+    let reasons: Vec<&str> = op["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["reason"].as_str().unwrap())
+        .collect();
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains("approved by a:approver: checked with finance")),
+        "{reasons:?}"
+    );
+    let poll: Value = app
+        .http
+        .get(app.proxy(&format!("/approvals/{id}")))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(poll["status"], "used");
 }
 
@@ -74,11 +116,17 @@ async fn an_approval_is_bound_to_the_arguments() {
 async fn an_approved_request_executes_once_under_20_concurrent_resends() {
     let app = app_with("", None).await;
     let id = pending(&app, "k", BIG).await;
-    assert_eq!(decide(&app, APPROVER_A, "a", &id, "approve").await.status(), 200);
+    assert_eq!(
+        decide(&app, APPROVER_A, "a", &id, "approve").await.status(),
+        200
+    );
     let responses = futures_util::future::join_all((0..20).map(|_| app.charge("k", BIG))).await;
     let mut originals = 0;
     for r in responses {
-        match (r.status().as_u16(), r.headers().get("idempotent-replayed").is_some()) {
+        match (
+            r.status().as_u16(),
+            r.headers().get("idempotent-replayed").is_some(),
+        ) {
             (200, false) => originals += 1,
             (200, true) | (409, _) => {}
             (s, _) => panic!("unexpected {s}"),
@@ -93,17 +141,32 @@ async fn rejected_and_expired_approvals_fail_the_operation_for_good() {
     let clock = ManualClock::new(1_000_000_000);
     let app = app_with("approval_ttl_ms = 60000", Some(clock.clone())).await;
     let rejected = pending(&app, "rej", BIG).await;
-    assert_eq!(decide(&app, APPROVER_A, "a", &rejected, "reject").await.status(), 200);
+    assert_eq!(
+        decide(&app, APPROVER_A, "a", &rejected, "reject")
+            .await
+            .status(),
+        200
+    );
     let op = app.op_json("rej").await;
     assert_eq!(op["state"], "FAILED");
-    assert!(op["error_detail"].as_str().unwrap().contains("rejected by a:approver"));
+    assert!(
+        op["error_detail"]
+            .as_str()
+            .unwrap()
+            .contains("rejected by a:approver")
+    );
     let r = app.charge("rej", BIG).await;
     assert_eq!(r.status(), 403);
     assert_eq!(r.headers()["idempotent-replayed"], "true");
     let p: Value = r.json().await.unwrap();
     assert_eq!(p["type"], "urn:effectgate:problem:approval-rejected");
     // A rejected approval can never authorise anything again.
-    assert_eq!(decide(&app, APPROVER_A, "a", &rejected, "approve").await.status(), 409);
+    assert_eq!(
+        decide(&app, APPROVER_A, "a", &rejected, "approve")
+            .await
+            .status(),
+        409
+    );
 
     let expiring = pending(&app, "exp", BIG).await;
     clock.advance(60_000);
@@ -111,7 +174,12 @@ async fn rejected_and_expired_approvals_fail_the_operation_for_good() {
     let op = app.op_json("exp").await;
     assert_eq!(op["state"], "FAILED");
     assert!(op["error_detail"].as_str().unwrap().contains("expired"));
-    assert_eq!(decide(&app, APPROVER_A, "a", &expiring, "approve").await.status(), 409);
+    assert_eq!(
+        decide(&app, APPROVER_A, "a", &expiring, "approve")
+            .await
+            .status(),
+        409
+    );
     let r = app.charge("exp", BIG).await;
     assert_eq!(r.status(), 403);
     let p: Value = r.json().await.unwrap();
@@ -124,12 +192,31 @@ async fn a_used_approval_cannot_authorise_another_operation() {
     let app = app_with("", None).await;
     let first = pending(&app, "one", BIG).await;
     let second = pending(&app, "two", BIG).await;
-    assert_eq!(decide(&app, APPROVER_A, "a", &first, "approve").await.status(), 200);
+    assert_eq!(
+        decide(&app, APPROVER_A, "a", &first, "approve")
+            .await
+            .status(),
+        200
+    );
     assert_eq!(app.charge("one", BIG).await.status(), 200);
     // Deciding the used approval again is refused, and "two" stays pending.
-    assert_eq!(decide(&app, APPROVER_A, "a", &first, "approve").await.status(), 409);
+    assert_eq!(
+        decide(&app, APPROVER_A, "a", &first, "approve")
+            .await
+            .status(),
+        409
+    );
     assert_eq!(app.charge("two", BIG).await.status(), 202);
-    let v: Value = app.http.get(app.admin(&format!("/admin/tenants/a/approvals/{second}"))).bearer_auth(APPROVER_A).send().await.unwrap().json().await.unwrap();
+    let v: Value = app
+        .http
+        .get(app.admin(&format!("/admin/tenants/a/approvals/{second}")))
+        .bearer_auth(APPROVER_A)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["status"], "pending");
     assert_eq!(v["operation_id"], "two");
     assert_eq!(app.mock.provider.effects(), 1);
@@ -140,16 +227,45 @@ async fn no_self_approval_and_no_cross_tenant_decisions() {
     let app = app_with("", None).await;
     let id = pending(&app, "mine", BIG).await;
     // The approver key whose principal is the requester: refused.
-    assert_eq!(decide(&app, SELF_APPROVER_A, "a", &id, "approve").await.status(), 403);
+    assert_eq!(
+        decide(&app, SELF_APPROVER_A, "a", &id, "approve")
+            .await
+            .status(),
+        403
+    );
     // Tenant b's approver can neither see nor decide a's approvals.
-    let r = app.http.get(app.admin(&format!("/admin/tenants/a/approvals/{id}"))).bearer_auth(APPROVER_B).send().await.unwrap();
+    let r = app
+        .http
+        .get(app.admin(&format!("/admin/tenants/a/approvals/{id}")))
+        .bearer_auth(APPROVER_B)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 404);
-    assert_eq!(decide(&app, APPROVER_B, "a", &id, "approve").await.status(), 404);
-    assert_eq!(decide(&app, APPROVER_B, "b", &id, "approve").await.status(), 404);
+    assert_eq!(
+        decide(&app, APPROVER_B, "a", &id, "approve").await.status(),
+        404
+    );
+    assert_eq!(
+        decide(&app, APPROVER_B, "b", &id, "approve").await.status(),
+        404
+    );
     // Tenant b's client can't poll it either.
-    assert_eq!(app.http.get(app.proxy(&format!("/approvals/{id}"))).bearer_auth(KEY_B).send().await.unwrap().status(), 404);
+    assert_eq!(
+        app.http
+            .get(app.proxy(&format!("/approvals/{id}")))
+            .bearer_auth(KEY_B)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
     // Only the approver role decides: an operator or a client can't.
-    assert_eq!(decide(&app, OPERATOR_A, "a", &id, "approve").await.status(), 403);
+    assert_eq!(
+        decide(&app, OPERATOR_A, "a", &id, "approve").await.status(),
+        403
+    );
     assert_eq!(decide(&app, KEY_A, "a", &id, "approve").await.status(), 403);
     assert_eq!(app.charge("mine", BIG).await.status(), 202, "still pending");
 }
@@ -158,7 +274,10 @@ async fn no_self_approval_and_no_cross_tenant_decisions() {
 async fn a_route_can_execute_the_approved_request_itself() {
     let app = app_with("execute_on_approval = true", None).await;
     let id = pending(&app, "auto", BIG).await;
-    assert_eq!(decide(&app, APPROVER_A, "a", &id, "approve").await.status(), 200);
+    assert_eq!(
+        decide(&app, APPROVER_A, "a", &id, "approve").await.status(),
+        200
+    );
     // The caller polls by re-sending; the gateway ran the stored request.
     let mut status = 0;
     for _ in 0..200 {
@@ -177,11 +296,21 @@ async fn a_route_can_execute_the_approved_request_itself() {
 }
 
 async fn completed(app: &TestApp, key: &str) {
-    assert_eq!(app.charge(key, r#"{"amount":10,"currency":"eur"}"#).await.status(), 200);
+    assert_eq!(
+        app.charge(key, r#"{"amount":10,"currency":"eur"}"#)
+            .await
+            .status(),
+        200
+    );
 }
 
 async fn replay(app: &TestApp, api_key: &str, id: &str, body: &str) -> reqwest::Response {
-    app.admin_post(api_key, &format!("/admin/tenants/a/operations/{id}/replay"), body).await
+    app.admin_post(
+        api_key,
+        &format!("/admin/tenants/a/operations/{id}/replay"),
+        body,
+    )
+    .await
 }
 
 fn replay_app(class: &str, tenant_a: String) -> Opts {
@@ -203,14 +332,31 @@ async fn replay_allow_serves_the_stored_result_unless_forced() {
     assert_eq!(v["verdict"], "allow");
     assert_eq!(v["provider_called"], false);
     assert_eq!(app.provider_calls().0, 1);
-    let r = replay(&app, OPERATOR_A, "d", r#"{"force":true,"reason":"rebuild the index"}"#).await;
+    let r = replay(
+        &app,
+        OPERATOR_A,
+        "d",
+        r#"{"force":true,"reason":"rebuild the index"}"#,
+    )
+    .await;
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["provider_called"], true);
     assert_eq!(app.provider_calls().0, 2);
     let op = app.op_json("d").await;
     assert_eq!(op["state"], "COMPLETED");
-    let last = op["transitions"].as_array().unwrap().last().unwrap().clone();
-    assert!(last["reason"].as_str().unwrap().contains("forced replay by a:operator (audited)"), "{last}");
+    let last = op["transitions"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert!(
+        last["reason"]
+            .as_str()
+            .unwrap()
+            .contains("forced replay by a:operator (audited)"),
+        "{last}"
+    );
     // A client key can never replay.
     assert_eq!(replay(&app, KEY_A, "d", "{}").await.status(), 403);
 }
@@ -219,7 +365,11 @@ async fn replay_allow_serves_the_stored_result_unless_forced() {
 async fn replay_same_operation_only_never_calls_the_provider_for_a_completed_operation() {
     let app = spawn_with(replay_app("payment", String::new())).await;
     completed(&app, "p").await;
-    let v: Value = replay(&app, OPERATOR_A, "p", r#"{"force":true}"#).await.json().await.unwrap();
+    let v: Value = replay(&app, OPERATOR_A, "p", r#"{"force":true}"#)
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["verdict"], "same-operation-only");
     assert_eq!(v["provider_called"], false, "force needs an allow verdict");
     assert_eq!(app.provider_calls().0, 1);
@@ -230,7 +380,11 @@ async fn replay_revalidate_runs_evaluate_again() {
     // Permission changes: the replay proceeds only if the current policy allows.
     let app = spawn_with(replay_app("permission", threshold("{ threshold = 1000 }"))).await;
     completed(&app, "perm").await;
-    let v: Value = replay(&app, OPERATOR_A, "perm", "{}").await.json().await.unwrap();
+    let v: Value = replay(&app, OPERATOR_A, "perm", "{}")
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["verdict"], "revalidate");
     assert_eq!(v["outcome"], "stored result stands");
     // Now the tenant's policy has tightened: the same request would need approval.
@@ -241,7 +395,10 @@ async fn replay_revalidate_runs_evaluate_again() {
     let r = replay(&app, OPERATOR_A, "perm", "{}").await;
     assert_eq!(r.status(), 409);
     let p: Value = r.json().await.unwrap();
-    assert!(p["detail"].as_str().unwrap().contains("revalidation"), "{p}");
+    assert!(
+        p["detail"].as_str().unwrap().contains("revalidation"),
+        "{p}"
+    );
 }
 
 #[tokio::test]
@@ -253,13 +410,38 @@ async fn replay_manual_creates_an_approval() {
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["verdict"], "manual");
     let id = v["approval_id"].as_str().unwrap();
-    let a: Value = app.http.get(app.admin(&format!("/admin/tenants/a/approvals/{id}"))).bearer_auth(APPROVER_A).send().await.unwrap().json().await.unwrap();
+    let a: Value = app
+        .http
+        .get(app.admin(&format!("/admin/tenants/a/approvals/{id}")))
+        .bearer_auth(APPROVER_A)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(a["kind"], "replay");
     assert_eq!(a["status"], "pending");
-    assert_eq!(decide(&app, APPROVER_A, "a", id, "approve").await.status(), 200);
-    let a: Value = app.http.get(app.admin(&format!("/admin/tenants/a/approvals/{id}"))).bearer_auth(APPROVER_A).send().await.unwrap().json().await.unwrap();
+    assert_eq!(
+        decide(&app, APPROVER_A, "a", id, "approve").await.status(),
+        200
+    );
+    let a: Value = app
+        .http
+        .get(app.admin(&format!("/admin/tenants/a/approvals/{id}")))
+        .bearer_auth(APPROVER_A)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(a["status"], "used");
-    assert_eq!(app.provider_calls().0, 1, "a completed irreversible effect is not sent again");
+    assert_eq!(
+        app.provider_calls().0,
+        1,
+        "a completed irreversible effect is not sent again"
+    );
 }
 
 #[tokio::test]
@@ -273,5 +455,59 @@ async fn replay_deny_is_409_with_the_reason() {
     let r = replay(&app, OPERATOR_A, "no", "{}").await;
     assert_eq!(r.status(), 409);
     let p: Value = r.json().await.unwrap();
-    assert!(p["detail"].as_str().unwrap().contains("replay denied"), "{p}");
+    assert!(
+        p["detail"].as_str().unwrap().contains("replay denied"),
+        "{p}"
+    );
+}
+
+#[tokio::test]
+async fn approval_events_reach_the_webhook_signed() {
+    let rx = effectgate_tests::receiver::spawn_receiver().await;
+    // SAFETY: set before the gateway reads its config; the value is the same in every test.
+    unsafe { std::env::set_var("TEST_WEBHOOK_SECRET", "whsec_test") };
+    let app = spawn_with(Opts {
+        route_extra: "effect_class = \"payment\"".into(),
+        tenant_a: format!(
+            "webhook = {{ url = \"{}\", secret_env = \"TEST_WEBHOOK_SECRET\" }}\n{}",
+            rx.url,
+            threshold("{ threshold = 1000 }")
+        ),
+        more: "[reconcile]\nenabled = false\n".into(),
+        ..Default::default()
+    })
+    .await;
+    let id = pending(&app, "hooked", BIG).await;
+    assert_eq!(
+        decide(&app, APPROVER_A, "a", &id, "approve").await.status(),
+        200
+    );
+    effectgate::approvals::relay_once(&app.gw.state)
+        .await
+        .unwrap();
+    let got = rx.got.lock().unwrap().clone();
+    let types: Vec<String> = got
+        .iter()
+        .map(|d| d.json()["type"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(types, vec!["approval.created", "approval.approved"]);
+    for d in &got {
+        let sig = effectgate::approvals::signature(b"whsec_test", &d.body);
+        assert_eq!(
+            d.header("effectgate-signature"),
+            Some(sig.as_str()),
+            "signature verifies"
+        );
+        assert_eq!(
+            d.header("effectgate-event-id"),
+            d.json()["event_id"].as_str()
+        );
+        assert_eq!(d.json()["data"]["approval_id"], id.as_str());
+    }
+    // Delivered events are not sent again.
+    effectgate::approvals::relay_once(&app.gw.state)
+        .await
+        .unwrap();
+    assert_eq!(rx.got.lock().unwrap().len(), 2);
+    assert_eq!(app.gw.state.ledger.pending_events().await.unwrap(), 0);
 }

@@ -216,7 +216,12 @@ impl Ledger {
     }
 
     /// The newest approval of an operation, of `kind`.
-    pub async fn approval_for(&self, tenant: &str, operation_id: &str, kind: &str) -> Result<Option<Approval>, LedgerError> {
+    pub async fn approval_for(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        kind: &str,
+    ) -> Result<Option<Approval>, LedgerError> {
         let row = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant_id = ? AND operation_id = ? AND kind = ? \
              ORDER BY created_at DESC, rowid DESC LIMIT 1"
@@ -230,7 +235,12 @@ impl Ledger {
     }
 
     /// Approvals of `tenant`, optionally by status, oldest first.
-    pub async fn approvals(&self, tenant: &str, status: Option<&str>, limit: u32) -> Result<Vec<Approval>, LedgerError> {
+    pub async fn approvals(
+        &self,
+        tenant: &str,
+        status: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Approval>, LedgerError> {
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant_id = ?1 AND (?2 IS NULL OR status = ?2) \
              ORDER BY created_at LIMIT ?3"
@@ -240,7 +250,10 @@ impl Ledger {
         .bind(i64::from(limit))
         .fetch_all(&self.read)
         .await?;
-        Ok(rows.iter().map(approval_from_row).collect::<Result<_, _>>()?)
+        Ok(rows
+            .iter()
+            .map(approval_from_row)
+            .collect::<Result<_, _>>()?)
     }
 
     /// Creates a `replay` approval for an existing operation (an operator
@@ -295,7 +308,11 @@ impl Ledger {
         comment: Option<&str>,
     ) -> Result<Option<Approval>, LedgerError> {
         let now = self.clock.now_ms();
-        let status = if decision == Decision::Approve { "approved" } else { "rejected" };
+        let status = if decision == Decision::Approve {
+            "approved"
+        } else {
+            "rejected"
+        };
         let mut tx = self.write.begin().await?;
         let row = sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE approvals SET status = ?, decided_by = ?, decided_at = ?, comment = ? \
@@ -315,10 +332,30 @@ impl Ledger {
         let note = comment.map(|c| format!(": {c}")).unwrap_or_default();
         if a.kind == "request" {
             if decision == Decision::Reject {
-                let body = refused_response("approval-rejected", &format!("the approval was rejected by {by}{note}"), &a.operation_id, &a.id);
-                self.fail_awaiting(&mut tx, &a, by, &format!("approval {} rejected by {by}{note}", a.id), body, now).await?;
+                let body = refused_response(
+                    "approval-rejected",
+                    &format!("the approval was rejected by {by}{note}"),
+                    &a.operation_id,
+                    &a.id,
+                );
+                self.fail_awaiting(
+                    &mut tx,
+                    &a,
+                    by,
+                    &format!("approval {} rejected by {by}{note}", a.id),
+                    body,
+                    now,
+                )
+                .await?;
             } else {
-                self.audit_awaiting(&mut tx, &a, by, &format!("approval {} approved by {by}{note}", a.id), now).await?;
+                self.audit_awaiting(
+                    &mut tx,
+                    &a,
+                    by,
+                    &format!("approval {} approved by {by}{note}", a.id),
+                    now,
+                )
+                .await?;
             }
         }
         let payload = serde_json::json!({
@@ -482,7 +519,11 @@ impl Ledger {
 
     /// Marks a `replay` approval used (single use). Returns whether it was
     /// `approved` and is now `used`.
-    pub async fn use_replay_approval(&self, tenant: &str, approval_id: &str) -> Result<bool, LedgerError> {
+    pub async fn use_replay_approval(
+        &self,
+        tenant: &str,
+        approval_id: &str,
+    ) -> Result<bool, LedgerError> {
         let now = self.clock.now_ms();
         let r = sqlx::query(
             "UPDATE approvals SET status = 'used', used_at = ? WHERE tenant_id = ? AND id = ? AND kind = 'replay' \
@@ -519,8 +560,21 @@ impl Ledger {
                 .await?;
             if done.rows_affected() == 1 {
                 if a.kind == "request" {
-                    let body = refused_response("approval-expired", "the approval expired before anyone decided", &a.operation_id, &a.id);
-                    self.fail_awaiting(&mut tx, &a, "reconciler", &format!("approval {} expired", a.id), body, now).await?;
+                    let body = refused_response(
+                        "approval-expired",
+                        "the approval expired before anyone decided",
+                        &a.operation_id,
+                        &a.id,
+                    );
+                    self.fail_awaiting(
+                        &mut tx,
+                        &a,
+                        "reconciler",
+                        &format!("approval {} expired", a.id),
+                        body,
+                        now,
+                    )
+                    .await?;
                 }
                 let payload = serde_json::json!({"approval_id": a.id, "operation_id": a.operation_id, "status": "expired"});
                 insert_event(&mut tx, &a.tenant_id, "approval.expired", payload, now).await?;
@@ -533,7 +587,12 @@ impl Ledger {
 
     /// Claims up to `limit` due outbox events for delivery by `owner` for
     /// `lease_ms` (an event claimed by a live owner is skipped).
-    pub async fn claim_events(&self, owner: &str, lease_ms: i64, limit: u32) -> Result<Vec<OutboxEvent>, LedgerError> {
+    pub async fn claim_events(
+        &self,
+        owner: &str,
+        lease_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<OutboxEvent>, LedgerError> {
         let now = self.clock.now_ms();
         let rows = sqlx::query(
             "UPDATE outbox SET lease_owner = ?1, lease_expires_at = ?2 WHERE event_id IN ( \
@@ -585,9 +644,36 @@ impl Ledger {
         Ok(())
     }
 
+    /// Outbox events of `tenant`, oldest first: (event id, type, delivered
+    /// at, attempts).
+    pub async fn events(
+        &self,
+        tenant: &str,
+    ) -> Result<Vec<(String, String, Option<i64>, i64)>, LedgerError> {
+        let rows = sqlx::query(
+            "SELECT event_id, event_type, delivered_at, attempts FROM outbox WHERE tenant_id = ? ORDER BY created_at, rowid",
+        )
+        .bind(tenant)
+        .fetch_all(&self.read)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get("event_id")?,
+                    r.try_get("event_type")?,
+                    r.try_get("delivered_at")?,
+                    r.try_get("attempts")?,
+                ))
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Into::into)
+    }
+
     /// Undelivered events (all tenants), for tests and the console.
     pub async fn pending_events(&self) -> Result<i64, LedgerError> {
-        let row = sqlx::query("SELECT COUNT(*) AS n FROM outbox WHERE delivered_at IS NULL").fetch_one(&self.read).await?;
+        let row = sqlx::query("SELECT COUNT(*) AS n FROM outbox WHERE delivered_at IS NULL")
+            .fetch_one(&self.read)
+            .await?;
         Ok(row.try_get("n")?)
     }
 }

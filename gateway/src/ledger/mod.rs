@@ -468,7 +468,11 @@ mod tests {
         for to in State::ALL {
             let ok = State::Completed.can_transition_to(to);
             // COMPLETED → COMPLETED records an audited forced replay; the state never goes back.
-            assert_eq!(ok, matches!(to, State::Compensated | State::Completed), "COMPLETED → {to}");
+            assert_eq!(
+                ok,
+                matches!(to, State::Compensated | State::Completed),
+                "COMPLETED → {to}"
+            );
         }
     }
 

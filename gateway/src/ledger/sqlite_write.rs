@@ -503,7 +503,10 @@ impl Ledger {
         reason: &str,
     ) -> Result<bool, LedgerError> {
         if !state.can_transition_to(state) {
-            return Err(LedgerError::IllegalTransition { from: state, to: state });
+            return Err(LedgerError::IllegalTransition {
+                from: state,
+                to: state,
+            });
         }
         let now = self.clock.now_ms();
         let mut tx = self.write.begin().await?;
@@ -520,7 +523,19 @@ impl Ledger {
         .await?;
         let Some(row) = row else { return Ok(false) };
         let (v, f): (i64, i64) = (row.try_get("version")?, row.try_get("fence")?);
-        insert_transition(&mut tx, tenant, operation_id, Some(state), state, v, f, actor, reason, now).await?;
+        insert_transition(
+            &mut tx,
+            tenant,
+            operation_id,
+            Some(state),
+            state,
+            v,
+            f,
+            actor,
+            reason,
+            now,
+        )
+        .await?;
         tx.commit().await?;
         Ok(true)
     }
