@@ -78,6 +78,7 @@ pub fn router(state: AppState) -> Router {
             "/admin/tenants/{tenant}/operations/{operation_id}/replay",
             post(crate::approvals::replay),
         )
+        .merge(crate::console::routes())
         .fallback(|| async { ApiError::NotFound("no such admin endpoint".into()) })
         .with_state(state)
 }

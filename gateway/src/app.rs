@@ -46,6 +46,8 @@ pub struct AppState {
     /// This instance's id: lease owner in the ledger.
     pub instance_id: Arc<str>,
     reload_lock: Arc<tokio::sync::Mutex<()>>,
+    /// Operator console sessions.
+    pub sessions: crate::console::Sessions,
 }
 
 impl AppState {
@@ -86,6 +88,7 @@ impl AppState {
             provider_key_secret: Arc::new(secret),
             instance_id: instance_id.into(),
             reload_lock: Arc::new(tokio::sync::Mutex::new(())),
+            sessions: Default::default(),
         })
     }
 

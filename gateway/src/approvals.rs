@@ -129,6 +129,31 @@ pub async fn decide(
     comment: Option<String>,
 ) -> Result<serde_json::Value, ApiError> {
     let p = app.authorize_admin(headers, tenant, &[Role::Approver])?;
+    decide_as(app, &p, tenant, id, decision, comment).await
+}
+
+/// [`decide`] for an already authenticated principal (the console).
+///
+/// Errors: 403 unless `p` is an approver of `tenant`, or when it made the
+/// request itself (unless the tenant allows self-approval); 404 for an
+/// unknown approval; 409 when it is no longer pending.
+pub async fn decide_as(
+    app: &AppState,
+    p: &crate::config::Principal,
+    tenant: &str,
+    id: &str,
+    decision: ApprovalDecision,
+    comment: Option<String>,
+) -> Result<serde_json::Value, ApiError> {
+    if p.tenant != tenant {
+        return Err(ApiError::NotFound(format!("no approval {id:?}")));
+    }
+    if p.role != Role::Approver {
+        return Err(ApiError::Forbidden {
+            role: p.role.as_str(),
+            action: "decide approvals",
+        });
+    }
     let a = app
         .ledger
         .approval(tenant, id)
@@ -274,6 +299,29 @@ pub async fn replay_operation(
     reason: Option<String>,
 ) -> Result<(StatusCode, serde_json::Value), ApiError> {
     let p = app.authorize_admin(headers, tenant, &[Role::Operator])?;
+    replay_as(app, &p, tenant, operation_id, force, reason).await
+}
+
+/// [`replay_operation`] for an already authenticated principal (the console).
+///
+/// Errors: as [`replay_operation`].
+pub async fn replay_as(
+    app: &AppState,
+    p: &crate::config::Principal,
+    tenant: &str,
+    operation_id: &str,
+    force: bool,
+    reason: Option<String>,
+) -> Result<(StatusCode, serde_json::Value), ApiError> {
+    if p.tenant != tenant {
+        return Err(ApiError::NotFound(format!("no operation {operation_id:?}")));
+    }
+    if p.role != Role::Operator {
+        return Err(ApiError::Forbidden {
+            role: p.role.as_str(),
+            action: "replay operations",
+        });
+    }
     let op = app
         .ledger
         .get(tenant, operation_id)

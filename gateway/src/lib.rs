@@ -21,6 +21,7 @@ pub mod app;
 pub mod approvals;
 pub mod cli;
 pub mod config;
+pub mod console;
 pub mod error;
 pub mod execute;
 pub mod failpoint;

@@ -1,0 +1,448 @@
+//! The operator console: server-rendered pages on the admin listener.
+//!
+//! Log in with an admin, approver or operator key; the session lives in an
+//! `HttpOnly; SameSite=Strict` cookie (`eg_session`, 8 h, kept in memory:
+//! a restart logs everyone out). Every POST carries the session's CSRF
+//! token and is refused (403) without it. The console shows requests
+//! exactly as they were stored and has no way to edit them: an approver
+//! approves or rejects what is shown, with a comment.
+//!
+//! | page | what |
+//! |---|---|
+//! | `/console` | counts: pending approvals, UNKNOWN, dead-letter depth and oldest age |
+//! | `/console/approvals` | pending approvals with the exact request and the policy's reason |
+//! | `/console/operations?state=S` | operations by state (`DEAD` = dead letters) |
+//! | `/console/operations/{id}` | the transition timeline, attempts, policy decisions, replay |
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use axum::Form;
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use http::{HeaderMap, HeaderValue, StatusCode, header};
+use minijinja::{Environment, context};
+use serde::Deserialize;
+
+use crate::app::AppState;
+use crate::config::{Principal, Role};
+use crate::error::ApiError;
+use crate::ledger::{ApprovalDecision, State as OpState};
+
+const COOKIE: &str = "eg_session";
+const SESSION_MS: i64 = 8 * 3600 * 1000;
+
+/// A logged-in console session.
+#[derive(Debug, Clone)]
+pub struct Session {
+    principal: Principal,
+    csrf: String,
+    expires_at: i64,
+}
+
+/// Console sessions, by id.
+#[derive(Debug, Default, Clone)]
+pub struct Sessions(Arc<Mutex<HashMap<String, Session>>>);
+
+fn env() -> &'static Environment<'static> {
+    static ENV: OnceLock<Environment<'static>> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let mut env = Environment::new();
+        for (name, src) in [
+            ("base.html", include_str!("templates/base.html")),
+            ("login.html", include_str!("templates/login.html")),
+            ("overview.html", include_str!("templates/overview.html")),
+            ("approvals.html", include_str!("templates/approvals.html")),
+            ("operations.html", include_str!("templates/operations.html")),
+            ("operation.html", include_str!("templates/operation.html")),
+        ] {
+            env.add_template(name, src)
+                .expect("console templates parse");
+        }
+        env
+    })
+}
+
+fn render(name: &str, ctx: minijinja::Value) -> Response {
+    match env().get_template(name).and_then(|t| t.render(ctx)) {
+        Ok(html) => {
+            let mut r = Html(html).into_response();
+            r.headers_mut()
+                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            r.headers_mut()
+                .insert("x-frame-options", HeaderValue::from_static("DENY"));
+            r
+        }
+        Err(e) => ApiError::Internal(format!("template {name}: {e}")).into_response(),
+    }
+}
+
+/// The console's routes (mounted on the admin router).
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/console", get(overview))
+        .route("/console/login", get(login_page).post(login))
+        .route("/console/logout", post(logout))
+        .route("/console/approvals", get(approvals))
+        .route("/console/approvals/{id}/decide", post(decide))
+        .route("/console/operations", get(operations))
+        .route("/console/operations/{id}", get(operation))
+        .route("/console/operations/{id}/replay", post(replay))
+}
+
+fn session(app: &AppState, headers: &HeaderMap) -> Option<Session> {
+    let id = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().split_once('='))
+        .find(|(k, _)| *k == COOKIE)
+        .map(|(_, v)| v.to_owned())?;
+    let now = app.ledger.clock().now_ms();
+    let mut map = app.sessions.0.lock().unwrap();
+    map.retain(|_, s| s.expires_at > now);
+    map.get(&id).cloned()
+}
+
+fn login_redirect() -> Response {
+    Redirect::to("/console/login").into_response()
+}
+
+fn page_ctx(s: &Session) -> minijinja::Value {
+    context! {
+        principal => context! { name => s.principal.name.clone(), role => s.principal.role.as_str(), tenant => s.principal.tenant.clone() },
+        csrf => s.csrf.clone(),
+    }
+}
+
+fn merge(a: minijinja::Value, b: minijinja::Value) -> minijinja::Value {
+    context! { ..a, ..b }
+}
+
+async fn login_page() -> Response {
+    render("login.html", context! { principal => (), error => () })
+}
+
+#[derive(Debug, Deserialize)]
+struct LoginForm {
+    key: String,
+}
+
+async fn login(State(app): State<AppState>, Form(f): Form<LoginForm>) -> Response {
+    let mut h = HeaderMap::new();
+    if let Ok(v) = HeaderValue::from_str(&format!("Bearer {}", f.key.trim())) {
+        h.insert(header::AUTHORIZATION, v);
+    }
+    let principal = match app.authenticate(&h) {
+        Ok(p) if p.role != Role::Client => p,
+        Ok(_) => {
+            let mut r = render(
+                "login.html",
+                context! { principal => (), error => "a client key can't use the console" },
+            );
+            *r.status_mut() = StatusCode::FORBIDDEN;
+            return r;
+        }
+        Err(_) => {
+            let mut r = render(
+                "login.html",
+                context! { principal => (), error => "unknown key" },
+            );
+            *r.status_mut() = StatusCode::UNAUTHORIZED;
+            return r;
+        }
+    };
+    let id = hex::encode(rand::random::<[u8; 32]>());
+    let csrf = hex::encode(rand::random::<[u8; 24]>());
+    let expires_at = app.ledger.clock().now_ms() + SESSION_MS;
+    app.sessions.0.lock().unwrap().insert(
+        id.clone(),
+        Session {
+            principal,
+            csrf,
+            expires_at,
+        },
+    );
+    let mut r = Redirect::to("/console").into_response();
+    let cookie = format!(
+        "{COOKIE}={id}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={}",
+        SESSION_MS / 1000
+    );
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    r
+}
+
+#[derive(Debug, Deserialize)]
+struct CsrfForm {
+    #[serde(default)]
+    csrf: String,
+}
+
+fn check_csrf(s: &Session, token: &str) -> Result<(), Response> {
+    use subtle_eq as eq;
+    if eq(s.csrf.as_bytes(), token.as_bytes()) {
+        Ok(())
+    } else {
+        Err((StatusCode::FORBIDDEN, "missing or wrong CSRF token").into_response())
+    }
+}
+
+/// Constant-time byte comparison.
+fn subtle_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn logout(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Form(f): Form<CsrfForm>,
+) -> Response {
+    let Some(s) = session(&app, &headers) else {
+        return login_redirect();
+    };
+    if let Err(r) = check_csrf(&s, &f.csrf) {
+        return r;
+    }
+    app.sessions
+        .0
+        .lock()
+        .unwrap()
+        .retain(|_, v| v.csrf != s.csrf);
+    let mut r = Redirect::to("/console/login").into_response();
+    r.headers_mut().insert(
+        header::SET_COOKIE,
+        HeaderValue::from_static(
+            "eg_session=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0",
+        ),
+    );
+    r
+}
+
+async fn overview(State(app): State<AppState>, headers: HeaderMap) -> Response {
+    let Some(s) = session(&app, &headers) else {
+        return login_redirect();
+    };
+    let tenant = &s.principal.tenant;
+    let result = async {
+        let pending = app
+            .ledger
+            .approvals(tenant, Some("pending"), 10_000)
+            .await?
+            .len();
+        let counts = app.ledger.tenant_counts().await?;
+        let (unknown, dead, oldest) = counts
+            .into_iter()
+            .find(|c| &c.0 == tenant)
+            .map(|c| (c.1, c.2, c.3))
+            .unwrap_or((0, 0, None));
+        let now = app.ledger.clock().now_ms();
+        Ok::<_, ApiError>(context! {
+            pending => pending, unknown => unknown, dead => dead,
+            oldest_age_s => oldest.map(|t| (now - t).max(0) / 1000),
+        })
+    }
+    .await;
+    match result {
+        Ok(ctx) => render("overview.html", merge(page_ctx(&s), ctx)),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn approvals(State(app): State<AppState>, headers: HeaderMap) -> Response {
+    let Some(s) = session(&app, &headers) else {
+        return login_redirect();
+    };
+    let tenant = s.principal.tenant.clone();
+    let result = async {
+        let mut items = Vec::new();
+        for a in app.ledger.approvals(&tenant, Some("pending"), 200).await? {
+            let mut v = crate::approvals::approval_view(&app, &tenant, &a.id).await?;
+            let body = v["request"]["body"].as_str().unwrap_or("").to_owned();
+            let pretty = serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|j| serde_json::to_string_pretty(&j).ok())
+                .unwrap_or(body);
+            v["body_pretty"] = serde_json::json!(pretty);
+            v["approval_id"] = serde_json::json!(a.id);
+            items.push(v);
+        }
+        Ok::<_, ApiError>(items)
+    }
+    .await;
+    match result {
+        Ok(items) => render(
+            "approvals.html",
+            merge(
+                page_ctx(&s),
+                context! { approvals => minijinja::Value::from_serialize(&items), can_decide => s.principal.role == Role::Approver },
+            ),
+        ),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct DecideForm {
+    #[serde(default)]
+    csrf: String,
+    decision: String,
+    #[serde(default)]
+    comment: String,
+}
+
+async fn decide(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<DecideForm>,
+) -> Response {
+    let Some(s) = session(&app, &headers) else {
+        return login_redirect();
+    };
+    if let Err(r) = check_csrf(&s, &f.csrf) {
+        return r;
+    }
+    let decision = match f.decision.as_str() {
+        "approve" => ApprovalDecision::Approve,
+        "reject" => ApprovalDecision::Reject,
+        other => {
+            return ApiError::BadRequest {
+                field: "form:decision".into(),
+                message: format!("unknown decision {other:?}"),
+            }
+            .into_response();
+        }
+    };
+    let comment = Some(f.comment).filter(|c| !c.trim().is_empty());
+    match crate::approvals::decide_as(
+        &app,
+        &s.principal,
+        &s.principal.tenant.clone(),
+        &id,
+        decision,
+        comment,
+    )
+    .await
+    {
+        Ok(v) => {
+            let op = v["operation_id"].as_str().unwrap_or_default().to_owned();
+            Redirect::to(&format!(
+                "/console/operations/{}",
+                crate::template::url_encode(&op)
+            ))
+            .into_response()
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn operations(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let Some(s) = session(&app, &headers) else {
+        return login_redirect();
+    };
+    let tenant = s.principal.tenant.clone();
+    let label = q.get("state").cloned().unwrap_or_else(|| "all".into());
+    let result = async {
+        let ops = match label.as_str() {
+            "DEAD" => app.ledger.dead_letters(Some(&tenant), 200).await?,
+            "all" => app.ledger.list(Some(&tenant), None, 200).await?,
+            other => {
+                let st = other.parse::<OpState>().map_err(|e| ApiError::BadRequest {
+                    field: "query:state".into(),
+                    message: e.to_string(),
+                })?;
+                app.ledger.list(Some(&tenant), Some(st), 200).await?
+            }
+        };
+        Ok::<_, ApiError>(ops)
+    }
+    .await;
+    match result {
+        Ok(ops) => render(
+            "operations.html",
+            merge(
+                page_ctx(&s),
+                context! { label => label, operations => minijinja::Value::from_serialize(&ops) },
+            ),
+        ),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn operation_page(app: &AppState, s: &Session, id: &str, result: Option<String>) -> Response {
+    let tenant = s.principal.tenant.clone();
+    let op = match app.ledger.get(&tenant, id).await {
+        Ok(Some(op)) => op,
+        Ok(None) => return ApiError::NotFound(format!("no operation {id:?}")).into_response(),
+        Err(e) => return ApiError::from(e).into_response(),
+    };
+    match crate::admin::operation_json(app, &op).await {
+        Ok(v) => render(
+            "operation.html",
+            merge(
+                page_ctx(s),
+                context! { op => minijinja::Value::from_serialize(&v), can_replay => s.principal.role == Role::Operator, result => result },
+            ),
+        ),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn operation(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let Some(s) = session(&app, &headers) else {
+        return login_redirect();
+    };
+    operation_page(&app, &s, &id, None).await
+}
+
+#[derive(Debug, Deserialize)]
+struct ReplayForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    force: Option<String>,
+}
+
+async fn replay(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<ReplayForm>,
+) -> Response {
+    let Some(s) = session(&app, &headers) else {
+        return login_redirect();
+    };
+    if let Err(r) = check_csrf(&s, &f.csrf) {
+        return r;
+    }
+    let reason = Some(f.reason).filter(|r| !r.trim().is_empty());
+    let result = match crate::approvals::replay_as(
+        &app,
+        &s.principal,
+        &s.principal.tenant.clone(),
+        &id,
+        f.force.is_some(),
+        reason,
+    )
+    .await
+    {
+        Ok((_, v)) => serde_json::to_string_pretty(&v).unwrap_or_default(),
+        Err(e) => serde_json::to_string_pretty(&e.problem()).unwrap_or_default(),
+    };
+    operation_page(&app, &s, &id, Some(result)).await
+}

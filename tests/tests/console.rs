@@ -1,0 +1,161 @@
+//! The operator console: sessions, CSRF, no editing, and the end-to-end
+//! flow in a real browser (headless Chromium driven by playwright-core).
+
+use effectgate_tests::*;
+use serde_json::Value;
+
+const BIG: &str = r#"{"amount":5000,"currency":"eur"}"#;
+
+async fn console_app() -> TestApp {
+    spawn_with(Opts {
+        route_extra: "effect_class = \"payment\"\nexecute_on_approval = true".into(),
+        tenant_a: format!(
+            "[[tenants.policies]]\nroute = \"payments\"\nmodule = \"{}\"\nconfig = {{ threshold = 1000 }}\n",
+            policy_wasm("amount_threshold").display()
+        ),
+        more: "[reconcile]\nenabled = false\n".into(),
+        ..Default::default()
+    })
+    .await
+}
+
+fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+async fn login(app: &TestApp, key: &str) -> reqwest::Response {
+    no_redirects()
+        .post(app.admin("/console/login"))
+        .form(&[("key", key)])
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn sessions_are_httponly_cookies_and_posts_need_the_csrf_token() {
+    let app = console_app().await;
+    let r = app.charge("k", BIG).await;
+    let v: Value = r.json().await.unwrap();
+    let id = v["approval_id"].as_str().unwrap().to_owned();
+
+    // Without a session: to the login page.
+    let r = no_redirects()
+        .get(app.admin("/console/approvals"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    assert_eq!(r.headers()["location"], "/console/login");
+    // A client key or a wrong key can't log in.
+    assert_eq!(login(&app, KEY_A).await.status(), 403);
+    assert_eq!(login(&app, "nope").await.status(), 401);
+
+    let r = login(&app, APPROVER_A).await;
+    assert_eq!(r.status(), 303);
+    let cookie = r.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let session = cookie.split(';').next().unwrap().to_owned();
+    let page = no_redirects()
+        .get(app.admin("/console/approvals"))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains(&id), "the pending approval is listed");
+    assert!(
+        page.contains("&quot;amount&quot;: 5000") || page.contains("\"amount\": 5000"),
+        "the exact body is shown"
+    );
+
+    // A POST without the token is refused and changes nothing.
+    let r = no_redirects()
+        .post(app.admin(&format!("/console/approvals/{id}/decide")))
+        .header("cookie", &session)
+        .form(&[("decision", "approve"), ("csrf", "forged")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let a: Value = app
+        .http
+        .get(app.admin(&format!("/admin/tenants/a/approvals/{id}")))
+        .bearer_auth(APPROVER_A)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(a["status"], "pending");
+}
+
+#[tokio::test]
+async fn browser_login_approve_execute_timeline() {
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    let node_path = std::env::var("NODE_PATH").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/effectgate-node/node_modules",
+            std::env::var("HOME").unwrap_or_default()
+        )
+    });
+    let have_browser = std::path::Path::new(&chromium).exists()
+        && std::path::Path::new(&node_path)
+            .join("playwright-core")
+            .exists();
+    if !have_browser {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must install chromium and playwright-core (see .ci/run)"
+        );
+        eprintln!(
+            "skipped: no {chromium} or playwright-core in {node_path}; .ci/run installs both"
+        );
+        return;
+    }
+    let app = console_app().await;
+    assert_eq!(app.charge("browser-op", BIG).await.status(), 202);
+    let artifacts =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-artifacts");
+    std::fs::create_dir_all(&artifacts).unwrap();
+    let shot = artifacts.join("console-e2e.png");
+    let _ = std::fs::remove_file(&shot);
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("console/e2e.cjs");
+    let admin = format!("http://{}", app.gw.admin_addr);
+    let out = tokio::process::Command::new("node")
+        .arg(&script)
+        .args([&admin, APPROVER_A, "browser-op"])
+        .arg(&shot)
+        .env("NODE_PATH", &node_path)
+        .env("CHROMIUM", &chromium)
+        .output()
+        .await
+        .expect("run node");
+    assert!(
+        out.status.success(),
+        "browser flow failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        std::fs::metadata(&shot).unwrap().len() > 1000,
+        "screenshot saved"
+    );
+    assert_eq!(
+        app.mock.provider.effects(),
+        1,
+        "the approved operation executed once"
+    );
+    let op = app.op_json("browser-op").await;
+    assert_eq!(op["state"], "COMPLETED");
+    eprintln!("screenshot: {}", shot.display());
+}
