@@ -233,7 +233,9 @@ pub struct Operation {
     pub created_at: i64,
     /// Last change (ms since epoch).
     pub updated_at: i64,
-    /// Key retention end (ms since epoch).
+    /// Key retention end (ms since epoch): the last change plus the route's
+    /// retention. Only a terminal operation that is not a dead letter is
+    /// ever forgotten.
     pub expires_at: i64,
     /// Caller headers stored with the request, forwarded on every attempt.
     pub request_headers: Vec<(String, String)>,

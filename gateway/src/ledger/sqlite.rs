@@ -34,7 +34,7 @@ pub(super) const OP_COLUMNS: &str = "tenant_id, operation_id, route, method, pat
      request_body, principal, response_status, response_headers, response_body, response_body_bytes, \
      response_body_omitted, error_kind, error_detail, created_at, updated_at, expires_at, request_headers, \
      reconcile_attempts, next_reconcile_at, dead_letter, dead_letter_reason, operator_check, provider_reference, \
-     requeues, settle_until";
+     requeues, settle_until, retention_ms";
 
 impl Ledger {
     /// Opens (creating if missing) the SQLite file at `path` and applies the
@@ -372,7 +372,8 @@ pub(super) fn op_from_row(r: &SqliteRow) -> Result<Operation, sqlx::Error> {
         error_detail: r.try_get("error_detail")?,
         created_at: r.try_get("created_at")?,
         updated_at: r.try_get("updated_at")?,
-        expires_at: r.try_get("expires_at")?,
+        // Retention runs from the last change of a terminal operation.
+        expires_at: r.try_get::<i64, _>("updated_at")?.saturating_add(r.try_get::<i64, _>("retention_ms")?),
         request_headers: serde_json::from_str(&r.try_get::<String, _>("request_headers")?)
             .unwrap_or_default(),
         reconcile_attempts: r.try_get("reconcile_attempts")?,

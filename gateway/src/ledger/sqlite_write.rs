@@ -16,8 +16,8 @@ impl Ledger {
         let now = self.clock.now_ms();
         let mut tx = self.write.begin().await?;
         let expired = sqlx::query(
-            "DELETE FROM operations WHERE tenant_id = ? AND operation_id = ? AND expires_at <= ? \
-             AND state IN ('COMPLETED', 'FAILED', 'COMPENSATED')",
+            "DELETE FROM operations WHERE tenant_id = ? AND operation_id = ? AND updated_at + retention_ms <= ? \
+             AND state IN ('COMPLETED', 'FAILED', 'COMPENSATED') AND dead_letter = 0",
         )
         .bind(&new.tenant_id)
         .bind(&new.operation_id)
@@ -28,6 +28,8 @@ impl Ledger {
             for sql in [
                 "DELETE FROM transitions WHERE tenant_id = ? AND operation_id = ?",
                 "DELETE FROM attempts WHERE tenant_id = ? AND operation_id = ?",
+                "DELETE FROM policy_decisions WHERE tenant_id = ? AND operation_id = ?",
+                "DELETE FROM approvals WHERE tenant_id = ? AND operation_id = ?",
             ] {
                 sqlx::query(sql)
                     .bind(&new.tenant_id)
@@ -39,8 +41,8 @@ impl Ledger {
         let inserted = sqlx::query(
             "INSERT INTO operations (tenant_id, operation_id, route, method, path, query, fingerprint, provider_key, \
              effect_class, state, version, attempts, fence, request_content_type, request_body, principal, \
-             created_at, updated_at, expires_at, request_headers) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'RESERVED', 1, 0, 0, ?, ?, ?, ?, ?, ?, ?) \
+             created_at, updated_at, expires_at, request_headers, retention_ms) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'RESERVED', 1, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?) \
              ON CONFLICT (tenant_id, operation_id) DO NOTHING",
         )
         .bind(&new.tenant_id)
@@ -59,6 +61,7 @@ impl Ledger {
         .bind(now)
         .bind(now.saturating_add(new.retention_ms))
         .bind(serde_json::to_string(&new.request_headers).unwrap_or_else(|_| "[]".into()))
+        .bind(new.retention_ms)
         .execute(&mut *tx)
         .await?;
         let created = inserted.rows_affected() == 1;
