@@ -340,6 +340,9 @@ pub struct LimitsSpec {
     pub lease_margin_ms: u64,
     /// Maximum operations one admin list call returns. Default 500.
     pub max_list_limit: u32,
+    /// Largest total size of a proxied request's headers (names + values),
+    /// in bytes; larger gets 431. Default 65536.
+    pub max_header_bytes: usize,
 }
 
 impl Default for LimitsSpec {
@@ -348,6 +351,7 @@ impl Default for LimitsSpec {
             max_idempotency_key_len: 255,
             lease_margin_ms: 5_000,
             max_list_limit: 500,
+            max_header_bytes: 65_536,
         }
     }
 }
@@ -675,8 +679,10 @@ pub struct Route {
     pub upstream: url::Url,
     /// Effectful or pass-through.
     pub mode: RouteMode,
-    /// Methods recorded in the ledger.
-    pub effectful_methods: Vec<Method>,
+    /// Methods recorded in the ledger; `None` = every method but GET,
+    /// HEAD and OPTIONS (any other method, even an unusual one, may change
+    /// the world).
+    pub effectful_methods: Option<Vec<Method>>,
     /// Tenants allowed; `None` = all.
     pub tenants: Option<BTreeSet<String>>,
     /// Provider's idempotency header.
@@ -735,7 +741,11 @@ pub struct ReadBack {
 impl Route {
     /// Whether `method` on this route goes through the effect ledger.
     pub fn is_effectful(&self, method: &Method) -> bool {
-        self.mode == RouteMode::Effectful && self.effectful_methods.contains(method)
+        self.mode == RouteMode::Effectful
+            && match &self.effectful_methods {
+                Some(ms) => ms.contains(method),
+                None => !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS),
+            }
     }
 
     /// Whether `tenant` may use this route.
@@ -981,11 +991,8 @@ impl ConfigFile {
                 ));
             }
             let effectful_methods = match &r.effectful_methods {
-                None => ["POST", "PUT", "PATCH", "DELETE"]
-                    .iter()
-                    .map(|m| Method::from_bytes(m.as_bytes()).unwrap())
-                    .collect(),
-                Some(ms) => {
+                None => None,
+                Some(ms) => Some({
                     let mut out = Vec::new();
                     for (mi, m) in ms.iter().enumerate() {
                         let upper = m.to_ascii_uppercase();
@@ -998,7 +1005,7 @@ impl ConfigFile {
                         out.push(method);
                     }
                     out
-                }
+                }),
             };
             let route_tenants = match r.tenants {
                 None => None,

@@ -106,6 +106,15 @@ pub enum ApiError {
         /// `[{pointer, message}]`.
         errors: Vec<(String, String)>,
     },
+    /// 405: a method the gateway never forwards (TRACE, CONNECT).
+    #[error("the {0} method is not forwarded")]
+    MethodNotAllowed(String),
+    /// 431: the request headers exceed `limits.max_header_bytes`.
+    #[error("request headers exceed the limit of {limit} bytes")]
+    HeadersTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
     /// 413: the request body exceeds the route's `max_body_bytes`.
     #[error("request body exceeds the route's limit of {limit} bytes")]
     PayloadTooLarge {
@@ -145,6 +154,8 @@ impl ApiError {
             ApiError::OutcomeUnknown { .. } => "operation-outcome-unknown",
             ApiError::DeadLettered { .. } => "operation-dead-lettered",
             ApiError::PolicyDenied { .. } => "policy-denied",
+            ApiError::MethodNotAllowed(_) => "method-not-allowed",
+            ApiError::HeadersTooLarge { .. } => "headers-too-large",
             ApiError::PolicyFailed { .. } => "policy-failed",
             ApiError::ContractViolation { .. } => "contract-violation",
             ApiError::Conflict(_) => "conflict",
@@ -170,6 +181,8 @@ impl ApiError {
             ApiError::OutcomeUnknown { status, .. } => *status,
             ApiError::DeadLettered { .. } | ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::PolicyDenied { status, .. } => *status,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::PolicyFailed { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::ContractViolation { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -215,6 +228,13 @@ impl ApiError {
             }
             ApiError::PayloadTooLarge { limit } => {
                 body.insert("field".into(), json!("body"));
+                body.insert("limit_bytes".into(), json!(limit));
+            }
+            ApiError::MethodNotAllowed(_) => {
+                body.insert("field".into(), json!("method"));
+            }
+            ApiError::HeadersTooLarge { limit } => {
+                body.insert("field".into(), json!("headers"));
                 body.insert("limit_bytes".into(), json!(limit));
             }
             ApiError::PolicyDenied { policy, reason, .. } => {

@@ -90,7 +90,8 @@ pub fn upstream_uri(route: &Route, rest: &str, query: Option<&str>) -> Result<Ur
 /// The caller's headers as forwarded: drops hop-by-hop headers, `Host`,
 /// the gateway's own `Authorization`, the caller's `Idempotency-Key`, the
 /// route's credential headers and its provider idempotency header, and any
-/// `X-Forwarded-*` the caller sent; adds `X-Forwarded-For/Host/Proto`.
+/// `X-Forwarded-*`, `Forwarded` or `X-Real-IP` the caller sent; adds
+/// `X-Forwarded-For` (the peer the gateway saw), `-Host` and `-Proto`.
 /// Effectful calls store this list in the ledger, so every attempt (also
 /// one made by the reconciler) forwards the same headers.
 pub fn caller_headers(route: &Route, incoming: &HeaderMap, peer: Option<SocketAddr>) -> HeaderMap {
@@ -101,7 +102,9 @@ pub fn caller_headers(route: &Route, incoming: &HeaderMap, peer: Option<SocketAd
             || name == header::HOST
             || name == header::AUTHORIZATION
             || name.as_str() == crate::idempotency::IDEMPOTENCY_KEY
-            || (name.as_str().starts_with("x-forwarded-") && name.as_str() != "x-forwarded-for")
+            || name.as_str().starts_with("x-forwarded-")
+            || name == header::FORWARDED
+            || name.as_str() == "x-real-ip"
             || route.inject_headers.iter().any(|(n, _)| n == name)
             || route.provider_idempotency_header.as_ref() == Some(name)
         {
@@ -109,17 +112,12 @@ pub fn caller_headers(route: &Route, incoming: &HeaderMap, peer: Option<SocketAd
         }
         out.append(name.clone(), value.clone());
     }
-    if let Some(peer) = peer {
-        let prior = incoming
-            .get("x-forwarded-for")
-            .and_then(|v| v.to_str().ok());
-        let xff = match prior {
-            Some(p) => format!("{p}, {}", peer.ip()),
-            None => peer.ip().to_string(),
-        };
-        if let Ok(v) = HeaderValue::from_str(&xff) {
-            out.insert("x-forwarded-for", v);
-        }
+    // The caller's own X-Forwarded-*/Forwarded claims are not trusted: the
+    // gateway states only the peer it saw.
+    if let Some(peer) = peer
+        && let Ok(v) = HeaderValue::from_str(&peer.ip().to_string())
+    {
+        out.insert("x-forwarded-for", v);
     }
     if let Some(host) = incoming.get(header::HOST) {
         out.insert("x-forwarded-host", host.clone());

@@ -124,8 +124,8 @@ fn canonical_query(query: Option<&str>) -> String {
 }
 
 /// The request fingerprint (draft §2.4): lower-case hex sha256 over the
-/// method, route name, path (after the route prefix), canonical query and
-/// canonical body. JSON bodies (`application/json`, `*+json`) are
+/// method, the media type (Content-Type without parameters), route name,
+/// path (after the route prefix), canonical query and canonical body. JSON bodies (`application/json`, `*+json`) are
 /// canonicalised per RFC 8785; `application/x-www-form-urlencoded` bodies
 /// have their pairs sorted; other bodies count byte for byte. Each part is
 /// length-prefixed so that parts cannot run into each other.
@@ -138,8 +138,13 @@ pub fn fingerprint(
     body: &[u8],
 ) -> String {
     let mut h = Sha256::new();
+    let media_type = content_type
+        .and_then(|c| c.split(';').next())
+        .map(|c| c.trim().to_ascii_lowercase())
+        .unwrap_or_default();
     for part in [
         method.as_bytes(),
+        media_type.as_bytes(),
         route.as_bytes(),
         path.as_bytes(),
         canonical_query(query).as_bytes(),

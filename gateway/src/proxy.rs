@@ -85,6 +85,36 @@ async fn handle_inner(
             action: "send calls through the proxy",
         });
     }
+    // TRACE would echo injected credentials back; CONNECT would tunnel.
+    if req.method() == http::Method::TRACE || req.method() == http::Method::CONNECT {
+        return Err(ApiError::MethodNotAllowed(req.method().to_string()));
+    }
+    let header_bytes: usize = req
+        .headers()
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len() + 4)
+        .sum();
+    let max_header_bytes = app.settings().limits.max_header_bytes;
+    if header_bytes > max_header_bytes {
+        return Err(ApiError::HeadersTooLarge {
+            limit: max_header_bytes,
+        });
+    }
+    // Dot segments would walk out of the upstream's base path.
+    if req.uri().path().split('/').any(|seg| {
+        let s = seg.to_ascii_lowercase();
+        s == "."
+            || s == ".."
+            || s.contains("%2e")
+            || s.contains("%2f")
+            || s.contains("%5c")
+            || s.contains('\\')
+    }) {
+        return Err(ApiError::BadRequest {
+            field: "path".into(),
+            message: "dot segments and encoded separators are not allowed in paths".into(),
+        });
+    }
     // 2. Match the route; the gateway is never an open proxy. One snapshot
     // of the settings and policies serves the whole request.
     let rt = app.settings();
@@ -199,9 +229,12 @@ async fn handle_inner(
     // never change back, so this read can't be stale in a way that matters,
     // and it keeps replays off the single writer.
     if let Some(op) = app.ledger.get(&principal.tenant, &key).await?
-        && op.state.is_terminal()
         && op.expires_at > app.ledger.clock().now_ms()
+        && (op.state.is_terminal() || op.fingerprint != fp)
     {
+        // A finished operation is replayed; a reused key with another
+        // request is refused before any policy runs, so nothing of the
+        // rejected request is recorded against the original.
         return answer_existing(app, &route, op, &fp).await;
     }
     // 5. The tenant's policies on this route.

@@ -359,23 +359,61 @@ async fn retention_runs_from_the_terminal_transition_and_never_drops_dead_letter
     let (l, clock, _d) = ledger().await;
     // An operation that sat UNKNOWN far past the retention window, then resolved.
     let v = reserved(&l, "late").await;
-    let c = l.claim("t", "late", State::Reserved, v, "A", 10, "x").await.unwrap().unwrap();
-    l.record_outcome("t", "late", c.fence, State::Executing, "A", &outcome(State::Unknown, "lost")).await.unwrap();
+    let c = l
+        .claim("t", "late", State::Reserved, v, "A", 10, "x")
+        .await
+        .unwrap()
+        .unwrap();
+    l.record_outcome(
+        "t",
+        "late",
+        c.fence,
+        State::Executing,
+        "A",
+        &outcome(State::Unknown, "lost"),
+    )
+    .await
+    .unwrap();
     clock.advance(50_000);
     let op = l.get("t", "late").await.unwrap().unwrap();
-    let lease = l.lease_for_reconcile("t", "late", op.version, "R", 100, "read-back").await.unwrap().unwrap();
-    l.record_outcome("t", "late", lease.fence, State::Unknown, "R", &outcome(State::Completed, "found")).await.unwrap();
+    let lease = l
+        .lease_for_reconcile("t", "late", op.version, "R", 100, "read-back")
+        .await
+        .unwrap()
+        .unwrap();
+    l.record_outcome(
+        "t",
+        "late",
+        lease.fence,
+        State::Unknown,
+        "R",
+        &outcome(State::Completed, "found"),
+    )
+    .await
+    .unwrap();
     clock.advance(9_999);
     assert!(
-        matches!(l.reserve(&new_op("late")).await.unwrap(), Reservation::Existing(_)),
+        matches!(
+            l.reserve(&new_op("late")).await.unwrap(),
+            Reservation::Existing(_)
+        ),
         "the key is kept for the full window after the operation resolved"
     );
     // A dead letter is kept however old it is.
     let v = reserved(&l, "dead").await;
-    let c = l.claim("t", "dead", State::Reserved, v, "A", 10, "x").await.unwrap().unwrap();
+    let c = l
+        .claim("t", "dead", State::Reserved, v, "A", 10, "x")
+        .await
+        .unwrap()
+        .unwrap();
     let mut o = outcome(State::Failed, "exhausted");
-    o.dead_letter = Some(effectgate::ledger::DeadLetter { reason: "retries-exhausted".into(), operator_check: "check".into() });
-    l.record_outcome("t", "dead", c.fence, State::Executing, "A", &o).await.unwrap();
+    o.dead_letter = Some(effectgate::ledger::DeadLetter {
+        reason: "retries-exhausted".into(),
+        operator_check: "check".into(),
+    });
+    l.record_outcome("t", "dead", c.fence, State::Executing, "A", &o)
+        .await
+        .unwrap();
     clock.advance(1_000_000);
     match l.reserve(&new_op("dead")).await.unwrap() {
         Reservation::Existing(op) => assert!(op.dead_letter),

@@ -154,6 +154,7 @@ async fn bad_input_gets_a_problem_naming_the_field() {
     let r = post()
         .bearer_auth(KEY_A)
         .header("Idempotency-Key", "x".repeat(256))
+        .header("Content-Type", "application/json")
         .send()
         .await
         .unwrap();
@@ -161,6 +162,7 @@ async fn bad_input_gets_a_problem_naming_the_field() {
     let r = post()
         .bearer_auth(KEY_A)
         .header("Idempotency-Key", "x".repeat(255))
+        .header("Content-Type", "application/json")
         .send()
         .await
         .unwrap();
@@ -169,7 +171,9 @@ async fn bad_input_gets_a_problem_naming_the_field() {
     let r = post()
         .bearer_auth(KEY_A)
         .header("Idempotency-Key", "a")
+        .header("Content-Type", "application/json")
         .header("Idempotency-Key", "b")
+        .header("Content-Type", "application/json")
         .send()
         .await
         .unwrap();
@@ -225,6 +229,7 @@ async fn reply_lost_after_the_effect_is_unknown_and_never_re_executed() {
         .post(app.proxy("/pay/v1/charges"))
         .bearer_auth(KEY_A)
         .header("Idempotency-Key", "lost")
+        .header("Content-Type", "application/json")
         .header("X-Mock-Fault", "drop-after-effect")
         .body(BODY)
         .send()
@@ -262,6 +267,7 @@ async fn provider_5xx_is_unknown_not_a_stored_final_answer() {
         .post(app.proxy("/pay/v1/charges"))
         .bearer_auth(KEY_A)
         .header("Idempotency-Key", "gw504")
+        .header("Content-Type", "application/json")
         .header("X-Mock-Fault", "status:504")
         .body(BODY)
         .send()
@@ -287,6 +293,7 @@ async fn response_timeout_after_send_is_unknown() {
         .post(app.proxy("/pay/v1/charges"))
         .bearer_auth(KEY_A)
         .header("Idempotency-Key", "slow")
+        .header("Content-Type", "application/json")
         .header("X-Mock-Delay-Ms", "5000")
         .body(BODY)
         .send()
@@ -435,6 +442,7 @@ async fn transient_503s_are_retried_with_the_same_provider_key() {
         .post(app.proxy("/pay/v1/charges"))
         .bearer_auth(KEY_A)
         .header("Idempotency-Key", "flaky")
+        .header("Content-Type", "application/json")
         .header("X-Mock-Fault", "fail-503:2")
         .body(BODY)
         .send()
@@ -502,6 +510,7 @@ async fn permanent_failure_is_failed_once_and_replayed() {
         .post(app.proxy("/pay/v1/charges"))
         .bearer_auth(KEY_A)
         .header("Idempotency-Key", "declined")
+        .header("Content-Type", "application/json")
         .header("X-Mock-Fault", "status:402")
         .body(BODY)
         .send()
@@ -591,6 +600,7 @@ async fn admin_lists_by_state_and_rejects_bad_parameters() {
         .post(app.proxy("/pay/v1/charges"))
         .bearer_auth(KEY_A)
         .header("Idempotency-Key", "lost")
+        .header("Content-Type", "application/json")
         .header("X-Mock-Fault", "drop-after-effect")
         .body(BODY)
         .send()
@@ -632,4 +642,114 @@ async fn admin_lists_by_state_and_rejects_bad_parameters() {
             .status(),
         200
     );
+}
+
+#[tokio::test]
+async fn unusual_methods_are_effectful_and_trace_is_never_forwarded() {
+    let more = r#"
+[[routes]]
+name = "any"
+prefix = "/any/"
+upstream = "UPSTREAM"
+"#;
+    let app = spawn_app().await;
+    // /pay/ names only POST as effectful; a default route treats every
+    // method but GET/HEAD/OPTIONS as effectful.
+    let app2 = spawn_with(Opts {
+        more: more.replace("UPSTREAM", &app.mock.url()),
+        ..Default::default()
+    })
+    .await;
+    let purge = reqwest::Method::from_bytes(b"PURGE").unwrap();
+    let r = app2
+        .http
+        .request(purge, app2.proxy("/any/v1/thing"))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400, "PURGE needs an Idempotency-Key");
+    let r = app2
+        .http
+        .request(reqwest::Method::TRACE, app2.proxy("/any/v1/thing"))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["type"], "urn:effectgate:problem:method-not-allowed");
+    assert_eq!(app2.mock.provider.requests().len(), 0);
+}
+
+#[tokio::test]
+async fn dot_segments_and_forged_forwarding_headers_are_refused() {
+    let app = spawn_app().await;
+    for path in ["/pay/../admin/x", "/pay/v1/%2e%2e/x", "/pay/v1/a%2Fb"] {
+        // Raw, so no client normalises the path first.
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(app.gw.proxy_addr)
+            .await
+            .unwrap();
+        let req = format!(
+            "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\nConnection: close\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).await.unwrap();
+        assert!(resp.starts_with("HTTP/1.1 400"), "{path}: {resp}");
+    }
+    assert_eq!(app.mock.provider.requests().len(), 0);
+    let r = app
+        .http
+        .get(app.proxy("/pay/v1/charges?client_ref=x"))
+        .bearer_auth(KEY_A)
+        .header("X-Forwarded-For", "6.6.6.6")
+        .header("Forwarded", "for=6.6.6.6")
+        .header("X-Real-IP", "6.6.6.6")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let seen = &app.mock.provider.requests()[0];
+    assert!(
+        seen.headers.iter().all(|(_, v)| !v.contains("6.6.6.6")),
+        "{:?}",
+        seen.headers
+    );
+    assert_eq!(
+        seen.headers
+            .iter()
+            .find(|(n, _)| n == "x-forwarded-for")
+            .unwrap()
+            .1,
+        "127.0.0.1"
+    );
+    // Oversized headers: 431.
+    let r = app
+        .http
+        .get(app.proxy("/pay/v1/charges"))
+        .bearer_auth(KEY_A)
+        .header("X-Big", "x".repeat(70_000))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 431);
+}
+
+#[tokio::test]
+async fn the_media_type_is_part_of_the_fingerprint_and_rejected_reuse_records_nothing() {
+    let app = spawn_app().await;
+    assert_eq!(app.charge("mt", BODY).await.status(), 200);
+    let r = app
+        .http
+        .post(app.proxy("/pay/v1/charges"))
+        .bearer_auth(KEY_A)
+        .header("Idempotency-Key", "mt")
+        .header("Content-Type", "text/plain")
+        .body(BODY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
 }

@@ -373,7 +373,9 @@ pub(super) fn op_from_row(r: &SqliteRow) -> Result<Operation, sqlx::Error> {
         created_at: r.try_get("created_at")?,
         updated_at: r.try_get("updated_at")?,
         // Retention runs from the last change of a terminal operation.
-        expires_at: r.try_get::<i64, _>("updated_at")?.saturating_add(r.try_get::<i64, _>("retention_ms")?),
+        expires_at: r
+            .try_get::<i64, _>("updated_at")?
+            .saturating_add(r.try_get::<i64, _>("retention_ms")?),
         request_headers: serde_json::from_str(&r.try_get::<String, _>("request_headers")?)
             .unwrap_or_default(),
         reconcile_attempts: r.try_get("reconcile_attempts")?,
