@@ -530,7 +530,8 @@ async fn resolve(
                 return Err(ApiError::Conflict("the operation changed meanwhile".into()));
             };
             let op = load(&app, &tenant, &operation_id).await?;
-            crate::execute::run(app.clone(), route, op, claim, None).await;
+            let wait = std::time::Duration::from_millis(app.settings().reconcile.duplicate_wait_ms);
+            crate::execute::run_detached(&app, &route, op, claim, wait).await;
         }
         _ => unreachable!("outcome validated above"),
     }

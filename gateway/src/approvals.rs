@@ -495,10 +495,10 @@ async fn run_replay(
                         .get(&op.tenant_id, &op.operation_id)
                         .await?
                         .unwrap_or(op.clone());
-                    crate::execute::run(app.clone(), route.clone(), fresh, claim, None).await;
+                    crate::execute::run_detached(app, route, fresh, claim, wait(app)).await;
                 }
             } else if let Some(fresh) = app.ledger.get(&op.tenant_id, &op.operation_id).await? {
-                crate::reconcile::reconcile_op(app, fresh).await?;
+                reconcile_detached(app, fresh).await;
             }
             let now = app.ledger.get(&op.tenant_id, &op.operation_id).await?;
             Ok((
@@ -511,7 +511,7 @@ async fn run_replay(
             json!({"state": op.state, "provider_called": false}),
         )),
         OpState::Unknown => {
-            let step = crate::reconcile::reconcile_op(app, op.clone()).await?;
+            let step = reconcile_detached(app, op.clone()).await;
             let now = app.ledger.get(&op.tenant_id, &op.operation_id).await?;
             Ok((
                 "reconciled".into(),
@@ -522,6 +522,22 @@ async fn run_replay(
             operation_id: op.operation_id.clone(),
             retry_after_s: 1,
         }),
+    }
+}
+
+fn wait(app: &AppState) -> Duration {
+    Duration::from_millis(app.settings().reconcile.duplicate_wait_ms)
+}
+
+/// Reconciles `op` in a task of its own, waiting at most
+/// `reconcile.duplicate_wait_ms`; a new attempt it starts runs to its end
+/// even if this request gives up.
+async fn reconcile_detached(app: &AppState, op: Operation) -> Option<crate::reconcile::Step> {
+    let app2 = app.clone();
+    let task = tokio::spawn(async move { crate::reconcile::reconcile_op(&app2, op).await });
+    match tokio::time::timeout(wait(app), task).await {
+        Ok(Ok(Ok(step))) => Some(step),
+        _ => None,
     }
 }
 

@@ -207,13 +207,24 @@ pub struct ReadBackSpec {
     /// JSON pointer into a 2xx body: a non-empty value there means found;
     /// missing, null, `[]`, `{}` or `""` means absent. 404 means absent.
     pub found_pointer: String,
-    /// JSON pointer to the provider's reference for the effect (e.g. `/data/0/id`).
+    /// JSON pointer, into the found value, to the provider's reference for
+    /// the effect (e.g. `/id`).
     #[serde(default)]
     pub reference_pointer: Option<String>,
     /// "Absent" is trusted only this many ms after the last attempt could
-    /// have reached the provider (for providers whose search lags). Default 0.
-    #[serde(default)]
+    /// have reached the provider (for providers whose search lags; Stripe's
+    /// search says "under a minute"). Default 5000.
+    #[serde(default = "default_settle_delay_ms")]
     pub settle_delay_ms: u64,
+    /// Conditions that tie a found value to this operation: JSON pointer
+    /// (into the found value) → template that must equal it, e.g.
+    /// `{ "/idempotency_key" = "{provider_key}" }`. When the found pointer
+    /// names an array, the first element meeting every condition is the
+    /// match; none → absent. A read-back keyed on a request body field
+    /// (`{body:/client_ref}`) should always set one: the provider may hold
+    /// another tenant's effect under the same field value.
+    #[serde(default, rename = "match")]
+    pub match_fields: std::collections::BTreeMap<String, String>,
     /// Read-back request timeout, in ms. Default 5000.
     #[serde(default = "default_read_back_timeout_ms")]
     pub timeout_ms: u64,
@@ -221,6 +232,9 @@ pub struct ReadBackSpec {
 
 fn default_read_back_method() -> String {
     "GET".into()
+}
+fn default_settle_delay_ms() -> u64 {
+    5_000
 }
 fn default_read_back_timeout_ms() -> u64 {
     5_000
@@ -730,6 +744,8 @@ pub struct ReadBack {
     pub headers: Vec<(HeaderName, crate::template::Template)>,
     /// Found pointer.
     pub found_pointer: String,
+    /// Match conditions: pointer into the found value → template.
+    pub match_fields: Vec<(String, crate::template::Template)>,
     /// Reference pointer.
     pub reference_pointer: Option<String>,
     /// Settle delay, ms.
@@ -1296,10 +1312,23 @@ fn read_back(path: &str, rb: &ReadBackSpec) -> Result<ReadBack, ConfigError> {
             "must be at least 1",
         ));
     }
+    let mut match_fields = Vec::new();
+    for (ptr, value) in &rb.match_fields {
+        if !(ptr.is_empty() || ptr.starts_with('/')) {
+            return Err(ConfigError::new(
+                format!("{path}.match"),
+                format!("{ptr:?} is not a JSON pointer"),
+            ));
+        }
+        let t = crate::template::Template::parse(value)
+            .map_err(|e| ConfigError::new(format!("{path}.match.{ptr}"), e))?;
+        match_fields.push((ptr.clone(), t));
+    }
     Ok(ReadBack {
         method,
         path: tpl,
         headers,
+        match_fields,
         found_pointer: rb.found_pointer.clone(),
         reference_pointer: rb.reference_pointer.clone(),
         settle_delay_ms: rb.settle_delay_ms,

@@ -98,6 +98,24 @@ pub async fn execute_for_caller(
     }
 }
 
+/// Runs a claimed operation in a task of its own and waits for it at most
+/// `wait`: the attempt finishes (and is recorded) even if the waiting
+/// request goes away. Returns the recorded state if it ended in time.
+pub async fn run_detached(
+    app: &AppState,
+    route: &Route,
+    op: Operation,
+    claim: Claim,
+    wait: Duration,
+) -> Option<OpState> {
+    let task = tokio::spawn(run(app.clone(), route.clone(), op, claim, None));
+    tokio::time::timeout(wait, task)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .flatten()
+}
+
 /// 202 for an operation whose attempts go on in the background.
 fn accepted(operation_id: &str, why: &str) -> Response {
     let body = serde_json::json!({

@@ -130,6 +130,12 @@ pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, Led
     let owner: &str = &app.instance_id;
     let settings = app.settings();
     let Some(route) = settings.routes.iter().find(|r| r.name == op.route) else {
+        // Off the schedule, so it can't hold up the scan; an operator decides.
+        if op.state == State::Unknown {
+            ledger
+                .unschedule(&op.tenant_id, &op.operation_id, op.version)
+                .await?;
+        }
         return Ok(Step::Skipped(
             "the operation's route is no longer configured",
         ));
@@ -177,6 +183,9 @@ pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, Led
         _ => return Ok(Step::Skipped("not in a state reconciliation resolves")),
     }
     let Some(rb) = &route.read_back else {
+        ledger
+            .unschedule(&op.tenant_id, &op.operation_id, op.version)
+            .await?;
         return Ok(Step::Skipped(
             "the route has no read-back; an operator resolves it",
         ));
@@ -358,14 +367,30 @@ pub async fn read_back(route: &Route, rb: &ReadBack, op: &Operation) -> ReadBack
     match tokio::time::timeout(Duration::from_millis(rb.timeout_ms), call).await {
         Err(_) => ReadBackResult::Error(format!("no answer within {} ms", rb.timeout_ms)),
         Ok(Err(e)) => ReadBackResult::Error(e),
-        Ok(Ok((status, body))) => interpret(rb, status, &body),
+        Ok(Ok((status, body))) => {
+            let expected: Vec<(String, String)> = rb
+                .match_fields
+                .iter()
+                .map(|(p, t)| (p.clone(), t.render(&vars, |s| s.to_owned())))
+                .collect();
+            interpret(rb, status, &body, &expected)
+        }
     }
 }
 
 /// Reads a read-back answer: 404 → absent; 2xx with a non-empty value at
-/// the found pointer → found; 2xx with nothing there → absent; anything
-/// else → error.
-pub fn interpret(rb: &ReadBack, status: StatusCode, body: &[u8]) -> ReadBackResult {
+/// the found pointer that meets every `match` condition → found; 2xx with
+/// nothing (matching) there → absent; anything else → error. When the found
+/// value is an array, its first element meeting the conditions is the match.
+///
+/// `expected` is the route's `match` list rendered for this operation:
+/// (pointer into the found value, required value).
+pub fn interpret(
+    rb: &ReadBack,
+    status: StatusCode,
+    body: &[u8],
+    expected: &[(String, String)],
+) -> ReadBackResult {
     if status == StatusCode::NOT_FOUND {
         return ReadBackResult::Absent;
     }
@@ -375,25 +400,40 @@ pub fn interpret(rb: &ReadBack, status: StatusCode, body: &[u8]) -> ReadBackResu
     let Ok(v) = serde_json::from_slice::<Value>(body) else {
         return ReadBackResult::Error("read-back body is not JSON".into());
     };
-    match v.pointer(&rb.found_pointer) {
-        None | Some(Value::Null) => ReadBackResult::Absent,
-        Some(Value::Array(a)) if a.is_empty() => ReadBackResult::Absent,
-        Some(Value::Object(o)) if o.is_empty() => ReadBackResult::Absent,
-        Some(Value::String(s)) if s.is_empty() => ReadBackResult::Absent,
-        Some(m) => {
-            let reference = rb
+    let text = |x: &Value| match x {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let empty = |x: &Value| match x {
+        Value::Null => true,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        Value::String(s) => s.is_empty(),
+        _ => false,
+    };
+    let Some(found) = v.pointer(&rb.found_pointer).filter(|f| !empty(f)) else {
+        return ReadBackResult::Absent;
+    };
+    let meets = |c: &Value| {
+        expected
+            .iter()
+            .all(|(ptr, want)| c.pointer(ptr).is_some_and(|got| text(got) == *want))
+    };
+    let matched = match found {
+        Value::Array(items) if !expected.is_empty() => items.iter().find(|c| meets(c)),
+        other if meets(other) => Some(other),
+        _ => None,
+    };
+    match matched {
+        None => ReadBackResult::Absent,
+        Some(m) => ReadBackResult::Found {
+            matched: m.clone(),
+            reference: rb
                 .reference_pointer
                 .as_ref()
-                .and_then(|p| v.pointer(p))
-                .map(|r| match r {
-                    Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                });
-            ReadBackResult::Found {
-                matched: m.clone(),
-                reference,
-            }
-        }
+                .and_then(|p| m.pointer(p))
+                .map(text),
+        },
     }
 }
 
@@ -407,10 +447,30 @@ pub async fn for_duplicate(app: &AppState, op: Operation) -> Result<Operation, A
     let (tenant, id) = (op.tenant_id.clone(), op.operation_id.clone());
     let deadline = tokio::time::Instant::now() + wait;
     let mut current = op;
+    let now = app.ledger.clock().now_ms();
+    if current.state == State::Unknown && current.next_reconcile_at.is_some_and(|t| t > now) {
+        // Backing off after a failed read-back: a duplicate doesn't get to
+        // hammer the provider's read-back API, nor spend the read-back budget.
+        return Err(ApiError::OutcomeUnknown {
+            operation_id: id,
+            detail: "the outcome is unknown; the last read-back failed and reconciliation is backing off".into(),
+            status: StatusCode::CONFLICT,
+        });
+    }
     loop {
-        let step = match tokio::time::timeout_at(deadline, reconcile_op(app, current.clone())).await
-        {
-            Ok(r) => r?,
+        // In a task of its own: if this caller stops waiting, a new attempt
+        // the reconciliation started still runs to its end.
+        let task = {
+            let (app, op) = (app.clone(), current.clone());
+            tokio::spawn(async move { reconcile_op(&app, op).await })
+        };
+        let step = match tokio::time::timeout_at(deadline, task).await {
+            Ok(Ok(r)) => r?,
+            Ok(Err(e)) => {
+                return Err(ApiError::Internal(format!(
+                    "reconciliation task failed: {e}"
+                )));
+            }
             Err(_) => Step::Busy,
         };
         current = app

@@ -72,7 +72,7 @@ response_timeout_ms = 500
 [routes.read_back]
 path = "/v1/charges?client_ref={{body:/client_ref}}"
 found_pointer = "/data/0"
-reference_pointer = "/data/0/id"
+reference_pointer = "/id"
 "#,
         db = dir.join("ledger.db").display(),
         ck = sha(CLIENT_KEY),

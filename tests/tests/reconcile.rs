@@ -15,7 +15,7 @@ retry = { max_attempts = 3, base_delay_ms = 1, max_delay_ms = 2 }
 [routes.read_back]
 path = "/v1/charges?idempotency_key={provider_key}"
 found_pointer = "/data/0"
-reference_pointer = "/data/0/id"
+reference_pointer = "/id"
 settle_delay_ms = 1000
 "#;
 const MANUAL: &str = "[reconcile]\nenabled = false\nmax_read_backs = 2\nbackoff_base_ms = 100\nbackoff_max_ms = 100\n";
@@ -396,4 +396,65 @@ async fn metrics_are_exported() {
     ] {
         assert!(text.contains(needle), "missing {needle} in\n{text}");
     }
+}
+
+#[tokio::test]
+async fn a_read_back_by_a_body_field_only_accepts_this_operations_effect() {
+    let clock = ManualClock::new(1_000_000_000);
+    let route = r#"effect_class = "payment"
+[routes.read_back]
+path = "/v1/charges?client_ref={body:/client_ref}"
+found_pointer = "/data"
+match = { "/idempotency_key" = "{provider_key}" }
+reference_pointer = "/id"
+settle_delay_ms = 0
+"#;
+    let app = spawn_with(Opts {
+        route_extra: route.into(),
+        more: MANUAL.into(),
+        clock: Some(clock.clone()),
+        ..Default::default()
+    })
+    .await;
+    // Tenant b already has a charge under the same client_ref.
+    assert_eq!(
+        app.charge_as(
+            KEY_B,
+            "b-1",
+            r#"{"amount":777,"currency":"usd","client_ref":"order-1"}"#
+        )
+        .await
+        .status(),
+        200
+    );
+    // Tenant a's call fails with a 500 that applied nothing.
+    app.mock.provider.set_faults(Faults {
+        fail_status_times: 1,
+        fail_status: 500,
+        ..Default::default()
+    });
+    assert_eq!(
+        app.charge(
+            "a-1",
+            r#"{"amount":5,"currency":"eur","client_ref":"order-1"}"#
+        )
+        .await
+        .status(),
+        502
+    );
+    // Read-back sees b's charge but it isn't this operation's: absent → a's own attempt.
+    let steps = app.tick().await;
+    assert_eq!(
+        steps_for(&steps, "a-1"),
+        vec![&Step::Retried(Some(effectgate::ledger::State::Completed))]
+    );
+    assert_eq!(app.mock.provider.effects(), 2);
+    let dup = app
+        .charge(
+            "a-1",
+            r#"{"amount":5,"currency":"eur","client_ref":"order-1"}"#,
+        )
+        .await;
+    let v: Value = dup.json().await.unwrap();
+    assert_eq!(v["amount"], 5, "tenant a never sees tenant b's charge");
 }

@@ -467,7 +467,7 @@ impl Ledger {
         let mut tx = self.write.begin().await?;
         let used = sqlx::query(
             "UPDATE approvals SET status = 'used', used_at = ? WHERE tenant_id = ? AND id = ? AND operation_id = ? \
-             AND fingerprint = ? AND status = 'approved'",
+             AND fingerprint = ? AND status = 'approved' AND expires_at > ?1",
         )
         .bind(now)
         .bind(tenant)
@@ -537,13 +537,14 @@ impl Ledger {
         Ok(r.rows_affected() == 1)
     }
 
-    /// Expires pending approvals past their expiry (the reconciler's scan):
+    /// Expires pending or approved-but-unused approvals past their expiry (the reconciler's scan):
     /// the approval becomes `expired`, a `request` operation FAILED with a
     /// stored 403, and an event is queued. Returns how many expired.
     pub async fn expire_approvals(&self, limit: u32) -> Result<usize, LedgerError> {
         let now = self.clock.now_ms();
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status = 'pending' AND expires_at <= ? ORDER BY expires_at LIMIT ?"
+            "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status IN ('pending', 'approved') AND expires_at <= ? \
+             ORDER BY expires_at LIMIT ?"
         )))
         .bind(now)
         .bind(i64::from(limit))
@@ -553,11 +554,16 @@ impl Ledger {
         for r in rows {
             let a = approval_from_row(&r)?;
             let mut tx = self.write.begin().await?;
-            let done = sqlx::query("UPDATE approvals SET status = 'expired', decided_at = ? WHERE id = ? AND status = 'pending'")
-                .bind(now)
-                .bind(&a.id)
-                .execute(&mut *tx)
-                .await?;
+            // An approval granted but never used expires too: it can't
+            // authorise anything after its expiry.
+            let done = sqlx::query(
+                "UPDATE approvals SET status = 'expired', decided_at = COALESCE(decided_at, ?) \
+                 WHERE id = ? AND status IN ('pending', 'approved')",
+            )
+            .bind(now)
+            .bind(&a.id)
+            .execute(&mut *tx)
+            .await?;
             if done.rows_affected() == 1 {
                 if a.kind == "request" {
                     let body = refused_response(

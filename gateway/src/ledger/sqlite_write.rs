@@ -490,6 +490,27 @@ impl Ledger {
         Ok(Some(claim))
     }
 
+    /// Takes an UNKNOWN operation off the reconciler's schedule (its route
+    /// has no read-back, or is gone): it waits for an operator. Scheduling
+    /// is not a state change; no transition is written.
+    pub async fn unschedule(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        version: i64,
+    ) -> Result<bool, LedgerError> {
+        let r = sqlx::query(
+            "UPDATE operations SET next_reconcile_at = NULL \
+             WHERE tenant_id = ? AND operation_id = ? AND version = ? AND state = 'UNKNOWN'",
+        )
+        .bind(tenant)
+        .bind(operation_id)
+        .bind(version)
+        .execute(&self.write)
+        .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
     /// Appends an audit transition `state → state` (an approval decision, a
     /// forced replay) if the row is still at `version` in `state`. Returns
     /// whether it was written.
