@@ -80,7 +80,50 @@ pub fn router(state: AppState) -> Router {
         )
         .merge(crate::console::routes())
         .fallback(|| async { ApiError::NotFound("no such admin endpoint".into()) })
+        .method_not_allowed_fallback(|| async {
+            (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed on this admin endpoint",
+            )
+        })
+        .layer(axum::middleware::map_response(as_problem))
         .with_state(state)
+}
+
+/// Turns the framework's plain-text rejections (a malformed path segment,
+/// an oversized body, a bad form) into RFC 9457 problem+json, so every
+/// admin error has the same shape. Console pages (HTML) pass unchanged.
+async fn as_problem(resp: Response) -> Response {
+    let status = resp.status();
+    let ct = resp
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    if status.as_u16() < 400
+        || ct.starts_with(crate::error::PROBLEM_JSON)
+        || ct.starts_with("text/html")
+    {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let detail = match axum::body::to_bytes(body, 64 * 1024).await {
+        Ok(b) if !b.is_empty() => String::from_utf8_lossy(&b).into_owned(),
+        _ => status.canonical_reason().unwrap_or("error").to_owned(),
+    };
+    let problem = json!({
+        "type": "urn:effectgate:problem:bad-request",
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut r = (parts.status, problem.to_string()).into_response();
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(crate::error::PROBLEM_JSON),
+    );
+    r
 }
 
 async fn readyz(State(app): State<AppState>) -> Response {
@@ -448,10 +491,34 @@ async fn resolve(
             message: format!("unknown outcome {outcome:?}: expected \"completed\" or \"absent\""),
         });
     }
-    let op = load(&app, &tenant, &operation_id).await?;
+    let mut op = load(&app, &tenant, &operation_id).await?;
+    if op.dead_letter && op.state == OpState::Failed {
+        // A dead letter whose effect may exist (reconciliation out of
+        // bounds) is resolved like an UNKNOWN operation: back to UNKNOWN
+        // first (recorded), then the operator's verdict.
+        app.ledger
+            .requeue(
+                &tenant,
+                &operation_id,
+                op.version,
+                OpState::Unknown,
+                &principal.name,
+                "taken up for operator resolution",
+            )
+            .await?
+            .ok_or_else(|| ApiError::Conflict("the operation changed meanwhile".into()))?;
+        app.ledger
+            .unschedule(
+                &tenant,
+                &operation_id,
+                load(&app, &tenant, &operation_id).await?.version,
+            )
+            .await?;
+        op = load(&app, &tenant, &operation_id).await?;
+    }
     if op.state != OpState::Unknown {
         return Err(ApiError::Conflict(format!(
-            "operation {operation_id:?} is {}, not UNKNOWN",
+            "operation {operation_id:?} is {}, not UNKNOWN or a dead letter",
             op.state
         )));
     }

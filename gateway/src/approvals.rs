@@ -551,6 +551,25 @@ async fn forced_replay(
     op: &Operation,
     actor: &str,
 ) -> Result<OpState, ApiError> {
+    // The audit record is written first, as a compare-and-swap on the
+    // version: of two concurrent forced replays only one calls the
+    // provider, and no call goes unrecorded.
+    if !app
+        .ledger
+        .audit(
+            &op.tenant_id,
+            &op.operation_id,
+            op.version,
+            OpState::Completed,
+            actor,
+            &format!("forced replay by {actor} (audited): sending the stored request again"),
+        )
+        .await?
+    {
+        return Err(ApiError::Conflict(
+            "the operation changed meanwhile; reload and retry".into(),
+        ));
+    }
     let mut headers = crate::forward::from_pairs(&op.request_headers);
     crate::forward::add_route_headers(route, &mut headers, Some(&op.provider_key));
     headers.insert(
@@ -578,11 +597,16 @@ async fn forced_replay(
         Ok(Err(e)) => format!("error: {e}"),
         Err(_) => "timeout".into(),
     };
+    let current = app
+        .ledger
+        .get(&op.tenant_id, &op.operation_id)
+        .await?
+        .map_or(op.version + 1, |o| o.version);
     app.ledger
         .audit(
             &op.tenant_id,
             &op.operation_id,
-            op.version,
+            current,
             OpState::Completed,
             actor,
             &format!("forced replay by {actor} (audited): provider answered {status}"),

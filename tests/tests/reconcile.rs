@@ -458,3 +458,59 @@ settle_delay_ms = 0
     let v: Value = dup.json().await.unwrap();
     assert_eq!(v["amount"], 5, "tenant a never sees tenant b's charge");
 }
+
+#[tokio::test]
+async fn an_operator_resolves_a_dead_letter_whose_effect_may_exist() {
+    let (app, clock) = app_with_read_back().await;
+    lose_reply(&app, "maybe").await;
+    app.mock.provider.set_faults(Faults {
+        readback_fail_times: 10,
+        ..Default::default()
+    });
+    clock.advance(1000);
+    app.tick().await;
+    clock.advance(100);
+    assert_eq!(
+        steps_for(&app.tick().await, "maybe"),
+        vec![&Step::DeadLettered]
+    );
+    let r = app
+        .admin_post(
+            ADMIN_A,
+            "/admin/tenants/a/operations/maybe/resolve",
+            r#"{"outcome":"completed","provider_reference":"ch_1"}"#,
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let op: Value = r.json().await.unwrap();
+    assert_eq!(op["state"], "COMPLETED");
+    assert_eq!(op["dead_letter"], false);
+    assert_eq!(app.provider_calls().0, 1);
+    let dup = app.charge("maybe", BODY).await;
+    assert_eq!(dup.headers()["idempotent-replayed"], "true");
+}
+
+#[tokio::test]
+async fn admin_errors_are_always_problem_json() {
+    let (app, _clock) = app_with_read_back().await;
+    let r = app
+        .http
+        .post(app.admin("/admin/tenants/a/operations"))
+        .bearer_auth(ADMIN_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    let r = app
+        .http
+        .get(app.admin("/admin/tenants/a/operations/%FF"))
+        .bearer_auth(ADMIN_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["status"], 400);
+}

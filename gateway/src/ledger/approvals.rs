@@ -467,13 +467,14 @@ impl Ledger {
         let mut tx = self.write.begin().await?;
         let used = sqlx::query(
             "UPDATE approvals SET status = 'used', used_at = ? WHERE tenant_id = ? AND id = ? AND operation_id = ? \
-             AND fingerprint = ? AND status = 'approved' AND expires_at > ?1",
+             AND fingerprint = ? AND status = 'approved' AND expires_at > ?",
         )
         .bind(now)
         .bind(tenant)
         .bind(approval_id)
         .bind(operation_id)
         .bind(fingerprint)
+        .bind(now)
         .execute(&mut *tx)
         .await?;
         if used.rows_affected() != 1 {
