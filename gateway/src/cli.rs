@@ -131,6 +131,7 @@ pub fn main() -> ExitCode {
                 .unwrap_or_else(|_| "effectgate=info,warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -160,12 +161,21 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::CheckConfig { config: path } => match config::load(Some(&path)) {
             Ok(s) => {
+                // The policies too: compile each module and validate every
+                // tenant's config against its schema, as `serve` will.
+                let limits = crate::config::PolicyLimitsSpec { pooling: false, ..s.policy_limits.clone() };
+                let engine = crate::policy::PolicyEngine::new(&limits)?;
+                if let Err(e) = crate::policy::PolicySet::build(&engine, &s) {
+                    eprintln!("{}: invalid: {e}", path.display());
+                    return Ok(ExitCode::from(2));
+                }
                 println!(
-                    "{}: ok ({} tenants, {} routes, {} keys)",
+                    "{}: ok ({} tenants, {} routes, {} keys, {} policy bindings)",
                     path.display(),
                     s.tenants.len(),
                     s.routes.len(),
-                    s.keys.len()
+                    s.keys.len(),
+                    s.policy_bindings.len()
                 );
             }
             Err(e) => {
@@ -238,7 +248,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         "{:<16} {:<32} {:<18} {:>8} {:<16} {}",
                         op.tenant_id,
                         op.operation_id,
-                        op.state,
+                        op.state.as_str(),
                         op.attempts,
                         op.route,
                         op.updated_at

@@ -323,8 +323,9 @@ impl Default for ListenSpec {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StorageSpec {
-    /// SQLite file path, default `effectgate.db` in the working directory.
-    /// Created (with its migrations) if missing.
+    /// SQLite file path, default `effectgate.db`. A relative path in a
+    /// config file is relative to that file's folder (without a file: to the
+    /// working directory). Created (with its migrations) if missing.
     pub path: PathBuf,
     /// Maximum connections in the read pool (writes use one connection,
     /// which is how SQLite serialises writers anyway). Default 4.
@@ -850,6 +851,11 @@ impl ConfigFile {
             .map(Path::to_path_buf)
             .unwrap_or_default();
         let proxy_addr = parse_addr("listen.proxy", &self.listen.proxy)?;
+        // Relative paths in a config file mean "next to the file".
+        let mut storage = self.storage.clone();
+        if storage.path.is_relative() && source.is_some() {
+            storage.path = base_dir.join(&storage.path);
+        }
         let admin_addr = parse_addr("listen.admin", &self.listen.admin)?;
         if self.storage.path.as_os_str().is_empty() {
             return Err(ConfigError::new("storage.path", "must not be empty"));
@@ -1251,7 +1257,7 @@ impl ConfigFile {
         Ok(Settings {
             proxy_addr,
             admin_addr,
-            storage: self.storage,
+            storage,
             limits: self.limits,
             keys,
             tenants,
