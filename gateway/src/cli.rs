@@ -163,7 +163,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(s) => {
                 // The policies too: compile each module and validate every
                 // tenant's config against its schema, as `serve` will.
-                let limits = crate::config::PolicyLimitsSpec { pooling: false, ..s.policy_limits.clone() };
+                let limits = crate::config::PolicyLimitsSpec {
+                    pooling: false,
+                    ..s.policy_limits.clone()
+                };
                 let engine = crate::policy::PolicyEngine::new(&limits)?;
                 if let Err(e) = crate::policy::PolicySet::build(&engine, &s) {
                     eprintln!("{}: invalid: {e}", path.display());
@@ -240,8 +243,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 let ledger = open(c).await?;
                 let ops = ledger.list(tenant.as_deref(), state, limit).await?;
                 println!(
-                    "{:<16} {:<32} {:<18} {:>8} {:<16} {}",
-                    "TENANT", "OPERATION", "STATE", "ATTEMPTS", "ROUTE", "UPDATED_MS"
+                    "{:<16} {:<32} {:<18} {:>8} {:<16} UPDATED_MS",
+                    "TENANT", "OPERATION", "STATE", "ATTEMPTS", "ROUTE"
                 );
                 for op in ops {
                     println!(

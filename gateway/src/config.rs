@@ -57,7 +57,7 @@ impl ConfigError {
 // ---------------------------------------------------------------------------
 
 /// The whole configuration file.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
     /// Listener addresses.
@@ -283,20 +283,6 @@ impl EffectClass {
                 | EffectClass::Notification
                 | EffectClass::Payment
         )
-    }
-}
-
-impl Default for ConfigFile {
-    fn default() -> Self {
-        Self {
-            listen: ListenSpec::default(),
-            storage: StorageSpec::default(),
-            limits: LimitsSpec::default(),
-            tenants: Vec::new(),
-            routes: Vec::new(),
-            reconcile: ReconcileSpec::default(),
-            policy: PolicyLimitsSpec::default(),
-        }
     }
 }
 
@@ -1244,7 +1230,7 @@ impl ConfigFile {
                 ));
             }
         }
-        routes.sort_by(|a, b| b.prefix.len().cmp(&a.prefix.len()));
+        routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
         if self.reconcile.interval_ms == 0 {
             return Err(ConfigError::new(
                 "reconcile.interval_ms",

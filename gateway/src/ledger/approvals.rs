@@ -495,12 +495,7 @@ impl Ledger {
         .fetch_optional(&mut *tx)
         .await?;
         let Some(row) = row else { return Ok(None) };
-        let claim = Claim {
-            version: row.try_get("version")?,
-            fence: row.try_get("fence")?,
-            attempt: row.try_get("attempts")?,
-            lease_expires_at: expires,
-        };
+        let claim = super::sqlite_write::claim_row(&row, expires)?;
         super::sqlite_write::insert_transition(
             &mut tx,
             tenant,

@@ -182,12 +182,7 @@ impl Ledger {
         .fetch_optional(&mut *tx)
         .await?;
         let Some(row) = row else { return Ok(None) };
-        let claim = Claim {
-            version: row.try_get("version")?,
-            fence: row.try_get("fence")?,
-            attempt: row.try_get("attempts")?,
-            lease_expires_at: expires,
-        };
+        let claim = claim_row(&row, expires)?;
         insert_transition(
             &mut tx,
             tenant,
@@ -410,12 +405,7 @@ impl Ledger {
         .fetch_optional(&mut *tx)
         .await?;
         let Some(row) = row else { return Ok(None) };
-        let claim = Claim {
-            version: row.try_get("version")?,
-            fence: row.try_get("fence")?,
-            attempt: row.try_get("attempts")?,
-            lease_expires_at: expires,
-        };
+        let claim = claim_row(&row, expires)?;
         insert_transition(
             &mut tx,
             tenant,
@@ -467,12 +457,7 @@ impl Ledger {
             self.count_stale_fence();
             return Ok(None);
         };
-        let claim = Claim {
-            version: row.try_get("version")?,
-            fence: row.try_get("fence")?,
-            attempt: row.try_get("attempts")?,
-            lease_expires_at: expires,
-        };
+        let claim = claim_row(&row, expires)?;
         insert_transition(
             &mut tx,
             tenant,
@@ -701,6 +686,16 @@ impl Ledger {
 }
 
 #[allow(clippy::too_many_arguments)]
+/// The claim an `UPDATE … RETURNING version, fence, attempts` took.
+pub(super) fn claim_row(row: &sqlx::sqlite::SqliteRow, expires: i64) -> Result<Claim, sqlx::Error> {
+    Ok(Claim {
+        version: row.try_get("version")?,
+        fence: row.try_get("fence")?,
+        attempt: row.try_get("attempts")?,
+        lease_expires_at: expires,
+    })
+}
+
 pub(super) async fn insert_transition(
     tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
     tenant: &str,
