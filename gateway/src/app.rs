@@ -66,13 +66,7 @@ impl AppState {
             .await??
             .0
         };
-        let ledger = Ledger::open(
-            &settings.storage.path,
-            settings.storage.max_read_connections,
-            settings.storage.busy_timeout_ms,
-            clock,
-        )
-        .await?;
+        let ledger = Ledger::open_storage(&settings.storage, clock).await?;
         let secret = ledger.provider_key_secret().await?;
         crate::metrics::handle();
         let instance_id = format!(

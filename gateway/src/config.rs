@@ -318,6 +318,23 @@ pub struct StorageSpec {
     pub max_read_connections: u32,
     /// How long a statement waits for a locked database, in ms. Default 5000.
     pub busy_timeout_ms: u64,
+    /// SQLite `synchronous` mode: `full` (default) fsyncs every committed
+    /// transition, so nothing is lost even on power loss; `normal` (WAL)
+    /// survives a crash of the gateway process but may lose the last
+    /// transitions on power loss or an OS crash, for several times the
+    /// effectful throughput.
+    pub synchronous: Synchronous,
+}
+
+/// SQLite durability mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Synchronous {
+    /// fsync every commit.
+    #[default]
+    Full,
+    /// fsync at checkpoints only.
+    Normal,
 }
 
 impl Default for StorageSpec {
@@ -326,6 +343,7 @@ impl Default for StorageSpec {
             path: PathBuf::from("effectgate.db"),
             max_read_connections: 4,
             busy_timeout_ms: 5000,
+            synchronous: Synchronous::Full,
         }
     }
 }

@@ -50,12 +50,32 @@ impl Ledger {
         busy_timeout_ms: u64,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, LedgerError> {
+        let storage = crate::config::StorageSpec {
+            path: path.to_path_buf(),
+            max_read_connections,
+            busy_timeout_ms,
+            synchronous: crate::config::Synchronous::Full,
+        };
+        Self::open_storage(&storage, clock).await
+    }
+
+    /// [`Ledger::open`] with every `[storage]` setting, including the
+    /// `synchronous` mode.
+    pub async fn open_storage(
+        storage: &crate::config::StorageSpec,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, LedgerError> {
+        let (path, max_read_connections) = (&storage.path, storage.max_read_connections);
+        let synchronous = match storage.synchronous {
+            crate::config::Synchronous::Full => SqliteSynchronous::Full,
+            crate::config::Synchronous::Normal => SqliteSynchronous::Normal,
+        };
         let opts = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(Duration::from_millis(busy_timeout_ms));
+            .synchronous(synchronous)
+            .busy_timeout(Duration::from_millis(storage.busy_timeout_ms));
         let write = SqlitePoolOptions::new()
             .max_connections(1)
             .connect_with(opts.clone())
