@@ -319,7 +319,8 @@ provider_idempotency_header = "Idempotency-Key"
     .await;
 
     println!(
-        "requests per scenario: {n}, concurrency: {c}, ledger: SQLite (WAL, synchronous=FULL)"
+        "requests per scenario: {n}, concurrency: {c}, ledger: SQLite (WAL, synchronous={:?})",
+        gw.state.settings().storage.synchronous
     );
     println!(
         "{:<42} {:>10} {:>10} {:>10} {:>7}",
