@@ -367,7 +367,7 @@ async fn requeue(
     // Run it now (read back first when the route can), in a task of its
     // own so it finishes even if this request gives up waiting.
     let task = if target == OpState::Reserved {
-        let lease = crate::execute::lease_ms(&app, &route);
+        let lease = crate::execute::lease_ms(&app);
         match app
             .ledger
             .claim(
@@ -581,7 +581,7 @@ async fn resolve(
                     ApiError::Conflict(format!("route {:?} is no longer configured", op.route))
                 })?
                 .clone();
-            let lease_ms = crate::execute::lease_ms(&app, &route);
+            let lease_ms = crate::execute::lease_ms(&app);
             let Some(claim) = app
                 .ledger
                 .reattempt(

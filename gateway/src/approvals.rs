@@ -205,7 +205,7 @@ async fn after_approval(app: &AppState, a: &crate::ledger::Approval) -> Result<(
         return Ok(());
     }
     if route.execute_on_approval {
-        let lease = crate::execute::lease_ms(app, &route);
+        let lease = crate::execute::lease_ms(app);
         if let Some(claim) = app
             .ledger
             .use_approval(
@@ -475,7 +475,7 @@ async fn run_replay(
                 )
                 .await?
                 .ok_or_else(|| ApiError::Conflict("the operation changed meanwhile".into()))?;
-            let lease = crate::execute::lease_ms(app, route);
+            let lease = crate::execute::lease_ms(app);
             if target == OpState::Reserved {
                 if let Some(claim) = app
                     .ledger

@@ -354,9 +354,11 @@ impl Default for StorageSpec {
 pub struct LimitsSpec {
     /// Maximum length of an `Idempotency-Key` value in characters (1..=255). Default 255.
     pub max_idempotency_key_len: usize,
-    /// How long a claim (lease) on an operation lasts beyond the route's
-    /// response timeout, in ms. Default 5000.
-    pub lease_margin_ms: u64,
+    /// Length of a claim (lease) on an operation, in ms. While a provider
+    /// call runs, its owner extends the lease every third of this, so a
+    /// healthy long call keeps it; an owner that dies loses it this long
+    /// after its last extension, and the reconciler takes over. Default 10000.
+    pub lease_ms: u64,
     /// Maximum operations one admin list call returns. Default 500.
     pub max_list_limit: u32,
     /// Largest total size of a proxied request's headers (names + values),
@@ -368,7 +370,7 @@ impl Default for LimitsSpec {
     fn default() -> Self {
         Self {
             max_idempotency_key_len: 255,
-            lease_margin_ms: 5_000,
+            lease_ms: 10_000,
             max_list_limit: 500,
             max_header_bytes: 65_536,
         }

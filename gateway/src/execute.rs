@@ -62,9 +62,11 @@ enum ReadBody {
     Broken(Bytes, String),
 }
 
-/// Lease length for an attempt on `route`, in ms.
-pub fn lease_ms(app: &AppState, route: &Route) -> i64 {
-    (route.response_timeout_ms + app.settings().limits.lease_margin_ms) as i64
+/// Lease length for a claim, in ms (`limits.lease_ms`).
+pub fn lease_ms(app: &AppState) -> i64 {
+    i64::try_from(app.settings().limits.lease_ms)
+        .unwrap_or(i64::MAX)
+        .max(1)
 }
 
 /// Attempts allowed in all for `op` on `route` (grows with each requeue).
@@ -168,7 +170,7 @@ async fn run_inner(
 ) -> Result<(Option<OpState>, Response), ApiError> {
     let ledger = &app.ledger;
     let owner: &str = &app.instance_id;
-    let lease_ms = lease_ms(app, route);
+    let lease_ms = lease_ms(app);
     let client = &route.client;
     let uri = upstream_uri(route, &op.path, op.query.as_deref())?;
     let mut headers = from_pairs(&op.request_headers);

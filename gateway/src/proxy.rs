@@ -339,7 +339,7 @@ async fn handle_inner(
     };
 
     // 7–9. Claim the lease, forward, record the outcome, answer.
-    let lease = crate::execute::lease_ms(app, &route);
+    let lease = crate::execute::lease_ms(app);
     let Some(claim) = app
         .ledger
         .claim(
@@ -568,7 +568,7 @@ async fn resume_awaiting(
     };
     match a.status.as_str() {
         "approved" => {
-            let lease = crate::execute::lease_ms(app, route);
+            let lease = crate::execute::lease_ms(app);
             match app
                 .ledger
                 .use_approval(

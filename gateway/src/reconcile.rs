@@ -143,7 +143,7 @@ pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, Led
     let now = ledger.clock().now_ms();
     match op.state {
         State::Reserved => {
-            let lease = execute::lease_ms(app, route);
+            let lease = execute::lease_ms(app);
             let Some(claim) = ledger
                 .claim(
                     &op.tenant_id,
@@ -271,7 +271,7 @@ pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, Led
                 crate::metrics::reconciliation("dead-lettered");
                 return Ok(Step::DeadLettered);
             }
-            let lease_ms = execute::lease_ms(app, route);
+            let lease_ms = execute::lease_ms(app);
             let Some(claim) = ledger
                 .reattempt(
                     &op.tenant_id,

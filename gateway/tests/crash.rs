@@ -53,7 +53,7 @@ admin = "127.0.0.1:{admin}"
 [storage]
 path = "{db}"
 [limits]
-lease_margin_ms = 200
+lease_ms = 700
 [reconcile]
 interval_ms = 50
 reserved_grace_ms = 300

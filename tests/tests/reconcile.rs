@@ -514,3 +514,35 @@ async fn admin_errors_are_always_problem_json() {
     let p: Value = r.json().await.unwrap();
     assert_eq!(p["status"], 400);
 }
+
+#[tokio::test]
+async fn a_long_healthy_call_keeps_its_lease() {
+    // A 300 ms lease, a provider that takes 1.2 s, and a reconciler that
+    // scans every 20 ms: without extension it would take the call over.
+    let app = spawn_with(Opts {
+        route_extra: READ_BACK.into(),
+        more: "[limits]\nlease_ms = 300\n[reconcile]\ninterval_ms = 20\n".into(),
+        ..Default::default()
+    })
+    .await;
+    let r = app
+        .charge_with("long", BODY, &[("X-Mock-Delay-Ms", "1200")])
+        .await;
+    assert_eq!(r.status(), 200);
+    let op = app.op_json("long").await;
+    assert_eq!(op["state"], "COMPLETED");
+    assert_eq!(op["attempts"], 1);
+    let to: Vec<&str> = op["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["to_state"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        to,
+        vec!["RESERVED", "EXECUTING", "COMPLETED"],
+        "no takeover, no UNKNOWN"
+    );
+    assert_eq!(app.mock.provider.effects(), 1);
+    assert_eq!(app.gw.state.ledger.stale_fence_rejections(), 0);
+}
