@@ -1,0 +1,593 @@
+//! The configuration file format: the types TOML is read into. Converted
+//! into the runtime [`super::Settings`] by [`ConfigFile::into_settings`].
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// Listener addresses.
+    #[serde(default)]
+    pub listen: ListenSpec,
+    /// Where the effect ledger lives.
+    #[serde(default)]
+    pub storage: StorageSpec,
+    /// Gateway-wide limits.
+    #[serde(default)]
+    pub limits: LimitsSpec,
+    /// Tenants and their API keys.
+    #[serde(default)]
+    pub tenants: Vec<TenantSpec>,
+    /// Routes: path prefix → provider.
+    #[serde(default)]
+    pub routes: Vec<RouteSpec>,
+    /// The reconciler.
+    #[serde(default)]
+    pub reconcile: ReconcileSpec,
+    /// Limits of policy calls.
+    #[serde(default)]
+    pub policy: PolicyLimitsSpec,
+}
+
+/// `[policy]`: limits of every policy call (one fresh store per call).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyLimitsSpec {
+    /// Linear memory a policy may use, in bytes. Default 16 MiB.
+    pub memory_bytes: usize,
+    /// CPU deadline per call, in ms (epoch ticks of 1 ms). Default 10.
+    pub deadline_ms: u64,
+    /// Fuel per call (wasm instructions, roughly); unset = no fuel metering.
+    pub fuel: Option<u64>,
+    /// Longest reason a policy may return, in bytes. Default 1024.
+    pub max_reason_bytes: usize,
+    /// Most headers an allow may add. Default 16.
+    pub max_add_headers: usize,
+    /// Longest added header value, in bytes. Default 1024.
+    pub max_header_bytes: usize,
+    /// Use the pooling instance allocator (falls back to on-demand
+    /// allocation where the machine refuses the reservation). Default true.
+    pub pooling: bool,
+    /// Concurrent policy instances the pool holds. Default 256.
+    pub pool_instances: u32,
+}
+
+impl Default for PolicyLimitsSpec {
+    fn default() -> Self {
+        Self {
+            memory_bytes: 16 << 20,
+            deadline_ms: 10,
+            fuel: None,
+            max_reason_bytes: 1024,
+            max_add_headers: 16,
+            max_header_bytes: 1024,
+            pooling: true,
+            pool_instances: 256,
+        }
+    }
+}
+
+/// `[[tenants.policies]]`: a policy bound to a tenant's route.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyBindingSpec {
+    /// Route name, or `"*"` for every route. Policies run in file order.
+    pub route: String,
+    /// Path of the policy component (`.wasm`), relative to the config file.
+    pub module: PathBuf,
+    /// The tenant's config for this policy, validated against the policy's
+    /// `config-schema()` at load time.
+    #[serde(default = "empty_object")]
+    pub config: serde_json::Value,
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::Value::Object(Default::default())
+}
+
+/// `[reconcile]`: the background task that resolves UNKNOWN operations by
+/// read-back, takes over EXECUTING operations whose lease expired, and
+/// executes RESERVED operations whose caller went away.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReconcileSpec {
+    /// Run the reconciler in this instance. Default true.
+    pub enabled: bool,
+    /// Time between scans, in ms. Default 1000.
+    pub interval_ms: u64,
+    /// Most operations handled per scan. Default 100.
+    pub batch: u32,
+    /// A RESERVED operation untouched this long (ms) is executed by the
+    /// reconciler (its caller went away before the first attempt). Default 30000.
+    pub reserved_grace_ms: u64,
+    /// How long a duplicate request for an UNKNOWN operation waits for the
+    /// reconciliation it triggers, in ms. Default 5000.
+    pub duplicate_wait_ms: u64,
+    /// Length of a reconciliation lease, in ms. Default 10000.
+    pub lease_ms: u64,
+    /// Read-backs that may fail before the operation is dead-lettered. Default 10.
+    pub max_read_backs: u32,
+    /// Backoff after a failed read-back: base, in ms (doubles each time,
+    /// full jitter). Default 1000.
+    pub backoff_base_ms: u64,
+    /// Backoff cap, in ms. Default 60000.
+    pub backoff_max_ms: u64,
+    /// How long the outbox relay holds a claimed event before another
+    /// relay (or this one after a restart) may deliver it, in ms. Default 5000.
+    pub outbox_lease_ms: u64,
+}
+
+impl Default for ReconcileSpec {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval_ms: 1_000,
+            batch: 100,
+            reserved_grace_ms: 30_000,
+            duplicate_wait_ms: 5_000,
+            lease_ms: 10_000,
+            max_read_backs: 10,
+            backoff_base_ms: 1_000,
+            backoff_max_ms: 60_000,
+            outbox_lease_ms: 5_000,
+        }
+    }
+}
+
+/// `[routes.read_back]`: how to ask the provider whether an operation's
+/// effect exists. Templates may use `{operation_id}`, `{provider_key}` and
+/// `{body:/json/pointer}` (a field of the stored request body); values are
+/// percent-encoded.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadBackSpec {
+    /// Method. Default GET.
+    #[serde(default = "default_read_back_method")]
+    pub method: String,
+    /// Path and query template, appended to the route's upstream, e.g.
+    /// `/v1/charges?idempotency_key={provider_key}`.
+    pub path: String,
+    /// Extra headers (value templates). The route's credentials are injected too.
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// JSON pointer into a 2xx body: a non-empty value there means found;
+    /// missing, null, `[]`, `{}` or `""` means absent. 404 means absent.
+    pub found_pointer: String,
+    /// JSON pointer, into the found value, to the provider's reference for
+    /// the effect (e.g. `/id`).
+    #[serde(default)]
+    pub reference_pointer: Option<String>,
+    /// "Absent" is trusted only this many ms after the last attempt could
+    /// have reached the provider (for providers whose search lags; Stripe's
+    /// search says "under a minute"). Default 5000.
+    #[serde(default = "default_settle_delay_ms")]
+    pub settle_delay_ms: u64,
+    /// Conditions that tie a found value to this operation: JSON pointer
+    /// (into the found value) → template that must equal it, e.g.
+    /// `{ "/idempotency_key" = "{provider_key}" }`. When the found pointer
+    /// names an array, the first element meeting every condition is the
+    /// match; none → absent. A read-back keyed on a request body field
+    /// (`{body:/client_ref}`) should always set one: the provider may hold
+    /// another tenant's effect under the same field value.
+    #[serde(default, rename = "match")]
+    pub match_fields: std::collections::BTreeMap<String, String>,
+    /// Read-back request timeout, in ms. Default 5000.
+    #[serde(default = "default_read_back_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+fn default_read_back_method() -> String {
+    "GET".into()
+}
+fn default_settle_delay_ms() -> u64 {
+    5_000
+}
+fn default_read_back_timeout_ms() -> u64 {
+    5_000
+}
+
+/// Effect class of a route: drives replay defaults (DESIGN.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum EffectClass {
+    /// Rebuildable from a source of truth (index, cache).
+    Derived,
+    /// Side-effect-light.
+    Analytics,
+    /// Visible to a person (e-mail, message).
+    Notification,
+    /// Moves money.
+    Payment,
+    /// Changes authority.
+    Permission,
+    /// Can't be undone; the default when a route doesn't say.
+    #[default]
+    Irreversible,
+}
+
+impl EffectClass {
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EffectClass::Derived => "derived",
+            EffectClass::Analytics => "analytics",
+            EffectClass::Notification => "notification",
+            EffectClass::Payment => "payment",
+            EffectClass::Permission => "permission",
+            EffectClass::Irreversible => "irreversible",
+        }
+    }
+
+    /// Whether the default replay verdict lets an operator requeue a dead
+    /// letter of this class with the same operation (allow or
+    /// same-operation-only in DESIGN.md's table).
+    pub fn allows_requeue(self) -> bool {
+        matches!(
+            self,
+            EffectClass::Derived
+                | EffectClass::Analytics
+                | EffectClass::Notification
+                | EffectClass::Payment
+        )
+    }
+}
+
+/// `[listen]`: the proxy and admin listeners are separate sockets.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenSpec {
+    /// Proxy listener, default `127.0.0.1:8080`. Port 0 picks a free port.
+    pub proxy: String,
+    /// Admin listener, default `127.0.0.1:8081`.
+    pub admin: String,
+}
+
+impl Default for ListenSpec {
+    fn default() -> Self {
+        Self {
+            proxy: "127.0.0.1:8080".into(),
+            admin: "127.0.0.1:8081".into(),
+        }
+    }
+}
+
+/// `[storage]`: the SQLite ledger file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageSpec {
+    /// SQLite file path, default `effectgate.db`. A relative path in a
+    /// config file is relative to that file's folder (without a file: to the
+    /// working directory). Created (with its migrations) if missing.
+    pub path: PathBuf,
+    /// Maximum connections in the read pool (writes use one connection,
+    /// which is how SQLite serialises writers anyway). Default 4.
+    pub max_read_connections: u32,
+    /// How long a statement waits for a locked database, in ms. Default 5000.
+    pub busy_timeout_ms: u64,
+    /// SQLite `synchronous` mode: `full` (default) fsyncs every committed
+    /// transition, so nothing is lost even on power loss; `normal` (WAL)
+    /// survives a crash of the gateway process but may lose the last
+    /// transitions on power loss or an OS crash, for more effectful
+    /// throughput (about 1.4× on the README's benchmark machine).
+    pub synchronous: Synchronous,
+}
+
+/// SQLite durability mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Synchronous {
+    /// fsync every commit.
+    #[default]
+    Full,
+    /// fsync at checkpoints only.
+    Normal,
+}
+
+impl Default for StorageSpec {
+    fn default() -> Self {
+        Self {
+            path: PathBuf::from("effectgate.db"),
+            max_read_connections: 4,
+            busy_timeout_ms: 5000,
+            synchronous: Synchronous::Full,
+        }
+    }
+}
+
+/// `[limits]`: gateway-wide limits.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSpec {
+    /// Maximum length of an `Idempotency-Key` value in characters (1..=255). Default 255.
+    pub max_idempotency_key_len: usize,
+    /// Length of a claim (lease) on an operation, in ms. While a provider
+    /// call runs, its owner extends the lease every third of this, so a
+    /// healthy long call keeps it; an owner that dies loses it this long
+    /// after its last extension, and the reconciler takes over. Default 10000.
+    pub lease_ms: u64,
+    /// Maximum operations one admin list call returns. Default 500.
+    pub max_list_limit: u32,
+    /// Largest total size of a proxied request's headers (names + values),
+    /// in bytes; larger gets 431. Default 65536.
+    pub max_header_bytes: usize,
+}
+
+impl Default for LimitsSpec {
+    fn default() -> Self {
+        Self {
+            max_idempotency_key_len: 255,
+            lease_ms: 10_000,
+            max_list_limit: 500,
+            max_header_bytes: 65_536,
+        }
+    }
+}
+
+/// `[[tenants]]`: one customer account.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantSpec {
+    /// Tenant id: 1..=64 characters of `[A-Za-z0-9._-]`.
+    pub id: String,
+    /// API keys of this tenant's principals.
+    #[serde(default)]
+    pub keys: Vec<KeySpec>,
+    /// Policies bound to this tenant's routes, in evaluation order.
+    #[serde(default)]
+    pub policies: Vec<PolicyBindingSpec>,
+    /// Where approval events are POSTed (signed with HMAC-SHA256).
+    #[serde(default)]
+    pub webhook: Option<WebhookSpec>,
+    /// Whether the principal that made a request may approve it. Default false.
+    #[serde(default)]
+    pub allow_self_approval: bool,
+}
+
+/// `tenants[].webhook`: approval notifications, delivered at least once
+/// from the outbox. Each POST carries `Effectgate-Event-Id` and
+/// `Effectgate-Signature: sha256=<hex HMAC-SHA256 of the body>`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookSpec {
+    /// `http://…` URL.
+    pub url: String,
+    /// Environment variable holding the signing secret.
+    pub secret_env: String,
+}
+
+/// A validated webhook.
+#[derive(Debug, Clone)]
+pub struct Webhook {
+    /// URL.
+    pub url: http::Uri,
+    /// Signing secret.
+    pub secret: Vec<u8>,
+}
+
+/// `[[tenants.keys]]`: one gateway API key. Exactly one of `sha256`, `env`,
+/// `file` gives the secret; plaintext keys are not accepted in the file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeySpec {
+    /// Principal name, shown in the ledger's transitions (`actor`). Default: `<tenant>:<role>`.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Role: `client` (proxy), `approver`, `operator` or `admin` (admin API).
+    pub role: Role,
+    /// Lower-case hex sha256 of the key.
+    #[serde(default)]
+    pub sha256: Option<String>,
+    /// Name of an environment variable holding the key.
+    #[serde(default)]
+    pub env: Option<String>,
+    /// Path of a file holding the key (surrounding whitespace trimmed).
+    #[serde(default)]
+    pub file: Option<PathBuf>,
+}
+
+/// A principal's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Sends calls through the proxy listener.
+    Client,
+    /// Decides approvals (admin listener).
+    Approver,
+    /// Reads the ledger and replays operations (admin listener).
+    Operator,
+    /// Everything on the admin listener for its tenant.
+    Admin,
+}
+
+impl Role {
+    /// The role's lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Client => "client",
+            Role::Approver => "approver",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+/// Whether a route records effectful calls in the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteMode {
+    /// Methods in `effectful_methods` go through the ledger; others stream through.
+    #[default]
+    Effectful,
+    /// Every request streams through without touching the ledger.
+    Pass,
+}
+
+/// `[[routes]]`: a path prefix → one provider.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSpec {
+    /// Route name, used in fingerprints, the ledger and logs. Default: the prefix.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Path prefix, starting and ending with `/`, e.g. `/pay/`. The prefix is
+    /// removed and the rest of the path appended to `upstream`.
+    pub prefix: String,
+    /// Provider base URL (`http://host:port[/base]`). Fixed by config; a
+    /// caller can never choose it.
+    pub upstream: String,
+    /// `effectful` (default) or `pass`.
+    #[serde(default)]
+    pub mode: RouteMode,
+    /// Methods that change the world. Default: every method but GET, HEAD, OPTIONS.
+    #[serde(default)]
+    pub effectful_methods: Option<Vec<String>>,
+    /// Tenants allowed on this route. Default: all.
+    #[serde(default)]
+    pub tenants: Option<Vec<String>>,
+    /// Header the provider reads its idempotency key from, e.g.
+    /// `Idempotency-Key`. Unset: the provider has no such support and only
+    /// the ledger deduplicates.
+    #[serde(default)]
+    pub provider_idempotency_header: Option<String>,
+    /// TCP connect timeout in ms. Default 2000.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Time from sending the request to the end of the response head, in ms.
+    /// Default 10000. Past it an effectful call's outcome is UNKNOWN.
+    #[serde(default = "default_response_timeout_ms")]
+    pub response_timeout_ms: u64,
+    /// Largest request body accepted on an effectful call, in bytes. Default 1 MiB.
+    /// Larger bodies get 413.
+    #[serde(default = "default_max_body_bytes")]
+    pub max_body_bytes: usize,
+    /// Largest response body stored in the ledger for replay, in bytes.
+    /// Default 256 KiB. A larger body reaches the first caller whole, but is
+    /// not stored; see README "Stored responses".
+    #[serde(default = "default_max_stored_response_bytes")]
+    pub max_stored_response_bytes: usize,
+    /// How long an idempotency key (and its stored response) is kept, in
+    /// hours. Default 24.
+    #[serde(default = "default_key_retention_hours")]
+    pub key_retention_hours: u64,
+    /// Response headers stored and replayed (case-insensitive). Default:
+    /// content-type, content-language, location, etag, last-modified,
+    /// request-id, x-request-id.
+    #[serde(default)]
+    pub stored_response_headers: Option<Vec<String>>,
+    /// Provider credentials injected into every forwarded request.
+    #[serde(default)]
+    pub inject_headers: Vec<InjectHeaderSpec>,
+    /// Retries of transient failures (connect refused, 429, 503).
+    #[serde(default)]
+    pub retry: RetrySpec,
+    /// Effect class. Default `irreversible`.
+    #[serde(default)]
+    pub effect_class: EffectClass,
+    /// How to read back an operation's effect. Without it, UNKNOWN
+    /// operations on this route are resolved only by an operator.
+    #[serde(default)]
+    pub read_back: Option<ReadBackSpec>,
+    /// When a policy traps, times out or runs out of memory: `false`
+    /// (default) fails the request closed with 503 `policy-failed`; `true`
+    /// lets it through as if the policy had allowed. Either way the failure
+    /// is logged and counted.
+    #[serde(default)]
+    pub policy_fail_open: bool,
+    /// How long an approval stays pending before it expires, in ms. Default 86400000 (24 h).
+    #[serde(default = "default_approval_ttl_ms")]
+    pub approval_ttl_ms: u64,
+    /// When an approval is granted, the gateway executes the stored request
+    /// itself (byte for byte what was approved); the caller polls for the
+    /// result. Default false: the caller re-sends the same request.
+    #[serde(default)]
+    pub execute_on_approval: bool,
+    /// JSON Schema file (relative to the config file) that request bodies of
+    /// effectful calls must satisfy; a body that fails it gets 422 before
+    /// the ledger and is never retried.
+    #[serde(default)]
+    pub request_schema: Option<PathBuf>,
+}
+
+/// Whether the caller waits while transient failures are retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum RetryMode {
+    /// The caller waits, up to `max_wait_ms`, then gets 202.
+    #[default]
+    Wait,
+    /// The caller gets 202 at the first transient failure; retries go on
+    /// in the background.
+    Background,
+}
+
+/// `[routes.retry]`: bounded retries of transient failures, with
+/// exponential backoff and full jitter, honouring `Retry-After`. Every
+/// attempt carries the same provider key.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetrySpec {
+    /// Attempts in all, including the first (1 = no retry). Default 3.
+    pub max_attempts: u32,
+    /// Backoff base in ms: attempt n waits a random time in
+    /// `[0, min(max_delay_ms, base_delay_ms · 2^(n-1))]`. Default 100.
+    pub base_delay_ms: u64,
+    /// Backoff cap in ms. Default 2000.
+    pub max_delay_ms: u64,
+    /// Longest `Retry-After` honoured, in ms; a provider asking for more
+    /// ends the retries. Default 10000.
+    pub max_retry_after_ms: u64,
+    /// `wait` (default) or `background`.
+    pub mode: RetryMode,
+    /// In `wait` mode, the longest a caller waits for the attempts, in ms;
+    /// past it the caller gets 202 and the attempts go on. Default 30000.
+    pub max_wait_ms: u64,
+}
+
+impl Default for RetrySpec {
+    fn default() -> Self {
+        Self {
+            max_attempts: 3,
+            base_delay_ms: 100,
+            max_delay_ms: 2_000,
+            max_retry_after_ms: 10_000,
+            mode: RetryMode::Wait,
+            max_wait_ms: 30_000,
+        }
+    }
+}
+
+fn default_connect_timeout_ms() -> u64 {
+    2_000
+}
+fn default_response_timeout_ms() -> u64 {
+    10_000
+}
+fn default_max_body_bytes() -> usize {
+    1024 * 1024
+}
+fn default_max_stored_response_bytes() -> usize {
+    256 * 1024
+}
+fn default_approval_ttl_ms() -> u64 {
+    86_400_000
+}
+fn default_key_retention_hours() -> u64 {
+    24
+}
+
+/// `[[routes.inject_headers]]`: a provider credential, read from the
+/// environment at load time. Callers never see it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InjectHeaderSpec {
+    /// Header name, e.g. `Authorization`.
+    pub name: String,
+    /// Environment variable holding the value.
+    pub value_env: String,
+    /// Text put before the value, e.g. `"Bearer "`.
+    #[serde(default)]
+    pub prefix: String,
+}

@@ -1,0 +1,57 @@
+//! Unit tests of config loading and validation.
+use super::*;
+
+fn parse(toml: &str) -> Result<Settings, ConfigError> {
+    let dir = tempfile_dir();
+    let p = dir.join("c.toml");
+    std::fs::write(&p, toml).unwrap();
+    load(Some(&p))
+}
+
+fn tempfile_dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "eg-config-{}-{}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn unknown_field_is_named_with_its_path() {
+    let e =
+        parse("[[routes]]\nprefix = \"/a/\"\nupstream = \"http://x\"\nupstrem = 1\n").unwrap_err();
+    assert_eq!(e.path, "routes[0].upstrem");
+    assert!(e.message.contains("upstrem"), "{e}");
+}
+
+#[test]
+fn bad_upstream_names_the_field() {
+    let e = parse("[[routes]]\nprefix = \"/a/\"\nupstream = \"ftp://x\"\n").unwrap_err();
+    assert_eq!(e.path, "routes[0].upstream");
+}
+
+#[test]
+fn plaintext_key_field_is_refused() {
+    let e =
+        parse("[[tenants]]\nid = \"t\"\n[[tenants.keys]]\nrole = \"client\"\nkey = \"secret\"\n")
+            .unwrap_err();
+    assert_eq!(e.path, "tenants[0].keys[0].key");
+    assert!(e.message.contains("key"), "{e}");
+}
+
+#[test]
+fn default_methods_exclude_safe_ones_and_longest_prefix_wins() {
+    let s = parse(
+        "[[routes]]\nprefix = \"/a/\"\nupstream = \"http://x\"\n[[routes]]\nprefix = \"/a/b/\"\nupstream = \"http://y\"\n",
+    )
+    .unwrap();
+    let r = s.match_route("/a/b/c").unwrap();
+    assert_eq!(r.prefix, "/a/b/");
+    assert!(r.is_effectful(&Method::POST));
+    assert!(!r.is_effectful(&Method::GET));
+    assert!(!r.is_effectful(&Method::HEAD));
+    assert!(!r.is_effectful(&Method::OPTIONS));
+    assert!(s.match_route("/b/").is_none());
+}
