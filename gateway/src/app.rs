@@ -48,6 +48,8 @@ pub struct AppState {
     reload_lock: Arc<tokio::sync::Mutex<()>>,
     /// Operator console sessions.
     pub sessions: crate::console::Sessions,
+    /// MCP tool annotations seen in `tools/list` answers.
+    pub mcp_tools: crate::mcp::ToolCache,
 }
 
 impl AppState {
@@ -83,6 +85,7 @@ impl AppState {
             instance_id: instance_id.into(),
             reload_lock: Arc::new(tokio::sync::Mutex::new(())),
             sessions: Default::default(),
+            mcp_tools: Default::default(),
         })
     }
 

@@ -569,7 +569,7 @@ fn classify(
             o.attempt_outcome = Some(format!("status-{code}"));
             o.response_status = Some(code);
             o.response_headers = stored_headers(route, &head.headers);
-            let reply_body = match body {
+            let mut reply_body = match body {
                 ReadBody::Whole(b) => {
                     o.response_body_bytes = Some(b.len() as i64);
                     o.response_body = Some(b.to_vec());
@@ -605,6 +605,65 @@ fn classify(
             strip_hop_by_hop(&mut parts.headers);
             if o.response_body_omitted {
                 parts.headers.remove(header::CONTENT_LENGTH);
+            }
+            // MCP: the tool-level outcome decides, not the HTTP 200. The
+            // JSON-RPC answer (out of JSON or SSE) is what is stored and sent.
+            // A 200 whose answer never arrived (an SSE stream cut short) says
+            // nothing about the tool: the outcome is unknown.
+            if route.mcp.is_some() && o.state == OpState::Completed {
+                let msg = if o.response_body_omitted {
+                    None
+                } else {
+                    o.response_body
+                        .as_deref()
+                        .and_then(|b| crate::mcp::rpc_message(&parts.headers, b))
+                };
+                let Some(msg) = msg else {
+                    let mut u = Outcome::new(
+                        OpState::Unknown,
+                        "the tool's answer never arrived; it may have run",
+                    );
+                    u.error_kind = Some("tool-result-lost".into());
+                    u.error_detail = o.error_detail.clone();
+                    u.attempt_outcome = o.attempt_outcome.clone();
+                    u.response_status = o.response_status;
+                    u.next_reconcile_at = route.read_back.as_ref().map(|_| now);
+                    u.settle_until = Some(settle);
+                    let reply = ApiError::OutcomeUnknown {
+                        operation_id: op.operation_id.clone(),
+                        detail: u.reason.clone(),
+                        status: StatusCode::GATEWAY_TIMEOUT,
+                    };
+                    return (u, reply.into_response());
+                };
+                let (state, kind) = crate::mcp::tool_outcome(&msg);
+                let bytes = msg.to_string().into_bytes();
+                o.state = state;
+                o.error_kind = kind.map(str::to_owned);
+                if let Some(k) = kind {
+                    o.reason = format!("the tool reported an error ({k})");
+                    o.error_detail = Some(
+                        msg["error"]["message"]
+                            .as_str()
+                            .map(str::to_owned)
+                            .unwrap_or_else(|| {
+                                msg["result"]["content"][0]["text"]
+                                    .as_str()
+                                    .unwrap_or("isError: true")
+                                    .to_owned()
+                            }),
+                    );
+                }
+                o.response_headers = vec![("content-type".into(), "application/json".into())];
+                o.response_body_bytes = Some(bytes.len() as i64);
+                o.response_body = Some(bytes.clone());
+                parts.headers.insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                parts.headers.remove(header::CONTENT_LENGTH);
+                reply_body = Body::from(bytes);
+                crate::metrics::mcp_tool_call(&route.name, kind.unwrap_or("ok"));
             }
             (o, Response::from_parts(parts, reply_body))
         }

@@ -28,6 +28,7 @@ pub mod failpoint;
 pub mod forward;
 pub mod idempotency;
 pub mod ledger;
+pub mod mcp;
 pub mod metrics;
 pub mod policy;
 pub mod proxy;

@@ -15,6 +15,7 @@
 //! | `effectgate_dead_letter_oldest_age_seconds` | gauge | `tenant` |
 //! | `effectgate_upstream_latency_seconds` | histogram (summary) | `route` |
 //! | `effectgate_policy_evaluation_seconds` | histogram (summary) | — |
+//! | `effectgate_mcp_tool_calls_total` | counter | `route`, `outcome` (`ok`, `tool-error`, `jsonrpc-error`): the tool-level outcome, not the HTTP status |
 //! | `effectgate_policy_failures_total` | counter | `kind` (`timeout`, `out-of-memory`, `trap`, …) |
 //!
 //! Cardinality: `route` takes only configured route names and `tenant` only
@@ -100,6 +101,12 @@ pub fn policy_call(d: Duration, failure: Option<&'static str>) {
     if let Some(kind) = failure {
         counter!("effectgate_policy_failures_total", "kind" => kind).increment(1);
     }
+}
+
+/// An MCP tool call ended with `outcome` (`ok`, `tool-error`, `jsonrpc-error`).
+pub fn mcp_tool_call(route: &str, outcome: &'static str) {
+    counter!("effectgate_mcp_tool_calls_total", "route" => route.to_owned(), "outcome" => outcome)
+        .increment(1);
 }
 
 /// Sets the per-tenant gauges (called on each scrape).

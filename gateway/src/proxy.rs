@@ -127,7 +127,8 @@ async fn handle_inner(
     let rest = &path[route.prefix.len() - 1..];
     let query = req.uri().query().map(str::to_owned);
     let policies = rt.policies.for_route(&principal.tenant, &route.name);
-    if !route.is_effectful(req.method()) {
+    let mcp_post = route.mcp.is_some() && req.method() == http::Method::POST;
+    if !mcp_post && !route.is_effectful(req.method()) {
         let uri = upstream_uri(&route, rest, query.as_deref())?;
         if !policies.is_empty() {
             // Headers only: the body streams through unread.
@@ -168,13 +169,21 @@ async fn handle_inner(
         return pass_through(&route, peer, req, uri).await;
     }
 
-    // 3. Identity: tenant + Idempotency-Key.
-    let key = parse_key(req.headers(), rt.limits.max_idempotency_key_len)?.ok_or_else(|| {
-        ApiError::IdempotencyKeyMissing {
-            method: req.method().to_string(),
-            route: route.name.clone(),
-        }
-    })?;
+    let is_mcp = route.mcp.is_some() && req.method() == http::Method::POST;
+
+    // 3. Identity: tenant + Idempotency-Key (MCP tool calls: see `mcp`).
+    let key = if is_mcp {
+        None
+    } else {
+        Some(
+            parse_key(req.headers(), rt.limits.max_idempotency_key_len)?.ok_or_else(|| {
+                ApiError::IdempotencyKeyMissing {
+                    method: req.method().to_string(),
+                    route: route.name.clone(),
+                }
+            })?,
+        )
+    };
 
     // 4. Read the body (bounded) and fingerprint the request.
     let (parts, body) = req.into_parts();
@@ -198,169 +207,258 @@ async fn handle_inner(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let fp = fingerprint(
-        parts.method.as_str(),
-        &route.name,
+    let mut mcp_call = None;
+    let (key, fp) = match key {
+        Some(k) => {
+            let fp = fingerprint(
+                parts.method.as_str(),
+                &route.name,
+                rest,
+                query.as_deref(),
+                content_type.as_deref(),
+                &body,
+            );
+            (k, fp)
+        }
+        None => {
+            let uri = upstream_uri(&route, rest, query.as_deref())?;
+            match crate::mcp::prepare(app, &route, &principal, &parts.headers, &body, &uri, peer)
+                .await?
+            {
+                crate::mcp::Prepared::Respond(r) => return Ok(r),
+                crate::mcp::Prepared::Forward => {
+                    let (status, headers, bytes) =
+                        crate::mcp::forward_buffered(&route, &parts.headers, body, &uri, peer)
+                            .await?;
+                    let mut r = Response::new(Body::from(bytes));
+                    *r.status_mut() = status;
+                    *r.headers_mut() = headers;
+                    return Ok(r);
+                }
+                crate::mcp::Prepared::Call(c) => {
+                    let kf = (c.key.clone(), c.fingerprint.clone());
+                    mcp_call = Some(c);
+                    kf
+                }
+            }
+        }
+    };
+    let flow = Flow {
+        app,
+        route: &route,
+        principal: &principal,
+        peer,
+        parts: &parts,
         rest,
-        query.as_deref(),
-        content_type.as_deref(),
-        &body,
-    );
-
-    // 4b. The route's request contract, before the ledger; never retried.
-    if let Some(schema) = &route.request_schema {
-        let errors: Vec<(String, String)> = match serde_json::from_slice::<serde_json::Value>(&body)
-        {
-            Err(e) => vec![("".into(), format!("the body is not JSON: {e}"))],
-            Ok(v) => schema
-                .iter_errors(&v)
-                .take(16)
-                .map(|e| (e.instance_path().to_string(), e.to_string()))
-                .collect(),
-        };
-        if !errors.is_empty() {
-            crate::metrics::request(&route.name, "rejected");
-            return Err(ApiError::ContractViolation { errors });
-        }
+        query: query.as_deref(),
+        mcp: mcp_call.as_ref(),
+    };
+    let result = flow.run(body, content_type, key, fp).await;
+    match &mcp_call {
+        Some(c) => Ok(crate::mcp::readdress(result, &c.rpc_id).await),
+        None => result,
     }
+}
 
-    // 6. Reserve in the ledger atomically. A duplicate of a finished
-    // operation is answered from the read pool first: COMPLETED and FAILED
-    // never change back, so this read can't be stale in a way that matters,
-    // and it keeps replays off the single writer.
-    if let Some(op) = app.ledger.get(&principal.tenant, &key).await?
-        && op.expires_at > app.ledger.clock().now_ms()
-        && (op.state.is_terminal() || op.fingerprint != fp)
-    {
-        // A finished operation is replayed; a reused key with another
-        // request is refused before any policy runs, so nothing of the
-        // rejected request is recorded against the original.
-        return answer_existing(app, &route, op, &fp).await;
-    }
-    // 5. The tenant's policies on this route.
-    let mut effect_class = route.effect_class;
-    let mut forwarded = caller_headers(&route, &parts.headers, Some(peer));
-    let mut awaiting_approval = false;
-    let mut approval = None;
-    let mut decisions = Vec::new();
-    if !policies.is_empty() {
-        let request = policy_request(
-            &principal,
-            &route,
-            parts.method.as_str(),
+/// The effectful flow after identity and fingerprint (DESIGN.md steps 4b–9).
+struct Flow<'a> {
+    app: &'a AppState,
+    route: &'a Route,
+    principal: &'a crate::config::Principal,
+    peer: SocketAddr,
+    parts: &'a http::request::Parts,
+    rest: &'a str,
+    query: Option<&'a str>,
+    mcp: Option<&'a crate::mcp::McpCall>,
+}
+
+impl Flow<'_> {
+    async fn run(
+        self,
+        body: Bytes,
+        content_type: Option<String>,
+        key: String,
+        fp: String,
+    ) -> Result<Response, ApiError> {
+        let Flow {
+            app,
+            route,
+            principal,
+            peer,
+            parts,
             rest,
-            query.as_deref(),
-            &parts.headers,
-            &body,
-            &key,
-            &fp,
-            None,
-        );
-        let (verdict, records) =
-            evaluate_chain(&app.engine, policies, &route, &principal.tenant, &request);
-        decisions = records;
-        match verdict {
-            Verdict::Allow {
-                effect_class: ec,
-                add_headers,
-            } => {
-                if let Some(c) = ec {
-                    effect_class = c;
-                }
-                for (n, v) in add_headers {
-                    forwarded.append(n, v);
-                }
-            }
-            Verdict::Deny {
-                status,
-                reason,
-                policy,
-            } => {
-                app.ledger
-                    .record_decisions(&principal.tenant, &key, &fp, &decisions)
-                    .await?;
+            query,
+            mcp,
+        } = self;
+        let route = route.clone();
+        let principal = principal.clone();
+        let query = query.map(str::to_owned);
+        let rt = app.settings();
+        let policies = rt.policies.for_route(&principal.tenant, &route.name);
+        // 4b. The route's request contract, before the ledger; never retried.
+        if let Some(schema) = &route.request_schema {
+            let errors: Vec<(String, String)> =
+                match serde_json::from_slice::<serde_json::Value>(&body) {
+                    Err(e) => vec![("".into(), format!("the body is not JSON: {e}"))],
+                    Ok(v) => schema
+                        .iter_errors(&v)
+                        .take(16)
+                        .map(|e| (e.instance_path().to_string(), e.to_string()))
+                        .collect(),
+                };
+            if !errors.is_empty() {
                 crate::metrics::request(&route.name, "rejected");
-                return Err(denied(status, policy, reason));
-            }
-            Verdict::Failed { policy, failure } => {
-                app.ledger
-                    .record_decisions(&principal.tenant, &key, &fp, &decisions)
-                    .await?;
-                crate::metrics::request(&route.name, "rejected");
-                return Err(ApiError::PolicyFailed {
-                    policy,
-                    detail: failure.to_string(),
-                });
-            }
-            Verdict::RequireApproval { reasons, policy } => {
-                awaiting_approval = true;
-                approval = Some(crate::ledger::NewApproval {
-                    id: format!("apr_{}", hex::encode(rand::random::<[u8; 12]>())),
-                    kind: "request".into(),
-                    policy: policy.0,
-                    policy_hash: policy.1,
-                    reason: reasons.join("; "),
-                    ttl_ms: i64::try_from(route.approval_ttl_ms).unwrap_or(i64::MAX),
-                });
+                return Err(ApiError::ContractViolation { errors });
             }
         }
-    }
-    let stored_headers = to_pairs(&forwarded);
-    let new = NewOperation {
-        tenant_id: principal.tenant.clone(),
-        operation_id: key.clone(),
-        route: route.name.clone(),
-        method: parts.method.to_string(),
-        path: rest.to_owned(),
-        query,
-        fingerprint: fp.clone(),
-        provider_key: provider_key(&app.provider_key_secret, &principal.tenant, &key),
-        effect_class: Some(effect_class.as_str().to_owned()),
-        request_content_type: content_type,
-        request_body: body.to_vec(),
-        request_headers: stored_headers,
-        principal: principal.name.clone(),
-        retention_ms: i64::try_from(route.key_retention_ms).unwrap_or(i64::MAX),
-        awaiting_approval,
-        decisions,
-        approval,
-    };
-    let op = match app.ledger.reserve(&new).await? {
-        Reservation::Created(op) if op.state == OpState::AwaitingApproval => {
-            crate::metrics::request(&route.name, "awaiting-approval");
-            return resume_awaiting(app, &route, op).await;
-        }
-        Reservation::Created(op) => {
-            crate::failpoint::hit("after-reserve");
-            op
-        }
-        Reservation::Existing(op) if op.state == OpState::Reserved && op.fingerprint == fp => op,
-        Reservation::Existing(op) => return answer_existing(app, &route, op, &fp).await,
-    };
 
-    // 7–9. Claim the lease, forward, record the outcome, answer.
-    let lease = crate::execute::lease_ms(app);
-    let Some(claim) = app
-        .ledger
-        .claim(
-            &op.tenant_id,
-            &op.operation_id,
-            op.state,
-            op.version,
-            &app.instance_id,
-            lease,
-            "lease claimed for attempt",
-        )
-        .await?
-    else {
-        crate::metrics::request(&route.name, "in-flight");
-        return Err(ApiError::InFlight {
-            operation_id: op.operation_id.clone(),
-            retry_after_s: 1,
-        });
-    };
-    crate::metrics::request(&route.name, "forwarded");
-    Ok(crate::execute::execute_for_caller(app, &route, op, claim).await)
+        // 6. Reserve in the ledger atomically. A duplicate of a finished
+        // operation is answered from the read pool first: COMPLETED and FAILED
+        // never change back, so this read can't be stale in a way that matters,
+        // and it keeps replays off the single writer.
+        if let Some(op) = app.ledger.get(&principal.tenant, &key).await?
+            && op.expires_at > app.ledger.clock().now_ms()
+            && (op.state.is_terminal() || op.fingerprint != fp)
+        {
+            // A finished operation is replayed; a reused key with another
+            // request is refused before any policy runs, so nothing of the
+            // rejected request is recorded against the original.
+            return answer_existing(app, &route, op, &fp).await;
+        }
+        // 5. The tenant's policies on this route.
+        let mut effect_class = mcp
+            .and_then(|c| c.effect_class)
+            .unwrap_or(route.effect_class);
+        let mut forwarded = caller_headers(&route, &parts.headers, Some(peer));
+        let mut awaiting_approval = false;
+        let mut approval = None;
+        let mut decisions = Vec::new();
+        if !policies.is_empty() {
+            let request = match mcp {
+                Some(call) => {
+                    crate::mcp::call_policy_request(call, &principal, &route, &parts.headers, &body)
+                }
+                None => policy_request(
+                    &principal,
+                    &route,
+                    parts.method.as_str(),
+                    rest,
+                    query.as_deref(),
+                    &parts.headers,
+                    &body,
+                    &key,
+                    &fp,
+                    None,
+                ),
+            };
+            let (verdict, records) =
+                evaluate_chain(&app.engine, policies, &route, &principal.tenant, &request);
+            decisions = records;
+            match verdict {
+                Verdict::Allow {
+                    effect_class: ec,
+                    add_headers,
+                } => {
+                    if let Some(c) = ec {
+                        effect_class = c;
+                    }
+                    for (n, v) in add_headers {
+                        forwarded.append(n, v);
+                    }
+                }
+                Verdict::Deny {
+                    status,
+                    reason,
+                    policy,
+                } => {
+                    app.ledger
+                        .record_decisions(&principal.tenant, &key, &fp, &decisions)
+                        .await?;
+                    crate::metrics::request(&route.name, "rejected");
+                    return Err(denied(status, policy, reason));
+                }
+                Verdict::Failed { policy, failure } => {
+                    app.ledger
+                        .record_decisions(&principal.tenant, &key, &fp, &decisions)
+                        .await?;
+                    crate::metrics::request(&route.name, "rejected");
+                    return Err(ApiError::PolicyFailed {
+                        policy,
+                        detail: failure.to_string(),
+                    });
+                }
+                Verdict::RequireApproval { reasons, policy } => {
+                    awaiting_approval = true;
+                    approval = Some(crate::ledger::NewApproval {
+                        id: format!("apr_{}", hex::encode(rand::random::<[u8; 12]>())),
+                        kind: "request".into(),
+                        policy: policy.0,
+                        policy_hash: policy.1,
+                        reason: reasons.join("; "),
+                        ttl_ms: i64::try_from(route.approval_ttl_ms).unwrap_or(i64::MAX),
+                    });
+                }
+            }
+        }
+        let stored_headers = to_pairs(&forwarded);
+        let new = NewOperation {
+            tenant_id: principal.tenant.clone(),
+            operation_id: key.clone(),
+            route: route.name.clone(),
+            method: parts.method.to_string(),
+            path: rest.to_owned(),
+            query,
+            fingerprint: fp.clone(),
+            provider_key: provider_key(&app.provider_key_secret, &principal.tenant, &key),
+            effect_class: Some(effect_class.as_str().to_owned()),
+            request_content_type: content_type,
+            request_body: body.to_vec(),
+            request_headers: stored_headers,
+            principal: principal.name.clone(),
+            retention_ms: i64::try_from(route.key_retention_ms).unwrap_or(i64::MAX),
+            awaiting_approval,
+            decisions,
+            approval,
+        };
+        let op = match app.ledger.reserve(&new).await? {
+            Reservation::Created(op) if op.state == OpState::AwaitingApproval => {
+                crate::metrics::request(&route.name, "awaiting-approval");
+                return resume_awaiting(app, &route, op).await;
+            }
+            Reservation::Created(op) => {
+                crate::failpoint::hit("after-reserve");
+                op
+            }
+            Reservation::Existing(op) if op.state == OpState::Reserved && op.fingerprint == fp => {
+                op
+            }
+            Reservation::Existing(op) => return answer_existing(app, &route, op, &fp).await,
+        };
+
+        // 7–9. Claim the lease, forward, record the outcome, answer.
+        let lease = crate::execute::lease_ms(app);
+        let Some(claim) = app
+            .ledger
+            .claim(
+                &op.tenant_id,
+                &op.operation_id,
+                op.state,
+                op.version,
+                &app.instance_id,
+                lease,
+                "lease claimed for attempt",
+            )
+            .await?
+        else {
+            crate::metrics::request(&route.name, "in-flight");
+            return Err(ApiError::InFlight {
+                operation_id: op.operation_id.clone(),
+                retry_after_s: 1,
+            });
+        };
+        crate::metrics::request(&route.name, "forwarded");
+        Ok(crate::execute::execute_for_caller(app, &route, op, claim).await)
+    }
 }
 
 /// Answers a request whose key already names an operation (DESIGN.md step 6).

@@ -151,6 +151,8 @@ pub struct Route {
     pub execute_on_approval: bool,
     /// Request body contract.
     pub request_schema: Option<std::sync::Arc<jsonschema::Validator>>,
+    /// MCP options, for `mode = "mcp"` routes.
+    pub mcp: Option<McpSpec>,
 }
 
 /// A validated read-back.
@@ -597,6 +599,10 @@ impl ConfigFile {
                 approval_ttl_ms: r.approval_ttl_ms,
                 execute_on_approval: r.execute_on_approval,
                 request_schema,
+                mcp: match r.mode {
+                    RouteMode::Mcp => Some(r.mcp.clone().unwrap_or_default()),
+                    _ => None,
+                },
             });
         }
         for (ti, t) in self.tenants.iter().enumerate() {

@@ -423,6 +423,65 @@ pub enum RouteMode {
     Effectful,
     /// Every request streams through without touching the ledger.
     Pass,
+    /// A Model Context Protocol server (streamable HTTP): `tools/call`
+    /// requests of tools that change the world go through the ledger; the
+    /// rest streams through. See `[routes.mcp]`.
+    Mcp,
+}
+
+/// `[routes.mcp]`: how tool calls on an MCP route are identified and classified.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpSpec {
+    /// `params._meta` field carrying the agent runtime's intent id (used
+    /// when the request has no `Idempotency-Key`). Default
+    /// `effectgate/operation-id`.
+    #[serde(default = "default_intent_meta_field")]
+    pub intent_meta_field: String,
+    /// Derive the operation id when no intent id is given: tenant +
+    /// principal + `scope_header` value + tool name + canonical-JSON hash
+    /// of the arguments. A byte-identical call (same arguments, same scope)
+    /// within the key retention is then the same intent. Off by default.
+    #[serde(default)]
+    pub derived_identity: bool,
+    /// Header scoping derived identities, e.g. the MCP session or a
+    /// conversation id. Default `mcp-session-id`.
+    #[serde(default = "default_scope_header")]
+    pub scope_header: String,
+    /// Per-tool overrides of the server's annotations (which are hints from
+    /// a server that may be untrusted).
+    #[serde(default)]
+    pub tools: std::collections::BTreeMap<String, ToolOverride>,
+}
+
+impl Default for McpSpec {
+    fn default() -> Self {
+        Self {
+            intent_meta_field: default_intent_meta_field(),
+            derived_identity: false,
+            scope_header: default_scope_header(),
+            tools: Default::default(),
+        }
+    }
+}
+
+fn default_intent_meta_field() -> String {
+    "effectgate/operation-id".into()
+}
+fn default_scope_header() -> String {
+    "mcp-session-id".into()
+}
+
+/// `[routes.mcp.tools.<name>]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolOverride {
+    /// Treat the tool as read-only (no ledger) or not, whatever the server says.
+    #[serde(default)]
+    pub read_only: Option<bool>,
+    /// Effect class of the tool's calls.
+    #[serde(default)]
+    pub effect_class: Option<EffectClass>,
 }
 
 /// `[[routes]]`: a path prefix → one provider.
@@ -490,6 +549,9 @@ pub struct RouteSpec {
     /// operations on this route are resolved only by an operator.
     #[serde(default)]
     pub read_back: Option<ReadBackSpec>,
+    /// MCP options (with `mode = "mcp"`).
+    #[serde(default)]
+    pub mcp: Option<McpSpec>,
     /// When a policy traps, times out or runs out of memory: `false`
     /// (default) fails the request closed with 503 `policy-failed`; `true`
     /// lets it through as if the policy had allowed. Either way the failure

@@ -1,0 +1,80 @@
+"""An example MCP server (official Python SDK, streamable HTTP) whose tools
+have side effects, for effectgate's tests and demos.
+
+Tools:
+- send_email(to, subject, body, delay_s=0): appends the e-mail to the outbox
+  file (one JSON line each) and returns its message id. `delay_s` waits
+  *after* the e-mail was written, to play a reply lost after the effect.
+- refund(charge_id, amount): appends a refund to the outbox file.
+- search_docs(q): read-only.
+- get_email_status(message_id): read-only; whether that e-mail exists.
+- always_fails(reason): the tool reports an error (isError: true).
+
+Run: python server.py --port 9300 --outbox /tmp/outbox.jsonl
+"""
+
+import argparse
+import json
+import os
+import time
+
+import uvicorn
+from mcp.server.mcpserver import MCPServer
+from mcp.types import ToolAnnotations
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--port", type=int, default=9300)
+parser.add_argument("--outbox", default="outbox.jsonl")
+args = parser.parse_args()
+
+server = MCPServer("effectgate-demo-tools")
+
+
+def _append(record: dict) -> int:
+    with open(args.outbox, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    with open(args.outbox, encoding="utf-8") as f:
+        return sum(1 for _ in f)
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False, openWorldHint=True))
+def send_email(to: str, subject: str, body: str, delay_s: float = 0) -> dict:
+    """Send an e-mail."""
+    n = _append({"kind": "email", "to": to, "subject": subject, "body": body})
+    if delay_s:
+        time.sleep(delay_s)
+    return {"message_id": f"msg-{n}", "status": "sent"}
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=False, openWorldHint=True))
+def refund(charge_id: str, amount: int) -> dict:
+    """Refund part of a charge."""
+    n = _append({"kind": "refund", "charge_id": charge_id, "amount": amount})
+    return {"refund_id": f"re-{n}", "amount": amount}
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True, openWorldHint=False))
+def search_docs(q: str) -> dict:
+    """Search the documentation (read-only)."""
+    return {"hits": [f"doc about {q}"]}
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def get_email_status(message_id: str) -> dict:
+    """Whether an e-mail was sent (read-only)."""
+    if not os.path.exists(args.outbox):
+        return {"found": False}
+    with open(args.outbox, encoding="utf-8") as f:
+        n = sum(1 for _ in f)
+    return {"found": message_id.startswith("msg-") and int(message_id[4:]) <= n}
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=False))
+def always_fails(reason: str) -> str:
+    """A tool that reports an error."""
+    raise ValueError(f"refused: {reason}")
+
+
+uvicorn.run(server.streamable_http_app(), host="127.0.0.1", port=args.port, log_level="warning")

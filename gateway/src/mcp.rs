@@ -1,0 +1,531 @@
+//! Model Context Protocol routes (`mode = "mcp"`, streamable HTTP
+//! transport): each `tools/call` of a tool that changes the world becomes
+//! one identifiable business operation in the effect ledger.
+//!
+//! - Identity, in this order: the `Idempotency-Key` header; the intent id in
+//!   `params._meta["effectgate/operation-id"]` (configurable); a derived id
+//!   (tenant + principal + scope header + tool + canonical-JSON hash of the
+//!   arguments) when the route opts in. The JSON-RPC `id` never identifies
+//!   an operation.
+//! - Fingerprint: the tool name and the canonical arguments, so a
+//!   regenerated call with a new JSON-RPC id is the same request.
+//! - Read-only tools (the server's `readOnlyHint`, or the route's override)
+//!   pass through without the ledger; `tools/list` answers are cached per
+//!   route and filtered by the tenant's policies.
+//! - Results: `isError: true` → FAILED; a JSON-RPC error → FAILED
+//!   (permanent); transport failure or timeout → UNKNOWN. Replays are
+//!   re-addressed to the new JSON-RPC id.
+//! - Policies decide on the body. Their request has path `/tools/<name>`
+//!   and a gateway-made header `effectgate-tool-annotations` (the tool's
+//!   annotations as JSON, after overrides).
+//! - While an approval is pending, the agent gets a well-formed tool result
+//!   with `isError: true`, a text and `structuredContent` naming the
+//!   approval and how to poll it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode, header};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::app::AppState;
+use crate::config::{EffectClass, Principal, Route};
+use crate::error::ApiError;
+use crate::ledger::State as OpState;
+use crate::policy::{Verdict, evaluate_chain};
+
+/// Tool annotations seen in `tools/list` answers, per route and tool.
+#[derive(Debug, Default, Clone)]
+pub struct ToolCache(Arc<Mutex<HashMap<String, HashMap<String, Value>>>>);
+
+impl ToolCache {
+    fn annotations(&self, route: &str, tool: &str) -> Value {
+        self.0
+            .lock()
+            .unwrap()
+            .get(route)
+            .and_then(|m| m.get(tool))
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+    fn store(&self, route: &str, tools: &[Value]) {
+        let map = tools
+            .iter()
+            .filter_map(|t| {
+                Some((
+                    t["name"].as_str()?.to_owned(),
+                    t.get("annotations").cloned().unwrap_or(Value::Null),
+                ))
+            })
+            .collect();
+        self.0.lock().unwrap().insert(route.to_owned(), map);
+    }
+}
+
+/// A `tools/call` that goes through the ledger.
+#[derive(Debug, Clone)]
+pub struct McpCall {
+    /// The request's JSON-RPC id (answers are addressed to it).
+    pub rpc_id: Value,
+    /// Tool name.
+    pub tool: String,
+    /// Operation id.
+    pub key: String,
+    /// Fingerprint: tool + canonical arguments.
+    pub fingerprint: String,
+    /// Effect class of the tool, if overridden.
+    pub effect_class: Option<EffectClass>,
+    /// Annotations after overrides (for the policy).
+    pub annotations: Value,
+}
+
+/// What to do with an MCP request.
+pub enum Prepared {
+    /// Answer now.
+    Respond(Response),
+    /// Forward as is, without the ledger.
+    Forward,
+    /// A world-changing tool call: run the effectful flow.
+    Call(McpCall),
+}
+
+fn rpc_error(id: &Value, code: i64, message: &str, data: Value) -> Response {
+    let body = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message, "data": data}});
+    json_response(StatusCode::OK, &body)
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response {
+    let mut r = (status, body.to_string()).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// The effective annotations of a tool: the server's, with the route's overrides.
+fn effective(route: &Route, app: &AppState, tool: &str) -> (Value, bool, Option<EffectClass>) {
+    let mut ann = app.mcp_tools.annotations(&route.name, tool);
+    let ov = route
+        .mcp
+        .as_ref()
+        .and_then(|m| m.tools.get(tool))
+        .cloned()
+        .unwrap_or_default();
+    if let Some(ro) = ov.read_only {
+        if !ann.is_object() {
+            ann = json!({});
+        }
+        ann["readOnlyHint"] = json!(ro);
+    }
+    let read_only = ann["readOnlyHint"].as_bool().unwrap_or(false);
+    (ann, read_only, ov.effect_class)
+}
+
+/// The policy request for a tool call: path `/tools/<name>`, the JSON-RPC
+/// body, and the tool's annotations in `effectgate-tool-annotations`.
+fn policy_request(
+    principal: &Principal,
+    route: &Route,
+    headers: &HeaderMap,
+    body: &[u8],
+    tool: &str,
+    annotations: &Value,
+    key: &str,
+    fp: &str,
+) -> crate::policy::Request {
+    let mut h = headers.clone();
+    if let Ok(v) = HeaderValue::from_str(&annotations.to_string()) {
+        h.insert("effectgate-tool-annotations", v);
+    }
+    crate::proxy::policy_request(
+        principal,
+        route,
+        "POST",
+        &format!("/tools/{tool}"),
+        None,
+        &h,
+        body,
+        key,
+        fp,
+        None,
+    )
+}
+
+/// Reads one JSON-RPC message out of an upstream answer, JSON or SSE
+/// (`text/event-stream`, the last `data:` event carrying a result or error).
+pub fn rpc_message(headers: &HeaderMap, body: &[u8]) -> Option<Value> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if ct.starts_with("text/event-stream") {
+        let text = String::from_utf8_lossy(body);
+        let mut found = None;
+        for event in text.split("\n\n") {
+            let data: String = event
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                .collect::<Vec<_>>()
+                .join("\n");
+            if let Ok(v) = serde_json::from_str::<Value>(&data)
+                && (v.get("result").is_some() || v.get("error").is_some())
+            {
+                found = Some(v);
+            }
+        }
+        found
+    } else {
+        serde_json::from_slice(body).ok()
+    }
+}
+
+/// The ledger state a tool call's answer means: `isError: true` or a
+/// JSON-RPC error is FAILED, a result COMPLETED.
+pub fn tool_outcome(msg: &Value) -> (OpState, Option<&'static str>) {
+    if msg.get("error").is_some() {
+        (OpState::Failed, Some("jsonrpc-error"))
+    } else if msg["result"]["isError"].as_bool() == Some(true) {
+        (OpState::Failed, Some("tool-error"))
+    } else {
+        (OpState::Completed, None)
+    }
+}
+
+/// Decides what an MCP POST is. Errors become JSON-RPC error answers.
+#[allow(clippy::too_many_arguments)]
+pub async fn prepare(
+    app: &AppState,
+    route: &Route,
+    principal: &Principal,
+    headers: &HeaderMap,
+    body: &Bytes,
+    uri: &http::Uri,
+    peer: std::net::SocketAddr,
+) -> Result<Prepared, ApiError> {
+    let Ok(msg) = serde_json::from_slice::<Value>(body) else {
+        return Ok(Prepared::Forward);
+    };
+    let Some(method) = msg["method"].as_str() else {
+        return Ok(Prepared::Forward);
+    };
+    let id = msg.get("id").cloned().unwrap_or(Value::Null);
+    // The routing headers of the current spec must agree with the body: the
+    // gateway (and its policies) decide on the body, and a header that says
+    // otherwise could steer something in between.
+    let header = |n: &str| {
+        headers
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    if let Some(m) = header("mcp-method")
+        && m != method
+    {
+        return Ok(Prepared::Respond(rpc_error(
+            &id,
+            -32600,
+            "the Mcp-Method header does not match the body",
+            json!({"header": m, "body": method}),
+        )));
+    }
+    if method == "tools/call"
+        && let Some(n) = header("mcp-name")
+        && Some(n.as_str()) != msg["params"]["name"].as_str()
+    {
+        return Ok(Prepared::Respond(rpc_error(
+            &id,
+            -32600,
+            "the Mcp-Name header does not match params.name",
+            Value::Null,
+        )));
+    }
+    let rt = app.settings();
+    let policies = rt.policies.for_route(&principal.tenant, &route.name);
+    match method {
+        "tools/list" => {
+            let (status, head, bytes) =
+                forward_buffered(route, headers, body.clone(), uri, peer).await?;
+            let Some(mut answer) = rpc_message(&head, &bytes) else {
+                return Ok(Prepared::Respond(raw(status, head, bytes)));
+            };
+            if let Some(tools) = answer["result"]["tools"].as_array().cloned() {
+                app.mcp_tools.store(&route.name, &tools);
+                // Offer only the tools this tenant's policies would let run.
+                let kept: Vec<Value> = tools
+                    .into_iter()
+                    .filter(|t| {
+                        let name = t["name"].as_str().unwrap_or_default();
+                        let probe = json!({"jsonrpc": "2.0", "id": 0, "method": "tools/call", "params": {"name": name, "arguments": {}}});
+                        let (ann, _, _) = effective(route, app, name);
+                        let req = policy_request(principal, route, headers, probe.to_string().as_bytes(), name, &ann, "", "");
+                        policies.is_empty()
+                            || !matches!(evaluate_chain(&app.engine, policies, route, &principal.tenant, &req).0, Verdict::Deny { .. })
+                    })
+                    .collect();
+                answer["result"]["tools"] = Value::Array(kept);
+            }
+            Ok(Prepared::Respond(json_response(StatusCode::OK, &answer)))
+        }
+        "tools/call" => {
+            let Some(tool) = msg["params"]["name"].as_str().map(str::to_owned) else {
+                return Ok(Prepared::Respond(rpc_error(
+                    &id,
+                    -32602,
+                    "tools/call needs params.name",
+                    Value::Null,
+                )));
+            };
+            let args = msg["params"]
+                .get("arguments")
+                .cloned()
+                .unwrap_or_else(|| json!({}));
+            let (annotations, read_only, class) = effective(route, app, &tool);
+            if read_only {
+                if !policies.is_empty() {
+                    let req = policy_request(
+                        principal,
+                        route,
+                        headers,
+                        body,
+                        &tool,
+                        &annotations,
+                        "",
+                        "",
+                    );
+                    match evaluate_chain(&app.engine, policies, route, &principal.tenant, &req).0 {
+                        Verdict::Allow { .. } => {}
+                        Verdict::Deny { reason, policy, .. } => {
+                            return Ok(Prepared::Respond(rpc_error(
+                                &id,
+                                -32003,
+                                &format!("denied by policy {policy}: {reason}"),
+                                Value::Null,
+                            )));
+                        }
+                        Verdict::RequireApproval { .. } => {
+                            return Ok(Prepared::Respond(rpc_error(
+                                &id,
+                                -32003,
+                                "approval is only possible for tools that change the world",
+                                Value::Null,
+                            )));
+                        }
+                        Verdict::Failed { policy, failure } => {
+                            return Ok(Prepared::Respond(rpc_error(
+                                &id,
+                                -32004,
+                                &format!("policy {policy} failed: {failure}"),
+                                Value::Null,
+                            )));
+                        }
+                    }
+                }
+                return Ok(Prepared::Forward);
+            }
+            let canonical = serde_json_canonicalizer::to_vec(&args).unwrap_or_default();
+            let fingerprint = crate::idempotency::fingerprint(
+                "MCP",
+                &route.name,
+                &format!("/tools/{tool}"),
+                None,
+                Some("application/json"),
+                &canonical,
+            );
+            let spec = route.mcp.clone().unwrap_or_default();
+            let key = match crate::idempotency::parse_key(
+                headers,
+                rt.limits.max_idempotency_key_len,
+            )? {
+                Some(k) => k,
+                None => match msg["params"]["_meta"][spec.intent_meta_field.as_str()].as_str() {
+                    Some(k) if !k.is_empty() && k.len() <= rt.limits.max_idempotency_key_len => {
+                        k.to_owned()
+                    }
+                    Some(_) => {
+                        return Ok(Prepared::Respond(rpc_error(
+                            &id,
+                            -32602,
+                            "the intent id in _meta is empty or too long",
+                            Value::Null,
+                        )));
+                    }
+                    None if spec.derived_identity => {
+                        let scope = headers
+                            .get(spec.scope_header.as_str())
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("");
+                        let mut h = Sha256::new();
+                        for part in [
+                            principal.tenant.as_bytes(),
+                            principal.name.as_bytes(),
+                            scope.as_bytes(),
+                            tool.as_bytes(),
+                            &canonical,
+                        ] {
+                            h.update((part.len() as u64).to_be_bytes());
+                            h.update(part);
+                        }
+                        format!("mcp-{}", &hex::encode(h.finalize())[..40])
+                    }
+                    None => {
+                        return Ok(Prepared::Respond(rpc_error(
+                            &id,
+                            -32602,
+                            &format!(
+                                "tool {tool:?} changes the world: pass an intent id (Idempotency-Key header or params._meta[\"{}\"])",
+                                spec.intent_meta_field
+                            ),
+                            Value::Null,
+                        )));
+                    }
+                },
+            };
+            Ok(Prepared::Call(McpCall {
+                rpc_id: id,
+                tool,
+                key,
+                fingerprint,
+                effect_class: class,
+                annotations,
+            }))
+        }
+        _ => Ok(Prepared::Forward),
+    }
+}
+
+/// The policy request for a world-changing call (see the module docs).
+pub fn call_policy_request(
+    call: &McpCall,
+    principal: &Principal,
+    route: &Route,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> crate::policy::Request {
+    policy_request(
+        principal,
+        route,
+        headers,
+        body,
+        &call.tool,
+        &call.annotations,
+        &call.key,
+        &call.fingerprint,
+    )
+}
+
+fn raw(status: StatusCode, head: HeaderMap, bytes: Bytes) -> Response {
+    let mut r = Response::new(Body::from(bytes));
+    *r.status_mut() = status;
+    *r.headers_mut() = head;
+    r
+}
+
+/// Sends an (already read) MCP request upstream as is and reads the answer.
+pub async fn forward_buffered(
+    route: &Route,
+    headers: &HeaderMap,
+    body: Bytes,
+    uri: &http::Uri,
+    peer: std::net::SocketAddr,
+) -> Result<(StatusCode, HeaderMap, Bytes), ApiError> {
+    let mut h = crate::forward::caller_headers(route, headers, Some(peer));
+    crate::forward::add_route_headers(route, &mut h, None);
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    let req = crate::forward::build_request(http::Method::POST, uri.clone(), h, Body::from(body));
+    let timeout = std::time::Duration::from_millis(route.response_timeout_ms);
+    let resp = match tokio::time::timeout(timeout, route.client.request(req)).await {
+        Err(_) => {
+            return Err(ApiError::ProviderUnreachable(format!(
+                "no answer within {} ms",
+                route.response_timeout_ms
+            )));
+        }
+        Ok(Err(e)) => return Err(ApiError::ProviderUnreachable(e.to_string())),
+        Ok(Ok(r)) => r,
+    };
+    let (mut parts, body) = resp.into_parts();
+    crate::forward::strip_hop_by_hop(&mut parts.headers);
+    let bytes = tokio::time::timeout(timeout, body.collect())
+        .await
+        .map_err(|_| ApiError::ProviderUnreachable("the answer did not complete in time".into()))?
+        .map_err(|e| ApiError::ProviderUnreachable(e.to_string()))?
+        .to_bytes();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Ok((parts.status, parts.headers, bytes))
+}
+
+/// Turns the effectful flow's answer into an MCP answer addressed to
+/// `rpc_id`: stored JSON-RPC answers are re-addressed; a pending approval
+/// becomes a tool result with `isError: true` and `structuredContent`
+/// naming it; any gateway error becomes a JSON-RPC error (HTTP 200, so the
+/// agent's loop keeps working).
+pub async fn readdress(result: Result<Response, ApiError>, rpc_id: &Value) -> Response {
+    let resp = match result {
+        Ok(r) => r,
+        Err(e) => return rpc_error(rpc_id, -32000, &e.to_string(), e.problem()),
+    };
+    let (parts, body) = resp.into_parts();
+    let replayed = parts
+        .headers
+        .get(crate::idempotency::IDEMPOTENT_REPLAYED)
+        .cloned();
+    let bytes = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let mut out = if v.get("jsonrpc").is_some() {
+        let mut v = v;
+        v["id"] = rpc_id.clone();
+        json_response(StatusCode::OK, &v)
+    } else if parts.status == StatusCode::ACCEPTED {
+        let (status, text) = match v["approval_id"].as_str() {
+            Some(a) => (
+                "approval-pending",
+                format!(
+                    "This call needs a human approval before it runs (approval {a}: {}). Nothing was done yet. \
+                     Poll /approvals/{a} on the gateway, then call the tool again with the same arguments and intent.",
+                    v["reason"].as_str().unwrap_or("")
+                ),
+            ),
+            None => (
+                "in-progress",
+                "The call is still running; call the tool again with the same intent later."
+                    .to_owned(),
+            ),
+        };
+        let structured = json!({
+            "status": status,
+            "approval_id": v["approval_id"],
+            "operation_id": v["operation_id"],
+            "poll": v["approval_id"].as_str().map(|a| format!("/approvals/{a}")),
+        });
+        let result = json!({"content": [{"type": "text", "text": text}], "structuredContent": structured, "isError": true});
+        json_response(
+            StatusCode::OK,
+            &json!({"jsonrpc": "2.0", "id": rpc_id, "result": result}),
+        )
+    } else {
+        let detail = v["detail"].as_str().map(str::to_owned).unwrap_or_else(|| {
+            format!(
+                "the gateway answered {}: {}",
+                parts.status,
+                String::from_utf8_lossy(&bytes)
+            )
+        });
+        rpc_error(rpc_id, -32000, &detail, v)
+    };
+    if let Some(r) = replayed {
+        out.headers_mut()
+            .insert(crate::idempotency::IDEMPOTENT_REPLAYED, r);
+    }
+    out
+}

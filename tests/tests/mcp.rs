@@ -1,0 +1,380 @@
+//! MCP tool calls through effectgate, with the official MCP Python SDK on
+//! both sides: `examples/mcp-server/server.py` upstream and
+//! `examples/mcp-client/agent.py` as the agent.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use effectgate_tests::*;
+use serde_json::{Value, json};
+
+fn python() -> Option<PathBuf> {
+    let p = std::env::var("MCP_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(format!(
+                "{}/.cache/effectgate-py/bin/python",
+                std::env::var("HOME").unwrap_or_default()
+            ))
+        });
+    if p.exists() {
+        return Some(p);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI must create the Python venv with the MCP SDK (see .ci/run)"
+    );
+    eprintln!(
+        "skipped: no Python with the MCP SDK at {}; .ci/run creates it",
+        p.display()
+    );
+    None
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+struct Upstream {
+    child: std::process::Child,
+    port: u16,
+    outbox: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Upstream {
+    fn count(&self, kind: &str) -> usize {
+        std::fs::read_to_string(&self.outbox)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| {
+                serde_json::from_str::<Value>(l)
+                    .map(|v| v["kind"] == kind)
+                    .unwrap_or(false)
+            })
+            .count()
+    }
+}
+
+async fn upstream(py: &PathBuf) -> Upstream {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = dir.path().join("outbox.jsonl");
+    let child = std::process::Command::new(py)
+        .arg(root().join("examples/mcp-server/server.py"))
+        .args(["--port", &port.to_string(), "--outbox"])
+        .arg(&outbox)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "the MCP server did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Upstream {
+        child,
+        port,
+        outbox,
+        _dir: dir,
+    }
+}
+
+async fn agent(py: &PathBuf, app: &TestApp, prefix: &str, steps: Value) -> Vec<Value> {
+    let out = tokio::process::Command::new(py)
+        .arg(root().join("examples/mcp-client/agent.py"))
+        .arg(app.proxy(&format!("{prefix}mcp")))
+        .arg(KEY_A)
+        .arg(steps.to_string())
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "agent failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+async fn setup(py: &PathBuf) -> (Upstream, TestApp) {
+    let up = upstream(py).await;
+    let url = format!("http://127.0.0.1:{}", up.port);
+    let allow = format!(
+        "[[tenants.policies]]\nroute = \"tools\"\nmodule = \"{}\"\nconfig = {{ rules = [{{ path_prefix = \"/tools/send_email\" }}, {{ path_prefix = \"/tools/search_docs\" }}, {{ path_prefix = \"/tools/always_fails\" }}, {{ path_prefix = \"/tools/get_email_status\" }}] }}\n[[tenants.policies]]\nroute = \"money\"\nmodule = \"{}\"\nconfig = {{ threshold = 100, amount_pointer = \"/params/arguments/amount\" }}\n",
+        policy_wasm("allow_list").display(),
+        policy_wasm("amount_threshold").display()
+    );
+    let more = format!(
+        r#"
+[[routes]]
+name = "tools"
+prefix = "/tools/"
+upstream = "{url}"
+mode = "mcp"
+effect_class = "notification"
+response_timeout_ms = 1500
+
+[[routes]]
+name = "derived"
+prefix = "/derived/"
+upstream = "{url}"
+mode = "mcp"
+effect_class = "notification"
+mcp = {{ derived_identity = true }}
+
+[[routes]]
+name = "money"
+prefix = "/money/"
+upstream = "{url}"
+mode = "mcp"
+effect_class = "payment"
+
+[reconcile]
+enabled = false
+"#
+    );
+    let app = spawn_with(Opts {
+        tenant_a: allow,
+        more,
+        ..Default::default()
+    })
+    .await;
+    (up, app)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_tool_calls_are_one_operation_per_intent() {
+    let Some(py) = python() else { return };
+    let (up, app) = setup(&py).await;
+    let email = json!({"tool": "send_email", "args": {"to": "ann@example.com", "subject": "hi", "body": "hello"}, "intent": "intent-1"});
+
+    // The same intent three times, each a new JSON-RPC id: one e-mail, three identical results.
+    let r = agent(
+        &py,
+        &app,
+        "/tools/",
+        json!([{"list": true}, email, email, email]),
+    )
+    .await;
+    assert_eq!(
+        r[0]["tools"],
+        json!([
+            "always_fails",
+            "get_email_status",
+            "search_docs",
+            "send_email"
+        ]),
+        "refund is denied, so not offered"
+    );
+    assert_eq!(up.count("email"), 1);
+    assert_eq!(r[1]["is_error"], false);
+    assert_eq!(r[1], r[2]);
+    assert_eq!(r[1], r[3]);
+    // A regenerated turn after a checkpoint (a new session, same intent): still one.
+    let again = agent(&py, &app, "/tools/", json!([email])).await;
+    assert_eq!(again[0], r[1]);
+    assert_eq!(up.count("email"), 1);
+    let op = app.op_json("intent-1").await;
+    assert_eq!(op["state"], "COMPLETED");
+
+    // A read-only tool is never recorded; a denied tool is refused.
+    let before = app
+        .gw
+        .state
+        .ledger
+        .list(Some("a"), None, 100)
+        .await
+        .unwrap()
+        .len();
+    let r = agent(
+        &py,
+        &app,
+        "/tools/",
+        json!([
+            {"tool": "search_docs", "args": {"q": "refunds"}},
+            {"tool": "refund", "args": {"charge_id": "ch_1", "amount": 5}, "intent": "no-refund"},
+            {"tool": "always_fails", "args": {"reason": "nope"}, "intent": "fails-1"},
+        ]),
+    )
+    .await;
+    assert_eq!(r[0]["is_error"], false);
+    assert!(
+        r[1]["rpc_error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("allow-list"),
+        "{:?}",
+        r[1]
+    );
+    assert_eq!(up.count("refund"), 0);
+    // The tool-level error is a FAILED operation, not a success.
+    assert_eq!(r[2]["is_error"], true);
+    let failed = app.op_json("fails-1").await;
+    assert_eq!(failed["state"], "FAILED");
+    assert_eq!(failed["error_kind"], "tool-error");
+    let after = app
+        .gw
+        .state
+        .ledger
+        .list(Some("a"), None, 100)
+        .await
+        .unwrap()
+        .len();
+    assert_eq!(after, before + 1, "only always_fails was recorded");
+    let metrics = app
+        .http
+        .get(app.admin("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("effectgate_mcp_tool_calls_total{route=\"tools\",outcome=\"tool-error\"}"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn derived_identity_dedupes_identical_calls_only() {
+    let Some(py) = python() else { return };
+    let (up, app) = setup(&py).await;
+    let call =
+        |to: &str| json!({"tool": "send_email", "args": {"to": to, "subject": "s", "body": "b"}});
+    agent(&py, &app, "/derived/", json!([call("a@x"), call("a@x")])).await;
+    assert_eq!(
+        up.count("email"),
+        1,
+        "byte-identical arguments are the same intent"
+    );
+    agent(&py, &app, "/derived/", json!([call("b@x")])).await;
+    assert_eq!(up.count("email"), 2, "other arguments are another intent");
+    // Without derived identity and without an intent id, a world-changing call is refused.
+    let r = agent(&py, &app, "/tools/", json!([call("c@x")])).await;
+    assert!(
+        r[0]["rpc_error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("intent id"),
+        "{:?}",
+        r[0]
+    );
+    assert_eq!(up.count("email"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_over_the_threshold_wait_for_an_approval_bound_to_the_arguments() {
+    let Some(py) = python() else { return };
+    let (up, app) = setup(&py).await;
+    let refund = |amount: i64, intent: &str| json!({"tool": "refund", "args": {"charge_id": "ch_1", "amount": amount}, "intent": intent});
+    let r = agent(&py, &app, "/money/", json!([refund(500, "refund-1")])).await;
+    assert_eq!(
+        r[0]["is_error"], true,
+        "the agent gets a well-formed tool result"
+    );
+    let s = &r[0]["structured"];
+    assert_eq!(s["status"], "approval-pending");
+    let id = s["approval_id"].as_str().unwrap().to_owned();
+    assert!(r[0]["text"].as_str().unwrap().contains(&id));
+    assert_eq!(up.count("refund"), 0);
+
+    let ok = app
+        .admin_post(
+            APPROVER_A,
+            &format!("/admin/tenants/a/approvals/{id}/approve"),
+            "{}",
+        )
+        .await;
+    assert_eq!(ok.status(), 200);
+    let r = agent(
+        &py,
+        &app,
+        "/money/",
+        json!([refund(500, "refund-1"), refund(500, "refund-1")]),
+    )
+    .await;
+    assert_eq!(r[0]["is_error"], false, "{:?}", r[0]);
+    assert_eq!(r[0], r[1]);
+    assert_eq!(up.count("refund"), 1, "executed once");
+
+    // A regenerated call with another amount is a new operation with a new approval.
+    let r = agent(&py, &app, "/money/", json!([refund(900, "refund-2")])).await;
+    let other = r[0]["structured"]["approval_id"].as_str().unwrap();
+    assert_ne!(other, id);
+    assert_eq!(up.count("refund"), 1);
+    // The same intent with other arguments is refused, not re-approved.
+    let r = agent(&py, &app, "/money/", json!([refund(900, "refund-1")])).await;
+    assert!(
+        r[0]["rpc_error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("different request"),
+        "{:?}",
+        r[0]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_after_the_side_effect_is_unknown_and_not_run_again() {
+    let Some(py) = python() else { return };
+    let (up, app) = setup(&py).await;
+    let slow = json!({"tool": "send_email", "args": {"to": "z@x", "subject": "s", "body": "b", "delay_s": 3}, "intent": "slow-1"});
+    let r = agent(&py, &app, "/tools/", json!([slow, slow])).await;
+    assert!(r[0]["rpc_error"].is_object(), "{:?}", r[0]);
+    assert!(
+        r[1]["rpc_error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown"),
+        "{:?}",
+        r[1]
+    );
+    assert_eq!(app.op_json("slow-1").await["state"], "UNKNOWN");
+    assert_eq!(
+        up.count("email"),
+        1,
+        "the duplicate did not run the tool again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routing_headers_must_agree_with_the_body() {
+    let Some(py) = python() else { return };
+    let (up, app) = setup(&py).await;
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {"name": "send_email", "arguments": {"to": "x", "subject": "s", "body": "b"}, "_meta": {"effectgate/operation-id": "hdr"}}});
+    let r = app
+        .http
+        .post(app.proxy("/tools/mcp"))
+        .bearer_auth(KEY_A)
+        .header("Mcp-Method", "tools/call")
+        .header("Mcp-Name", "search_docs")
+        .header("Accept", "application/json, text/event-stream")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], -32600, "{v}");
+    assert_eq!(v["id"], 7);
+    assert_eq!(up.count("email"), 0);
+    assert_eq!(app.operation(ADMIN_A, "a", "hdr").await.status(), 404);
+}
