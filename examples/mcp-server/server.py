@@ -7,7 +7,8 @@ Tools:
   *after* the e-mail was written, to play a reply lost after the effect.
 - refund(charge_id, amount): appends a refund to the outbox file.
 - search_docs(q): read-only.
-- get_email_status(message_id): read-only; whether that e-mail exists.
+- get_email_status(to, subject): read-only; whether such an e-mail was sent
+  (the read-back of send_email).
 - always_fails(reason): the tool reports an error (isError: true).
 
 Run: python server.py --port 9300 --outbox /tmp/outbox.jsonl
@@ -62,13 +63,16 @@ def search_docs(q: str) -> dict:
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
-def get_email_status(message_id: str) -> dict:
-    """Whether an e-mail was sent (read-only)."""
+def get_email_status(to: str, subject: str) -> dict:
+    """Whether an e-mail to `to` with `subject` was sent (read-only)."""
     if not os.path.exists(args.outbox):
         return {"found": False}
     with open(args.outbox, encoding="utf-8") as f:
-        n = sum(1 for _ in f)
-    return {"found": message_id.startswith("msg-") and int(message_id[4:]) <= n}
+        for n, line in enumerate(f, start=1):
+            rec = json.loads(line)
+            if rec.get("kind") == "email" and rec.get("to") == to and rec.get("subject") == subject:
+                return {"found": True, "message_id": f"msg-{n}"}
+    return {"found": False}
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=False))

@@ -175,6 +175,23 @@ async fn run_inner(
     let uri = upstream_uri(route, &op.path, op.query.as_deref())?;
     let mut headers = from_pairs(&op.request_headers);
     add_route_headers(route, &mut headers, Some(&op.provider_key));
+    // A later attempt of an MCP call can't count on the caller's session
+    // still existing: it runs in a session of the gateway's own.
+    if route.mcp.is_some() && claim.attempt > 1 {
+        match crate::mcp::open_session(route, &op.path).await {
+            Ok(Some(s)) => {
+                if let Ok(v) = HeaderValue::from_str(&s) {
+                    headers.insert("mcp-session-id", v);
+                }
+            }
+            Ok(None) => {
+                headers.remove("mcp-session-id");
+            }
+            Err(e) => {
+                tracing::warn!(operation_id = %op.operation_id, error = %e, "could not open an MCP session for a new attempt")
+            }
+        }
+    }
     headers.insert(
         header::CONTENT_LENGTH,
         HeaderValue::from(op.request_body.len()),

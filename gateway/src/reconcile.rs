@@ -218,7 +218,11 @@ pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, Led
     };
     match result {
         ReadBackResult::Found { matched, reference } => {
-            let body = serde_json::to_vec(&matched).unwrap_or_default();
+            let body = if route.mcp.is_some() {
+                crate::mcp::reconciled_result(&matched)
+            } else {
+                serde_json::to_vec(&matched).unwrap_or_default()
+            };
             let mut o = Outcome::new(State::Completed, "read-back: the provider has the effect");
             o.response_status = Some(200);
             o.response_headers = vec![("content-type".into(), "application/json".into())];
@@ -332,6 +336,9 @@ pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, Led
 
 /// Asks the provider whether `op`'s effect exists.
 pub async fn read_back(route: &Route, rb: &ReadBack, op: &Operation) -> ReadBackResult {
+    if rb.tool.is_some() {
+        return crate::mcp::read_back(route, rb, op).await;
+    }
     let body: Value = serde_json::from_slice(&op.request_body).unwrap_or(Value::Null);
     let vars = Vars {
         operation_id: &op.operation_id,
@@ -400,6 +407,13 @@ pub fn interpret(
     let Ok(v) = serde_json::from_slice::<Value>(body) else {
         return ReadBackResult::Error("read-back body is not JSON".into());
     };
+    judge(rb, &v, expected)
+}
+
+/// Looks for the effect in a read-back answer `v`: a non-empty value at the
+/// found pointer (`false` counts as empty) that meets every `match`
+/// condition; the first such element when the value is an array.
+pub fn judge(rb: &ReadBack, v: &Value, expected: &[(String, String)]) -> ReadBackResult {
     let text = |x: &Value| match x {
         Value::String(s) => s.clone(),
         other => other.to_string(),
@@ -409,6 +423,7 @@ pub fn interpret(
         Value::Array(a) => a.is_empty(),
         Value::Object(o) => o.is_empty(),
         Value::String(s) => s.is_empty(),
+        Value::Bool(b) => !b,
         _ => false,
     };
     let Some(found) = v.pointer(&rb.found_pointer).filter(|f| !empty(f)) else {

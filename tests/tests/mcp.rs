@@ -146,6 +146,21 @@ upstream = "{url}"
 mode = "mcp"
 effect_class = "payment"
 
+[[routes]]
+name = "rb"
+prefix = "/rb/"
+upstream = "{url}"
+mode = "mcp"
+effect_class = "notification"
+response_timeout_ms = 1500
+[routes.read_back]
+tool = "get_email_status"
+arguments = {{ to = "{{body:/params/arguments/to}}", subject = "{{body:/params/arguments/subject}}" }}
+found_pointer = ""
+match = {{ "/found" = "true" }}
+reference_pointer = "/message_id"
+settle_delay_ms = 0
+
 [reconcile]
 enabled = false
 "#
@@ -377,4 +392,26 @@ async fn routing_headers_must_agree_with_the_body() {
     assert_eq!(v["id"], 7);
     assert_eq!(up.count("email"), 0);
     assert_eq!(app.operation(ADMIN_A, "a", "hdr").await.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_is_reconciled_by_a_read_back_tool_call() {
+    let Some(py) = python() else { return };
+    let (up, app) = setup(&py).await;
+    let slow = json!({"tool": "send_email", "args": {"to": "rb@x", "subject": "invoice", "body": "b", "delay_s": 3}, "intent": "rb-1"});
+    let r = agent(&py, &app, "/rb/", json!([slow])).await;
+    assert!(
+        r[0]["rpc_error"].is_object(),
+        "the first call's reply is lost: {:?}",
+        r[0]
+    );
+    assert_eq!(app.op_json("rb-1").await["state"], "UNKNOWN");
+    // The duplicate triggers the read-back (get_email_status), which finds the e-mail.
+    let r = agent(&py, &app, "/rb/", json!([slow])).await;
+    assert_eq!(r[0]["is_error"], false, "{:?}", r[0]);
+    assert_eq!(r[0]["structured"]["reconciled"], true);
+    let op = app.op_json("rb-1").await;
+    assert_eq!(op["state"], "COMPLETED");
+    assert_eq!(op["provider_reference"], "msg-1");
+    assert_eq!(up.count("email"), 1, "reconciled, never sent twice");
 }

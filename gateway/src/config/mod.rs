@@ -162,6 +162,10 @@ pub struct ReadBack {
     pub method: Method,
     /// Path template.
     pub path: crate::template::Template,
+    /// MCP read-back tool, if any.
+    pub tool: Option<String>,
+    /// MCP read-back tool arguments (templates).
+    pub tool_arguments: Vec<(String, crate::template::Template)>,
     /// Header templates.
     pub headers: Vec<(HeaderName, crate::template::Template)>,
     /// Found pointer.
@@ -704,13 +708,29 @@ fn read_back(path: &str, rb: &ReadBackSpec) -> Result<ReadBack, ConfigError> {
             format!("not an HTTP method: {:?}", rb.method),
         )
     })?;
-    if !rb.path.starts_with('/') {
+    let tpl_text = match (&rb.path, &rb.tool) {
+        (Some(p), _) => p.clone(),
+        (None, Some(_)) => "/mcp".to_owned(),
+        (None, None) => {
+            return Err(ConfigError::new(
+                format!("{path}.path"),
+                "a read-back needs a `path` (or, on an MCP route, a `tool`)",
+            ));
+        }
+    };
+    if !tpl_text.starts_with('/') {
         return Err(ConfigError::new(
             format!("{path}.path"),
             "must start with '/'",
         ));
     }
-    let tpl = crate::template::Template::parse(&rb.path)
+    let mut tool_arguments = Vec::new();
+    for (name, value) in &rb.arguments {
+        let t = crate::template::Template::parse(value)
+            .map_err(|e| ConfigError::new(format!("{path}.arguments.{name}"), e))?;
+        tool_arguments.push((name.clone(), t));
+    }
+    let tpl = crate::template::Template::parse(&tpl_text)
         .map_err(|e| ConfigError::new(format!("{path}.path"), e))?;
     let mut headers = Vec::new();
     for (name, value) in &rb.headers {
@@ -760,6 +780,8 @@ fn read_back(path: &str, rb: &ReadBackSpec) -> Result<ReadBack, ConfigError> {
         path: tpl,
         headers,
         match_fields,
+        tool: rb.tool.clone(),
+        tool_arguments,
         found_pointer: rb.found_pointer.clone(),
         reference_pointer: rb.reference_pointer.clone(),
         settle_delay_ms: rb.settle_delay_ms,

@@ -148,8 +148,19 @@ pub struct ReadBackSpec {
     #[serde(default = "default_read_back_method")]
     pub method: String,
     /// Path and query template, appended to the route's upstream, e.g.
-    /// `/v1/charges?idempotency_key={provider_key}`.
-    pub path: String,
+    /// `/v1/charges?idempotency_key={provider_key}`. On an MCP route it is
+    /// the MCP endpoint path (default `/mcp`).
+    #[serde(default)]
+    pub path: Option<String>,
+    /// MCP routes: the read-only tool to call, e.g. `get_email_status`.
+    /// `found_pointer` then points into the tool result's
+    /// `structuredContent` (or the JSON of its first text content).
+    #[serde(default)]
+    pub tool: Option<String>,
+    /// MCP routes: the tool's arguments, each a template, e.g.
+    /// `{ to = "{body:/params/arguments/to}" }`.
+    #[serde(default)]
+    pub arguments: std::collections::BTreeMap<String, String>,
     /// Extra headers (value templates). The route's credentials are injected too.
     #[serde(default)]
     pub headers: std::collections::BTreeMap<String, String>,
