@@ -328,7 +328,7 @@ async fn requeue(
         .as_deref()
         .and_then(|c| serde_json::from_value::<crate::config::EffectClass>(json!(c)).ok())
         .unwrap_or(route.effect_class);
-    let verdict = replay_verdict_for(&app, &op, class);
+    let verdict = replay_verdict_for(&app, &op, class).await;
     if !matches!(
         verdict,
         crate::policy::ReplayVerdict::Allow | crate::policy::ReplayVerdict::SameOperationOnly
@@ -414,7 +414,7 @@ async fn requeue(
 
 /// The tenant's replay verdict for `op` (policies on its route, or the
 /// DESIGN.md defaults).
-pub fn replay_verdict_for(
+pub async fn replay_verdict_for(
     app: &AppState,
     op: &Operation,
     class: crate::config::EffectClass,
@@ -439,7 +439,7 @@ pub fn replay_verdict_for(
         attempts: u32::try_from(op.attempts).unwrap_or(u32::MAX),
         fingerprint: op.fingerprint.clone(),
     };
-    crate::policy::replay_verdict(&app.engine, policies, &op.tenant_id, &wit)
+    crate::policy::replay_verdict_async(app.engine.clone(), policies, &op.tenant_id, wit).await
 }
 
 /// Reloads the configuration and policies (admin role of any tenant):
@@ -492,6 +492,32 @@ async fn resolve(
         });
     }
     let mut op = load(&app, &tenant, &operation_id).await?;
+    if op.dead_letter && op.dead_letter_reason.as_deref() != Some("reconciliation-out-of-bounds") {
+        return Err(ApiError::Conflict(format!(
+            "dead letter {operation_id:?} ({}) did not lose track of an effect; use requeue or replay",
+            op.dead_letter_reason.as_deref().unwrap_or("unknown reason")
+        )));
+    }
+    if outcome == "absent" {
+        // "Absent" means a new attempt: it passes the replay verdict like
+        // any other re-execution (manual or deny classes need an approval).
+        let class = op
+            .effect_class
+            .as_deref()
+            .and_then(|c| serde_json::from_value::<crate::config::EffectClass>(json!(c)).ok())
+            .unwrap_or(crate::config::EffectClass::Irreversible);
+        let verdict = replay_verdict_for(&app, &op, class).await;
+        if !matches!(
+            verdict,
+            crate::policy::ReplayVerdict::Allow | crate::policy::ReplayVerdict::SameOperationOnly
+        ) {
+            return Err(ApiError::Conflict(format!(
+                "resolving as absent runs the operation again; the replay verdict for {} is {}: use POST …/replay",
+                class.as_str(),
+                crate::policy::verdict_name(verdict)
+            )));
+        }
+    }
     if op.dead_letter && op.state == OpState::Failed {
         // A dead letter whose effect may exist (reconciliation out of
         // bounds) is resolved like an UNKNOWN operation: back to UNKNOWN

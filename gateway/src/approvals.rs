@@ -341,7 +341,7 @@ pub async fn replay_as(
         .as_deref()
         .and_then(|c| serde_json::from_value::<EffectClass>(json!(c)).ok())
         .unwrap_or(route.effect_class);
-    let verdict = crate::admin::replay_verdict_for(app, &op, class);
+    let verdict = crate::admin::replay_verdict_for(app, &op, class).await;
     let reason = reason.unwrap_or_else(|| "no reason given".into());
     tracing::info!(tenant, operation_id, verdict = verdict_name(verdict), force, by = %p.name, "replay requested");
     let report = |status: StatusCode, outcome: &str, extra: serde_json::Value| {
@@ -397,8 +397,14 @@ pub async fn replay_as(
                 &op.fingerprint,
                 Some(op.state),
             );
-            let (v, _) =
-                crate::policy::evaluate_chain(&app.engine, policies, &route, tenant, &request);
+            let (v, _) = crate::policy::evaluate_chain_async(
+                app.engine.clone(),
+                policies,
+                &route,
+                tenant,
+                request,
+            )
+            .await;
             match v {
                 Verdict::Allow { .. } => {
                     let (outcome, extra) = run_replay(

@@ -167,8 +167,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     pooling: false,
                     ..s.policy_limits.clone()
                 };
-                let engine = crate::policy::PolicyEngine::new(&limits)?;
-                if let Err(e) = crate::policy::PolicySet::build(&engine, &s) {
+                // Policy calls block: off the async runtime.
+                let s2 = s.clone();
+                let built = tokio::task::spawn_blocking(move || {
+                    let engine = crate::policy::PolicyEngine::new(&limits)?;
+                    crate::policy::PolicySet::build(&engine, &s2)
+                        .map(|_| ())
+                        .map_err(anyhow::Error::from)
+                })
+                .await?;
+                if let Err(e) = built {
                     eprintln!("{}: invalid: {e}", path.display());
                     return Ok(ExitCode::from(2));
                 }
@@ -192,29 +200,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("ledger {} is migrated", settings.storage.path.display());
         }
         Command::Policy { command } => {
-            let engine = crate::policy::PolicyEngine::new(&crate::config::PolicyLimitsSpec {
-                pooling: false,
-                ..Default::default()
-            })?;
-            match command {
-                PolicyCommand::Check { module } => {
-                    match crate::policy::cases::describe(&engine, &module) {
-                        Ok(text) => print!("{text}"),
-                        Err(e) => {
-                            eprintln!("{}: rejected: {e:#}", module.display());
-                            return Ok(ExitCode::from(2));
-                        }
-                    }
-                }
-                PolicyCommand::Test { module, cases } => {
-                    let file = crate::policy::cases::load(&cases)?;
-                    let failed =
-                        crate::policy::cases::run(&engine, &module, &file, &mut std::io::stdout())?;
-                    if failed > 0 {
-                        return Ok(ExitCode::from(1));
-                    }
-                }
-            }
+            // Policy calls block (and a policy's stdout/stderr block on the
+            // runtime): run the whole command on the blocking pool.
+            return Ok(tokio::task::spawn_blocking(move || policy_command(command)).await??);
         }
         Command::Ledger { command } => match command {
             LedgerCommand::Show {
@@ -290,4 +278,29 @@ async fn open(c: ConfigArg) -> anyhow::Result<Ledger> {
         std::sync::Arc::new(SystemClock),
     )
     .await?)
+}
+
+fn policy_command(command: PolicyCommand) -> anyhow::Result<ExitCode> {
+    let engine = crate::policy::PolicyEngine::new(&crate::config::PolicyLimitsSpec {
+        pooling: false,
+        ..Default::default()
+    })?;
+    match command {
+        PolicyCommand::Check { module } => match crate::policy::cases::describe(&engine, &module) {
+            Ok(text) => print!("{text}"),
+            Err(e) => {
+                eprintln!("{}: rejected: {e:#}", module.display());
+                return Ok(ExitCode::from(2));
+            }
+        },
+        PolicyCommand::Test { module, cases } => {
+            let file = crate::policy::cases::load(&cases)?;
+            let failed =
+                crate::policy::cases::run(&engine, &module, &file, &mut std::io::stdout())?;
+            if failed > 0 {
+                return Ok(ExitCode::from(1));
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

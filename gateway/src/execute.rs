@@ -218,7 +218,7 @@ async fn run_inner(
         // for a failed response.
         let policy_class = match &result {
             Attempt::Response { head, body } if !head.status.is_success() => {
-                classify_by_policy(app, route, op, head, body)
+                classify_by_policy(app, route, op, head, body).await
             }
             _ => None,
         };
@@ -466,7 +466,7 @@ fn exhausted(op: &Operation, last: &str) -> DeadLetter {
 
 /// Asks the tenant's policies on the route how to treat a failed response;
 /// `None` when there are none or they have no opinion.
-fn classify_by_policy(
+async fn classify_by_policy(
     app: &AppState,
     route: &Route,
     op: &Operation,
@@ -488,7 +488,15 @@ fn classify_by_policy(
             .map(|(name, value)| crate::policy::bindings::Header { name, value })
             .collect(),
     };
-    match crate::policy::classify_failure(&app.engine, policies, &op.tenant_id, &head, bytes) {
+    match crate::policy::classify_failure_async(
+        app.engine.clone(),
+        policies,
+        &op.tenant_id,
+        head,
+        bytes.clone(),
+    )
+    .await
+    {
         FailureClass::Unknown => None,
         c => Some(c),
     }

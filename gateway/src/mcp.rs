@@ -37,7 +37,7 @@ use crate::app::AppState;
 use crate::config::{EffectClass, Principal, Route};
 use crate::error::ApiError;
 use crate::ledger::State as OpState;
-use crate::policy::{Verdict, evaluate_chain};
+use crate::policy::{Verdict, evaluate_chain_async};
 
 /// Tool annotations seen in `tools/list` answers, per route and tool.
 #[derive(Debug, Default, Clone)]
@@ -258,17 +258,34 @@ pub async fn prepare(
             if let Some(tools) = answer["result"]["tools"].as_array().cloned() {
                 app.mcp_tools.store(&route.name, &tools);
                 // Offer only the tools this tenant's policies would let run.
-                let kept: Vec<Value> = tools
-                    .into_iter()
-                    .filter(|t| {
-                        let name = t["name"].as_str().unwrap_or_default();
-                        let probe = json!({"jsonrpc": "2.0", "id": 0, "method": "tools/call", "params": {"name": name, "arguments": {}}});
-                        let (ann, _, _) = effective(route, app, name);
-                        let req = policy_request(principal, route, headers, probe.to_string().as_bytes(), name, &ann, "", "");
-                        policies.is_empty()
-                            || !matches!(evaluate_chain(&app.engine, policies, route, &principal.tenant, &req).0, Verdict::Deny { .. })
-                    })
-                    .collect();
+                let mut kept = Vec::new();
+                for t in tools {
+                    let name = t["name"].as_str().unwrap_or_default().to_owned();
+                    let probe = json!({"jsonrpc": "2.0", "id": 0, "method": "tools/call", "params": {"name": name, "arguments": {}}});
+                    let (ann, _, _) = effective(route, app, &name);
+                    let req = policy_request(
+                        principal,
+                        route,
+                        headers,
+                        probe.to_string().as_bytes(),
+                        &name,
+                        &ann,
+                        "",
+                        "",
+                    );
+                    let verdict = evaluate_chain_async(
+                        app.engine.clone(),
+                        policies,
+                        route,
+                        &principal.tenant,
+                        req,
+                    )
+                    .await
+                    .0;
+                    if !matches!(verdict, Verdict::Deny { .. }) {
+                        kept.push(t);
+                    }
+                }
                 answer["result"]["tools"] = Value::Array(kept);
             }
             Ok(Prepared::Respond(json_response(StatusCode::OK, &answer)))
@@ -299,7 +316,16 @@ pub async fn prepare(
                         "",
                         "",
                     );
-                    match evaluate_chain(&app.engine, policies, route, &principal.tenant, &req).0 {
+                    match evaluate_chain_async(
+                        app.engine.clone(),
+                        policies,
+                        route,
+                        &principal.tenant,
+                        req,
+                    )
+                    .await
+                    .0
+                    {
                         Verdict::Allow { .. } => {}
                         Verdict::Deny { reason, policy, .. } => {
                             return Ok(Prepared::Respond(rpc_error(

@@ -18,7 +18,7 @@ use crate::forward::{
 };
 use crate::idempotency::{IDEMPOTENT_REPLAYED, fingerprint, parse_key, provider_key};
 use crate::ledger::{NewOperation, Operation, Reservation, State as OpState};
-use crate::policy::{Verdict, evaluate_chain, wit_class};
+use crate::policy::{Verdict, evaluate_chain_async, wit_class};
 
 /// The proxy router: every path goes to [`handle`].
 pub fn router(state: AppState) -> Router {
@@ -144,7 +144,16 @@ async fn handle_inner(
                 "",
                 None,
             );
-            match evaluate_chain(&app.engine, policies, &route, &principal.tenant, &request).0 {
+            match evaluate_chain_async(
+                app.engine.clone(),
+                policies,
+                &route,
+                &principal.tenant,
+                request,
+            )
+            .await
+            .0
+            {
                 Verdict::Allow { .. } => {}
                 Verdict::Deny {
                     status,
@@ -351,8 +360,14 @@ impl Flow<'_> {
                     None,
                 ),
             };
-            let (verdict, records) =
-                evaluate_chain(&app.engine, policies, &route, &principal.tenant, &request);
+            let (verdict, records) = evaluate_chain_async(
+                app.engine.clone(),
+                policies,
+                &route,
+                &principal.tenant,
+                request,
+            )
+            .await;
             decisions = records;
             match verdict {
                 Verdict::Allow {

@@ -159,3 +159,75 @@ async fn browser_login_approve_execute_timeline() {
     assert_eq!(op["state"], "COMPLETED");
     eprintln!("screenshot: {}", shot.display());
 }
+
+#[tokio::test]
+async fn operators_see_operation_pages_and_a_revoked_key_ends_its_session() {
+    let app = console_app().await;
+    assert_eq!(
+        app.charge("small", r#"{"amount":5,"currency":"eur"}"#)
+            .await
+            .status(),
+        200
+    );
+    let r = login(&app, OPERATOR_A).await;
+    let session = r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    for path in [
+        "/console",
+        "/console/operations",
+        "/console/operations?state=COMPLETED",
+        "/console/operations/small",
+    ] {
+        let r = no_redirects()
+            .get(app.admin(path))
+            .header("cookie", &session)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+    }
+    let page = no_redirects()
+        .get(app.admin("/console/operations/small"))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("EXECUTING → COMPLETED"),
+        "the timeline is shown"
+    );
+    assert!(
+        page.contains("id=\"replay\""),
+        "an operator can replay from the page"
+    );
+
+    // Revoke the operator's key: its session ends at the reload.
+    let path = app.gw.state.settings().source.clone().unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let revoked = text.replace(&sha(OPERATOR_A), &sha("a-new-operator-key"));
+    assert_ne!(revoked, text, "the key was in the config");
+    std::fs::write(&path, revoked).unwrap();
+    app.gw.state.reload(None).await.unwrap();
+    let r = no_redirects()
+        .get(app.admin("/console/operations"))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303, "back to the login page");
+}
+
+fn sha(k: &str) -> String {
+    effectgate::config::key_digest(k)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}

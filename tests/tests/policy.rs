@@ -449,3 +449,25 @@ fn toml_cases(text: &str) -> effectgate::policy::cases::CaseFile {
     std::fs::write(&p, text).unwrap();
     effectgate::policy::cases::load(&p).unwrap()
 }
+
+#[tokio::test]
+async fn a_policy_that_prints_and_panics_fails_closed_and_the_gateway_goes_on() {
+    let app = spawn_with(Opts {
+        route_extra: "read_back = { path = \"/v1/charges?idempotency_key={provider_key}\", found_pointer = \"/data/0\", settle_delay_ms = 0 }".into(),
+        tenant_a: binding("payments", "panicker", "{}"),
+        more: "[reconcile]\nenabled = false\n".into(),
+        ..Default::default()
+    })
+    .await;
+    let r = app.charge("p", BODY).await;
+    assert_eq!(r.status(), 503);
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["type"], "urn:effectgate:problem:policy-failed");
+    // Tenant b (no policy) is served, before and after.
+    assert_eq!(app.charge_as(KEY_B, "fine", BODY).await.status(), 200);
+    assert_eq!(app.charge("p", BODY).await.status(), 503);
+    assert_eq!(app.charge_as(KEY_B, "fine-2", BODY).await.status(), 200);
+    // The reconciler's scan survives a panicking classifier too.
+    app.tick().await;
+    assert_eq!(app.mock.provider.effects(), 2);
+}

@@ -400,10 +400,10 @@ impl ConfigFile {
                     "must start and end with '/'",
                 ));
             }
-            if r.prefix.starts_with("/admin/") {
+            if r.prefix.starts_with("/admin/") || r.prefix.starts_with("/approvals/") {
                 return Err(ConfigError::new(
                     format!("{rp}.prefix"),
-                    "must not start with /admin/",
+                    "must not start with /admin/ or /approvals/ (the gateway's own paths)",
                 ));
             }
             let name = r.name.clone().unwrap_or_else(|| r.prefix.clone());

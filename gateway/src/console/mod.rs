@@ -38,6 +38,10 @@ const SESSION_MS: i64 = 8 * 3600 * 1000;
 #[derive(Debug, Clone)]
 pub struct Session {
     principal: Principal,
+    /// sha256 of the key the session was opened with: checked against the
+    /// current key table on every request, so a revoked key or a changed
+    /// role ends the session at the next reload.
+    key_digest: [u8; 32],
     csrf: String,
     expires_at: i64,
 }
@@ -102,8 +106,9 @@ fn session(app: &AppState, headers: &HeaderMap) -> Option<Session> {
         .find(|(k, _)| *k == COOKIE)
         .map(|(_, v)| v.to_owned())?;
     let now = app.ledger.clock().now_ms();
+    let settings = app.settings();
     let mut map = app.sessions.0.lock().unwrap();
-    map.retain(|_, s| s.expires_at > now);
+    map.retain(|_, s| s.expires_at > now && settings.keys.get(&s.key_digest) == Some(&s.principal));
     map.get(&id).cloned()
 }
 
@@ -158,10 +163,12 @@ async fn login(State(app): State<AppState>, Form(f): Form<LoginForm>) -> Respons
     let id = hex::encode(rand::random::<[u8; 32]>());
     let csrf = hex::encode(rand::random::<[u8; 24]>());
     let expires_at = app.ledger.clock().now_ms() + SESSION_MS;
+    let key_digest = crate::config::key_digest(f.key.trim());
     app.sessions.0.lock().unwrap().insert(
         id.clone(),
         Session {
             principal,
+            key_digest,
             csrf,
             expires_at,
         },

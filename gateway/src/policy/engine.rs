@@ -96,12 +96,13 @@ impl bindings::effectgate::policy::log::Host for HostState {
             return;
         }
         self.log_budget -= 1;
-        let mut message = message;
-        message.truncate(1024);
+        // Bounded by characters, never split inside one.
+        let clip = |s: &str, n: usize| -> String { s.chars().take(n).collect() };
+        let message = clip(&message, 1024);
         let fields: Vec<String> = fields
             .into_iter()
             .take(16)
-            .map(|(k, v)| format!("{k}={v}"))
+            .map(|(k, v)| format!("{}={}", clip(&k, 64), clip(&v, 256)))
             .collect();
         let fields = fields.join(" ");
         let policy = &*self.label;

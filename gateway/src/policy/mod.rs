@@ -256,6 +256,11 @@ fn validate(
                     || name == http::header::HOST
                     || name == http::header::AUTHORIZATION
                     || name == http::header::CONTENT_LENGTH
+                    || name == http::header::CONTENT_TYPE
+                    || name == http::header::EXPECT
+                    || name == http::header::FORWARDED
+                    || name.as_str().starts_with("x-forwarded-")
+                    || name.as_str() == "x-real-ip"
                     || name.as_str() == crate::idempotency::IDEMPOTENCY_KEY
                     || route.inject_headers.iter().any(|(n, _)| *n == name)
                     || route.provider_idempotency_header.as_ref() == Some(&name);
@@ -370,6 +375,91 @@ pub fn evaluate_chain(
         },
         records,
     )
+}
+
+/// [`evaluate_chain`] on the blocking pool: a policy call blocks its
+/// thread (up to its deadline, and the WASI streams it may write to block
+/// on the runtime), so it never runs on an async worker. A panic in the
+/// host while running a policy counts as a policy failure.
+pub async fn evaluate_chain_async(
+    engine: Arc<PolicyEngine>,
+    policies: &[BoundPolicy],
+    route: &Route,
+    tenant: &str,
+    request: Request,
+) -> (Verdict, Vec<DecisionRecord>) {
+    if policies.is_empty() {
+        return (
+            Verdict::Allow {
+                effect_class: None,
+                add_headers: Vec::new(),
+            },
+            Vec::new(),
+        );
+    }
+    let (p, r, t) = (policies.to_vec(), route.clone(), tenant.to_owned());
+    match tokio::task::spawn_blocking(move || evaluate_chain(&engine, &p, &r, &t, &request)).await {
+        Ok(v) => v,
+        Err(e) => {
+            crate::metrics::policy_call(std::time::Duration::ZERO, Some("host-panic"));
+            tracing::error!(tenant, error = %e, "a policy call panicked in the host");
+            let policy = policies.first().map(|p| p.name.clone()).unwrap_or_default();
+            if route.policy_fail_open {
+                (
+                    Verdict::Allow {
+                        effect_class: None,
+                        add_headers: Vec::new(),
+                    },
+                    Vec::new(),
+                )
+            } else {
+                (
+                    Verdict::Failed {
+                        policy,
+                        failure: PolicyFailure::Trap(format!(
+                            "the host failed running the policy: {e}"
+                        )),
+                    },
+                    Vec::new(),
+                )
+            }
+        }
+    }
+}
+
+/// [`classify_failure`] on the blocking pool (see [`evaluate_chain_async`]).
+pub async fn classify_failure_async(
+    engine: Arc<PolicyEngine>,
+    policies: &[BoundPolicy],
+    tenant: &str,
+    head: bindings::ResponseHead,
+    body: bytes::Bytes,
+) -> FailureClass {
+    if policies.is_empty() {
+        return FailureClass::Unknown;
+    }
+    let (p, t) = (policies.to_vec(), tenant.to_owned());
+    tokio::task::spawn_blocking(move || classify_failure(&engine, &p, &t, &head, &body))
+        .await
+        .unwrap_or(FailureClass::Unknown)
+}
+
+/// [`replay_verdict`] on the blocking pool (see [`evaluate_chain_async`]);
+/// a host failure gives the effect class's default.
+pub async fn replay_verdict_async(
+    engine: Arc<PolicyEngine>,
+    policies: &[BoundPolicy],
+    tenant: &str,
+    op: bindings::Operation,
+) -> ReplayVerdict {
+    let default = default_replay(from_wit_class(op.effect_class));
+    if policies.is_empty() {
+        return default;
+    }
+    let (p, t) = (policies.to_vec(), tenant.to_owned());
+    tokio::task::spawn_blocking(move || replay_verdict(&engine, &p, &t, &op))
+        .await
+        .unwrap_or(default)
 }
 
 /// Asks the chain how to treat a provider failure: the first answer that
