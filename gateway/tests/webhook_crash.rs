@@ -153,8 +153,6 @@ effect_class = "irreversible"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    child.kill().unwrap();
-    let _ = child.wait();
     let ledger = effectgate::ledger::Ledger::open(
         &dir.path().join("l.db"),
         1,
@@ -163,7 +161,17 @@ effect_class = "irreversible"
     )
     .await
     .unwrap();
-    let events = ledger.events("t").await.unwrap();
+    // The receiver has it; the relay records the delivery right after.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let events = loop {
+        let events = ledger.events("t").await.unwrap();
+        if events.iter().all(|e| e.2.is_some()) || Instant::now() > deadline {
+            break events;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    child.kill().unwrap();
+    let _ = child.wait();
     assert_eq!(events.len(), 1);
     let got = got.lock().unwrap().clone();
     assert_eq!(
