@@ -113,6 +113,11 @@ impl AppState {
                 crate::config::load(source.as_deref()).map_err(|e| format!("config: {e}"))?
             }
         };
+        if settings.policy_limits != current.policy_limits {
+            return Err(
+                "policy limits ([policy]) can't change on reload; restart the gateway".into(),
+            );
+        }
         if settings.proxy_addr != current.proxy_addr
             || settings.admin_addr != current.admin_addr
             || settings.storage.path != current.storage.path

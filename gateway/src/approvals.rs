@@ -192,6 +192,13 @@ async fn after_approval(app: &AppState, a: &crate::ledger::Approval) -> Result<(
         if app.ledger.use_replay_approval(&a.tenant_id, &a.id).await?
             && let Some(op) = app.ledger.get(&a.tenant_id, &a.operation_id).await?
         {
+            if a.operation_version.is_some_and(|v| v != op.version) {
+                // The operation moved on since the operator asked (another
+                // replay, a resolution): this approval authorises nothing now.
+                tracing::warn!(tenant = %a.tenant_id, operation_id = %a.operation_id, approval = %a.id,
+                    "replay approval spent without effect: the operation changed since it was requested");
+                return Ok(());
+            }
             let _ = run_replay(
                 app,
                 &route,
@@ -358,6 +365,20 @@ pub async fn replay_as(
             class.as_str()
         ))),
         ReplayVerdict::Manual => {
+            // One pending replay approval per operation: asking again
+            // answers with the one that waits.
+            if let Some(p) = app
+                .ledger
+                .approval_for(tenant, operation_id, "replay")
+                .await?
+                && p.status == "pending"
+            {
+                return report(
+                    StatusCode::ACCEPTED,
+                    "approval-required",
+                    json!({"approval_id": p.id}),
+                );
+            }
             let a = NewApproval {
                 id: format!("apr_{}", hex::encode(rand::random::<[u8; 12]>())),
                 kind: "replay".into(),
@@ -643,53 +664,75 @@ pub fn signature(secret: &[u8], body: &[u8]) -> String {
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
-/// One delivery pass over the due events.
+/// One delivery pass over the due events, 8 at a time, so one tenant's
+/// slow receiver doesn't hold up the others' events.
 pub async fn relay_once(app: &AppState) -> Result<usize, ApiError> {
+    use futures_util::StreamExt;
     let rt = app.settings();
     let lease = i64::try_from(rt.reconcile.outbox_lease_ms).unwrap_or(i64::MAX);
     let events = app.ledger.claim_events(&app.instance_id, lease, 50).await?;
+    let client = crate::forward::client_for(2_000);
+    let results: Vec<Result<bool, ApiError>> = futures_util::stream::iter(events)
+        .map(|ev| {
+            let (rt, client) = (rt.clone(), client.clone());
+            async move { deliver(app, &rt, &client, ev).await }
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await;
     let mut delivered = 0;
-    for ev in events {
-        let Some(hook) = rt.webhooks.get(&ev.tenant_id) else {
-            // No webhook configured: nothing to deliver to; mark it done.
-            app.ledger
-                .event_attempted(&ev.event_id, true, Some("no webhook configured"), 0)
-                .await?;
-            continue;
-        };
-        crate::failpoint::hit("before-deliver");
-        let body = ev.payload.clone().into_bytes();
-        let req = http::Request::post(hook.url.clone())
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .header("effectgate-event-id", &ev.event_id)
-            .header("effectgate-event-type", &ev.event_type)
-            .header("effectgate-signature", signature(&hook.secret, &body))
-            .body(axum::body::Body::from(body))
-            .map_err(|e| ApiError::Internal(e.to_string()))?;
-        let client = crate::forward::client_for(2_000);
-        let result = tokio::time::timeout(Duration::from_secs(5), client.request(req)).await;
-        let now = app.ledger.clock().now_ms();
-        match result {
-            Ok(Ok(r)) if r.status().is_success() => {
-                app.ledger
-                    .event_attempted(&ev.event_id, true, None, now)
-                    .await?;
-                delivered += 1;
-            }
-            other => {
-                let err = match other {
-                    Ok(Ok(r)) => format!("receiver answered {}", r.status()),
-                    Ok(Err(e)) => e.to_string(),
-                    Err(_) => "timeout".into(),
-                };
-                let backoff = 1_000i64
-                    .saturating_mul(1 << ev.attempts.clamp(0, 10))
-                    .min(300_000);
-                app.ledger
-                    .event_attempted(&ev.event_id, false, Some(&err), now + backoff)
-                    .await?;
-            }
+    for r in results {
+        if r? {
+            delivered += 1;
         }
     }
     Ok(delivered)
+}
+
+async fn deliver(
+    app: &AppState,
+    rt: &crate::app::Runtime,
+    client: &crate::forward::HttpClient,
+    ev: crate::ledger::OutboxEvent,
+) -> Result<bool, ApiError> {
+    let Some(hook) = rt.webhooks.get(&ev.tenant_id) else {
+        // No webhook configured: nothing to deliver to; marked done.
+        app.ledger
+            .event_attempted(&ev.event_id, true, Some("no webhook configured"), 0)
+            .await?;
+        return Ok(false);
+    };
+    crate::failpoint::hit("before-deliver");
+    let body = ev.payload.clone().into_bytes();
+    let req = http::Request::post(hook.url.clone())
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header("effectgate-event-id", &ev.event_id)
+        .header("effectgate-event-type", &ev.event_type)
+        .header("effectgate-signature", signature(&hook.secret, &body))
+        .body(axum::body::Body::from(body))
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    let result = tokio::time::timeout(Duration::from_secs(5), client.request(req)).await;
+    let now = app.ledger.clock().now_ms();
+    match result {
+        Ok(Ok(r)) if r.status().is_success() => {
+            app.ledger
+                .event_attempted(&ev.event_id, true, None, now)
+                .await?;
+            Ok(true)
+        }
+        other => {
+            let err = match other {
+                Ok(Ok(r)) => format!("receiver answered {}", r.status()),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "timeout".into(),
+            };
+            let backoff = 1_000i64
+                .saturating_mul(1 << ev.attempts.clamp(0, 10))
+                .min(300_000);
+            app.ledger
+                .event_attempted(&ev.event_id, false, Some(&err), now + backoff)
+                .await?;
+            Ok(false)
+        }
+    }
 }

@@ -107,7 +107,7 @@ pub enum ApiError {
         errors: Vec<(String, String)>,
     },
     /// 405: a method the gateway never forwards (TRACE, CONNECT).
-    #[error("the {0} method is not forwarded")]
+    #[error("method not allowed: {0}")]
     MethodNotAllowed(String),
     /// 431: the request headers exceed `limits.max_header_bytes`.
     #[error("request headers exceed the limit of {limit} bytes")]

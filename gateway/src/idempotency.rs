@@ -263,3 +263,74 @@ mod tests {
         assert_eq!(a.len(), 35);
     }
 }
+
+/// Whether JSON text repeats a key inside any object. Such a body means
+/// different things to different parsers (first value wins, last value
+/// wins), so the fingerprint, a policy and the provider could each read
+/// another request; effectful calls refuse it (RFC 8785 and I-JSON, RFC
+/// 7493 §2.3, require unique keys). Text that is not JSON is `false`.
+pub fn has_duplicate_keys(bytes: &[u8]) -> bool {
+    use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+    struct Scan;
+    impl<'de> DeserializeSeed<'de> for Scan {
+        type Value = bool;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+            d.deserialize_any(Scan)
+        }
+    }
+    impl<'de> Visitor<'de> for Scan {
+        type Value = bool;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("JSON")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            let mut dup = false;
+            while let Some(k) = map.next_key::<String>()? {
+                dup |= !seen.insert(k);
+                dup |= map.next_value_seed(Scan)?;
+            }
+            Ok(dup)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+            let mut dup = false;
+            while let Some(d) = seq.next_element_seed(Scan)? {
+                dup |= d;
+            }
+            Ok(dup)
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_unit<E>(self) -> Result<bool, E> {
+            Ok(false)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    Scan.deserialize(&mut de).unwrap_or(false)
+}
+
+#[cfg(test)]
+mod duplicate_key_tests {
+    use super::has_duplicate_keys;
+
+    #[test]
+    fn finds_repeated_keys_at_any_depth() {
+        assert!(has_duplicate_keys(br#"{"amount":1,"amount":2}"#));
+        assert!(has_duplicate_keys(br#"{"a":[{"x":1,"y":2,"x":3}]}"#));
+        assert!(!has_duplicate_keys(br#"{"a":{"x":1},"b":{"x":1}}"#));
+        assert!(!has_duplicate_keys(b"not json"));
+    }
+}

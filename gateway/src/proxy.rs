@@ -23,7 +23,12 @@ use crate::policy::{Verdict, evaluate_chain_async, wit_class};
 /// The proxy router: every path goes to [`handle`].
 pub fn router(state: AppState) -> Router {
     Router::new()
-        .route("/approvals/{id}", axum::routing::get(approval_status))
+        .route(
+            "/approvals/{id}",
+            axum::routing::get(approval_status).fallback(|| async {
+                ApiError::MethodNotAllowed("only GET on /approvals/{id}".into())
+            }),
+        )
         .fallback(handle)
         .with_state(state)
 }
@@ -87,7 +92,10 @@ async fn handle_inner(
     }
     // TRACE would echo injected credentials back; CONNECT would tunnel.
     if req.method() == http::Method::TRACE || req.method() == http::Method::CONNECT {
-        return Err(ApiError::MethodNotAllowed(req.method().to_string()));
+        return Err(ApiError::MethodNotAllowed(format!(
+            "{} is never forwarded",
+            req.method()
+        )));
     }
     let header_bytes: usize = req
         .headers()
@@ -304,6 +312,23 @@ impl Flow<'_> {
         let query = query.map(str::to_owned);
         let rt = app.settings();
         let policies = rt.policies.for_route(&principal.tenant, &route.name);
+        // A JSON body that repeats a key reads differently to different
+        // parsers: refuse it rather than fingerprint, approve or forward
+        // something the provider may read otherwise.
+        let json_body = content_type
+            .as_deref()
+            .and_then(|c| c.split(';').next())
+            .map(|m| {
+                let m = m.trim().to_ascii_lowercase();
+                m == "application/json" || m.ends_with("+json")
+            })
+            .unwrap_or(false);
+        if (json_body || mcp.is_some()) && crate::idempotency::has_duplicate_keys(&body) {
+            return Err(ApiError::BadRequest {
+                field: "body".into(),
+                message: "a JSON object in the body repeats a key (RFC 7493 §2.3)".into(),
+            });
+        }
         // 4b. The route's request contract, before the ledger; never retried.
         if let Some(schema) = &route.request_schema {
             let errors: Vec<(String, String)> =

@@ -511,3 +511,44 @@ async fn approval_events_reach_the_webhook_signed() {
     assert_eq!(rx.got.lock().unwrap().len(), 2);
     assert_eq!(app.gw.state.ledger.pending_events().await.unwrap(), 0);
 }
+
+#[tokio::test]
+async fn resolving_a_dead_letter_as_absent_needs_the_replay_verdict() {
+    let app = spawn_with(replay_app("irreversible", String::new())).await;
+    app.mock.provider.set_faults(mock_provider::Faults {
+        fail_503_times: 100,
+        ..Default::default()
+    });
+    assert_eq!(
+        app.charge("i1", r#"{"amount":10,"currency":"eur"}"#)
+            .await
+            .status(),
+        503
+    );
+    let calls = app.provider_calls().0;
+    let r = app
+        .admin_post(
+            ADMIN_A,
+            "/admin/tenants/a/operations/i1/resolve",
+            r#"{"outcome":"absent"}"#,
+        )
+        .await;
+    assert_eq!(
+        r.status(),
+        409,
+        "retries-exhausted did not lose track of an effect"
+    );
+    assert_eq!(app.provider_calls().0, calls, "nothing re-executed");
+    // Asking twice for a manual replay gives the same pending approval.
+    let a: Value = replay(&app, OPERATOR_A, "i1", "{}")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let b: Value = replay(&app, OPERATOR_A, "i1", "{}")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(a["approval_id"], b["approval_id"]);
+}

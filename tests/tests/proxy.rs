@@ -753,3 +753,28 @@ async fn the_media_type_is_part_of_the_fingerprint_and_rejected_reuse_records_no
         .unwrap();
     assert_eq!(r.status(), 422);
 }
+
+#[tokio::test]
+async fn a_json_body_that_repeats_a_key_is_refused() {
+    let app = spawn_app().await;
+    let r = app
+        .charge(
+            "dup",
+            r#"{"amount":99999999,"currency":"eur","amount":150}"#,
+        )
+        .await;
+    assert_eq!(r.status(), 400);
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["field"], "body");
+    assert_eq!(app.mock.provider.requests().len(), 0);
+    assert_eq!(app.operation(ADMIN_A, "a", "dup").await.status(), 404);
+    let r = app
+        .http
+        .post(app.proxy("/approvals/apr_x"))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+}

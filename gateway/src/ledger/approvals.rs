@@ -56,6 +56,8 @@ pub struct Approval {
     pub comment: Option<String>,
     /// When it authorised its execution.
     pub used_at: Option<i64>,
+    /// For a `replay` approval: the operation's version when it was asked for.
+    pub operation_version: Option<i64>,
 }
 
 /// What a new approval records.
@@ -91,7 +93,7 @@ pub struct OutboxEvent {
 }
 
 const APPROVAL_COLUMNS: &str = "id, tenant_id, operation_id, kind, method, route, path, fingerprint, policy, policy_hash, \
-     reason, requested_by, status, created_at, expires_at, decided_by, decided_at, comment, used_at";
+     reason, requested_by, status, created_at, expires_at, decided_by, decided_at, comment, used_at, operation_version";
 
 fn approval_from_row(r: &SqliteRow) -> Result<Approval, sqlx::Error> {
     Ok(Approval {
@@ -114,6 +116,7 @@ fn approval_from_row(r: &SqliteRow) -> Result<Approval, sqlx::Error> {
         decided_at: r.try_get("decided_at")?,
         comment: r.try_get("comment")?,
         used_at: r.try_get("used_at")?,
+        operation_version: r.try_get("operation_version")?,
     })
 }
 
@@ -167,7 +170,7 @@ pub(super) async fn insert_approval(
     now: i64,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, NULL, NULL, NULL, NULL)"
+        "INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, NULL, NULL, NULL, NULL, NULL)"
     )))
     .bind(&a.id)
     .bind(&op.tenant_id)
@@ -286,6 +289,11 @@ impl Ledger {
         };
         let mut tx = self.write.begin().await?;
         insert_approval(&mut tx, &new, a, now).await?;
+        sqlx::query("UPDATE approvals SET operation_version = ? WHERE id = ?")
+            .bind(op.version)
+            .bind(&a.id)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(())
     }
@@ -564,7 +572,11 @@ impl Ledger {
                 if a.kind == "request" {
                     let body = refused_response(
                         "approval-expired",
-                        "the approval expired before anyone decided",
+                        if a.status == "approved" {
+                            "the approval expired before the approved request was sent again"
+                        } else {
+                            "the approval expired before anyone decided"
+                        },
                         &a.operation_id,
                         &a.id,
                     );
