@@ -109,22 +109,33 @@ fn json_response(status: StatusCode, body: &Value) -> Response {
 }
 
 /// The effective annotations of a tool: the server's, with the route's overrides.
-fn effective(route: &Route, app: &AppState, tool: &str) -> (Value, bool, Option<EffectClass>) {
+fn effective(
+    route: &Route,
+    app: &AppState,
+    tenant: &str,
+    tool: &str,
+) -> (Value, bool, Option<EffectClass>) {
     let mut ann = app.mcp_tools.annotations(&route.name, tool);
-    let ov = route
-        .mcp
-        .as_ref()
-        .and_then(|m| m.tools.get(tool))
-        .cloned()
-        .unwrap_or_default();
-    if let Some(ro) = ov.read_only {
-        if !ann.is_object() {
-            ann = json!({});
+    let rt = app.settings();
+    // The server's hints, then the route's overrides, then the tenant's.
+    let overrides = [
+        route.mcp.as_ref().and_then(|m| m.tools.get(tool)).cloned(),
+        rt.mcp_tools.get(tenant).and_then(|m| m.get(tool)).cloned(),
+    ];
+    let mut class = None;
+    for ov in overrides.into_iter().flatten() {
+        if let Some(ro) = ov.read_only {
+            if !ann.is_object() {
+                ann = json!({});
+            }
+            ann["readOnlyHint"] = json!(ro);
         }
-        ann["readOnlyHint"] = json!(ro);
+        if ov.effect_class.is_some() {
+            class = ov.effect_class;
+        }
     }
     let read_only = ann["readOnlyHint"].as_bool().unwrap_or(false);
-    (ann, read_only, ov.effect_class)
+    (ann, read_only, class)
 }
 
 /// The policy request for a tool call: path `/tools/<name>`, the JSON-RPC
@@ -262,7 +273,7 @@ pub async fn prepare(
                 for t in tools {
                     let name = t["name"].as_str().unwrap_or_default().to_owned();
                     let probe = json!({"jsonrpc": "2.0", "id": 0, "method": "tools/call", "params": {"name": name, "arguments": {}}});
-                    let (ann, _, _) = effective(route, app, &name);
+                    let (ann, _, _) = effective(route, app, &principal.tenant, &name);
                     let req = policy_request(
                         principal,
                         route,
@@ -303,7 +314,7 @@ pub async fn prepare(
                 .get("arguments")
                 .cloned()
                 .unwrap_or_else(|| json!({}));
-            let (annotations, read_only, class) = effective(route, app, &tool);
+            let (annotations, read_only, class) = effective(route, app, &principal.tenant, &tool);
             if read_only {
                 if !policies.is_empty() {
                     let req = policy_request(

@@ -96,10 +96,20 @@ async fn upstream(py: &PathBuf) -> Upstream {
 }
 
 async fn agent(py: &PathBuf, app: &TestApp, prefix: &str, steps: Value) -> Vec<Value> {
+    agent_as(py, app, prefix, KEY_A, steps).await
+}
+
+async fn agent_as(
+    py: &PathBuf,
+    app: &TestApp,
+    prefix: &str,
+    key: &str,
+    steps: Value,
+) -> Vec<Value> {
     let out = tokio::process::Command::new(py)
         .arg(root().join("examples/mcp-client/agent.py"))
         .arg(app.proxy(&format!("{prefix}mcp")))
-        .arg(KEY_A)
+        .arg(key)
         .arg(steps.to_string())
         .output()
         .await
@@ -165,8 +175,11 @@ settle_delay_ms = 0
 enabled = false
 "#
     );
+    // Tenant b distrusts the server's readOnlyHint for search_docs.
+    let tenant_b = "mcp_tools = { search_docs = { read_only = false } }".to_owned();
     let app = spawn_with(Opts {
         tenant_a: allow,
+        tenant_b,
         more,
         ..Default::default()
     })
@@ -414,4 +427,32 @@ async fn a_lost_reply_is_reconciled_by_a_read_back_tool_call() {
     assert_eq!(op["state"], "COMPLETED");
     assert_eq!(op["provider_reference"], "msg-1");
     assert_eq!(up.count("email"), 1, "reconciled, never sent twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_overrides_the_servers_tool_hints() {
+    let Some(py) = python() else { return };
+    let (_up, app) = setup(&py).await;
+    let search = json!({"tool": "search_docs", "args": {"q": "x"}});
+    // Tenant a trusts readOnlyHint: passes through, nothing recorded.
+    let r = agent(&py, &app, "/tools/", json!([{"list": true}, search])).await;
+    assert_eq!(r[1]["is_error"], false);
+    // Tenant b says search_docs changes the world: it needs an intent id and is recorded.
+    let r = agent_as(&py, &app, "/tools/", KEY_B, json!([{"list": true}, search, {"tool": "search_docs", "args": {"q": "x"}, "intent": "s-1"}])).await;
+    assert!(
+        r[1]["rpc_error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("intent id"),
+        "{:?}",
+        r[1]
+    );
+    assert_eq!(r[2]["is_error"], false);
+    let op: Value = app
+        .operation(ADMIN_B, "b", "s-1")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(op["state"], "COMPLETED");
 }

@@ -89,6 +89,8 @@ pub struct Settings {
     pub webhooks: HashMap<String, Webhook>,
     /// Tenants whose principals may approve their own requests.
     pub self_approval: BTreeSet<String>,
+    /// Tenants' MCP tool overrides: tenant → tool → override.
+    pub mcp_tools: HashMap<String, std::collections::BTreeMap<String, ToolOverride>>,
 }
 
 /// An authenticated caller.
@@ -624,9 +626,13 @@ impl ConfigFile {
         }
         let mut webhooks = HashMap::new();
         let mut self_approval = BTreeSet::new();
+        let mut mcp_tools = HashMap::new();
         for (ti, t) in self.tenants.iter().enumerate() {
             if t.allow_self_approval {
                 self_approval.insert(t.id.clone());
+            }
+            if !t.mcp_tools.is_empty() {
+                mcp_tools.insert(t.id.clone(), t.mcp_tools.clone());
             }
             if let Some(w) = &t.webhook {
                 let wp = format!("tenants[{ti}].webhook");
@@ -697,6 +703,7 @@ impl ConfigFile {
             source: source.map(Path::to_path_buf),
             webhooks,
             self_approval,
+            mcp_tools,
         })
     }
 }

@@ -355,6 +355,10 @@ pub struct TenantSpec {
     /// Whether the principal that made a request may approve it. Default false.
     #[serde(default)]
     pub allow_self_approval: bool,
+    /// This tenant's overrides of MCP tool annotations, by tool name; they
+    /// win over the route's (`[routes.mcp.tools]`) and the server's hints.
+    #[serde(default)]
+    pub mcp_tools: std::collections::BTreeMap<String, ToolOverride>,
 }
 
 /// `tenants[].webhook`: approval notifications, delivered at least once
