@@ -21,6 +21,7 @@
 //! checks-then-acts.
 
 mod approvals;
+mod reconcile_write;
 mod sqlite;
 mod sqlite_write;
 
