@@ -175,9 +175,11 @@ async fn run_inner(
     let uri = upstream_uri(route, &op.path, op.query.as_deref())?;
     let mut headers = from_pairs(&op.request_headers);
     add_route_headers(route, &mut headers, Some(&op.provider_key));
-    // A later attempt of an MCP call can't count on the caller's session
-    // still existing: it runs in a session of the gateway's own.
-    if route.mcp.is_some() && claim.attempt > 1 {
+    // Only the first attempt, made while its caller waits, can count on the
+    // caller's MCP session still existing. Every other execution (a retry
+    // after a read-back, an approved request, a requeue) runs in a session
+    // of the gateway's own.
+    if route.mcp.is_some() && !(claim.attempt == 1 && op.state == OpState::Reserved) {
         match crate::mcp::open_session(route, &op.path).await {
             Ok(Some(s)) => {
                 if let Ok(v) = HeaderValue::from_str(&s) {

@@ -138,7 +138,9 @@ async fn handle_inner(
     let mcp_post = route.mcp.is_some() && req.method() == http::Method::POST;
     if !mcp_post && !route.is_effectful(req.method()) {
         let uri = upstream_uri(&route, rest, query.as_deref())?;
-        if !policies.is_empty() {
+        // On an MCP route policies decide tool calls; the session's other
+        // traffic (GET streams, DELETE) passes.
+        if !policies.is_empty() && route.mcp.is_none() {
             // Headers only: the body streams through unread.
             let request = policy_request(
                 &principal,

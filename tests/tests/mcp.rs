@@ -313,7 +313,22 @@ async fn refunds_over_the_threshold_wait_for_an_approval_bound_to_the_arguments(
     let Some(py) = python() else { return };
     let (up, app) = setup(&py).await;
     let refund = |amount: i64, intent: &str| json!({"tool": "refund", "args": {"charge_id": "ch_1", "amount": amount}, "intent": intent});
-    let r = agent(&py, &app, "/money/", json!([refund(500, "refund-1")])).await;
+    let listed = agent(
+        &py,
+        &app,
+        "/money/",
+        json!([{"list": true}, refund(500, "refund-1")]),
+    )
+    .await;
+    assert!(
+        listed[0]["tools"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("refund")),
+        "amounts are judged per call, so refund is offered: {:?}",
+        listed[0]
+    );
+    let r = &listed[1..];
     assert_eq!(
         r[0]["is_error"], true,
         "the agent gets a well-formed tool result"

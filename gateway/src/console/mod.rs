@@ -195,7 +195,11 @@ fn check_csrf(s: &Session, token: &str) -> Result<(), Response> {
     if eq(s.csrf.as_bytes(), token.as_bytes()) {
         Ok(())
     } else {
-        Err((StatusCode::FORBIDDEN, "missing or wrong CSRF token").into_response())
+        Err(ApiError::Forbidden {
+            role: "console session",
+            action: "post a form without its CSRF token",
+        }
+        .into_response())
     }
 }
 

@@ -30,6 +30,11 @@ impl Policy for AmountThreshold {
     }
 
     fn evaluate(config: &Value, request: &Request) -> Decision {
+        if request.operation_id.is_empty() {
+            // Asked whether an MCP tool may be offered at all: amounts are
+            // judged per call, not per tool.
+            return allow();
+        }
         let Some(body) = json_body(request) else {
             return deny(
                 400,
