@@ -44,6 +44,14 @@ struct Gw {
     admin: u16,
 }
 
+impl Drop for Gw {
+    /// A failing assertion must not leave a gateway process behind.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn write_config(dir: &Path, provider: &str, proxy: u16, admin: u16) -> std::path::PathBuf {
     let cfg = format!(
         r#"

@@ -8,6 +8,16 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// A child process killed when dropped, so a failing assertion leaves none behind.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -92,7 +102,7 @@ effect_class = "irreversible"
         if failpoint {
             cmd.env("FAILPOINTS", "before-deliver=return");
         }
-        cmd.spawn().unwrap()
+        Killed(cmd.spawn().unwrap())
     };
     let http = reqwest::Client::new();
     let ready = |port: u16| {
@@ -134,7 +144,7 @@ effect_class = "irreversible"
         .unwrap();
     assert_eq!(r.status(), 202);
     // The relay picks the event up and dies right before sending it.
-    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+    let status = tokio::task::spawn_blocking(move || child.0.wait().unwrap())
         .await
         .unwrap();
     assert_eq!(status.signal(), Some(9));
@@ -143,7 +153,7 @@ effect_class = "irreversible"
         "nothing was delivered before the crash"
     );
 
-    let mut child = start(false);
+    let child = start(false);
     ready(admin).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     while got.lock().unwrap().is_empty() {
@@ -170,8 +180,7 @@ effect_class = "irreversible"
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    child.kill().unwrap();
-    let _ = child.wait();
+    drop(child);
     assert_eq!(events.len(), 1);
     let got = got.lock().unwrap().clone();
     assert_eq!(
