@@ -110,11 +110,12 @@ pub async fn tick(app: &AppState) -> Result<Vec<(String, String, Step)>, LedgerE
 
 /// Runs the reconciler until `shutdown` turns true.
 pub async fn run(app: AppState, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    let period = Duration::from_millis(app.settings().reconcile.interval_ms);
     loop {
         if let Err(e) = tick(&app).await {
             tracing::warn!(error = %e, "reconciler scan failed");
         }
+        // Read each time, so a reload's new interval applies.
+        let period = Duration::from_millis(app.settings().reconcile.interval_ms);
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
             _ = shutdown.wait_for(|s| *s) => return,
