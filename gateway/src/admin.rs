@@ -76,7 +76,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route(
             "/admin/tenants/{tenant}/operations/{operation_id}/replay",
-            post(crate::approvals::replay),
+            post(crate::replay::replay),
         )
         .merge(crate::console::routes())
         .fallback(|| async { ApiError::NotFound("no such admin endpoint".into()) })

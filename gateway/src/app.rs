@@ -255,7 +255,7 @@ impl Gateway {
         {
             let (app, rx) = (state.clone(), rx.clone());
             tasks.push(tokio::spawn(async move {
-                crate::approvals::relay(app, rx).await;
+                crate::outbox::relay(app, rx).await;
                 Ok(())
             }));
         }

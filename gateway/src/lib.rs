@@ -17,6 +17,7 @@
 //! - [`cli`]: the `effectgate` command.
 
 pub mod admin;
+pub mod answer;
 pub mod app;
 pub mod approvals;
 pub mod cli;
@@ -30,9 +31,11 @@ pub mod idempotency;
 pub mod ledger;
 pub mod mcp;
 pub mod metrics;
+pub mod outbox;
 pub mod policy;
 pub mod proxy;
 pub mod reconcile;
+pub mod replay;
 pub mod template;
 
 pub use app::{AppState, Gateway};

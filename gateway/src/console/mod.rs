@@ -442,7 +442,7 @@ async fn replay(
         return r;
     }
     let reason = Some(f.reason).filter(|r| !r.trim().is_empty());
-    let result = match crate::approvals::replay_as(
+    let result = match crate::replay::replay_as(
         &app,
         &s.principal,
         &s.principal.tenant.clone(),

@@ -1,0 +1,94 @@
+//! Validating a route's `[routes.read_back]` into a runtime [`ReadBack`].
+
+use http::{HeaderName, Method};
+
+use super::{ConfigError, ReadBack, ReadBackSpec};
+
+/// Checks a read-back spec at `path` (for error messages) and parses its templates.
+pub(super) fn read_back(path: &str, rb: &ReadBackSpec) -> Result<ReadBack, ConfigError> {
+    let method = Method::from_bytes(rb.method.to_ascii_uppercase().as_bytes()).map_err(|_| {
+        ConfigError::new(
+            format!("{path}.method"),
+            format!("not an HTTP method: {:?}", rb.method),
+        )
+    })?;
+    let tpl_text = match (&rb.path, &rb.tool) {
+        (Some(p), _) => p.clone(),
+        (None, Some(_)) => "/mcp".to_owned(),
+        (None, None) => {
+            return Err(ConfigError::new(
+                format!("{path}.path"),
+                "a read-back needs a `path` (or, on an MCP route, a `tool`)",
+            ));
+        }
+    };
+    if !tpl_text.starts_with('/') {
+        return Err(ConfigError::new(
+            format!("{path}.path"),
+            "must start with '/'",
+        ));
+    }
+    let mut tool_arguments = Vec::new();
+    for (name, value) in &rb.arguments {
+        let t = crate::template::Template::parse(value)
+            .map_err(|e| ConfigError::new(format!("{path}.arguments.{name}"), e))?;
+        tool_arguments.push((name.clone(), t));
+    }
+    let tpl = crate::template::Template::parse(&tpl_text)
+        .map_err(|e| ConfigError::new(format!("{path}.path"), e))?;
+    let mut headers = Vec::new();
+    for (name, value) in &rb.headers {
+        let n = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+            ConfigError::new(
+                format!("{path}.headers"),
+                format!("not a header name: {name:?}"),
+            )
+        })?;
+        let t = crate::template::Template::parse(value)
+            .map_err(|e| ConfigError::new(format!("{path}.headers.{name}"), e))?;
+        headers.push((n, t));
+    }
+    for (field, p) in [
+        ("found_pointer", Some(&rb.found_pointer)),
+        ("reference_pointer", rb.reference_pointer.as_ref()),
+    ] {
+        if let Some(p) = p
+            && !(p.is_empty() || p.starts_with('/'))
+        {
+            return Err(ConfigError::new(
+                format!("{path}.{field}"),
+                "a JSON pointer is empty or starts with '/'",
+            ));
+        }
+    }
+    if rb.timeout_ms == 0 {
+        return Err(ConfigError::new(
+            format!("{path}.timeout_ms"),
+            "must be at least 1",
+        ));
+    }
+    let mut match_fields = Vec::new();
+    for (ptr, value) in &rb.match_fields {
+        if !(ptr.is_empty() || ptr.starts_with('/')) {
+            return Err(ConfigError::new(
+                format!("{path}.match"),
+                format!("{ptr:?} is not a JSON pointer"),
+            ));
+        }
+        let t = crate::template::Template::parse(value)
+            .map_err(|e| ConfigError::new(format!("{path}.match.{ptr}"), e))?;
+        match_fields.push((ptr.clone(), t));
+    }
+    Ok(ReadBack {
+        method,
+        path: tpl,
+        headers,
+        match_fields,
+        tool: rb.tool.clone(),
+        tool_arguments,
+        found_pointer: rb.found_pointer.clone(),
+        reference_pointer: rb.reference_pointer.clone(),
+        settle_delay_ms: rb.settle_delay_ms,
+        timeout_ms: rb.timeout_ms,
+    })
+}

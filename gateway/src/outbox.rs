@@ -1,0 +1,106 @@
+//! The outbox relay: delivers approval events to tenants' webhooks, at
+//! least once, signed with HMAC-SHA256, from the outbox table the events
+//! were written to in the same transaction as the change they announce.
+
+use std::time::Duration;
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use crate::app::AppState;
+use crate::error::ApiError;
+
+/// The outbox relay: delivers approval events to tenants' webhooks, at
+/// least once, signed. Runs until `shutdown`.
+pub async fn relay(app: AppState, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    loop {
+        if let Err(e) = relay_once(&app).await {
+            tracing::warn!(error = %e, "outbox relay failed");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(app.settings().reconcile.interval_ms.min(500))) => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+/// `Effectgate-Signature` value for `body`: `sha256=<hex HMAC-SHA256>`.
+pub fn signature(secret: &[u8], body: &[u8]) -> String {
+    let mut mac =
+        <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC accepts any key length");
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// One delivery pass over the due events, 8 at a time, so one tenant's
+/// slow receiver doesn't hold up the others' events.
+pub async fn relay_once(app: &AppState) -> Result<usize, ApiError> {
+    use futures_util::StreamExt;
+    let rt = app.settings();
+    let lease = i64::try_from(rt.reconcile.outbox_lease_ms).unwrap_or(i64::MAX);
+    let events = app.ledger.claim_events(&app.instance_id, lease, 50).await?;
+    let client = crate::forward::client_for(2_000);
+    let results: Vec<Result<bool, ApiError>> = futures_util::stream::iter(events)
+        .map(|ev| {
+            let (rt, client) = (rt.clone(), client.clone());
+            async move { deliver(app, &rt, &client, ev).await }
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    let mut delivered = 0;
+    for r in results {
+        if r? {
+            delivered += 1;
+        }
+    }
+    Ok(delivered)
+}
+
+async fn deliver(
+    app: &AppState,
+    rt: &crate::app::Runtime,
+    client: &crate::forward::HttpClient,
+    ev: crate::ledger::OutboxEvent,
+) -> Result<bool, ApiError> {
+    let Some(hook) = rt.webhooks.get(&ev.tenant_id) else {
+        // No webhook configured: nothing to deliver to; marked done.
+        app.ledger
+            .event_attempted(&ev.event_id, true, Some("no webhook configured"), 0)
+            .await?;
+        return Ok(false);
+    };
+    crate::failpoint::hit("before-deliver");
+    let body = ev.payload.clone().into_bytes();
+    let req = http::Request::post(hook.url.clone())
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header("effectgate-event-id", &ev.event_id)
+        .header("effectgate-event-type", &ev.event_type)
+        .header("effectgate-signature", signature(&hook.secret, &body))
+        .body(axum::body::Body::from(body))
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    let result = tokio::time::timeout(Duration::from_secs(5), client.request(req)).await;
+    let now = app.ledger.clock().now_ms();
+    match result {
+        Ok(Ok(r)) if r.status().is_success() => {
+            app.ledger
+                .event_attempted(&ev.event_id, true, None, now)
+                .await?;
+            Ok(true)
+        }
+        other => {
+            let err = match other {
+                Ok(Ok(r)) => format!("receiver answered {}", r.status()),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "timeout".into(),
+            };
+            let backoff = 1_000i64
+                .saturating_mul(1 << ev.attempts.clamp(0, 10))
+                .min(300_000);
+            app.ledger
+                .event_attempted(&ev.event_id, false, Some(&err), now + backoff)
+                .await?;
+            Ok(false)
+        }
+    }
+}

@@ -1,0 +1,393 @@
+//! Replay: an operator's deliberate re-run or re-serve of an operation,
+//! governed by the tenant's replay verdict for its effect class
+//! (`POST /admin/tenants/{t}/operations/{id}/replay`, role operator, body
+//! `{"force": false, "reason": "…"}`).
+
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use http::{HeaderMap, StatusCode};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::app::AppState;
+use crate::approvals::parse;
+use crate::config::{EffectClass, Role};
+use crate::error::ApiError;
+use crate::ledger::{NewApproval, Operation, State as OpState};
+use crate::policy::{ReplayVerdict, Verdict, verdict_name};
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayBody {
+    #[serde(default)]
+    force: bool,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+/// `POST …/operations/{id}/replay` (operator): runs the tenant's replay
+/// verdict for the operation's effect class.
+pub async fn replay(
+    State(app): State<AppState>,
+    Path((tenant, operation_id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let b: ReplayBody = parse(&body)?;
+    let (status, v) =
+        replay_operation(&app, &headers, &tenant, &operation_id, b.force, b.reason).await?;
+    Ok((status, axum::Json(v)).into_response())
+}
+
+/// The replay action shared by the API and the console. Returns the status
+/// and a JSON report with the verdict and what happened.
+///
+/// Errors: 403 for roles other than operator (a client key can never
+/// replay), 404 for an unknown operation, 409 for a deny verdict or an
+/// operation in flight.
+pub async fn replay_operation(
+    app: &AppState,
+    headers: &HeaderMap,
+    tenant: &str,
+    operation_id: &str,
+    force: bool,
+    reason: Option<String>,
+) -> Result<(StatusCode, serde_json::Value), ApiError> {
+    let p = app.authorize_admin(headers, tenant, &[Role::Operator])?;
+    replay_as(app, &p, tenant, operation_id, force, reason).await
+}
+
+/// [`replay_operation`] for an already authenticated principal (the console).
+///
+/// Errors: as [`replay_operation`].
+pub async fn replay_as(
+    app: &AppState,
+    p: &crate::config::Principal,
+    tenant: &str,
+    operation_id: &str,
+    force: bool,
+    reason: Option<String>,
+) -> Result<(StatusCode, serde_json::Value), ApiError> {
+    if p.tenant != tenant {
+        return Err(ApiError::NotFound(format!("no operation {operation_id:?}")));
+    }
+    if p.role != Role::Operator {
+        return Err(ApiError::Forbidden {
+            role: p.role.as_str(),
+            action: "replay operations",
+        });
+    }
+    let op = app
+        .ledger
+        .get(tenant, operation_id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no operation {operation_id:?}")))?;
+    let rt = app.settings();
+    let route = rt
+        .routes
+        .iter()
+        .find(|r| r.name == op.route)
+        .cloned()
+        .ok_or_else(|| {
+            ApiError::Conflict(format!("route {:?} is no longer configured", op.route))
+        })?;
+    let class = op
+        .effect_class
+        .as_deref()
+        .and_then(|c| serde_json::from_value::<EffectClass>(json!(c)).ok())
+        .unwrap_or(route.effect_class);
+    let verdict = crate::admin::replay_verdict_for(app, &op, class).await;
+    let reason = reason.unwrap_or_else(|| "no reason given".into());
+    tracing::info!(tenant, operation_id, verdict = verdict_name(verdict), force, by = %p.name, "replay requested");
+    let report = |status: StatusCode, outcome: &str, extra: serde_json::Value| {
+        let mut v = json!({"operation_id": operation_id, "verdict": verdict_name(verdict), "outcome": outcome});
+        if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+            o.extend(e.clone());
+        }
+        Ok((status, v))
+    };
+    match verdict {
+        ReplayVerdict::Deny => Err(ApiError::Conflict(format!(
+            "replay denied by the {} verdict for effect class {}",
+            verdict_name(verdict),
+            class.as_str()
+        ))),
+        ReplayVerdict::Manual => {
+            // One pending replay approval per operation: asking again
+            // answers with the one that waits.
+            if let Some(p) = app
+                .ledger
+                .approval_for(tenant, operation_id, "replay")
+                .await?
+                && p.status == "pending"
+            {
+                return report(
+                    StatusCode::ACCEPTED,
+                    "approval-required",
+                    json!({"approval_id": p.id}),
+                );
+            }
+            let a = NewApproval {
+                id: format!("apr_{}", hex::encode(rand::random::<[u8; 12]>())),
+                kind: "replay".into(),
+                policy: "replay".into(),
+                policy_hash: String::new(),
+                reason: format!(
+                    "{} asked to replay ({reason}); the effect class {} needs a human",
+                    p.name,
+                    class.as_str()
+                ),
+                ttl_ms: i64::try_from(route.approval_ttl_ms).unwrap_or(i64::MAX),
+            };
+            app.ledger.create_replay_approval(&op, &a, &p.name).await?;
+            report(
+                StatusCode::ACCEPTED,
+                "approval-required",
+                json!({"approval_id": a.id}),
+            )
+        }
+        ReplayVerdict::Revalidate => {
+            // Evaluate the stored request again with the current policies.
+            let policies = rt.policies.for_route(tenant, &route.name);
+            let principal = crate::config::Principal {
+                tenant: tenant.into(),
+                name: op.principal.clone(),
+                role: Role::Client,
+            };
+            let request = crate::proxy::policy_request(
+                &principal,
+                &route,
+                &op.method,
+                &op.path,
+                op.query.as_deref(),
+                &crate::forward::from_pairs(&op.request_headers),
+                &op.request_body,
+                &op.operation_id,
+                &op.fingerprint,
+                Some(op.state),
+            );
+            let (v, _) = crate::policy::evaluate_chain_async(
+                app.engine.clone(),
+                policies,
+                &route,
+                tenant,
+                request,
+            )
+            .await;
+            match v {
+                Verdict::Allow { .. } => {
+                    let (outcome, extra) = run_replay(
+                        app,
+                        &route,
+                        op,
+                        ReplayVerdict::SameOperationOnly,
+                        false,
+                        &p.name,
+                    )
+                    .await?;
+                    report(StatusCode::OK, &outcome, extra)
+                }
+                Verdict::Deny { reason, policy, .. } => Err(ApiError::Conflict(format!(
+                    "revalidation denied the replay: policy {policy}: {reason}"
+                ))),
+                Verdict::RequireApproval { reasons, .. } => Err(ApiError::Conflict(format!(
+                    "revalidation requires an approval: {}",
+                    reasons.join("; ")
+                ))),
+                Verdict::Failed { policy, failure } => Err(ApiError::PolicyFailed {
+                    policy,
+                    detail: failure.to_string(),
+                }),
+            }
+        }
+        ReplayVerdict::Allow | ReplayVerdict::SameOperationOnly => {
+            let (outcome, extra) = run_replay(app, &route, op, verdict, force, &p.name).await?;
+            report(StatusCode::OK, &outcome, extra)
+        }
+    }
+}
+
+/// Carries out a permitted replay of the **same** operation (same id, same
+/// provider key). COMPLETED: the stored result stands and the provider is
+/// not called, unless the verdict is `allow` and `force` is set (audited).
+/// FAILED on the terminal route: requeued. UNKNOWN: reconciled (read-back
+/// first). Anything in flight: 409.
+pub(crate) async fn run_replay(
+    app: &AppState,
+    route: &crate::config::Route,
+    op: Operation,
+    verdict: ReplayVerdict,
+    force: bool,
+    actor: &str,
+) -> Result<(String, serde_json::Value), ApiError> {
+    match op.state {
+        OpState::Completed if force && verdict == ReplayVerdict::Allow => {
+            let state = forced_replay(app, route, &op, actor).await?;
+            Ok((
+                "re-executed (forced)".into(),
+                json!({"state": state, "provider_called": true}),
+            ))
+        }
+        OpState::Completed | OpState::Compensated => Ok((
+            "stored result stands".into(),
+            json!({"state": op.state, "provider_called": false}),
+        )),
+        OpState::Failed if op.dead_letter => {
+            let target = if route.read_back.is_some() {
+                OpState::Unknown
+            } else {
+                OpState::Reserved
+            };
+            let v = app
+                .ledger
+                .requeue(
+                    &op.tenant_id,
+                    &op.operation_id,
+                    op.version,
+                    target,
+                    actor,
+                    "replayed by operator",
+                )
+                .await?
+                .ok_or_else(|| ApiError::Conflict("the operation changed meanwhile".into()))?;
+            let lease = crate::execute::lease_ms(app);
+            if target == OpState::Reserved {
+                if let Some(claim) = app
+                    .ledger
+                    .claim(
+                        &op.tenant_id,
+                        &op.operation_id,
+                        OpState::Reserved,
+                        v,
+                        &app.instance_id,
+                        lease,
+                        "replay: new attempt",
+                    )
+                    .await?
+                {
+                    let fresh = app
+                        .ledger
+                        .get(&op.tenant_id, &op.operation_id)
+                        .await?
+                        .unwrap_or(op.clone());
+                    crate::execute::run_detached(app, route, fresh, claim, wait(app)).await;
+                }
+            } else if let Some(fresh) = app.ledger.get(&op.tenant_id, &op.operation_id).await? {
+                reconcile_detached(app, fresh).await;
+            }
+            let now = app.ledger.get(&op.tenant_id, &op.operation_id).await?;
+            Ok((
+                "requeued".into(),
+                json!({"state": now.map(|o| o.state), "provider_called": true}),
+            ))
+        }
+        OpState::Failed => Ok((
+            "stored failure stands".into(),
+            json!({"state": op.state, "provider_called": false}),
+        )),
+        OpState::Unknown => {
+            let step = reconcile_detached(app, op.clone()).await;
+            let now = app.ledger.get(&op.tenant_id, &op.operation_id).await?;
+            Ok((
+                "reconciled".into(),
+                json!({"state": now.map(|o| o.state), "step": format!("{step:?}")}),
+            ))
+        }
+        _ => Err(ApiError::InFlight {
+            operation_id: op.operation_id.clone(),
+            retry_after_s: 1,
+        }),
+    }
+}
+
+fn wait(app: &AppState) -> Duration {
+    Duration::from_millis(app.settings().reconcile.duplicate_wait_ms)
+}
+
+/// Reconciles `op` in a task of its own, waiting at most
+/// `reconcile.duplicate_wait_ms`; a new attempt it starts runs to its end
+/// even if this request gives up.
+async fn reconcile_detached(app: &AppState, op: Operation) -> Option<crate::reconcile::Step> {
+    let app2 = app.clone();
+    let task = tokio::spawn(async move { crate::reconcile::reconcile_op(&app2, op).await });
+    match tokio::time::timeout(wait(app), task).await {
+        Ok(Ok(Ok(step))) => Some(step),
+        _ => None,
+    }
+}
+
+/// Re-sends a COMPLETED operation's stored request with the same provider
+/// key, on an operator's explicit `force` under an `allow` verdict. The
+/// state stays COMPLETED; the attempt and a COMPLETED → COMPLETED transition
+/// naming the operator are recorded.
+async fn forced_replay(
+    app: &AppState,
+    route: &crate::config::Route,
+    op: &Operation,
+    actor: &str,
+) -> Result<OpState, ApiError> {
+    // The audit record is written first, as a compare-and-swap on the
+    // version: of two concurrent forced replays only one calls the
+    // provider, and no call goes unrecorded.
+    if !app
+        .ledger
+        .audit(
+            &op.tenant_id,
+            &op.operation_id,
+            op.version,
+            OpState::Completed,
+            actor,
+            &format!("forced replay by {actor} (audited): sending the stored request again"),
+        )
+        .await?
+    {
+        return Err(ApiError::Conflict(
+            "the operation changed meanwhile; reload and retry".into(),
+        ));
+    }
+    let mut headers = crate::forward::from_pairs(&op.request_headers);
+    crate::forward::add_route_headers(route, &mut headers, Some(&op.provider_key));
+    headers.insert(
+        http::header::CONTENT_LENGTH,
+        http::HeaderValue::from(op.request_body.len()),
+    );
+    let uri = crate::forward::upstream_uri(route, &op.path, op.query.as_deref())?;
+    let method: http::Method = op
+        .method
+        .parse()
+        .map_err(|_| ApiError::Internal("stored method".into()))?;
+    let req = crate::forward::build_request(
+        method,
+        uri,
+        headers,
+        axum::body::Body::from(op.request_body.clone()),
+    );
+    let status = match tokio::time::timeout(
+        Duration::from_millis(route.response_timeout_ms),
+        route.client.request(req),
+    )
+    .await
+    {
+        Ok(Ok(r)) => r.status().as_u16().to_string(),
+        Ok(Err(e)) => format!("error: {e}"),
+        Err(_) => "timeout".into(),
+    };
+    let current = app
+        .ledger
+        .get(&op.tenant_id, &op.operation_id)
+        .await?
+        .map_or(op.version + 1, |o| o.version);
+    app.ledger
+        .audit(
+            &op.tenant_id,
+            &op.operation_id,
+            current,
+            OpState::Completed,
+            actor,
+            &format!("forced replay by {actor} (audited): provider answered {status}"),
+        )
+        .await?;
+    Ok(OpState::Completed)
+}
