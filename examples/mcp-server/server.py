@@ -9,6 +9,8 @@ Tools:
 - search_docs(q): read-only.
 - get_email_status(to, subject): read-only; whether such an e-mail was sent
   (the read-back of send_email).
+- post_note(text): logs progress before its result (SSE notifications first).
+- export_report(rows): a large result.
 - always_fails(reason): the tool reports an error (isError: true).
 
 Run: python server.py --port 9300 --outbox /tmp/outbox.jsonl
@@ -20,7 +22,7 @@ import os
 import time
 
 import uvicorn
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
 
 parser = argparse.ArgumentParser()
@@ -73,6 +75,21 @@ def get_email_status(to: str, subject: str) -> dict:
             if rec.get("kind") == "email" and rec.get("to") == to and rec.get("subject") == subject:
                 return {"found": True, "message_id": f"msg-{n}"}
     return {"found": False}
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False))
+async def post_note(text: str, ctx: Context) -> dict:
+    """Post a note, logging progress before the result (SSE notifications first)."""
+    n = _append({"kind": "note", "text": text})
+    await ctx.info(f"posting note {n}")
+    return {"note_id": f"note-{n}"}
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False))
+def export_report(rows: int) -> str:
+    """Write a report and return it whole (a large result)."""
+    _append({"kind": "report", "rows": rows})
+    return "row\n" * rows
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=False))

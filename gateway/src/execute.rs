@@ -207,7 +207,26 @@ async fn run_inner(
 
     let mut attempt_no = claim.attempt;
     let mut retry_no: u32 = 1;
+    let mut last_status: Option<u16> = None;
     loop {
+        if route.mcp.is_some()
+            && retry_no > 1
+            && last_status == Some(StatusCode::NOT_FOUND.as_u16())
+        {
+            match crate::mcp::open_session(route, &op.path).await {
+                Ok(Some(s)) => {
+                    if let Ok(v) = HeaderValue::from_str(&s) {
+                        headers.insert("mcp-session-id", v);
+                    }
+                }
+                Ok(None) => {
+                    headers.remove("mcp-session-id");
+                }
+                Err(e) => {
+                    tracing::warn!(operation_id = %op.operation_id, error = %e, "could not open an MCP session")
+                }
+            }
+        }
         let req = build_request(
             method.clone(),
             uri.clone(),
@@ -228,9 +247,13 @@ async fn run_inner(
         let transient = match &result {
             Attempt::ConnectFailed(d) => Some((None, "connect-failed".to_owned(), d.clone(), None)),
             Attempt::Response { .. } if policy_class == Some(FailureClass::Permanent) => None,
+            // An MCP server that no longer knows the session refused the
+            // call before running it: a new attempt in a session of the
+            // gateway's own.
             Attempt::Response { head, .. }
                 if matches!(head.status.as_u16(), 429 | 503)
-                    || policy_class == Some(FailureClass::Transient) =>
+                    || policy_class == Some(FailureClass::Transient)
+                    || (route.mcp.is_some() && head.status == StatusCode::NOT_FOUND) =>
             {
                 Some((
                     Some(head.status.as_u16()),
@@ -241,6 +264,7 @@ async fn run_inner(
             }
             _ => None,
         };
+        last_status = transient.as_ref().and_then(|t| t.0);
         if let Some((status, kind, detail, retry_after)) = &transient
             && attempt_no < budget
             && let Some(delay) = backoff_ms(route, retry_no, *retry_after)
@@ -347,7 +371,17 @@ async fn attempt(
         let (head, body) = resp.into_parts();
         let body = match tokio::time::timeout_at(
             deadline,
-            read_bounded(body, route.max_stored_response_bytes),
+            // An MCP answer is read and stored whole (up to 16 MiB, or the
+            // route's limit if larger): the tool's outcome is inside it, and
+            // a replay must be the whole result.
+            read_bounded(
+                body,
+                if route.mcp.is_some() {
+                    route.max_stored_response_bytes.max(16 << 20)
+                } else {
+                    route.max_stored_response_bytes
+                },
+            ),
         )
         .await
         {
@@ -683,6 +717,8 @@ fn classify(
                 }
                 o.response_headers = vec![("content-type".into(), "application/json".into())];
                 o.response_body_bytes = Some(bytes.len() as i64);
+                // Stored whole (MCP answers are read up to 16 MiB): a replay
+                // must be a valid tool result, which a truncated one isn't.
                 o.response_body = Some(bytes.clone());
                 parts.headers.insert(
                     header::CONTENT_TYPE,

@@ -53,17 +53,18 @@ impl ToolCache {
             .cloned()
             .unwrap_or(Value::Null)
     }
+    /// Merges a page of tools (pages of a paginated list add up).
     fn store(&self, route: &str, tools: &[Value]) {
-        let map = tools
-            .iter()
-            .filter_map(|t| {
-                Some((
-                    t["name"].as_str()?.to_owned(),
+        let mut all = self.0.lock().unwrap();
+        let map = all.entry(route.to_owned()).or_default();
+        for t in tools {
+            if let Some(name) = t["name"].as_str() {
+                map.insert(
+                    name.to_owned(),
                     t.get("annotations").cloned().unwrap_or(Value::Null),
-                ))
-            })
-            .collect();
-        self.0.lock().unwrap().insert(route.to_owned(), map);
+                );
+            }
+        }
     }
 }
 
@@ -112,10 +113,11 @@ fn json_response(status: StatusCode, body: &Value) -> Response {
 fn effective(
     route: &Route,
     app: &AppState,
+    cache_key: &str,
     tenant: &str,
     tool: &str,
 ) -> (Value, bool, Option<EffectClass>) {
-    let mut ann = app.mcp_tools.annotations(&route.name, tool);
+    let mut ann = app.mcp_tools.annotations(cache_key, tool);
     let rt = app.settings();
     // The server's hints, then the route's overrides, then the tenant's.
     let overrides = [
@@ -176,7 +178,10 @@ pub fn rpc_message(headers: &HeaderMap, body: &[u8]) -> Option<Value> {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if ct.starts_with("text/event-stream") {
-        let text = String::from_utf8_lossy(body);
+        // SSE lines end in CRLF, LF or CR (and events in a blank line).
+        let text = String::from_utf8_lossy(body)
+            .replace("\r\n", "\n")
+            .replace('\r', "\n");
         let mut found = None;
         for event in text.split("\n\n") {
             let data: String = event
@@ -185,7 +190,10 @@ pub fn rpc_message(headers: &HeaderMap, body: &[u8]) -> Option<Value> {
                 .map(|d| d.strip_prefix(' ').unwrap_or(d))
                 .collect::<Vec<_>>()
                 .join("\n");
+            // Notifications (logs, progress) come first; the answer is the
+            // message with an id and a result or error.
             if let Ok(v) = serde_json::from_str::<Value>(&data)
+                && v.get("id").is_some()
                 && (v.get("result").is_some() || v.get("error").is_some())
             {
                 found = Some(v);
@@ -220,13 +228,54 @@ pub async fn prepare(
     uri: &http::Uri,
     peer: std::net::SocketAddr,
 ) -> Result<Prepared, ApiError> {
+    // Fail closed: what the gateway can't read, it doesn't forward. A
+    // server's parser may accept what this one refuses (NaN, 1e400, deep
+    // nesting), and a call the gateway didn't see would run unrecorded.
     let Ok(msg) = serde_json::from_slice::<Value>(body) else {
-        return Ok(Prepared::Forward);
+        return Ok(Prepared::Respond(rpc_error(
+            &Value::Null,
+            -32700,
+            "parse error: the gateway forwards only JSON it can read",
+            Value::Null,
+        )));
     };
-    let Some(method) = msg["method"].as_str() else {
-        return Ok(Prepared::Forward);
+    if !msg.is_object() {
+        return Ok(Prepared::Respond(rpc_error(
+            &Value::Null,
+            -32600,
+            "a POST must carry one JSON-RPC message (no batches)",
+            Value::Null,
+        )));
+    }
+    let Some(method) = msg.get("method") else {
+        // A response to a server-initiated request (sampling, elicitation).
+        if msg.get("result").is_some() || msg.get("error").is_some() {
+            return Ok(Prepared::Forward);
+        }
+        return Ok(Prepared::Respond(rpc_error(
+            &Value::Null,
+            -32600,
+            "not a JSON-RPC request, notification or response",
+            Value::Null,
+        )));
+    };
+    let Some(method) = method.as_str() else {
+        return Ok(Prepared::Respond(rpc_error(
+            &Value::Null,
+            -32600,
+            "method must be a string",
+            Value::Null,
+        )));
     };
     let id = msg.get("id").cloned().unwrap_or(Value::Null);
+    if method == "tools/call" && !(id.is_string() || id.is_number()) {
+        return Ok(Prepared::Respond(rpc_error(
+            &Value::Null,
+            -32600,
+            "tools/call must be a request with a string or number id",
+            Value::Null,
+        )));
+    }
     // The routing headers of the current spec must agree with the body: the
     // gateway (and its policies) decide on the body, and a header that says
     // otherwise could steer something in between.
@@ -257,6 +306,8 @@ pub async fn prepare(
             Value::Null,
         )));
     }
+    // Annotations are cached per route and upstream endpoint.
+    let cache_key = format!("{}{}", route.name, uri.path());
     let rt = app.settings();
     let policies = rt.policies.for_route(&principal.tenant, &route.name);
     match method {
@@ -267,13 +318,13 @@ pub async fn prepare(
                 return Ok(Prepared::Respond(raw(status, head, bytes)));
             };
             if let Some(tools) = answer["result"]["tools"].as_array().cloned() {
-                app.mcp_tools.store(&route.name, &tools);
+                app.mcp_tools.store(&cache_key, &tools);
                 // Offer only the tools this tenant's policies would let run.
                 let mut kept = Vec::new();
                 for t in tools {
                     let name = t["name"].as_str().unwrap_or_default().to_owned();
                     let probe = json!({"jsonrpc": "2.0", "id": 0, "method": "tools/call", "params": {"name": name, "arguments": {}}});
-                    let (ann, _, _) = effective(route, app, &principal.tenant, &name);
+                    let (ann, _, _) = effective(route, app, &cache_key, &principal.tenant, &name);
                     let req = policy_request(
                         principal,
                         route,
@@ -314,7 +365,8 @@ pub async fn prepare(
                 .get("arguments")
                 .cloned()
                 .unwrap_or_else(|| json!({}));
-            let (annotations, read_only, class) = effective(route, app, &principal.tenant, &tool);
+            let (annotations, read_only, class) =
+                effective(route, app, &cache_key, &principal.tenant, &tool);
             if read_only {
                 if !policies.is_empty() {
                     let req = policy_request(

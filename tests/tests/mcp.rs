@@ -471,3 +471,80 @@ async fn a_tenant_overrides_the_servers_tool_hints() {
         .unwrap();
     assert_eq!(op["state"], "COMPLETED");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_before_the_result_and_large_results_are_completed() {
+    let Some(py) = python() else { return };
+    let (up, app) = setup(&py).await;
+    let r = agent(
+        &py,
+        &app,
+        "/derived/",
+        json!([
+            {"tool": "post_note", "args": {"text": "hello"}, "intent": "note-1"},
+            {"tool": "export_report", "args": {"rows": 100000}, "intent": "report-1"},
+            {"tool": "export_report", "args": {"rows": 100000}, "intent": "report-1"},
+        ]),
+    )
+    .await;
+    assert_eq!(r[0]["is_error"], false, "{:?}", r[0]);
+    assert_eq!(
+        app.op_json("note-1").await["state"],
+        "COMPLETED",
+        "a log notification before the result is not the result"
+    );
+    assert_eq!(r[1]["is_error"], false);
+    assert_eq!(
+        r[1]["text"].as_str().unwrap().len(),
+        400000,
+        "the first call gets the whole result"
+    );
+    let op = app.op_json("report-1").await;
+    assert_eq!(op["state"], "COMPLETED");
+    assert_eq!(r[2], r[1], "the replay is the whole result");
+    assert_eq!(up.count("report"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_or_malformed_calls_are_never_forwarded() {
+    let Some(py) = python() else { return };
+    let (up, app) = setup(&py).await;
+    let post = |body: &'static str, session: Option<&'static str>| {
+        let mut b = app
+            .http
+            .post(app.proxy("/money/mcp"))
+            .bearer_auth(KEY_A)
+            .header("Accept", "application/json, text/event-stream")
+            .header("Content-Type", "application/json")
+            .body(body);
+        if let Some(s) = session {
+            b = b.header("Mcp-Session-Id", s);
+        }
+        b.send()
+    };
+    for body in [
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"refund","arguments":{"charge_id":"c","amount":500},"_meta":{"x":NaN}}}"#,
+        r#"[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"refund","arguments":{"charge_id":"c","amount":500}}}]"#,
+        r#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"refund","arguments":{"charge_id":"c","amount":500},"_meta":{"effectgate/operation-id":"n1"}}}"#,
+    ] {
+        let v: Value = post(body, None).await.unwrap().json().await.unwrap();
+        assert!(
+            v["error"]["code"].as_i64().unwrap() <= -32600,
+            "{body}: {v}"
+        );
+    }
+    assert_eq!(up.count("refund"), 0);
+    assert_eq!(app.operation(ADMIN_A, "a", "n1").await.status(), 404);
+    // A stale session: the server refuses (404) before running; the gateway
+    // retries in a session of its own, so the intent is not lost.
+    let stale = r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"refund","arguments":{"charge_id":"c","amount":5},"_meta":{"effectgate/operation-id":"stale-1"}}}"#;
+    let v: Value = post(stale, Some("deadbeef"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["result"]["isError"], false, "{v}");
+    assert_eq!(up.count("refund"), 1);
+    assert_eq!(app.op_json("stale-1").await["state"], "COMPLETED");
+}
