@@ -132,15 +132,20 @@ async fn a_busy_loop_fails_closed_within_50ms_while_others_are_served() {
     let p: Value = stuck.json().await.unwrap();
     assert_eq!(p["type"], "urn:effectgate:problem:policy-failed");
     assert!(p["detail"].as_str().unwrap().contains("deadline"), "{p}");
-    // The call itself is bounded by the 10 ms deadline; allow for HTTP and debug-build overhead.
+    // The policy call is bounded by the 10 ms deadline: its recorded time
+    // must stay under 50 ms (the HTTP round trip around it is looser).
     let t = Instant::now();
     let again = app.charge("spin2", BODY).await;
     assert_eq!(again.status(), 503);
     assert!(
-        t.elapsed() < Duration::from_millis(50),
-        "fail-closed took {:?}",
+        t.elapsed() < Duration::from_millis(500),
+        "fail-closed answer took {:?}",
         t.elapsed()
     );
+    let d = app.gw.state.ledger.decisions("a", "spin2").await.unwrap();
+    assert_eq!(d[0]["decision"], "failed-closed");
+    let us = d[0]["duration_us"].as_i64().unwrap();
+    assert!(us < 50_000, "the busy loop ran {us} µs");
     // Nothing was reserved or sent for the failed calls; the gateway still serves.
     assert_eq!(app.operation(ADMIN_A, "a", "spin").await.status(), 404);
     assert_eq!(app.charge_as(KEY_B, "fine-2", BODY).await.status(), 200);
