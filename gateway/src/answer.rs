@@ -87,9 +87,9 @@ pub fn replay(op: &Operation) -> Response {
             let mut r = Response::new(Body::from(body));
             *r.status_mut() = status;
             for (name, value) in &op.response_headers {
-                if let (Ok(n), Ok(v)) = (
+                if let (Ok(n), Some(v)) = (
                     header::HeaderName::from_bytes(name.as_bytes()),
-                    HeaderValue::from_str(value),
+                    crate::forward::text_value(value),
                 ) {
                     r.headers_mut().append(n, v);
                 }

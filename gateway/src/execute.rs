@@ -484,7 +484,7 @@ fn stored_headers(route: &Route, headers: &HeaderMap) -> Vec<(String, String)> {
             headers
                 .get_all(n)
                 .iter()
-                .filter_map(move |v| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+                .map(move |v| (n.as_str().to_owned(), crate::forward::value_text(v)))
         })
         .collect()
 }
@@ -519,7 +519,7 @@ async fn classify_by_policy(
     };
     let head = crate::policy::bindings::ResponseHead {
         status: head.status.as_u16(),
-        headers: crate::forward::to_pairs(&head.headers)
+        headers: crate::forward::visible_pairs(&head.headers)
             .into_iter()
             .map(|(name, value)| crate::policy::bindings::Header { name, value })
             .collect(),

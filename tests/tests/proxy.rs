@@ -53,6 +53,25 @@ async fn first_call_applies_one_effect_and_records_three_transitions() {
 }
 
 #[tokio::test]
+async fn non_ascii_header_values_reach_the_provider_byte_for_byte() {
+    let app = spawn_app().await;
+    let r = app
+        .charge_with("k-utf8", BODY, &[("x-note", "café ☕"), ("x-note", "plain")])
+        .await;
+    assert_eq!(r.status(), 200);
+    let seen = app.mock.provider.requests();
+    assert_eq!(seen.len(), 1);
+    let notes: Vec<&str> = seen[0]
+        .headers
+        .iter()
+        .filter(|(n, _)| n == "x-note")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(notes, vec!["café ☕", "plain"]);
+    assert_eq!(app.mock.provider.effects(), 1);
+}
+
+#[tokio::test]
 async fn duplicate_is_replayed_without_a_provider_call() {
     let app = spawn_app().await;
     let first = app.charge("k1", BODY).await;
