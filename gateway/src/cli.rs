@@ -202,7 +202,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Policy { command } => {
             // Policy calls block (and a policy's stdout/stderr block on the
             // runtime): run the whole command on the blocking pool.
-            return Ok(tokio::task::spawn_blocking(move || policy_command(command)).await??);
+            return tokio::task::spawn_blocking(move || policy_command(command)).await?;
         }
         Command::Ledger { command } => match command {
             LedgerCommand::Show {

@@ -159,7 +159,7 @@ fn policy_overhead(args: &Args) -> anyhow::Result<()> {
             config: cfg.into(),
         })
     };
-    let three = vec![
+    let three = [
         mk("amount_threshold", r#"{"threshold":1000000}"#)?,
         mk("allow_list", r#"{"rules":[{"path_prefix":"/"}]}"#)?,
         mk("replay_matrix", "{}")?,
