@@ -205,18 +205,31 @@ mod tests {
     #[test]
     fn stored_header_values_keep_every_byte() {
         let mut h = HeaderMap::new();
-        h.append("x-note", HeaderValue::from_bytes("café".as_bytes()).unwrap());
+        h.append(
+            "x-note",
+            HeaderValue::from_bytes("café".as_bytes()).unwrap(),
+        );
         h.append("x-note", HeaderValue::from_static("second"));
-        h.append("x-raw", HeaderValue::from_bytes(&[b'a', 0xff, b'b']).unwrap());
+        h.append(
+            "x-raw",
+            HeaderValue::from_bytes(&[b'a', 0xff, b'b']).unwrap(),
+        );
         let pairs = to_pairs(&h);
         assert_eq!(pairs.len(), 3);
         assert_eq!(pairs[1], ("x-note".to_owned(), "second".to_owned()));
         let back = from_pairs(&pairs);
         assert_eq!(back, h);
-        let notes: Vec<&[u8]> = back.get_all("x-note").iter().map(|v| v.as_bytes()).collect();
+        let notes: Vec<&[u8]> = back
+            .get_all("x-note")
+            .iter()
+            .map(|v| v.as_bytes())
+            .collect();
         assert_eq!(notes, vec!["café".as_bytes(), b"second".as_slice()]);
         // A policy only sees the visible-ASCII values.
-        assert_eq!(visible_pairs(&h), vec![("x-note".to_owned(), "second".to_owned())]);
+        assert_eq!(
+            visible_pairs(&h),
+            vec![("x-note".to_owned(), "second".to_owned())]
+        );
         // Text that no header value can hold is refused, not mangled.
         assert!(text_value("snow ☃").is_none());
         assert!(text_value("a\u{0}b").is_none());

@@ -26,13 +26,94 @@ fn no_redirects() -> reqwest::Client {
         .unwrap()
 }
 
+/// The login form's token, from the page and from its cookie.
+async fn login_form(app: &TestApp) -> (String, String) {
+    let r = no_redirects()
+        .get(app.admin("/console/login"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let cookie = r
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .find(|c| c.starts_with("eg_login="))
+        .expect("the login form sets its cookie");
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"));
+    let cookie_token = cookie["eg_login=".len()..]
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let html = r.text().await.unwrap();
+    let field = "name=\"csrf\" value=\"";
+    let at = html.find(field).expect("hidden token field") + field.len();
+    let form_token = html[at..].split('"').next().unwrap().to_owned();
+    (cookie_token, form_token)
+}
+
 async fn login(app: &TestApp, key: &str) -> reqwest::Response {
+    let (cookie, token) = login_form(app).await;
+    assert_eq!(cookie, token);
     no_redirects()
         .post(app.admin("/console/login"))
-        .form(&[("key", key)])
+        .header("cookie", format!("eg_login={cookie}"))
+        .form(&[("key", key), ("csrf", token.as_str())])
         .send()
         .await
         .unwrap()
+}
+
+#[tokio::test]
+async fn a_login_post_without_the_forms_token_is_refused() {
+    let app = console_app().await;
+    let post = |cookie: Option<String>, token: Option<String>| {
+        let mut b = no_redirects().post(app.admin("/console/login"));
+        if let Some(c) = cookie {
+            b = b.header("cookie", format!("eg_login={c}"));
+        }
+        let mut form = vec![("key", APPROVER_A.to_owned())];
+        if let Some(t) = token {
+            form.push(("csrf", t));
+        }
+        b.form(&form).send()
+    };
+    let (cookie, token) = login_form(&app).await;
+    // No cookie (a form posted from another site), no field, a wrong field.
+    for (c, t) in [
+        (None, Some(token.clone())),
+        (Some(cookie.clone()), None),
+        (Some(cookie.clone()), Some("0".repeat(48))),
+        (Some(String::new()), Some(String::new())),
+    ] {
+        let r = post(c, t).await.unwrap();
+        assert_eq!(r.status(), 403);
+        assert!(
+            r.headers()
+                .get_all("set-cookie")
+                .iter()
+                .all(|v| !v.to_str().unwrap().starts_with("eg_session=")),
+            "no session is created"
+        );
+    }
+    // With both, equal: a session.
+    let r = post(Some(cookie), Some(token)).await.unwrap();
+    assert_eq!(r.status(), 303);
+    assert_eq!(r.headers()["location"], "/console");
+    let cookies: Vec<String> = r
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .collect();
+    assert!(cookies.iter().any(|c| c.starts_with("eg_session=")));
+    assert!(
+        cookies
+            .iter()
+            .any(|c| c.starts_with("eg_login=;") && c.contains("Max-Age=0"))
+    );
 }
 
 #[tokio::test]

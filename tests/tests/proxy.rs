@@ -56,7 +56,11 @@ async fn first_call_applies_one_effect_and_records_three_transitions() {
 async fn non_ascii_header_values_reach_the_provider_byte_for_byte() {
     let app = spawn_app().await;
     let r = app
-        .charge_with("k-utf8", BODY, &[("x-note", "café ☕"), ("x-note", "plain")])
+        .charge_with(
+            "k-utf8",
+            BODY,
+            &[("x-note", "café ☕"), ("x-note", "plain")],
+        )
         .await;
     assert_eq!(r.status(), 200);
     let seen = app.mock.provider.requests();

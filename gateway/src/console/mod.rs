@@ -3,7 +3,9 @@
 //! Log in with an admin, approver or operator key; the session lives in an
 //! `HttpOnly; SameSite=Strict` cookie (`eg_session`, 8 h, kept in memory:
 //! a restart logs everyone out). Every POST carries the session's CSRF
-//! token and is refused (403) without it. The console shows requests
+//! token and is refused (403) without it; the login POST carries the login
+//! form's token, which must equal the `eg_login` cookie set with the form
+//! (30 min). The console shows requests
 //! exactly as they were stored and has no way to edit them: an approver
 //! approves or rejects what is shown, with a comment.
 //!
@@ -33,6 +35,9 @@ use crate::ledger::{ApprovalDecision, State as OpState};
 
 const COOKIE: &str = "eg_session";
 const SESSION_MS: i64 = 8 * 3600 * 1000;
+/// The login-form token's cookie and its lifetime (ms).
+const LOGIN_COOKIE: &str = "eg_login";
+const LOGIN_FORM_MS: i64 = 30 * 60 * 1000;
 
 /// A logged-in console session.
 #[derive(Debug, Clone)]
@@ -96,15 +101,20 @@ pub fn routes() -> Router<AppState> {
         .route("/console/operations/{id}/replay", post(replay))
 }
 
-fn session(app: &AppState, headers: &HeaderMap) -> Option<Session> {
-    let id = headers
+/// The value of cookie `name` in the request's `Cookie` headers.
+fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|c| c.trim().split_once('='))
-        .find(|(k, _)| *k == COOKIE)
-        .map(|(_, v)| v.to_owned())?;
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.to_owned())
+}
+
+fn session(app: &AppState, headers: &HeaderMap) -> Option<Session> {
+    let id = cookie(headers, COOKIE)?;
     let now = app.ledger.clock().now_ms();
     let settings = app.settings();
     let mut map = app.sessions.0.lock().unwrap();
@@ -127,16 +137,50 @@ fn merge(a: minijinja::Value, b: minijinja::Value) -> minijinja::Value {
     context! { ..a, ..b }
 }
 
+/// The login page with a fresh login-form token, also set as the
+/// `eg_login` cookie (double-submit): a login POST must carry both, equal,
+/// so another site can't log a browser into a session of its choosing.
+fn login_form(status: StatusCode, error: Option<&str>) -> Response {
+    let token = hex::encode(rand::random::<[u8; 24]>());
+    let mut r = render(
+        "login.html",
+        context! { principal => (), error => error, login_csrf => token.clone() },
+    );
+    *r.status_mut() = status;
+    let cookie = format!(
+        "{LOGIN_COOKIE}={token}; Path=/console/login; HttpOnly; SameSite=Strict; Max-Age={}",
+        LOGIN_FORM_MS / 1000
+    );
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        r.headers_mut().append(header::SET_COOKIE, v);
+    }
+    r
+}
+
 async fn login_page() -> Response {
-    render("login.html", context! { principal => (), error => () })
+    login_form(StatusCode::OK, None)
 }
 
 #[derive(Debug, Deserialize)]
 struct LoginForm {
     key: String,
+    #[serde(default)]
+    csrf: String,
 }
 
-async fn login(State(app): State<AppState>, Form(f): Form<LoginForm>) -> Response {
+async fn login(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Form(f): Form<LoginForm>,
+) -> Response {
+    let form_ok = cookie(&headers, LOGIN_COOKIE)
+        .is_some_and(|c| !f.csrf.is_empty() && subtle_eq(c.as_bytes(), f.csrf.as_bytes()));
+    if !form_ok {
+        return login_form(
+            StatusCode::FORBIDDEN,
+            Some("this login form has expired or was not served by this gateway; log in again"),
+        );
+    }
     let mut h = HeaderMap::new();
     if let Ok(v) = HeaderValue::from_str(&format!("Bearer {}", f.key.trim())) {
         h.insert(header::AUTHORIZATION, v);
@@ -144,21 +188,12 @@ async fn login(State(app): State<AppState>, Form(f): Form<LoginForm>) -> Respons
     let principal = match app.authenticate(&h) {
         Ok(p) if p.role != Role::Client => p,
         Ok(_) => {
-            let mut r = render(
-                "login.html",
-                context! { principal => (), error => "a client key can't use the console" },
+            return login_form(
+                StatusCode::FORBIDDEN,
+                Some("a client key can't use the console"),
             );
-            *r.status_mut() = StatusCode::FORBIDDEN;
-            return r;
         }
-        Err(_) => {
-            let mut r = render(
-                "login.html",
-                context! { principal => (), error => "unknown key" },
-            );
-            *r.status_mut() = StatusCode::UNAUTHORIZED;
-            return r;
-        }
+        Err(_) => return login_form(StatusCode::UNAUTHORIZED, Some("unknown key")),
     };
     let id = hex::encode(rand::random::<[u8; 32]>());
     let csrf = hex::encode(rand::random::<[u8; 24]>());
@@ -180,6 +215,12 @@ async fn login(State(app): State<AppState>, Form(f): Form<LoginForm>) -> Respons
     );
     if let Ok(v) = HeaderValue::from_str(&cookie) {
         r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    // The login-form token is spent.
+    let spent =
+        format!("{LOGIN_COOKIE}=; Path=/console/login; HttpOnly; SameSite=Strict; Max-Age=0");
+    if let Ok(v) = HeaderValue::from_str(&spent) {
+        r.headers_mut().append(header::SET_COOKIE, v);
     }
     r
 }
