@@ -375,15 +375,17 @@ pub async fn read_back(route: &Route, rb: &ReadBack, op: &Operation) -> ReadBack
     match tokio::time::timeout(Duration::from_millis(rb.timeout_ms), call).await {
         Err(_) => ReadBackResult::Error(format!("no answer within {} ms", rb.timeout_ms)),
         Ok(Err(e)) => ReadBackResult::Error(e),
-        Ok(Ok((status, body))) => {
-            let expected: Vec<(String, String)> = rb
-                .match_fields
-                .iter()
-                .map(|(p, t)| (p.clone(), t.render(&vars, |s| s.to_owned())))
-                .collect();
-            interpret(rb, status, &body, &expected)
-        }
+        Ok(Ok((status, body))) => interpret(rb, status, &body, &expected(rb, &vars)),
     }
+}
+
+/// The route's `match` list rendered for one operation: (pointer into the
+/// found value, required value). Shared by HTTP and MCP read-backs.
+pub(crate) fn expected(rb: &ReadBack, vars: &Vars) -> Vec<(String, String)> {
+    rb.match_fields
+        .iter()
+        .map(|(p, t)| (p.clone(), t.render(vars, |s| s.to_owned())))
+        .collect()
 }
 
 /// Reads a read-back answer: 404 → absent; 2xx with a non-empty value at

@@ -1,0 +1,451 @@
+//! Checking a [`ConfigFile`] field by field and converting it into the
+//! runtime [`Settings`].
+
+use super::*;
+
+impl ConfigFile {
+    /// Checks every field and builds the runtime [`Settings`]. Reads key
+    /// and credential values from env or files named in the config.
+    ///
+    /// Errors: the first invalid field, by path.
+    pub fn into_settings(self) -> Result<Settings, ConfigError> {
+        self.into_settings_from(None)
+    }
+
+    /// [`ConfigFile::into_settings`] for a file at `source`: relative paths
+    /// (policy modules, request schemas) resolve against its directory.
+    pub fn into_settings_from(self, source: Option<&Path>) -> Result<Settings, ConfigError> {
+        let base_dir = source
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let proxy_addr = parse_addr("listen.proxy", &self.listen.proxy)?;
+        // Relative paths in a config file mean "next to the file".
+        let mut storage = self.storage.clone();
+        if storage.path.is_relative() && source.is_some() {
+            storage.path = base_dir.join(&storage.path);
+        }
+        let admin_addr = parse_addr("listen.admin", &self.listen.admin)?;
+        if self.storage.path.as_os_str().is_empty() {
+            return Err(ConfigError::new("storage.path", "must not be empty"));
+        }
+        if self.storage.max_read_connections == 0 {
+            return Err(ConfigError::new(
+                "storage.max_read_connections",
+                "must be at least 1",
+            ));
+        }
+        if !(1..=255).contains(&self.limits.max_idempotency_key_len) {
+            return Err(ConfigError::new(
+                "limits.max_idempotency_key_len",
+                "must be in 1..=255",
+            ));
+        }
+        if self.limits.max_list_limit == 0 {
+            return Err(ConfigError::new(
+                "limits.max_list_limit",
+                "must be at least 1",
+            ));
+        }
+
+        let mut tenants = BTreeSet::new();
+        let mut keys = HashMap::new();
+        for (ti, t) in self.tenants.iter().enumerate() {
+            let tp = format!("tenants[{ti}]");
+            if !valid_id(&t.id) {
+                return Err(ConfigError::new(
+                    format!("{tp}.id"),
+                    "must be 1..=64 characters of [A-Za-z0-9._-]",
+                ));
+            }
+            if !tenants.insert(t.id.clone()) {
+                return Err(ConfigError::new(
+                    format!("{tp}.id"),
+                    format!("duplicate tenant {:?}", t.id),
+                ));
+            }
+            for (ki, k) in t.keys.iter().enumerate() {
+                let kp = format!("{tp}.keys[{ki}]");
+                let digest = match (&k.sha256, &k.env, &k.file) {
+                    (Some(h), None, None) => {
+                        let bytes = hex::decode(h.trim())
+                            .ok()
+                            .filter(|b| b.len() == 32)
+                            .ok_or_else(|| {
+                                ConfigError::new(
+                                    format!("{kp}.sha256"),
+                                    "must be 64 hex characters",
+                                )
+                            })?;
+                        let mut d = [0u8; 32];
+                        d.copy_from_slice(&bytes);
+                        d
+                    }
+                    (None, Some(var), None) => {
+                        let v = std::env::var(var).map_err(|_| {
+                            ConfigError::new(
+                                format!("{kp}.env"),
+                                format!("environment variable {var} is not set"),
+                            )
+                        })?;
+                        if v.is_empty() {
+                            return Err(ConfigError::new(
+                                format!("{kp}.env"),
+                                format!("{var} is empty"),
+                            ));
+                        }
+                        key_digest(&v)
+                    }
+                    (None, None, Some(file)) => {
+                        let v = std::fs::read_to_string(file).map_err(|e| {
+                            ConfigError::new(
+                                format!("{kp}.file"),
+                                format!("cannot read {}: {e}", file.display()),
+                            )
+                        })?;
+                        let v = v.trim();
+                        if v.is_empty() {
+                            return Err(ConfigError::new(
+                                format!("{kp}.file"),
+                                "key file is empty",
+                            ));
+                        }
+                        key_digest(v)
+                    }
+                    _ => {
+                        return Err(ConfigError::new(
+                            kp,
+                            "exactly one of `sha256`, `env`, `file` must be set",
+                        ));
+                    }
+                };
+                let principal = Principal {
+                    tenant: t.id.clone(),
+                    name: k
+                        .name
+                        .clone()
+                        .unwrap_or_else(|| format!("{}:{}", t.id, k.role.as_str())),
+                    role: k.role,
+                };
+                if keys.insert(digest, principal).is_some() {
+                    return Err(ConfigError::new(kp, "the same key is configured twice"));
+                }
+            }
+        }
+
+        let mut routes = Vec::new();
+        let mut names = BTreeSet::new();
+        let mut policy_bindings = Vec::new();
+        for (ri, r) in self.routes.into_iter().enumerate() {
+            let rp = format!("routes[{ri}]");
+            if !r.prefix.starts_with('/') || !r.prefix.ends_with('/') {
+                return Err(ConfigError::new(
+                    format!("{rp}.prefix"),
+                    "must start and end with '/'",
+                ));
+            }
+            if r.prefix.starts_with("/admin/") || r.prefix.starts_with("/approvals/") {
+                return Err(ConfigError::new(
+                    format!("{rp}.prefix"),
+                    "must not start with /admin/ or /approvals/ (the gateway's own paths)",
+                ));
+            }
+            let name = r.name.clone().unwrap_or_else(|| r.prefix.clone());
+            if name.is_empty() || name.len() > 128 {
+                return Err(ConfigError::new(
+                    format!("{rp}.name"),
+                    "must be 1..=128 characters",
+                ));
+            }
+            if !names.insert(name.clone()) {
+                return Err(ConfigError::new(
+                    format!("{rp}.name"),
+                    format!("duplicate route name {name:?}"),
+                ));
+            }
+            let upstream = url::Url::parse(&r.upstream).map_err(|e| {
+                ConfigError::new(format!("{rp}.upstream"), format!("not a URL: {e}"))
+            })?;
+            if upstream.scheme() != "http" {
+                return Err(ConfigError::new(
+                    format!("{rp}.upstream"),
+                    "only http:// upstreams are supported",
+                ));
+            }
+            if upstream.host_str().is_none()
+                || upstream.query().is_some()
+                || upstream.fragment().is_some()
+            {
+                return Err(ConfigError::new(
+                    format!("{rp}.upstream"),
+                    "must be scheme://host[:port][/path] without query",
+                ));
+            }
+            let effectful_methods = match &r.effectful_methods {
+                None => None,
+                Some(ms) => Some({
+                    let mut out = Vec::new();
+                    for (mi, m) in ms.iter().enumerate() {
+                        let upper = m.to_ascii_uppercase();
+                        let method = Method::from_bytes(upper.as_bytes()).map_err(|_| {
+                            ConfigError::new(
+                                format!("{rp}.effectful_methods[{mi}]"),
+                                format!("not an HTTP method: {m:?}"),
+                            )
+                        })?;
+                        out.push(method);
+                    }
+                    out
+                }),
+            };
+            let route_tenants = match r.tenants {
+                None => None,
+                Some(ts) => {
+                    for (i, t) in ts.iter().enumerate() {
+                        if !tenants.contains(t) {
+                            return Err(ConfigError::new(
+                                format!("{rp}.tenants[{i}]"),
+                                format!("unknown tenant {t:?}"),
+                            ));
+                        }
+                    }
+                    Some(ts.into_iter().collect())
+                }
+            };
+            let provider_idempotency_header = match &r.provider_idempotency_header {
+                None => None,
+                Some(h) => Some(HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                    ConfigError::new(
+                        format!("{rp}.provider_idempotency_header"),
+                        format!("not a header name: {h:?}"),
+                    )
+                })?),
+            };
+            if r.connect_timeout_ms == 0 {
+                return Err(ConfigError::new(
+                    format!("{rp}.connect_timeout_ms"),
+                    "must be at least 1",
+                ));
+            }
+            if r.response_timeout_ms == 0 {
+                return Err(ConfigError::new(
+                    format!("{rp}.response_timeout_ms"),
+                    "must be at least 1",
+                ));
+            }
+            if r.max_body_bytes == 0 {
+                return Err(ConfigError::new(
+                    format!("{rp}.max_body_bytes"),
+                    "must be at least 1",
+                ));
+            }
+            if r.key_retention_hours == 0 {
+                return Err(ConfigError::new(
+                    format!("{rp}.key_retention_hours"),
+                    "must be at least 1",
+                ));
+            }
+            if r.retry.max_attempts == 0 {
+                return Err(ConfigError::new(
+                    format!("{rp}.retry.max_attempts"),
+                    "must be at least 1",
+                ));
+            }
+            let request_schema = match &r.request_schema {
+                None => None,
+                Some(p) => {
+                    let path = base_dir.join(p);
+                    let text = std::fs::read_to_string(&path).map_err(|e| {
+                        ConfigError::new(
+                            format!("{rp}.request_schema"),
+                            format!("cannot read {}: {e}", path.display()),
+                        )
+                    })?;
+                    let schema: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+                        ConfigError::new(
+                            format!("{rp}.request_schema"),
+                            format!("{} is not JSON: {e}", path.display()),
+                        )
+                    })?;
+                    let v = jsonschema::validator_for(&schema).map_err(|e| {
+                        ConfigError::new(
+                            format!("{rp}.request_schema"),
+                            format!("{} is not a valid JSON Schema: {e}", path.display()),
+                        )
+                    })?;
+                    Some(std::sync::Arc::new(v))
+                }
+            };
+            let read_back = match &r.read_back {
+                None => None,
+                Some(rb) => Some(read_back(&format!("{rp}.read_back"), rb)?),
+            };
+            let stored_names: Vec<String> = match &r.stored_response_headers {
+                Some(v) => v.clone(),
+                None => DEFAULT_STORED_HEADERS
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+            };
+            let mut stored_response_headers = Vec::new();
+            for (hi, h) in stored_names.iter().enumerate() {
+                stored_response_headers.push(HeaderName::from_bytes(h.as_bytes()).map_err(
+                    |_| {
+                        ConfigError::new(
+                            format!("{rp}.stored_response_headers[{hi}]"),
+                            format!("not a header name: {h:?}"),
+                        )
+                    },
+                )?);
+            }
+            let mut inject_headers = Vec::new();
+            for (ii, ih) in r.inject_headers.iter().enumerate() {
+                let ip = format!("{rp}.inject_headers[{ii}]");
+                let name = HeaderName::from_bytes(ih.name.as_bytes()).map_err(|_| {
+                    ConfigError::new(
+                        format!("{ip}.name"),
+                        format!("not a header name: {:?}", ih.name),
+                    )
+                })?;
+                let secret = std::env::var(&ih.value_env).map_err(|_| {
+                    ConfigError::new(
+                        format!("{ip}.value_env"),
+                        format!("environment variable {} is not set", ih.value_env),
+                    )
+                })?;
+                let mut value = HeaderValue::from_str(&format!("{}{}", ih.prefix, secret))
+                    .map_err(|_| {
+                        ConfigError::new(
+                            format!("{ip}.value_env"),
+                            "value is not a valid header value",
+                        )
+                    })?;
+                value.set_sensitive(true);
+                inject_headers.push((name, value));
+            }
+            let client = crate::forward::client_for(r.connect_timeout_ms);
+            routes.push(Route {
+                client,
+                name,
+                prefix: r.prefix,
+                upstream,
+                mode: r.mode,
+                effectful_methods,
+                tenants: route_tenants,
+                provider_idempotency_header,
+                connect_timeout_ms: r.connect_timeout_ms,
+                response_timeout_ms: r.response_timeout_ms,
+                max_body_bytes: r.max_body_bytes,
+                max_stored_response_bytes: r.max_stored_response_bytes,
+                key_retention_ms: r.key_retention_hours.saturating_mul(3_600_000),
+                stored_response_headers,
+                inject_headers,
+                retry: r.retry,
+                effect_class: r.effect_class,
+                read_back,
+                policy_fail_open: r.policy_fail_open,
+                approval_ttl_ms: r.approval_ttl_ms,
+                execute_on_approval: r.execute_on_approval,
+                request_schema,
+                mcp: match r.mode {
+                    RouteMode::Mcp => Some(r.mcp.clone().unwrap_or_default()),
+                    _ => None,
+                },
+            });
+        }
+        for (ti, t) in self.tenants.iter().enumerate() {
+            for (pi, b) in t.policies.iter().enumerate() {
+                if b.route != "*" && !names.contains(&b.route) {
+                    return Err(ConfigError::new(
+                        format!("tenants[{ti}].policies[{pi}].route"),
+                        format!("unknown route {:?}", b.route),
+                    ));
+                }
+                let mut b = b.clone();
+                b.module = base_dir.join(&b.module);
+                policy_bindings.push((t.id.clone(), b));
+            }
+        }
+        let mut webhooks = HashMap::new();
+        let mut self_approval = BTreeSet::new();
+        let mut mcp_tools = HashMap::new();
+        for (ti, t) in self.tenants.iter().enumerate() {
+            if t.allow_self_approval {
+                self_approval.insert(t.id.clone());
+            }
+            if !t.mcp_tools.is_empty() {
+                mcp_tools.insert(t.id.clone(), t.mcp_tools.clone());
+            }
+            if let Some(w) = &t.webhook {
+                let wp = format!("tenants[{ti}].webhook");
+                let url: http::Uri = w
+                    .url
+                    .parse()
+                    .map_err(|_| ConfigError::new(format!("{wp}.url"), "not a URL"))?;
+                if url.scheme_str() != Some("http") || url.host().is_none() {
+                    return Err(ConfigError::new(
+                        format!("{wp}.url"),
+                        "must be an http:// URL",
+                    ));
+                }
+                let secret = std::env::var(&w.secret_env).map_err(|_| {
+                    ConfigError::new(
+                        format!("{wp}.secret_env"),
+                        format!("environment variable {} is not set", w.secret_env),
+                    )
+                })?;
+                webhooks.insert(
+                    t.id.clone(),
+                    Webhook {
+                        url,
+                        secret: secret.into_bytes(),
+                    },
+                );
+            }
+        }
+        if self.policy.memory_bytes < 64 * 1024 {
+            return Err(ConfigError::new(
+                "policy.memory_bytes",
+                "must be at least 65536 (one wasm page)",
+            ));
+        }
+        if self.policy.deadline_ms == 0 {
+            return Err(ConfigError::new("policy.deadline_ms", "must be at least 1"));
+        }
+        let mut seen = BTreeSet::new();
+        for (ri, r) in routes.iter().enumerate() {
+            if !seen.insert(r.prefix.clone()) {
+                return Err(ConfigError::new(
+                    format!("routes[{ri}].prefix"),
+                    format!("duplicate prefix {:?}", r.prefix),
+                ));
+            }
+        }
+        routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
+        if self.reconcile.interval_ms == 0 {
+            return Err(ConfigError::new(
+                "reconcile.interval_ms",
+                "must be at least 1",
+            ));
+        }
+        if self.reconcile.batch == 0 {
+            return Err(ConfigError::new("reconcile.batch", "must be at least 1"));
+        }
+        Ok(Settings {
+            proxy_addr,
+            admin_addr,
+            storage,
+            limits: self.limits,
+            keys,
+            tenants,
+            routes,
+            reconcile: self.reconcile,
+            policy_limits: self.policy,
+            policy_bindings,
+            source: source.map(Path::to_path_buf),
+            webhooks,
+            self_approval,
+            mcp_tools,
+        })
+    }
+}

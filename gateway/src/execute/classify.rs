@@ -1,0 +1,262 @@
+//! Turning a finished attempt into the ledger outcome and the caller's
+//! answer (the table in the parent module), with the tenant's
+//! `classify-failure` policies consulted for failed attempts.
+
+use super::*;
+
+fn stored_headers(route: &Route, headers: &HeaderMap) -> Vec<(String, String)> {
+    route
+        .stored_response_headers
+        .iter()
+        .flat_map(|n| {
+            headers
+                .get_all(n)
+                .iter()
+                .map(move |v| (n.as_str().to_owned(), crate::forward::value_text(v)))
+        })
+        .collect()
+}
+
+fn exhausted(op: &Operation, last: &str) -> DeadLetter {
+    DeadLetter {
+        reason: "retries-exhausted".into(),
+        operator_check: format!(
+            "Every attempt failed with a transient error (last: {last}); the provider reported no effect. \
+             Check the provider's health, and that no effect exists for provider key {}, before requeueing.",
+            op.provider_key
+        ),
+    }
+}
+
+/// Asks the tenant's policies on the route how to treat a failed response;
+/// `None` when there are none or they have no opinion.
+pub(super) async fn classify_by_policy(
+    app: &AppState,
+    route: &Route,
+    op: &Operation,
+    head: &http::response::Parts,
+    body: &ReadBody,
+) -> Option<FailureClass> {
+    let rt = app.settings();
+    let policies = rt.policies.for_route(&op.tenant_id, &route.name);
+    if policies.is_empty() {
+        return None;
+    }
+    let bytes = match body {
+        ReadBody::Whole(b) | ReadBody::Overflow(b, _) | ReadBody::Broken(b, _) => b,
+    };
+    let head = crate::policy::bindings::ResponseHead {
+        status: head.status.as_u16(),
+        headers: crate::forward::visible_pairs(&head.headers)
+            .into_iter()
+            .map(|(name, value)| crate::policy::bindings::Header { name, value })
+            .collect(),
+    };
+    match crate::policy::classify_failure_async(
+        app.engine.clone(),
+        policies,
+        &op.tenant_id,
+        head,
+        bytes.clone(),
+    )
+    .await
+    {
+        FailureClass::Unknown => None,
+        c => Some(c),
+    }
+}
+
+/// Turns the final attempt into the ledger outcome and the caller's answer.
+pub(super) fn classify(
+    result: Attempt,
+    transient: bool,
+    policy_class: Option<FailureClass>,
+    route: &Route,
+    op: &Operation,
+    now: i64,
+) -> (Outcome, Response) {
+    let settle = now.saturating_add(
+        route
+            .read_back
+            .as_ref()
+            .map_or(0, |rb| rb.settle_delay_ms as i64),
+    );
+    // Only routes with a read-back are scheduled for automatic reconciliation.
+    let next = route.read_back.as_ref().map(|_| now);
+    match result {
+        Attempt::ConnectFailed(detail) => {
+            let mut o = Outcome::new(OpState::Failed, "retries exhausted: provider unreachable");
+            o.error_kind = Some("retries-exhausted".into());
+            o.error_detail = Some(detail.clone());
+            o.attempt_outcome = Some("connect-failed".into());
+            o.dead_letter = Some(exhausted(op, "connect failed"));
+            (o, ApiError::ProviderUnreachable(detail).into_response())
+        }
+        Attempt::Lost { kind, detail } => {
+            let mut o = Outcome::new(
+                OpState::Unknown,
+                "outcome unknown after the request was sent",
+            );
+            o.error_kind = Some(kind.into());
+            o.error_detail = Some(detail.clone());
+            o.attempt_outcome = Some(kind.into());
+            o.next_reconcile_at = next;
+            o.settle_until = Some(settle);
+            let status = if kind == "timeout" {
+                StatusCode::GATEWAY_TIMEOUT
+            } else {
+                StatusCode::BAD_GATEWAY
+            };
+            (
+                o,
+                ApiError::OutcomeUnknown {
+                    operation_id: op.operation_id.clone(),
+                    detail,
+                    status,
+                }
+                .into_response(),
+            )
+        }
+        Attempt::Response { head, body } => {
+            let code = head.status.as_u16();
+            let mut o = match code {
+                200..=299 => Outcome::new(OpState::Completed, "provider applied the effect"),
+                _ if transient => {
+                    let mut o = Outcome::new(
+                        OpState::Failed,
+                        format!("retries exhausted: provider answered {code}"),
+                    );
+                    o.error_kind = Some("retries-exhausted".into());
+                    o.dead_letter = Some(exhausted(op, &format!("status {code}")));
+                    o
+                }
+                _ if policy_class == Some(FailureClass::Permanent) => {
+                    let mut o = Outcome::new(
+                        OpState::Failed,
+                        format!("provider refused with {code} (permanent by policy)"),
+                    );
+                    o.error_kind = Some("permanent".into());
+                    o
+                }
+                500..=599 if code != 501 && code != 505 => {
+                    let mut o = Outcome::new(
+                        OpState::Unknown,
+                        format!("provider answered {code}; the effect may have been applied"),
+                    );
+                    o.error_kind = Some("provider-5xx".into());
+                    o.next_reconcile_at = next;
+                    o.settle_until = Some(settle);
+                    o
+                }
+                _ => {
+                    let mut o =
+                        Outcome::new(OpState::Failed, format!("provider refused with {code}"));
+                    o.error_kind = Some("permanent".into());
+                    o
+                }
+            };
+            o.attempt_outcome = Some(format!("status-{code}"));
+            o.response_status = Some(code);
+            o.response_headers = stored_headers(route, &head.headers);
+            let mut reply_body = match body {
+                ReadBody::Whole(b) => {
+                    o.response_body_bytes = Some(b.len() as i64);
+                    o.response_body = Some(b.to_vec());
+                    Body::from(b)
+                }
+                ReadBody::Overflow(prefix, rest) => {
+                    o.response_body_omitted = true;
+                    let rest = http_body_util::BodyStream::new(rest)
+                        .filter_map(|f| async move { f.map(|f| f.into_data().ok()).transpose() });
+                    Body::from_stream(
+                        futures_util::stream::once(async move { Ok::<_, hyper::Error>(prefix) })
+                            .chain(rest),
+                    )
+                }
+                ReadBody::Broken(prefix, err) => {
+                    o.response_body_omitted = true;
+                    o.error_detail = Some(format!("response body unreadable: {err}"));
+                    if o.state == OpState::Completed {
+                        o.error_kind = Some("response-body-lost".into());
+                    }
+                    Body::from(prefix)
+                }
+            };
+            if o.state == OpState::Unknown {
+                let reply = ApiError::OutcomeUnknown {
+                    operation_id: op.operation_id.clone(),
+                    detail: o.reason.clone(),
+                    status: StatusCode::BAD_GATEWAY,
+                };
+                return (o, reply.into_response());
+            }
+            let mut parts = head;
+            strip_hop_by_hop(&mut parts.headers);
+            if o.response_body_omitted {
+                parts.headers.remove(header::CONTENT_LENGTH);
+            }
+            // MCP: the tool-level outcome decides, not the HTTP 200. The
+            // JSON-RPC answer (out of JSON or SSE) is what is stored and sent.
+            // A 200 whose answer never arrived (an SSE stream cut short) says
+            // nothing about the tool: the outcome is unknown.
+            if route.mcp.is_some() && o.state == OpState::Completed {
+                let msg = if o.response_body_omitted {
+                    None
+                } else {
+                    o.response_body
+                        .as_deref()
+                        .and_then(|b| crate::mcp::rpc_message(&parts.headers, b))
+                };
+                let Some(msg) = msg else {
+                    let mut u = Outcome::new(
+                        OpState::Unknown,
+                        "the tool's answer never arrived; it may have run",
+                    );
+                    u.error_kind = Some("tool-result-lost".into());
+                    u.error_detail = o.error_detail.clone();
+                    u.attempt_outcome = o.attempt_outcome.clone();
+                    u.response_status = o.response_status;
+                    u.next_reconcile_at = route.read_back.as_ref().map(|_| now);
+                    u.settle_until = Some(settle);
+                    let reply = ApiError::OutcomeUnknown {
+                        operation_id: op.operation_id.clone(),
+                        detail: u.reason.clone(),
+                        status: StatusCode::GATEWAY_TIMEOUT,
+                    };
+                    return (u, reply.into_response());
+                };
+                let (state, kind) = crate::mcp::tool_outcome(&msg);
+                let bytes = msg.to_string().into_bytes();
+                o.state = state;
+                o.error_kind = kind.map(str::to_owned);
+                if let Some(k) = kind {
+                    o.reason = format!("the tool reported an error ({k})");
+                    o.error_detail = Some(
+                        msg["error"]["message"]
+                            .as_str()
+                            .map(str::to_owned)
+                            .unwrap_or_else(|| {
+                                msg["result"]["content"][0]["text"]
+                                    .as_str()
+                                    .unwrap_or("isError: true")
+                                    .to_owned()
+                            }),
+                    );
+                }
+                o.response_headers = vec![("content-type".into(), "application/json".into())];
+                o.response_body_bytes = Some(bytes.len() as i64);
+                // Stored whole (MCP answers are read up to 16 MiB): a replay
+                // must be a valid tool result, which a truncated one isn't.
+                o.response_body = Some(bytes.clone());
+                parts.headers.insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                parts.headers.remove(header::CONTENT_LENGTH);
+                reply_body = Body::from(bytes);
+                crate::metrics::mcp_tool_call(&route.name, kind.unwrap_or("ok"));
+            }
+            (o, Response::from_parts(parts, reply_body))
+        }
+    }
+}
