@@ -120,7 +120,7 @@ impl AppState {
         }
         if settings.proxy_addr != current.proxy_addr
             || settings.admin_addr != current.admin_addr
-            || settings.storage.path != current.storage.path
+            || settings.storage.backend() != current.storage.backend()
         {
             return Err(
                 "listen addresses and storage can't change on reload; restart the gateway".into(),

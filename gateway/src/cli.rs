@@ -196,8 +196,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         },
         Command::Migrate(c) => {
             let settings = config::load(c.config.as_deref())?;
-            Ledger::migrate(&settings.storage.path).await?;
-            println!("ledger {} is migrated", settings.storage.path.display());
+            Ledger::migrate(&settings.storage).await?;
+            println!("ledger {} is migrated", settings.storage.display_name());
         }
         Command::Policy { command } => {
             // Policy calls block (and a policy's stdout/stderr block on the
@@ -265,19 +265,21 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 async fn open(c: ConfigArg) -> anyhow::Result<Ledger> {
     let settings = config::load(c.config.as_deref())?;
-    if !settings.storage.path.exists() {
+    if let Ok(config::Backend::Sqlite(path)) = settings.storage.backend()
+        && !path.exists()
+    {
         anyhow::bail!(
             "ledger file {} does not exist (run `effectgate migrate` or `serve` first)",
-            settings.storage.path.display()
+            path.display()
         );
     }
-    Ok(Ledger::open(
-        &settings.storage.path,
-        1,
-        settings.storage.busy_timeout_ms,
-        std::sync::Arc::new(SystemClock),
-    )
-    .await?)
+    let storage = config::StorageSpec {
+        max_read_connections: 1,
+        max_connections: 2,
+        min_connections: 0,
+        ..settings.storage.clone()
+    };
+    Ok(Ledger::open_storage(&storage, std::sync::Arc::new(SystemClock)).await?)
 }
 
 fn policy_command(command: PolicyCommand) -> anyhow::Result<ExitCode> {

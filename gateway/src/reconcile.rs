@@ -86,9 +86,16 @@ pub async fn tick(app: &AppState) -> Result<Vec<(String, String, Step)>, LedgerE
     if expired > 0 {
         tracing::info!(expired, "approvals expired");
     }
+    // Rows this scan picked are claimed for it (FOR UPDATE SKIP LOCKED on
+    // PostgreSQL), so the instances' scans never hand out the same one.
     let due = app
         .ledger
-        .due_for_reconciliation(cfg.reserved_grace_ms as i64, cfg.batch)
+        .due_for_reconciliation(
+            &app.instance_id,
+            cfg.reserved_grace_ms as i64,
+            cfg.lease_ms as i64,
+            cfg.batch,
+        )
         .await?;
     let steps = futures_util::stream::iter(due)
         .map(|op| async move {
@@ -105,6 +112,7 @@ pub async fn tick(app: &AppState) -> Result<Vec<(String, String, Step)>, LedgerE
         .filter_map(|x| async move { x })
         .collect()
         .await;
+    app.ledger.release_scan(&app.instance_id).await?;
     Ok(steps)
 }
 

@@ -25,6 +25,55 @@ impl ConfigFile {
         if storage.path.is_relative() && source.is_some() {
             storage.path = base_dir.join(&storage.path);
         }
+        match storage.backend() {
+            Err(e) => return Err(ConfigError::new("storage.url", &e)),
+            // `sqlite://<path>`: the path, resolved like `storage.path`.
+            Ok(super::Backend::Sqlite(p)) if storage.url.is_some() => {
+                if p.as_os_str().is_empty() {
+                    return Err(ConfigError::new(
+                        "storage.url",
+                        "the sqlite:// URL names no file",
+                    ));
+                }
+                storage.path = if p.is_relative() && source.is_some() {
+                    base_dir.join(p)
+                } else {
+                    p
+                };
+                storage.url = None;
+            }
+            Ok(_) => {}
+        }
+        for (field, value) in [
+            (
+                "storage.max_connections",
+                u64::from(storage.max_connections),
+            ),
+            ("storage.acquire_timeout_ms", storage.acquire_timeout_ms),
+            ("storage.statement_timeout_ms", storage.statement_timeout_ms),
+            ("storage.call_timeout_ms", storage.call_timeout_ms),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::new(field, "must be at least 1"));
+            }
+        }
+        if storage.min_connections > storage.max_connections {
+            return Err(ConfigError::new(
+                "storage.min_connections",
+                "must not exceed storage.max_connections",
+            ));
+        }
+        if let Some(schema) = &storage.schema
+            && (schema.is_empty()
+                || !schema
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        {
+            return Err(ConfigError::new(
+                "storage.schema",
+                "must be a non-empty name of ASCII letters, digits and _",
+            ));
+        }
         let admin_addr = parse_addr("listen.admin", &self.listen.admin)?;
         if self.storage.path.as_os_str().is_empty() {
             return Err(ConfigError::new("storage.path", "must not be empty"));

@@ -265,18 +265,26 @@ impl Default for ListenSpec {
     }
 }
 
-/// `[storage]`: the SQLite ledger file.
+/// `[storage]`: where the effect ledger lives.
+///
+/// SQLite (the default) is one file for one gateway process. PostgreSQL
+/// is for several instances sharing one ledger: set `url =
+/// "postgres://user@host:5432/db"`. The backend is chosen by the URL's
+/// scheme (`sqlite://…` or `postgres://…` / `postgresql://…`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StorageSpec {
+    /// Ledger URL: `sqlite://<path>` or `postgres://…`. When unset, the
+    /// SQLite file at `path`.
+    pub url: Option<String>,
     /// SQLite file path, default `effectgate.db`. A relative path in a
     /// config file is relative to that file's folder (without a file: to the
     /// working directory). Created (with its migrations) if missing.
     pub path: PathBuf,
-    /// Maximum connections in the read pool (writes use one connection,
+    /// SQLite: maximum connections in the read pool (writes use one connection,
     /// which is how SQLite serialises writers anyway). Default 4.
     pub max_read_connections: u32,
-    /// How long a statement waits for a locked database, in ms. Default 5000.
+    /// SQLite: how long a statement waits for a locked database, in ms. Default 5000.
     pub busy_timeout_ms: u64,
     /// SQLite `synchronous` mode: `full` (default) fsyncs every committed
     /// transition, so nothing is lost even on power loss; `normal` (WAL)
@@ -284,6 +292,79 @@ pub struct StorageSpec {
     /// transitions on power loss or an OS crash, for more effectful
     /// throughput (about 1.4× on the README's benchmark machine).
     pub synchronous: Synchronous,
+    /// PostgreSQL: the schema holding the ledger's tables, created if
+    /// missing. Default: the connection's `search_path` (usually `public`).
+    pub schema: Option<String>,
+    /// PostgreSQL: most connections this instance opens. Default 16.
+    pub max_connections: u32,
+    /// PostgreSQL: connections kept open when idle. Default 1.
+    pub min_connections: u32,
+    /// PostgreSQL: how long a ledger call waits for a free connection (or
+    /// for a new one to connect), in ms. When the database is unreachable,
+    /// an effectful request fails with 503 after this long. Default 2000.
+    pub acquire_timeout_ms: u64,
+    /// PostgreSQL: the server-side `statement_timeout` of every connection,
+    /// in ms. Default 5000.
+    pub statement_timeout_ms: u64,
+    /// PostgreSQL: an idle connection is closed after this many ms (0:
+    /// never). Default 600000.
+    pub idle_timeout_ms: u64,
+    /// PostgreSQL: the longest one ledger call may take end to end, in ms,
+    /// including waiting for a connection; past it the call fails (503 for
+    /// a request) even when the network hangs without an error. Default 10000.
+    pub call_timeout_ms: u64,
+}
+
+/// The ledger backend a [`StorageSpec`] selects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// A SQLite file.
+    Sqlite(PathBuf),
+    /// A PostgreSQL database (the URL as given).
+    Postgres(String),
+}
+
+impl StorageSpec {
+    /// The backend `url` (or, without one, `path`) selects.
+    ///
+    /// Errors: a URL whose scheme is neither `sqlite` nor `postgres` /
+    /// `postgresql` (the message names `storage.url`).
+    pub fn backend(&self) -> Result<Backend, String> {
+        let Some(url) = self.url.as_deref() else {
+            return Ok(Backend::Sqlite(self.path.clone()));
+        };
+        if let Some(rest) = url.strip_prefix("sqlite://") {
+            return Ok(Backend::Sqlite(PathBuf::from(rest)));
+        }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(Backend::Postgres(url.to_owned()));
+        }
+        Err(format!(
+            "unsupported ledger URL scheme in {:?}; expected sqlite://<path> or postgres://…",
+            redact_url(url)
+        ))
+    }
+
+    /// A printable name of the ledger: the SQLite path, or the PostgreSQL
+    /// URL without its password.
+    pub fn display_name(&self) -> String {
+        match self.backend() {
+            Ok(Backend::Sqlite(p)) => p.display().to_string(),
+            Ok(Backend::Postgres(u)) => redact_url(&u),
+            Err(_) => self.url.as_deref().map(redact_url).unwrap_or_default(),
+        }
+    }
+}
+
+/// `url` with any password replaced by `***`.
+pub fn redact_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_owned(),
+    }
 }
 
 /// SQLite durability mode.
@@ -300,10 +381,18 @@ pub enum Synchronous {
 impl Default for StorageSpec {
     fn default() -> Self {
         Self {
+            url: None,
             path: PathBuf::from("effectgate.db"),
             max_read_connections: 4,
             busy_timeout_ms: 5000,
             synchronous: Synchronous::Full,
+            schema: None,
+            max_connections: 16,
+            min_connections: 1,
+            acquire_timeout_ms: 2000,
+            statement_timeout_ms: 5000,
+            idle_timeout_ms: 600_000,
+            call_timeout_ms: 10_000,
         }
     }
 }

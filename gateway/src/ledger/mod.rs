@@ -20,10 +20,11 @@
 //! row in `transitions`, in one transaction. Application code never
 //! checks-then-acts.
 
-mod approvals;
-mod reconcile_write;
+mod approval;
+mod db;
+mod dialect;
+mod postgres;
 mod sqlite;
-mod sqlite_write;
 
 use std::fmt;
 use std::str::FromStr;
@@ -32,8 +33,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use serde::Serialize;
 
-pub use approvals::{Approval, Decision as ApprovalDecision, NewApproval, OutboxEvent};
-pub use sqlite::Ledger;
+pub use approval::{Approval, Decision as ApprovalDecision, NewApproval, OutboxEvent};
+pub use db::Ledger;
 
 /// A source of time in ms since the Unix epoch. Injected so tests can
 /// drive lease expiry without sleeping.
@@ -73,6 +74,43 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now_ms(&self) -> i64 {
         self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// The ledger's clock: a base clock plus an offset. On SQLite the offset
+/// is what [`Ledger::shift_clock`] added; on PostgreSQL it is the measured
+/// distance to the database clock.
+#[derive(Debug)]
+struct LedgerClock {
+    base: Arc<dyn Clock>,
+    offset_ms: AtomicI64,
+}
+
+impl LedgerClock {
+    fn new(base: Arc<dyn Clock>) -> Arc<Self> {
+        Arc::new(Self {
+            base,
+            offset_ms: AtomicI64::new(0),
+        })
+    }
+
+    /// Adds `ms` to the offset.
+    fn shift(&self, ms: i64) {
+        self.offset_ms.fetch_add(ms, Ordering::SeqCst);
+    }
+
+    /// Sets the offset so that now is `reference_now_ms` (the database clock).
+    fn follow(&self, reference_now_ms: i64) {
+        self.offset_ms
+            .store(reference_now_ms - self.base.now_ms(), Ordering::SeqCst);
+    }
+}
+
+impl Clock for LedgerClock {
+    fn now_ms(&self) -> i64 {
+        self.base
+            .now_ms()
+            .saturating_add(self.offset_ms.load(Ordering::SeqCst))
     }
 }
 
@@ -449,6 +487,12 @@ pub enum LedgerError {
     /// A migration failed.
     #[error("ledger migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A ledger call took longer than `storage.call_timeout_ms` (ms given).
+    #[error("ledger call timed out after {0} ms")]
+    Timeout(u64),
+    /// `[storage]` names no usable ledger.
+    #[error("storage.url: {0}")]
+    Config(String),
 }
 
 impl From<LedgerError> for crate::error::ApiError {

@@ -1,101 +1,9 @@
-//! Approvals and the outbox, on the SQLite ledger.
-//!
-//! An approval is bound to the exact immutable intent of one operation:
-//! tenant, operation id, method, route, path and fingerprint. It is
-//! single-use: `pending → approved → used`, or `pending → rejected |
-//! expired`; every other change is refused by the SQL (`WHERE status = …`).
-//! Each decision is written in the same transaction as the operation's
-//! transition and an outbox event, so a crash can't lose the notification.
-
-use serde::Serialize;
-use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
-
-use super::sqlite::Ledger;
-use super::{Claim, LedgerError, State};
-
-/// One approval.
-#[derive(Debug, Clone, Serialize)]
-pub struct Approval {
-    /// `apr_<hex>`.
-    pub id: String,
-    /// Tenant.
-    pub tenant_id: String,
-    /// The operation it authorises (only this one).
-    pub operation_id: String,
-    /// `request` (a policy asked before the first attempt) or `replay` (an
-    /// operator asked to replay).
-    pub kind: String,
-    /// Method of the request.
-    pub method: String,
-    /// Route name.
-    pub route: String,
-    /// Path below the route prefix.
-    pub path: String,
-    /// The request fingerprint (args hash) the approval is bound to.
-    pub fingerprint: String,
-    /// Policy that asked (name).
-    pub policy: String,
-    /// Its content hash.
-    pub policy_hash: String,
-    /// Why it asked.
-    pub reason: String,
-    /// Principal that made the request.
-    pub requested_by: String,
-    /// `pending`, `approved`, `rejected`, `expired`, `used`.
-    pub status: String,
-    /// Created (ms since epoch).
-    pub created_at: i64,
-    /// Expires (ms since epoch).
-    pub expires_at: i64,
-    /// Approver or rejecter.
-    pub decided_by: Option<String>,
-    /// When decided.
-    pub decided_at: Option<i64>,
-    /// The decider's comment.
-    pub comment: Option<String>,
-    /// When it authorised its execution.
-    pub used_at: Option<i64>,
-    /// For a `replay` approval: the operation's version when it was asked for.
-    pub operation_version: Option<i64>,
-}
-
-/// What a new approval records.
-#[derive(Debug, Clone)]
-pub struct NewApproval {
-    /// `apr_<hex>`.
-    pub id: String,
-    /// `request` or `replay`.
-    pub kind: String,
-    /// Policy name.
-    pub policy: String,
-    /// Policy content hash.
-    pub policy_hash: String,
-    /// Reason.
-    pub reason: String,
-    /// Lifetime in ms.
-    pub ttl_ms: i64,
-}
-
-/// An event to deliver.
-#[derive(Debug, Clone, Serialize)]
-pub struct OutboxEvent {
-    /// Event id (stable across redeliveries).
-    pub event_id: String,
-    /// Tenant.
-    pub tenant_id: String,
-    /// `approval.created`, `approval.approved`, …
-    pub event_type: String,
-    /// JSON payload, as stored.
-    pub payload: String,
-    /// Delivery attempts so far.
-    pub attempts: i64,
-}
+// Approvals and the outbox (included once per SQL dialect).
 
 const APPROVAL_COLUMNS: &str = "id, tenant_id, operation_id, kind, method, route, path, fingerprint, policy, policy_hash, \
      reason, requested_by, status, created_at, expires_at, decided_by, decided_at, comment, used_at, operation_version";
 
-fn approval_from_row(r: &SqliteRow) -> Result<Approval, sqlx::Error> {
+fn approval_from_row(r: &DbRow) -> Result<Approval, sqlx::Error> {
     Ok(Approval {
         id: r.try_get("id")?,
         tenant_id: r.try_get("tenant_id")?,
@@ -120,22 +28,8 @@ fn approval_from_row(r: &SqliteRow) -> Result<Approval, sqlx::Error> {
     })
 }
 
-/// A stored problem response for an operation whose approval was refused.
-fn refused_response(kind: &str, detail: &str, operation_id: &str, approval_id: &str) -> Vec<u8> {
-    serde_json::json!({
-        "type": format!("urn:effectgate:problem:{kind}"),
-        "title": "Forbidden",
-        "status": 403,
-        "detail": detail,
-        "operation_id": operation_id,
-        "approval_id": approval_id,
-    })
-    .to_string()
-    .into_bytes()
-}
-
 pub(super) async fn insert_event(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tx: &mut sqlx::Transaction<'_, Db>,
     tenant: &str,
     event_type: &str,
     payload: serde_json::Value,
@@ -149,9 +43,7 @@ pub(super) async fn insert_event(
         "created_at": now,
         "data": payload,
     });
-    sqlx::query(
-        "INSERT INTO outbox (event_id, tenant_id, event_type, payload, created_at, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?)",
-    )
+    sqlx::query(q("INSERT INTO outbox (event_id, tenant_id, event_type, payload, created_at, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?)"))
     .bind(&event_id)
     .bind(tenant)
     .bind(event_type)
@@ -164,14 +56,12 @@ pub(super) async fn insert_event(
 }
 
 pub(super) async fn insert_approval(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tx: &mut sqlx::Transaction<'_, Db>,
     op: &super::NewOperation,
     a: &NewApproval,
     now: i64,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, NULL, NULL, NULL, NULL, NULL)"
-    )))
+    sqlx::query(q(&format!("INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, NULL, NULL, NULL, NULL, NULL)")))
     .bind(&a.id)
     .bind(&op.tenant_id)
     .bind(&op.operation_id)
@@ -196,19 +86,13 @@ pub(super) async fn insert_approval(
     insert_event(tx, &op.tenant_id, "approval.created", payload, now).await
 }
 
-/// How a decision ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    /// Approve.
-    Approve,
-    /// Reject.
-    Reject,
-}
-
-impl Ledger {
-    /// One approval of `tenant` (another tenant's is `None`).
-    pub async fn approval(&self, tenant: &str, id: &str) -> Result<Option<Approval>, LedgerError> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+impl Store {
+    pub(super) async fn approval(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<Option<Approval>, LedgerError> {
+        let row = sqlx::query(q(&format!(
             "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant_id = ? AND id = ?"
         )))
         .bind(tenant)
@@ -218,17 +102,14 @@ impl Ledger {
         Ok(row.as_ref().map(approval_from_row).transpose()?)
     }
 
-    /// The newest approval of an operation, of `kind`.
-    pub async fn approval_for(
+    pub(super) async fn approval_for(
         &self,
         tenant: &str,
         operation_id: &str,
         kind: &str,
     ) -> Result<Option<Approval>, LedgerError> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant_id = ? AND operation_id = ? AND kind = ? \
-             ORDER BY created_at DESC, rowid DESC LIMIT 1"
-        )))
+        let row = sqlx::query(q(&format!("SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant_id = ? AND operation_id = ? AND kind = ? \
+             ORDER BY created_at DESC, {ROW_ORDER} DESC LIMIT 1")))
         .bind(tenant)
         .bind(operation_id)
         .bind(kind)
@@ -237,17 +118,14 @@ impl Ledger {
         Ok(row.as_ref().map(approval_from_row).transpose()?)
     }
 
-    /// Approvals of `tenant`, optionally by status, oldest first.
-    pub async fn approvals(
+    pub(super) async fn approvals(
         &self,
         tenant: &str,
         status: Option<&str>,
         limit: u32,
     ) -> Result<Vec<Approval>, LedgerError> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant_id = ?1 AND (?2 IS NULL OR status = ?2) \
-             ORDER BY created_at LIMIT ?3"
-        )))
+        let rows = sqlx::query(q(&format!("SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant_id = ?1 AND (?2 IS NULL OR status = ?2) \
+             ORDER BY created_at LIMIT ?3")))
         .bind(tenant)
         .bind(status)
         .bind(i64::from(limit))
@@ -259,15 +137,13 @@ impl Ledger {
             .collect::<Result<_, _>>()?)
     }
 
-    /// Creates a `replay` approval for an existing operation (an operator
-    /// asked to replay and the verdict is manual), with its outbox event.
-    pub async fn create_replay_approval(
+    pub(super) async fn create_replay_approval(
         &self,
         op: &super::Operation,
         a: &NewApproval,
         requested_by: &str,
     ) -> Result<(), LedgerError> {
-        let now = self.clock.now_ms();
+        let now = self.now().await?;
         let new = super::NewOperation {
             tenant_id: op.tenant_id.clone(),
             operation_id: op.operation_id.clone(),
@@ -289,7 +165,7 @@ impl Ledger {
         };
         let mut tx = self.write.begin().await?;
         insert_approval(&mut tx, &new, a, now).await?;
-        sqlx::query("UPDATE approvals SET operation_version = ? WHERE id = ?")
+        sqlx::query(q("UPDATE approvals SET operation_version = ? WHERE id = ?"))
             .bind(op.version)
             .bind(&a.id)
             .execute(&mut *tx)
@@ -298,16 +174,7 @@ impl Ledger {
         Ok(())
     }
 
-    /// Decides a pending, unexpired approval of `tenant`. Approving leaves a
-    /// `request` operation AWAITING_APPROVAL until it is executed (by the
-    /// caller's re-send, or by the gateway when the route says so);
-    /// rejecting moves it to FAILED with a stored 403 that duplicates
-    /// replay. Both append a transition (actor = the decider) and an outbox
-    /// event, in one transaction.
-    ///
-    /// Returns `None` if the approval is not pending any more (decided,
-    /// used or expired): a decision happens once.
-    pub async fn decide(
+    pub(super) async fn decide(
         &self,
         tenant: &str,
         id: &str,
@@ -315,17 +182,15 @@ impl Ledger {
         by: &str,
         comment: Option<&str>,
     ) -> Result<Option<Approval>, LedgerError> {
-        let now = self.clock.now_ms();
+        let now = self.now().await?;
         let status = if decision == Decision::Approve {
             "approved"
         } else {
             "rejected"
         };
         let mut tx = self.write.begin().await?;
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE approvals SET status = ?, decided_by = ?, decided_at = ?, comment = ? \
-             WHERE tenant_id = ? AND id = ? AND status = 'pending' AND expires_at > ? RETURNING {APPROVAL_COLUMNS}"
-        )))
+        let row = sqlx::query(q(&format!("UPDATE approvals SET status = ?, decided_by = ?, decided_at = ?, comment = ? \
+             WHERE tenant_id = ? AND id = ? AND status = 'pending' AND expires_at > ? RETURNING {APPROVAL_COLUMNS}")))
         .bind(status)
         .bind(by)
         .bind(now)
@@ -340,7 +205,7 @@ impl Ledger {
         let note = comment.map(|c| format!(": {c}")).unwrap_or_default();
         if a.kind == "request" {
             if decision == Decision::Reject {
-                let body = refused_response(
+                let body = super::approval::refused_response(
                     "approval-rejected",
                     &format!("the approval was rejected by {by}{note}"),
                     &a.operation_id,
@@ -377,16 +242,14 @@ impl Ledger {
 
     async fn audit_awaiting(
         &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+        tx: &mut sqlx::Transaction<'_, Db>,
         a: &Approval,
         actor: &str,
         reason: &str,
         now: i64,
     ) -> Result<(), sqlx::Error> {
-        let row = sqlx::query(
-            "UPDATE operations SET version = version + 1, updated_at = ? \
-             WHERE tenant_id = ? AND operation_id = ? AND state = 'AWAITING_APPROVAL' RETURNING version, fence",
-        )
+        let row = sqlx::query(q("UPDATE operations SET version = version + 1, updated_at = ? \
+             WHERE tenant_id = ? AND operation_id = ? AND state = 'AWAITING_APPROVAL' RETURNING version, fence"))
         .bind(now)
         .bind(&a.tenant_id)
         .bind(&a.operation_id)
@@ -394,7 +257,7 @@ impl Ledger {
         .await?;
         if let Some(row) = row {
             let (v, f): (i64, i64) = (row.try_get("version")?, row.try_get("fence")?);
-            super::sqlite_write::insert_transition(
+            insert_transition(
                 tx,
                 &a.tenant_id,
                 &a.operation_id,
@@ -413,7 +276,7 @@ impl Ledger {
 
     async fn fail_awaiting(
         &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+        tx: &mut sqlx::Transaction<'_, Db>,
         a: &Approval,
         actor: &str,
         reason: &str,
@@ -421,12 +284,10 @@ impl Ledger {
         now: i64,
     ) -> Result<(), sqlx::Error> {
         let headers = r#"[["content-type","application/problem+json"]]"#;
-        let row = sqlx::query(
-            "UPDATE operations SET state = 'FAILED', version = version + 1, response_status = 403, response_headers = ?, \
+        let row = sqlx::query(q("UPDATE operations SET state = 'FAILED', version = version + 1, response_status = 403, response_headers = ?, \
              response_body_bytes = ?, response_body = ?, error_kind = 'approval-refused', error_detail = ?, updated_at = ? \
              WHERE tenant_id = ? AND operation_id = ? AND state = 'AWAITING_APPROVAL' AND fingerprint = ? \
-             RETURNING version, fence",
-        )
+             RETURNING version, fence"))
         .bind(headers)
         .bind(body.len() as i64)
         .bind(&body)
@@ -439,7 +300,7 @@ impl Ledger {
         .await?;
         if let Some(row) = row {
             let (v, f): (i64, i64) = (row.try_get("version")?, row.try_get("fence")?);
-            super::sqlite_write::insert_transition(
+            insert_transition(
                 tx,
                 &a.tenant_id,
                 &a.operation_id,
@@ -456,12 +317,7 @@ impl Ledger {
         Ok(())
     }
 
-    /// Spends an approved `request` approval on its own operation and claims
-    /// the operation (AWAITING_APPROVAL → EXECUTING), in one transaction:
-    /// both compare-and-swaps must win or neither happens. Returns `None`
-    /// when the approval is not `approved` (already used, rejected, expired)
-    /// or the operation moved on.
-    pub async fn use_approval(
+    pub(super) async fn use_approval(
         &self,
         tenant: &str,
         approval_id: &str,
@@ -470,13 +326,11 @@ impl Ledger {
         owner: &str,
         lease_ms: i64,
     ) -> Result<Option<Claim>, LedgerError> {
-        let now = self.clock.now_ms();
+        let now = self.now().await?;
         let expires = now.saturating_add(lease_ms.max(0));
         let mut tx = self.write.begin().await?;
-        let used = sqlx::query(
-            "UPDATE approvals SET status = 'used', used_at = ? WHERE tenant_id = ? AND id = ? AND operation_id = ? \
-             AND fingerprint = ? AND status = 'approved' AND expires_at > ?",
-        )
+        let used = sqlx::query(q("UPDATE approvals SET status = 'used', used_at = ? WHERE tenant_id = ? AND id = ? AND operation_id = ? \
+             AND fingerprint = ? AND status = 'approved' AND expires_at > ?"))
         .bind(now)
         .bind(tenant)
         .bind(approval_id)
@@ -488,12 +342,10 @@ impl Ledger {
         if used.rows_affected() != 1 {
             return Ok(None);
         }
-        let row = sqlx::query(
-            "UPDATE operations SET state = 'EXECUTING', version = version + 1, fence = fence + 1, attempts = attempts + 1, \
+        let row = sqlx::query(q("UPDATE operations SET state = 'EXECUTING', version = version + 1, fence = fence + 1, attempts = attempts + 1, \
              lease_owner = ?, lease_expires_at = ?, updated_at = ? \
              WHERE tenant_id = ? AND operation_id = ? AND fingerprint = ? AND state = 'AWAITING_APPROVAL' \
-             RETURNING version, fence, attempts",
-        )
+             RETURNING version, fence, attempts"))
         .bind(owner)
         .bind(expires)
         .bind(now)
@@ -503,8 +355,8 @@ impl Ledger {
         .fetch_optional(&mut *tx)
         .await?;
         let Some(row) = row else { return Ok(None) };
-        let claim = super::sqlite_write::claim_row(&row, expires)?;
-        super::sqlite_write::insert_transition(
+        let claim = claim_row(&row, expires)?;
+        insert_transition(
             &mut tx,
             tenant,
             operation_id,
@@ -521,18 +373,14 @@ impl Ledger {
         Ok(Some(claim))
     }
 
-    /// Marks a `replay` approval used (single use). Returns whether it was
-    /// `approved` and is now `used`.
-    pub async fn use_replay_approval(
+    pub(super) async fn use_replay_approval(
         &self,
         tenant: &str,
         approval_id: &str,
     ) -> Result<bool, LedgerError> {
-        let now = self.clock.now_ms();
-        let r = sqlx::query(
-            "UPDATE approvals SET status = 'used', used_at = ? WHERE tenant_id = ? AND id = ? AND kind = 'replay' \
-             AND status = 'approved'",
-        )
+        let now = self.now().await?;
+        let r = sqlx::query(q("UPDATE approvals SET status = 'used', used_at = ? WHERE tenant_id = ? AND id = ? AND kind = 'replay' \
+             AND status = 'approved'"))
         .bind(now)
         .bind(tenant)
         .bind(approval_id)
@@ -541,15 +389,10 @@ impl Ledger {
         Ok(r.rows_affected() == 1)
     }
 
-    /// Expires pending or approved-but-unused approvals past their expiry (the reconciler's scan):
-    /// the approval becomes `expired`, a `request` operation FAILED with a
-    /// stored 403, and an event is queued. Returns how many expired.
-    pub async fn expire_approvals(&self, limit: u32) -> Result<usize, LedgerError> {
-        let now = self.clock.now_ms();
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status IN ('pending', 'approved') AND expires_at <= ? \
-             ORDER BY expires_at LIMIT ?"
-        )))
+    pub(super) async fn expire_approvals(&self, limit: u32) -> Result<usize, LedgerError> {
+        let now = self.now().await?;
+        let rows = sqlx::query(q(&format!("SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status IN ('pending', 'approved') AND expires_at <= ? \
+             ORDER BY expires_at LIMIT ?")))
         .bind(now)
         .bind(i64::from(limit))
         .fetch_all(&self.read)
@@ -560,17 +403,17 @@ impl Ledger {
             let mut tx = self.write.begin().await?;
             // An approval granted but never used expires too: it can't
             // authorise anything after its expiry.
-            let done = sqlx::query(
+            let done = sqlx::query(q(
                 "UPDATE approvals SET status = 'expired', decided_at = COALESCE(decided_at, ?) \
                  WHERE id = ? AND status IN ('pending', 'approved')",
-            )
+            ))
             .bind(now)
             .bind(&a.id)
             .execute(&mut *tx)
             .await?;
             if done.rows_affected() == 1 {
                 if a.kind == "request" {
-                    let body = refused_response(
+                    let body = super::approval::refused_response(
                         "approval-expired",
                         if a.status == "approved" {
                             "the approval expired before the approved request was sent again"
@@ -599,21 +442,17 @@ impl Ledger {
         Ok(n)
     }
 
-    /// Claims up to `limit` due outbox events for delivery by `owner` for
-    /// `lease_ms` (an event claimed by a live owner is skipped).
-    pub async fn claim_events(
+    pub(super) async fn claim_events(
         &self,
         owner: &str,
         lease_ms: i64,
         limit: u32,
     ) -> Result<Vec<OutboxEvent>, LedgerError> {
-        let now = self.clock.now_ms();
-        let rows = sqlx::query(
-            "UPDATE outbox SET lease_owner = ?1, lease_expires_at = ?2 WHERE event_id IN ( \
+        let now = self.now().await?;
+        let rows = sqlx::query(q(&format!("UPDATE outbox SET lease_owner = ?1, lease_expires_at = ?2 WHERE event_id IN ( \
                SELECT event_id FROM outbox WHERE delivered_at IS NULL AND next_attempt_at <= ?3 \
-               AND (lease_expires_at IS NULL OR lease_expires_at <= ?3) ORDER BY created_at LIMIT ?4) \
-             RETURNING event_id, tenant_id, event_type, payload, attempts",
-        )
+               AND (lease_expires_at IS NULL OR lease_expires_at <= ?3) ORDER BY created_at LIMIT ?4{SKIP_LOCKED}) \
+             RETURNING event_id, tenant_id, event_type, payload, attempts")))
         .bind(owner)
         .bind(now.saturating_add(lease_ms))
         .bind(now)
@@ -634,20 +473,16 @@ impl Ledger {
             .map_err(Into::into)
     }
 
-    /// Records a delivery attempt of `event_id`: delivered, or failed with
-    /// the next attempt at `next_attempt_at` (ms since epoch).
-    pub async fn event_attempted(
+    pub(super) async fn event_attempted(
         &self,
         event_id: &str,
         delivered: bool,
         error: Option<&str>,
         next_attempt_at: i64,
     ) -> Result<(), LedgerError> {
-        let now = self.clock.now_ms();
-        sqlx::query(
-            "UPDATE outbox SET attempts = attempts + 1, lease_owner = NULL, lease_expires_at = NULL, \
-             delivered_at = CASE WHEN ? THEN ? ELSE NULL END, last_error = ?, next_attempt_at = ? WHERE event_id = ?",
-        )
+        let now = self.now().await?;
+        sqlx::query(q("UPDATE outbox SET attempts = attempts + 1, lease_owner = NULL, lease_expires_at = NULL, \
+             delivered_at = CASE WHEN ? THEN ? ELSE NULL END, last_error = ?, next_attempt_at = ? WHERE event_id = ?"))
         .bind(delivered)
         .bind(now)
         .bind(error)
@@ -658,15 +493,11 @@ impl Ledger {
         Ok(())
     }
 
-    /// Outbox events of `tenant`, oldest first: (event id, type, delivered
-    /// at, attempts).
-    pub async fn events(
+    pub(super) async fn events(
         &self,
         tenant: &str,
     ) -> Result<Vec<(String, String, Option<i64>, i64)>, LedgerError> {
-        let rows = sqlx::query(
-            "SELECT event_id, event_type, delivered_at, attempts FROM outbox WHERE tenant_id = ? ORDER BY created_at, rowid",
-        )
+        let rows = sqlx::query(q(&format!("SELECT event_id, event_type, delivered_at, attempts FROM outbox WHERE tenant_id = ? ORDER BY created_at, {ROW_ORDER}")))
         .bind(tenant)
         .fetch_all(&self.read)
         .await?;
@@ -683,11 +514,12 @@ impl Ledger {
             .map_err(Into::into)
     }
 
-    /// Undelivered events (all tenants), for tests and the console.
-    pub async fn pending_events(&self) -> Result<i64, LedgerError> {
-        let row = sqlx::query("SELECT COUNT(*) AS n FROM outbox WHERE delivered_at IS NULL")
-            .fetch_one(&self.read)
-            .await?;
+    pub(super) async fn pending_events(&self) -> Result<i64, LedgerError> {
+        let row = sqlx::query(q(
+            "SELECT COUNT(*) AS n FROM outbox WHERE delivered_at IS NULL",
+        ))
+        .fetch_one(&self.read)
+        .await?;
         Ok(row.try_get("n")?)
     }
 }

@@ -1,50 +1,22 @@
-//! The SQLite effect ledger's writes: every state change of an operation.
-//! Each method is one compare-and-swap plus its `transitions` row, in one
-//! transaction.
-
-use sqlx::Row;
-
-use super::sqlite::{Ledger, fetch_op};
-use super::{Claim, LedgerError, NewOperation, Outcome, Reservation, State};
-
-impl Ledger {
-    /// Reserves an operation: `INSERT … ON CONFLICT DO NOTHING`, plus the
-    /// first transition (`∅ → RESERVED`). If the key exists, returns the
-    /// existing row unchanged. A terminal operation past its key retention
-    /// is deleted first, so its key starts fresh (draft §2.3).
-    pub async fn reserve(&self, new: &NewOperation) -> Result<Reservation, LedgerError> {
-        let now = self.clock.now_ms();
+impl Store {
+    pub(super) async fn reserve(&self, new: &NewOperation) -> Result<Reservation, LedgerError> {
+        let now = self.now().await?;
         let mut tx = self.write.begin().await?;
-        let expired = sqlx::query(
-            "DELETE FROM operations WHERE tenant_id = ? AND operation_id = ? AND updated_at + retention_ms <= ? \
-             AND state IN ('COMPLETED', 'FAILED', 'COMPENSATED') AND dead_letter = 0",
-        )
+        let expired = sqlx::query(q("DELETE FROM operations WHERE tenant_id = ? AND operation_id = ? AND updated_at + retention_ms <= ? \
+             AND state IN ('COMPLETED', 'FAILED', 'COMPENSATED') AND NOT dead_letter"))
         .bind(&new.tenant_id)
         .bind(&new.operation_id)
         .bind(now)
         .execute(&mut *tx)
         .await?;
         if expired.rows_affected() > 0 {
-            for sql in [
-                "DELETE FROM transitions WHERE tenant_id = ? AND operation_id = ?",
-                "DELETE FROM attempts WHERE tenant_id = ? AND operation_id = ?",
-                "DELETE FROM policy_decisions WHERE tenant_id = ? AND operation_id = ?",
-                "DELETE FROM approvals WHERE tenant_id = ? AND operation_id = ?",
-            ] {
-                sqlx::query(sql)
-                    .bind(&new.tenant_id)
-                    .bind(&new.operation_id)
-                    .execute(&mut *tx)
-                    .await?;
-            }
+            forget_history(&mut tx, &new.tenant_id, &new.operation_id).await?;
         }
-        let inserted = sqlx::query(
-            "INSERT INTO operations (tenant_id, operation_id, route, method, path, query, fingerprint, provider_key, \
+        let inserted = sqlx::query(q("INSERT INTO operations (tenant_id, operation_id, route, method, path, query, fingerprint, provider_key, \
              effect_class, state, version, attempts, fence, request_content_type, request_body, principal, \
              created_at, updated_at, expires_at, request_headers, retention_ms) \
              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'RESERVED', 1, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?) \
-             ON CONFLICT (tenant_id, operation_id) DO NOTHING",
-        )
+             ON CONFLICT (tenant_id, operation_id) DO NOTHING"))
         .bind(&new.tenant_id)
         .bind(&new.operation_id)
         .bind(&new.route)
@@ -80,9 +52,7 @@ impl Ledger {
             )
             .await?;
             if new.awaiting_approval {
-                sqlx::query(
-                    "UPDATE operations SET state = 'AWAITING_APPROVAL', version = 2 WHERE tenant_id = ? AND operation_id = ?",
-                )
+                sqlx::query(q("UPDATE operations SET state = 'AWAITING_APPROVAL', version = 2 WHERE tenant_id = ? AND operation_id = ?"))
                 .bind(&new.tenant_id)
                 .bind(&new.operation_id)
                 .execute(&mut *tx)
@@ -120,7 +90,7 @@ impl Ledger {
             if new.awaiting_approval
                 && let Some(a) = &new.approval
             {
-                super::approvals::insert_approval(&mut tx, new, a, now).await?;
+                insert_approval(&mut tx, new, a, now).await?;
             }
         }
         let op = fetch_op(&mut *tx, &new.tenant_id, &new.operation_id)
@@ -134,18 +104,8 @@ impl Ledger {
         })
     }
 
-    /// Claims the lease on an operation and moves it `from → EXECUTING`, if
-    /// its row is still at `expected_version` in state `from`. Allowed
-    /// `from` states: RESERVED, AWAITING_APPROVAL (after approval), UNKNOWN
-    /// (after an absent read-back) and EXECUTING whose lease has expired.
-    /// The fencing token and the attempt count are incremented.
-    ///
-    /// Returns `None` when the compare-and-swap lost: someone else changed
-    /// the row first, or the lease is still live.
-    ///
-    /// Errors: [`LedgerError::IllegalTransition`] for any other `from`.
     #[allow(clippy::too_many_arguments)]
-    pub async fn claim(
+    pub(super) async fn claim(
         &self,
         tenant: &str,
         operation_id: &str,
@@ -161,16 +121,14 @@ impl Ledger {
                 to: State::Executing,
             });
         }
-        let now = self.clock.now_ms();
+        let now = self.now().await?;
         let expires = now.saturating_add(lease_ms.max(0));
         let mut tx = self.write.begin().await?;
-        let row = sqlx::query(
-            "UPDATE operations SET state = 'EXECUTING', version = version + 1, fence = fence + 1, \
+        let row = sqlx::query(q("UPDATE operations SET state = 'EXECUTING', version = version + 1, fence = fence + 1, \
              attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?, updated_at = ? \
              WHERE tenant_id = ? AND operation_id = ? AND version = ? AND state = ? \
              AND (state NOT IN ('EXECUTING', 'UNKNOWN') OR lease_expires_at IS NULL OR lease_expires_at <= ?) \
-             RETURNING version, fence, attempts",
-        )
+             RETURNING version, fence, attempts"))
         .bind(owner)
         .bind(expires)
         .bind(now)
@@ -200,18 +158,7 @@ impl Ledger {
         Ok(Some(claim))
     }
 
-    /// Records an outcome under fencing token `fence`:
-    /// `UPDATE … WHERE fence = ? AND state = from`. The lease is released.
-    /// `from` is EXECUTING (an attempt ended) or UNKNOWN (a reconciliation
-    /// lease holder resolved it, or a read-back failed).
-    ///
-    /// Returns `false` (and counts a stale-fence rejection) when the token
-    /// is no longer current: a newer claim owns the operation, and this
-    /// write must not land.
-    ///
-    /// Errors: [`LedgerError::IllegalTransition`] unless `from → outcome.state`
-    /// is in the state machine and ends in COMPLETED, FAILED or UNKNOWN.
-    pub async fn record_outcome(
+    pub(super) async fn record_outcome(
         &self,
         tenant: &str,
         operation_id: &str,
@@ -227,7 +174,7 @@ impl Ledger {
         {
             return Err(LedgerError::IllegalTransition { from, to });
         }
-        let now = self.clock.now_ms();
+        let now = self.now().await?;
         let headers =
             serde_json::to_string(&outcome.response_headers).unwrap_or_else(|_| "[]".into());
         let (dl, dl_reason, dl_check) = match &outcome.dead_letter {
@@ -239,8 +186,7 @@ impl Ledger {
             None => (false, None, None),
         };
         let mut tx = self.write.begin().await?;
-        let row = sqlx::query(
-            "UPDATE operations SET state = ?1, version = version + 1, lease_owner = NULL, lease_expires_at = NULL, \
+        let row = sqlx::query(q("UPDATE operations SET state = ?1, version = version + 1, lease_owner = NULL, lease_expires_at = NULL, \
              response_status = CASE WHEN ?2 THEN response_status ELSE ?3 END, \
              response_headers = CASE WHEN ?2 THEN response_headers ELSE ?4 END, \
              response_body = CASE WHEN ?2 THEN response_body ELSE ?5 END, \
@@ -252,8 +198,7 @@ impl Ledger {
              provider_reference = COALESCE(?16, provider_reference), \
              settle_until = COALESCE(?21, settle_until) \
              WHERE tenant_id = ?17 AND operation_id = ?18 AND fence = ?19 AND state = ?20 \
-             RETURNING version, attempts",
-        )
+             RETURNING version, attempts"))
         .bind(to.as_str())
         .bind(outcome.keep_response)
         .bind(outcome.response_status.map(i64::from))
@@ -320,12 +265,8 @@ impl Ledger {
         Ok(true)
     }
 
-    /// Logs a failed attempt that will be retried, under `fence`, and starts
-    /// the next one: bumps `attempts`, records the error, and extends the
-    /// lease to now + `lease_ms`. Returns `false` (counted) if the token is
-    /// no longer current; the caller must then stop.
     #[allow(clippy::too_many_arguments)]
-    pub async fn note_retry(
+    pub(super) async fn note_retry(
         &self,
         tenant: &str,
         operation_id: &str,
@@ -335,13 +276,11 @@ impl Ledger {
         detail: &str,
         lease_ms: i64,
     ) -> Result<bool, LedgerError> {
-        let now = self.clock.now_ms();
+        let now = self.now().await?;
         let mut tx = self.write.begin().await?;
-        let row = sqlx::query(
-            "UPDATE operations SET attempts = attempts + 1, lease_expires_at = ?, error_kind = ?, error_detail = ?, \
+        let row = sqlx::query(q("UPDATE operations SET attempts = attempts + 1, lease_expires_at = ?, error_kind = ?, error_detail = ?, \
              updated_at = ? WHERE tenant_id = ? AND operation_id = ? AND fence = ? AND state = 'EXECUTING' \
-             RETURNING attempts",
-        )
+             RETURNING attempts"))
         .bind(now.saturating_add(lease_ms))
         .bind(outcome)
         .bind(detail)
@@ -372,20 +311,16 @@ impl Ledger {
         Ok(true)
     }
 
-    /// Extends the lease held under `fence` to now + `lease_ms`. Returns
-    /// `false` if the token is no longer current.
-    pub async fn extend_lease(
+    pub(super) async fn extend_lease(
         &self,
         tenant: &str,
         operation_id: &str,
         fence: i64,
         lease_ms: i64,
     ) -> Result<bool, LedgerError> {
-        let now = self.clock.now_ms();
-        let r = sqlx::query(
-            "UPDATE operations SET lease_expires_at = ? \
-             WHERE tenant_id = ? AND operation_id = ? AND fence = ? AND state = 'EXECUTING'",
-        )
+        let now = self.now().await?;
+        let r = sqlx::query(q("UPDATE operations SET lease_expires_at = ? \
+             WHERE tenant_id = ? AND operation_id = ? AND fence = ? AND state = 'EXECUTING'"))
         .bind(now.saturating_add(lease_ms))
         .bind(tenant)
         .bind(operation_id)
@@ -401,7 +336,7 @@ impl Ledger {
 
 #[allow(clippy::too_many_arguments)]
 /// The claim an `UPDATE … RETURNING version, fence, attempts` took.
-pub(super) fn claim_row(row: &sqlx::sqlite::SqliteRow, expires: i64) -> Result<Claim, sqlx::Error> {
+pub(super) fn claim_row(row: &DbRow, expires: i64) -> Result<Claim, sqlx::Error> {
     Ok(Claim {
         version: row.try_get("version")?,
         fence: row.try_get("fence")?,
@@ -411,7 +346,7 @@ pub(super) fn claim_row(row: &sqlx::sqlite::SqliteRow, expires: i64) -> Result<C
 }
 
 pub(super) async fn insert_transition(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tx: &mut sqlx::Transaction<'_, Db>,
     tenant: &str,
     operation_id: &str,
     from: Option<State>,
@@ -422,10 +357,8 @@ pub(super) async fn insert_transition(
     reason: &str,
     at: i64,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO transitions (tenant_id, operation_id, from_state, to_state, version, fence, actor, reason, at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    )
+    sqlx::query(q("INSERT INTO transitions (tenant_id, operation_id, from_state, to_state, version, fence, actor, reason, at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"))
     .bind(tenant)
     .bind(operation_id)
     .bind(from.map(State::as_str))
@@ -441,7 +374,7 @@ pub(super) async fn insert_transition(
 }
 
 async fn insert_decisions(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tx: &mut sqlx::Transaction<'_, Db>,
     tenant: &str,
     operation_id: &str,
     fingerprint: &str,
@@ -449,10 +382,8 @@ async fn insert_decisions(
     at: i64,
 ) -> Result<(), sqlx::Error> {
     for d in decisions {
-        sqlx::query(
-            "INSERT INTO policy_decisions (tenant_id, operation_id, fingerprint, policy, content_hash, decision, reason, \
-             duration_us, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
+        sqlx::query(q("INSERT INTO policy_decisions (tenant_id, operation_id, fingerprint, policy, content_hash, decision, reason, \
+             duration_us, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"))
         .bind(tenant)
         .bind(operation_id)
         .bind(fingerprint)
@@ -468,10 +399,8 @@ async fn insert_decisions(
     Ok(())
 }
 
-impl Ledger {
-    /// Records the decisions of a request that did not reserve an operation
-    /// (denied, or a policy failed closed), under the key it carried.
-    pub async fn record_decisions(
+impl Store {
+    pub(super) async fn record_decisions(
         &self,
         tenant: &str,
         operation_id: &str,
@@ -481,7 +410,7 @@ impl Ledger {
         if decisions.is_empty() {
             return Ok(());
         }
-        let now = self.clock.now_ms();
+        let now = self.now().await?;
         let mut tx = self.write.begin().await?;
         insert_decisions(&mut tx, tenant, operation_id, fingerprint, decisions, now).await?;
         tx.commit().await?;
@@ -491,7 +420,7 @@ impl Ledger {
 
 #[allow(clippy::too_many_arguments)]
 async fn insert_attempt(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tx: &mut sqlx::Transaction<'_, Db>,
     tenant: &str,
     operation_id: &str,
     attempt: i64,
@@ -501,10 +430,8 @@ async fn insert_attempt(
     detail: Option<&str>,
     at: i64,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO attempts (tenant_id, operation_id, attempt, fence, status, outcome, detail, at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-    )
+    sqlx::query(q("INSERT INTO attempts (tenant_id, operation_id, attempt, fence, status, outcome, detail, at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"))
     .bind(tenant)
     .bind(operation_id)
     .bind(attempt)
@@ -515,5 +442,27 @@ async fn insert_attempt(
     .bind(at)
     .execute(&mut **tx)
     .await?;
+    Ok(())
+}
+
+/// Deletes what the ledger keeps about a forgotten operation besides its
+/// row: transitions, attempts, policy decisions and approvals.
+async fn forget_history(
+    tx: &mut sqlx::Transaction<'_, Db>,
+    tenant: &str,
+    operation_id: &str,
+) -> Result<(), sqlx::Error> {
+    for sql in [
+        "DELETE FROM transitions WHERE tenant_id = ? AND operation_id = ?",
+        "DELETE FROM attempts WHERE tenant_id = ? AND operation_id = ?",
+        "DELETE FROM policy_decisions WHERE tenant_id = ? AND operation_id = ?",
+        "DELETE FROM approvals WHERE tenant_id = ? AND operation_id = ?",
+    ] {
+        sqlx::query(q(sql))
+            .bind(tenant)
+            .bind(operation_id)
+            .execute(&mut **tx)
+            .await?;
+    }
     Ok(())
 }

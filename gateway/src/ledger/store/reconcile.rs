@@ -1,24 +1,5 @@
-//! The SQLite effect ledger's reconciliation and operator writes: lease
-//! expiry, reconciliation leases, new attempts after an absent read-back,
-//! requeues, audit transitions and scheduling.
-
-use sqlx::Row;
-
-use super::sqlite::Ledger;
-use super::sqlite_write::{claim_row, insert_transition};
-use super::{Claim, LedgerError, State};
-
-impl Ledger {
-    /// Marks an EXECUTING operation whose lease has expired as UNKNOWN:
-    /// its owner may have sent the request before it died. The fencing
-    /// token is incremented, so the old owner's late write is rejected.
-    /// Returns `false` if the row changed or the lease is still live.
-    ///
-    /// `settle_ms` is the route's read-back settle delay: "absent" is
-    /// trusted only from now + `settle_ms` on. `None` means the route has
-    /// no read-back: the operation is not scheduled for reconciliation and
-    /// waits for an operator.
-    pub async fn expire_lease(
+impl Store {
+    pub(super) async fn expire_lease(
         &self,
         tenant: &str,
         operation_id: &str,
@@ -26,16 +7,14 @@ impl Ledger {
         settle_ms: Option<i64>,
         actor: &str,
     ) -> Result<bool, LedgerError> {
-        let now = self.clock.now_ms();
+        let now = self.now().await?;
         let mut tx = self.write.begin().await?;
-        let row = sqlx::query(
-            "UPDATE operations SET state = 'UNKNOWN', version = version + 1, fence = fence + 1, lease_owner = NULL, \
+        let row = sqlx::query(q("UPDATE operations SET state = 'UNKNOWN', version = version + 1, fence = fence + 1, lease_owner = NULL, \
              lease_expires_at = NULL, error_kind = 'lease-expired', \
              error_detail = 'the lease of the executing owner expired before it recorded an outcome', \
              next_reconcile_at = ?, settle_until = ?, updated_at = ? \
              WHERE tenant_id = ? AND operation_id = ? AND version = ? AND state = 'EXECUTING' \
-             AND lease_expires_at <= ? RETURNING version, fence",
-        )
+             AND lease_expires_at <= ? RETURNING version, fence"))
         .bind(settle_ms.map(|_| now))
         .bind(now.saturating_add(settle_ms.unwrap_or(0)))
         .bind(now)
@@ -64,10 +43,7 @@ impl Ledger {
         Ok(true)
     }
 
-    /// Takes a reconciliation lease on an UNKNOWN operation (state stays
-    /// UNKNOWN, fencing token incremented), if the row is at `version` and
-    /// nobody holds a live lease. Returns `None` when the compare-and-swap lost.
-    pub async fn lease_for_reconcile(
+    pub(super) async fn lease_for_reconcile(
         &self,
         tenant: &str,
         operation_id: &str,
@@ -76,15 +52,13 @@ impl Ledger {
         lease_ms: i64,
         reason: &str,
     ) -> Result<Option<Claim>, LedgerError> {
-        let now = self.clock.now_ms();
+        let now = self.now().await?;
         let expires = now.saturating_add(lease_ms.max(0));
         let mut tx = self.write.begin().await?;
-        let row = sqlx::query(
-            "UPDATE operations SET version = version + 1, fence = fence + 1, lease_owner = ?, lease_expires_at = ?, \
+        let row = sqlx::query(q("UPDATE operations SET version = version + 1, fence = fence + 1, lease_owner = ?, lease_expires_at = ?, \
              updated_at = updated_at \
              WHERE tenant_id = ? AND operation_id = ? AND version = ? AND state = 'UNKNOWN' \
-             AND (lease_expires_at IS NULL OR lease_expires_at <= ?) RETURNING version, fence, attempts",
-        )
+             AND (lease_expires_at IS NULL OR lease_expires_at <= ?) RETURNING version, fence, attempts"))
         .bind(owner)
         .bind(expires)
         .bind(tenant)
@@ -112,11 +86,7 @@ impl Ledger {
         Ok(Some(claim))
     }
 
-    /// Starts a new attempt of an UNKNOWN operation whose read-back came
-    /// back absent, under the reconciliation lease `fence`: UNKNOWN →
-    /// EXECUTING, new fencing token, attempts + 1. Same operation, same
-    /// provider key. Returns `None` (counted) if `fence` is not current.
-    pub async fn reattempt(
+    pub(super) async fn reattempt(
         &self,
         tenant: &str,
         operation_id: &str,
@@ -125,15 +95,15 @@ impl Ledger {
         lease_ms: i64,
         reason: &str,
     ) -> Result<Option<Claim>, LedgerError> {
-        let now = self.clock.now_ms();
+        let now = self.now().await?;
         let expires = now.saturating_add(lease_ms.max(0));
         let mut tx = self.write.begin().await?;
-        let row = sqlx::query(
+        let row = sqlx::query(q(
             "UPDATE operations SET state = 'EXECUTING', version = version + 1, fence = fence + 1, \
              attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?, updated_at = ? \
              WHERE tenant_id = ? AND operation_id = ? AND fence = ? AND state = 'UNKNOWN' \
              RETURNING version, fence, attempts",
-        )
+        ))
         .bind(owner)
         .bind(expires)
         .bind(now)
@@ -164,19 +134,14 @@ impl Ledger {
         Ok(Some(claim))
     }
 
-    /// Takes an UNKNOWN operation off the reconciler's schedule (its route
-    /// has no read-back, or is gone): it waits for an operator. Scheduling
-    /// is not a state change; no transition is written.
-    pub async fn unschedule(
+    pub(super) async fn unschedule(
         &self,
         tenant: &str,
         operation_id: &str,
         version: i64,
     ) -> Result<bool, LedgerError> {
-        let r = sqlx::query(
-            "UPDATE operations SET next_reconcile_at = NULL \
-             WHERE tenant_id = ? AND operation_id = ? AND version = ? AND state = 'UNKNOWN'",
-        )
+        let r = sqlx::query(q("UPDATE operations SET next_reconcile_at = NULL \
+             WHERE tenant_id = ? AND operation_id = ? AND version = ? AND state = 'UNKNOWN'"))
         .bind(tenant)
         .bind(operation_id)
         .bind(version)
@@ -185,13 +150,7 @@ impl Ledger {
         Ok(r.rows_affected() == 1)
     }
 
-    /// Appends an audit transition `state → state` (an approval decision, a
-    /// forced replay) if the row is still at `version` in `state`. Returns
-    /// whether it was written.
-    ///
-    /// Errors: [`LedgerError::IllegalTransition`] if the state machine has no
-    /// such self-transition.
-    pub async fn audit(
+    pub(super) async fn audit(
         &self,
         tenant: &str,
         operation_id: &str,
@@ -206,12 +165,10 @@ impl Ledger {
                 to: state,
             });
         }
-        let now = self.clock.now_ms();
+        let now = self.now().await?;
         let mut tx = self.write.begin().await?;
-        let row = sqlx::query(
-            "UPDATE operations SET version = version + 1, updated_at = ? \
-             WHERE tenant_id = ? AND operation_id = ? AND version = ? AND state = ? RETURNING version, fence",
-        )
+        let row = sqlx::query(q("UPDATE operations SET version = version + 1, updated_at = ? \
+             WHERE tenant_id = ? AND operation_id = ? AND version = ? AND state = ? RETURNING version, fence"))
         .bind(now)
         .bind(tenant)
         .bind(operation_id)
@@ -238,14 +195,7 @@ impl Ledger {
         Ok(true)
     }
 
-    /// Requeues a dead letter with the same operation id and provider key:
-    /// FAILED (dead letter) → `to`, where `to` is UNKNOWN (the reconciler
-    /// reads back before any new attempt) or RESERVED (the route has no
-    /// read-back; the caller executes it next). Returns `None` if the row
-    /// is not a dead letter at `version`.
-    ///
-    /// Errors: [`LedgerError::IllegalTransition`] for another `to`.
-    pub async fn requeue(
+    pub(super) async fn requeue(
         &self,
         tenant: &str,
         operation_id: &str,
@@ -260,14 +210,12 @@ impl Ledger {
                 to,
             });
         }
-        let now = self.clock.now_ms();
+        let now = self.now().await?;
         let mut tx = self.write.begin().await?;
-        let row = sqlx::query(
-            "UPDATE operations SET state = ?, version = version + 1, dead_letter = 0, requeues = requeues + 1, \
+        let row = sqlx::query(q("UPDATE operations SET state = ?, version = version + 1, dead_letter = FALSE, requeues = requeues + 1, \
              reconcile_attempts = 0, next_reconcile_at = ?, updated_at = ? \
-             WHERE tenant_id = ? AND operation_id = ? AND version = ? AND state = 'FAILED' AND dead_letter = 1 \
-             RETURNING version, fence",
-        )
+             WHERE tenant_id = ? AND operation_id = ? AND version = ? AND state = 'FAILED' AND dead_letter \
+             RETURNING version, fence"))
         .bind(to.as_str())
         .bind(now)
         .bind(now)

@@ -1,0 +1,661 @@
+//! [`Ledger`]: the effect ledger's one interface, over SQLite or
+//! PostgreSQL (`enum Db`). Both backends run the same statements (see
+//! `store/`), so they implement the same state machine; the differences
+//! are where time comes from and how work claims lock rows.
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::approval::{Approval, Decision, NewApproval, OutboxEvent};
+use super::{
+    Attempt, Claim, Clock, LedgerClock, LedgerError, NewOperation, Operation, Outcome, Reservation,
+    State, Transition, postgres, sqlite,
+};
+use crate::config::{Backend, StorageSpec};
+
+/// The effect ledger. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    db: Db,
+    clock: Arc<dyn Clock>,
+    call_timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+enum Db {
+    Sqlite(sqlite::Store),
+    Postgres(postgres::Store),
+}
+
+/// Runs one store method on whichever backend; PostgreSQL calls are
+/// bounded by `storage.call_timeout_ms`.
+macro_rules! dispatch {
+    ($self:ident, $m:ident($($a:expr),*)) => {
+        match &$self.db {
+            Db::Sqlite(s) => s.$m($($a),*).await,
+            Db::Postgres(p) => $self.bounded(p.$m($($a),*)).await,
+        }
+    };
+}
+
+impl Ledger {
+    /// Opens (creating if missing) the SQLite file at `path` and applies the
+    /// embedded migrations (`migrations/sqlite`).
+    ///
+    /// `max_read_connections` sizes the read pool; `busy_timeout_ms` is how
+    /// long a statement waits for a lock held by another process.
+    ///
+    /// Errors: the file can't be opened or a migration fails.
+    pub async fn open(
+        path: &Path,
+        max_read_connections: u32,
+        busy_timeout_ms: u64,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, LedgerError> {
+        let storage = StorageSpec {
+            path: path.to_path_buf(),
+            max_read_connections,
+            busy_timeout_ms,
+            ..StorageSpec::default()
+        };
+        Self::open_storage(&storage, clock).await
+    }
+
+    /// Opens the ledger `[storage]` names (SQLite file or PostgreSQL URL)
+    /// and applies that backend's embedded migrations (`migrations/sqlite`
+    /// or `migrations/postgres`).
+    ///
+    /// `clock` stamps SQLite rows. PostgreSQL ignores it: time comes from
+    /// the database clock, and [`Ledger::clock`] follows that.
+    ///
+    /// Errors: the URL is invalid, the database can't be reached within
+    /// `acquire_timeout_ms`, or a migration fails.
+    pub async fn open_storage(
+        storage: &StorageSpec,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, LedgerError> {
+        let call_timeout = Duration::from_millis(storage.call_timeout_ms.max(1));
+        let db = match storage.backend().map_err(LedgerError::Config)? {
+            Backend::Sqlite(path) => {
+                let storage = StorageSpec {
+                    path,
+                    ..storage.clone()
+                };
+                Db::Sqlite(sqlite::Store::open(&storage, LedgerClock::new(clock)).await?)
+            }
+            Backend::Postgres(url) => {
+                let settings = postgres::PgSettings {
+                    url: &url,
+                    schema: storage.schema.as_deref(),
+                    max_connections: storage.max_connections,
+                    min_connections: storage.min_connections,
+                    acquire_timeout_ms: storage.acquire_timeout_ms,
+                    statement_timeout_ms: storage.statement_timeout_ms,
+                    idle_timeout_ms: storage.idle_timeout_ms,
+                };
+                let clock = LedgerClock::new(Arc::new(super::SystemClock));
+                let open = postgres::Store::open(&settings, clock);
+                match tokio::time::timeout(
+                    call_timeout.max(Duration::from_millis(storage.acquire_timeout_ms)),
+                    open,
+                )
+                .await
+                {
+                    Ok(store) => Db::Postgres(store?),
+                    Err(_) => return Err(LedgerError::Timeout(call_timeout.as_millis() as u64)),
+                }
+            }
+        };
+        let clock: Arc<dyn Clock> = match &db {
+            Db::Sqlite(s) => s.clock.clone(),
+            Db::Postgres(p) => p.clock.clone(),
+        };
+        Ok(Self {
+            db,
+            clock,
+            call_timeout,
+        })
+    }
+
+    /// Applies the embedded migrations only (`effectgate migrate`), on
+    /// either backend.
+    ///
+    /// Errors: as [`Ledger::open_storage`].
+    pub async fn migrate(storage: &StorageSpec) -> Result<(), LedgerError> {
+        Self::open_storage(storage, Arc::new(super::SystemClock))
+            .await
+            .map(|_| ())
+    }
+
+    /// `sqlite` or `postgres`.
+    pub fn backend_name(&self) -> &'static str {
+        match self.db {
+            Db::Sqlite(_) => "sqlite",
+            Db::Postgres(_) => "postgres",
+        }
+    }
+
+    /// The ledger's clock, ms since the Unix epoch: the injected clock on
+    /// SQLite; on PostgreSQL, the database clock (this instance's clock
+    /// plus its offset to the database, re-measured on every ledger write).
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// Moves the ledger's clock forward by `ms`. On PostgreSQL this moves
+    /// the database clock for every instance sharing it. For tests and
+    /// failure drills: leases and expiries jump forward.
+    pub async fn shift_clock(&self, ms: i64) -> Result<(), LedgerError> {
+        dispatch!(self, shift_clock(ms))
+    }
+
+    /// Writes rejected because they carried a fencing token that was no
+    /// longer current, since start.
+    pub fn stale_fence_rejections(&self) -> u64 {
+        match &self.db {
+            Db::Sqlite(s) => s.stale_fence_rejections(),
+            Db::Postgres(p) => p.stale_fence_rejections(),
+        }
+    }
+
+    /// Releases the scan claims `owner` holds (the reconciler calls it at
+    /// the end of every scan). Returns how many rows it released.
+    pub async fn release_scan(&self, owner: &str) -> Result<u64, LedgerError> {
+        dispatch!(self, release_scan(owner))
+    }
+
+    /// Deletes up to `batch` terminal operations whose key retention ended
+    /// (last change + retention ≤ now), with their transitions, attempts,
+    /// policy decisions and approvals. Dead letters and non-terminal
+    /// operations are never deleted. Returns how many were deleted; call
+    /// again while it returns `batch`.
+    pub async fn sweep_expired(&self, batch: u32) -> Result<u64, LedgerError> {
+        dispatch!(self, sweep_expired(batch))
+    }
+
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<T, LedgerError>>,
+    ) -> Result<T, LedgerError> {
+        match tokio::time::timeout(self.call_timeout, call).await {
+            Ok(r) => r,
+            Err(_) => Err(LedgerError::Timeout(self.call_timeout.as_millis() as u64)),
+        }
+    }
+
+    /// Checks that the database answers (readiness).
+    pub async fn ping(&self) -> Result<(), LedgerError> {
+        dispatch!(self, ping())
+    }
+
+    /// Returns the gateway's provider-key secret, creating a random 32-byte
+    /// one on first use. Stored in the ledger so provider keys stay the same
+    /// across restarts.
+    pub async fn provider_key_secret(&self) -> Result<Vec<u8>, LedgerError> {
+        dispatch!(self, provider_key_secret())
+    }
+
+    /// Reads one operation of `tenant`. Another tenant's operation is `None`.
+    pub async fn get(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+    ) -> Result<Option<Operation>, LedgerError> {
+        dispatch!(self, get(tenant, operation_id))
+    }
+
+    /// The attempts log of one operation, oldest first.
+    pub async fn attempts(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+    ) -> Result<Vec<Attempt>, LedgerError> {
+        dispatch!(self, attempts(tenant, operation_id))
+    }
+
+    /// Policy decisions recorded for an operation id, oldest first, as JSON
+    /// objects (policy, content_hash, decision, reason, duration_us,
+    /// fingerprint, at).
+    pub async fn decisions(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+    ) -> Result<Vec<serde_json::Value>, LedgerError> {
+        dispatch!(self, decisions(tenant, operation_id))
+    }
+
+    /// The transition history of one operation, oldest first.
+    pub async fn transitions(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+    ) -> Result<Vec<Transition>, LedgerError> {
+        dispatch!(self, transitions(tenant, operation_id))
+    }
+
+    /// Operations the reconciler should look at now, oldest change first, at
+    /// most `limit`: UNKNOWN ones that are due (a NULL `next_reconcile_at`
+    /// means "operator only": the route has no read-back) and not leased, EXECUTING
+    /// ones whose lease expired, and RESERVED ones untouched for
+    /// `reserved_grace_ms`.
+    pub async fn due_for_reconciliation(
+        &self,
+        owner: &str,
+        reserved_grace_ms: i64,
+        scan_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<Operation>, LedgerError> {
+        dispatch!(
+            self,
+            due_for_reconciliation(owner, reserved_grace_ms, scan_ms, limit)
+        )
+    }
+
+    /// Dead letters of `tenant`, oldest first, at most `limit`.
+    pub async fn dead_letters(
+        &self,
+        tenant: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Operation>, LedgerError> {
+        dispatch!(self, dead_letters(tenant, limit))
+    }
+
+    /// Per-tenant counts: (tenant, UNKNOWN operations, dead letters, oldest
+    /// dead letter's last change in ms since epoch).
+    pub async fn tenant_counts(&self) -> Result<Vec<(String, i64, i64, Option<i64>)>, LedgerError> {
+        dispatch!(self, tenant_counts())
+    }
+
+    /// Lists operations, newest change first, optionally filtered by tenant
+    /// and state, at most `limit` rows.
+    pub async fn list(
+        &self,
+        tenant: Option<&str>,
+        state: Option<State>,
+        limit: u32,
+    ) -> Result<Vec<Operation>, LedgerError> {
+        dispatch!(self, list(tenant, state, limit))
+    }
+
+    /// Reserves an operation: `INSERT … ON CONFLICT DO NOTHING`, plus the
+    /// first transition (`∅ → RESERVED`). If the key exists, returns the
+    /// existing row unchanged. A terminal operation past its key retention
+    /// is deleted first, so its key starts fresh (draft §2.3).
+    pub async fn reserve(&self, new: &NewOperation) -> Result<Reservation, LedgerError> {
+        dispatch!(self, reserve(new))
+    }
+
+    /// Claims the lease on an operation and moves it `from → EXECUTING`, if
+    /// its row is still at `expected_version` in state `from`. Allowed
+    /// `from` states: RESERVED, AWAITING_APPROVAL (after approval), UNKNOWN
+    /// (after an absent read-back) and EXECUTING whose lease has expired.
+    /// The fencing token and the attempt count are incremented.
+    ///
+    /// Returns `None` when the compare-and-swap lost: someone else changed
+    /// the row first, or the lease is still live.
+    ///
+    /// Errors: [`LedgerError::IllegalTransition`] for any other `from`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn claim(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        from: State,
+        expected_version: i64,
+        owner: &str,
+        lease_ms: i64,
+        reason: &str,
+    ) -> Result<Option<Claim>, LedgerError> {
+        dispatch!(
+            self,
+            claim(
+                tenant,
+                operation_id,
+                from,
+                expected_version,
+                owner,
+                lease_ms,
+                reason
+            )
+        )
+    }
+
+    /// Records an outcome under fencing token `fence`:
+    /// `UPDATE … WHERE fence = ? AND state = from`. The lease is released.
+    /// `from` is EXECUTING (an attempt ended) or UNKNOWN (a reconciliation
+    /// lease holder resolved it, or a read-back failed).
+    ///
+    /// Returns `false` (and counts a stale-fence rejection) when the token
+    /// is no longer current: a newer claim owns the operation, and this
+    /// write must not land.
+    ///
+    /// Errors: [`LedgerError::IllegalTransition`] unless `from → outcome.state`
+    /// is in the state machine and ends in COMPLETED, FAILED or UNKNOWN.
+    pub async fn record_outcome(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        fence: i64,
+        from: State,
+        actor: &str,
+        outcome: &Outcome,
+    ) -> Result<bool, LedgerError> {
+        dispatch!(
+            self,
+            record_outcome(tenant, operation_id, fence, from, actor, outcome)
+        )
+    }
+
+    /// Logs a failed attempt that will be retried, under `fence`, and starts
+    /// the next one: bumps `attempts`, records the error, and extends the
+    /// lease to now + `lease_ms`. Returns `false` (counted) if the token is
+    /// no longer current; the caller must then stop.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn note_retry(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        fence: i64,
+        status: Option<u16>,
+        outcome: &str,
+        detail: &str,
+        lease_ms: i64,
+    ) -> Result<bool, LedgerError> {
+        dispatch!(
+            self,
+            note_retry(
+                tenant,
+                operation_id,
+                fence,
+                status,
+                outcome,
+                detail,
+                lease_ms
+            )
+        )
+    }
+
+    /// Extends the lease held under `fence` to now + `lease_ms`. Returns
+    /// `false` if the token is no longer current.
+    pub async fn extend_lease(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        fence: i64,
+        lease_ms: i64,
+    ) -> Result<bool, LedgerError> {
+        dispatch!(self, extend_lease(tenant, operation_id, fence, lease_ms))
+    }
+
+    /// Records the decisions of a request that did not reserve an operation
+    /// (denied, or a policy failed closed), under the key it carried.
+    pub async fn record_decisions(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        fingerprint: &str,
+        decisions: &[crate::policy::DecisionRecord],
+    ) -> Result<(), LedgerError> {
+        dispatch!(
+            self,
+            record_decisions(tenant, operation_id, fingerprint, decisions)
+        )
+    }
+
+    /// Marks an EXECUTING operation whose lease has expired as UNKNOWN:
+    /// its owner may have sent the request before it died. The fencing
+    /// token is incremented, so the old owner's late write is rejected.
+    /// Returns `false` if the row changed or the lease is still live.
+    ///
+    /// `settle_ms` is the route's read-back settle delay: "absent" is
+    /// trusted only from now + `settle_ms` on. `None` means the route has
+    /// no read-back: the operation is not scheduled for reconciliation and
+    /// waits for an operator.
+    pub async fn expire_lease(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        version: i64,
+        settle_ms: Option<i64>,
+        actor: &str,
+    ) -> Result<bool, LedgerError> {
+        dispatch!(
+            self,
+            expire_lease(tenant, operation_id, version, settle_ms, actor)
+        )
+    }
+
+    /// Takes a reconciliation lease on an UNKNOWN operation (state stays
+    /// UNKNOWN, fencing token incremented), if the row is at `version` and
+    /// nobody holds a live lease. Returns `None` when the compare-and-swap lost.
+    pub async fn lease_for_reconcile(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        version: i64,
+        owner: &str,
+        lease_ms: i64,
+        reason: &str,
+    ) -> Result<Option<Claim>, LedgerError> {
+        dispatch!(
+            self,
+            lease_for_reconcile(tenant, operation_id, version, owner, lease_ms, reason)
+        )
+    }
+
+    /// Starts a new attempt of an UNKNOWN operation whose read-back came
+    /// back absent, under the reconciliation lease `fence`: UNKNOWN →
+    /// EXECUTING, new fencing token, attempts + 1. Same operation, same
+    /// provider key. Returns `None` (counted) if `fence` is not current.
+    pub async fn reattempt(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        fence: i64,
+        owner: &str,
+        lease_ms: i64,
+        reason: &str,
+    ) -> Result<Option<Claim>, LedgerError> {
+        dispatch!(
+            self,
+            reattempt(tenant, operation_id, fence, owner, lease_ms, reason)
+        )
+    }
+
+    /// Takes an UNKNOWN operation off the reconciler's schedule (its route
+    /// has no read-back, or is gone): it waits for an operator. Scheduling
+    /// is not a state change; no transition is written.
+    pub async fn unschedule(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        version: i64,
+    ) -> Result<bool, LedgerError> {
+        dispatch!(self, unschedule(tenant, operation_id, version))
+    }
+
+    /// Appends an audit transition `state → state` (an approval decision, a
+    /// forced replay) if the row is still at `version` in `state`. Returns
+    /// whether it was written.
+    ///
+    /// Errors: [`LedgerError::IllegalTransition`] if the state machine has no
+    /// such self-transition.
+    pub async fn audit(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        version: i64,
+        state: State,
+        actor: &str,
+        reason: &str,
+    ) -> Result<bool, LedgerError> {
+        dispatch!(
+            self,
+            audit(tenant, operation_id, version, state, actor, reason)
+        )
+    }
+
+    /// Requeues a dead letter with the same operation id and provider key:
+    /// FAILED (dead letter) → `to`, where `to` is UNKNOWN (the reconciler
+    /// reads back before any new attempt) or RESERVED (the route has no
+    /// read-back; the caller executes it next). Returns `None` if the row
+    /// is not a dead letter at `version`.
+    ///
+    /// Errors: [`LedgerError::IllegalTransition`] for another `to`.
+    pub async fn requeue(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        version: i64,
+        to: State,
+        actor: &str,
+        reason: &str,
+    ) -> Result<Option<i64>, LedgerError> {
+        dispatch!(
+            self,
+            requeue(tenant, operation_id, version, to, actor, reason)
+        )
+    }
+
+    /// One approval of `tenant` (another tenant's is `None`).
+    pub async fn approval(&self, tenant: &str, id: &str) -> Result<Option<Approval>, LedgerError> {
+        dispatch!(self, approval(tenant, id))
+    }
+
+    /// The newest approval of an operation, of `kind`.
+    pub async fn approval_for(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        kind: &str,
+    ) -> Result<Option<Approval>, LedgerError> {
+        dispatch!(self, approval_for(tenant, operation_id, kind))
+    }
+
+    /// Approvals of `tenant`, optionally by status, oldest first.
+    pub async fn approvals(
+        &self,
+        tenant: &str,
+        status: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Approval>, LedgerError> {
+        dispatch!(self, approvals(tenant, status, limit))
+    }
+
+    /// Creates a `replay` approval for an existing operation (an operator
+    /// asked to replay and the verdict is manual), with its outbox event.
+    pub async fn create_replay_approval(
+        &self,
+        op: &Operation,
+        a: &NewApproval,
+        requested_by: &str,
+    ) -> Result<(), LedgerError> {
+        dispatch!(self, create_replay_approval(op, a, requested_by))
+    }
+
+    /// Decides a pending, unexpired approval of `tenant`. Approving leaves a
+    /// `request` operation AWAITING_APPROVAL until it is executed (by the
+    /// caller's re-send, or by the gateway when the route says so);
+    /// rejecting moves it to FAILED with a stored 403 that duplicates
+    /// replay. Both append a transition (actor = the decider) and an outbox
+    /// event, in one transaction.
+    ///
+    /// Returns `None` if the approval is not pending any more (decided,
+    /// used or expired): a decision happens once.
+    pub async fn decide(
+        &self,
+        tenant: &str,
+        id: &str,
+        decision: Decision,
+        by: &str,
+        comment: Option<&str>,
+    ) -> Result<Option<Approval>, LedgerError> {
+        dispatch!(self, decide(tenant, id, decision, by, comment))
+    }
+
+    /// Spends an approved `request` approval on its own operation and claims
+    /// the operation (AWAITING_APPROVAL → EXECUTING), in one transaction:
+    /// both compare-and-swaps must win or neither happens. Returns `None`
+    /// when the approval is not `approved` (already used, rejected, expired)
+    /// or the operation moved on.
+    pub async fn use_approval(
+        &self,
+        tenant: &str,
+        approval_id: &str,
+        operation_id: &str,
+        fingerprint: &str,
+        owner: &str,
+        lease_ms: i64,
+    ) -> Result<Option<Claim>, LedgerError> {
+        dispatch!(
+            self,
+            use_approval(
+                tenant,
+                approval_id,
+                operation_id,
+                fingerprint,
+                owner,
+                lease_ms
+            )
+        )
+    }
+
+    /// Marks a `replay` approval used (single use). Returns whether it was
+    /// `approved` and is now `used`.
+    pub async fn use_replay_approval(
+        &self,
+        tenant: &str,
+        approval_id: &str,
+    ) -> Result<bool, LedgerError> {
+        dispatch!(self, use_replay_approval(tenant, approval_id))
+    }
+
+    /// Expires pending or approved-but-unused approvals past their expiry (the reconciler's scan):
+    /// the approval becomes `expired`, a `request` operation FAILED with a
+    /// stored 403, and an event is queued. Returns how many expired.
+    pub async fn expire_approvals(&self, limit: u32) -> Result<usize, LedgerError> {
+        dispatch!(self, expire_approvals(limit))
+    }
+
+    /// Claims up to `limit` due outbox events for delivery by `owner` for
+    /// `lease_ms` (an event claimed by a live owner is skipped).
+    pub async fn claim_events(
+        &self,
+        owner: &str,
+        lease_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<OutboxEvent>, LedgerError> {
+        dispatch!(self, claim_events(owner, lease_ms, limit))
+    }
+
+    /// Records a delivery attempt of `event_id`: delivered, or failed with
+    /// the next attempt at `next_attempt_at` (ms since epoch).
+    pub async fn event_attempted(
+        &self,
+        event_id: &str,
+        delivered: bool,
+        error: Option<&str>,
+        next_attempt_at: i64,
+    ) -> Result<(), LedgerError> {
+        dispatch!(
+            self,
+            event_attempted(event_id, delivered, error, next_attempt_at)
+        )
+    }
+
+    /// Outbox events of `tenant`, oldest first: (event id, type, delivered
+    /// at, attempts).
+    pub async fn events(
+        &self,
+        tenant: &str,
+    ) -> Result<Vec<(String, String, Option<i64>, i64)>, LedgerError> {
+        dispatch!(self, events(tenant))
+    }
+
+    /// Undelivered events (all tenants), for tests and the console.
+    pub async fn pending_events(&self) -> Result<i64, LedgerError> {
+        dispatch!(self, pending_events())
+    }
+}

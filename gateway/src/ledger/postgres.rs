@@ -1,0 +1,147 @@
+//! The PostgreSQL effect ledger: one database shared by several gateway
+//! instances.
+//!
+//! The statements are the SQLite ledger's, with `$N` placeholders, plus
+//! what PostgreSQL adds: work claims (the reconciler's scan, the outbox
+//! relay, the retention sweeper) take their rows `FOR UPDATE SKIP LOCKED`,
+//! so instances never wait on, or hand out, the same rows. Every
+//! compare-and-swap (`INSERT … ON CONFLICT DO NOTHING`, `UPDATE … WHERE
+//! version = $n` / `… WHERE fence = $n … RETURNING`) is safe under READ
+//! COMMITTED: PostgreSQL re-checks the `WHERE` on the newest row version.
+//!
+//! Time comes from the database, never from an instance's wall clock:
+//! every write reads `effectgate_now_ms()` (`clock_timestamp()` in ms) and
+//! stamps leases and expiries with it. The gateway's own clock
+//! ([`super::Ledger::clock`]) follows the database clock: each read of it
+//! updates the measured offset.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sqlx::Row;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use super::approval::{Approval, Decision, NewApproval, OutboxEvent};
+use super::{
+    Attempt, Claim, LedgerClock, LedgerError, NewOperation, Operation, Outcome, Reservation, State,
+    Transition,
+};
+
+type Db = sqlx::Postgres;
+type DbRow = sqlx::postgres::PgRow;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+
+/// How rows of one table are ordered by insertion.
+const ROW_ORDER: &str = "seq";
+/// Work claims skip rows another instance is claiming right now.
+const SKIP_LOCKED: &str = " FOR UPDATE SKIP LOCKED";
+
+/// The statement with PostgreSQL's `$N` placeholders.
+fn q(sql: &str) -> &'static str {
+    super::dialect::cached(sql, super::dialect::dollar_placeholders)
+}
+
+/// The PostgreSQL store. Cheap to clone.
+#[derive(Debug, Clone)]
+pub(super) struct Store {
+    /// One pool; `read` is the same pool (the shared code names both).
+    write: sqlx::PgPool,
+    read: sqlx::PgPool,
+    pub(super) clock: Arc<LedgerClock>,
+    stale_fence_rejections: Arc<AtomicU64>,
+}
+
+/// The PostgreSQL settings of `[storage]`.
+pub(super) struct PgSettings<'a> {
+    pub url: &'a str,
+    pub schema: Option<&'a str>,
+    pub max_connections: u32,
+    pub min_connections: u32,
+    pub acquire_timeout_ms: u64,
+    pub statement_timeout_ms: u64,
+    pub idle_timeout_ms: u64,
+}
+
+impl Store {
+    /// Connects, creates the schema if it is named and missing, and applies
+    /// `migrations/postgres` (under sqlx's advisory lock, so instances
+    /// starting together migrate once).
+    pub(super) async fn open(
+        s: &PgSettings<'_>,
+        clock: Arc<LedgerClock>,
+    ) -> Result<Self, LedgerError> {
+        let base: PgConnectOptions = s.url.parse()?;
+        if let Some(schema) = s.schema {
+            use sqlx::Connection;
+            let mut conn = sqlx::PgConnection::connect_with(&base).await?;
+            let create = format!(
+                "CREATE SCHEMA IF NOT EXISTS \"{}\"",
+                schema.replace('"', "\"\"")
+            );
+            if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(create))
+                .execute(&mut conn)
+                .await
+            {
+                // Two instances creating it at once: one wins, the other sees it.
+                tracing::debug!(error = %e, "create schema");
+            }
+            conn.close().await?;
+        }
+        let mut options: Vec<(&str, String)> =
+            vec![("statement_timeout", s.statement_timeout_ms.to_string())];
+        if let Some(schema) = s.schema {
+            options.push((
+                "search_path",
+                format!("\"{}\"", schema.replace('"', "\"\"")),
+            ));
+        }
+        let opts = base.options(options);
+        let pool = PgPoolOptions::new()
+            .max_connections(s.max_connections)
+            .min_connections(s.min_connections)
+            .acquire_timeout(Duration::from_millis(s.acquire_timeout_ms))
+            .idle_timeout((s.idle_timeout_ms > 0).then(|| Duration::from_millis(s.idle_timeout_ms)))
+            .connect_with(opts)
+            .await?;
+        MIGRATOR.run(&pool).await?;
+        let store = Self {
+            write: pool.clone(),
+            read: pool,
+            clock,
+            stale_fence_rejections: Arc::new(AtomicU64::new(0)),
+        };
+        store.now().await?;
+        Ok(store)
+    }
+
+    /// Now, in ms since the Unix epoch, from the database clock. Also
+    /// re-measures the gateway clock's offset to it.
+    async fn now(&self) -> Result<i64, sqlx::Error> {
+        let db: i64 = sqlx::query_scalar("SELECT effectgate_now_ms()")
+            .fetch_one(&self.write)
+            .await?;
+        self.clock.follow(db);
+        Ok(db)
+    }
+
+    /// Moves the database clock forward by `ms`, for every instance.
+    pub(super) async fn shift_clock(&self, ms: i64) -> Result<(), LedgerError> {
+        sqlx::query("UPDATE clock_shift SET shift_ms = shift_ms + $1")
+            .bind(ms)
+            .execute(&self.write)
+            .await?;
+        self.now().await?;
+        Ok(())
+    }
+
+    pub(super) fn stale_fence_rejections(&self) -> u64 {
+        self.stale_fence_rejections.load(Ordering::Relaxed)
+    }
+}
+
+include!("store/reads.rs");
+include!("store/writes.rs");
+include!("store/reconcile.rs");
+include!("store/approvals.rs");
