@@ -89,6 +89,11 @@ pub fn stale_fence() {
     counter!("effectgate_stale_fence_rejections_total").increment(1);
 }
 
+/// Operations the retention sweeper deleted.
+pub fn swept(n: u64) {
+    counter!("effectgate_retention_swept_total").increment(n);
+}
+
 /// Time from sending to the end of the provider's response.
 pub fn upstream_latency(route: &str, d: Duration) {
     histogram!("effectgate_upstream_latency_seconds", "route" => route.to_owned())

@@ -113,7 +113,29 @@ pub async fn tick(app: &AppState) -> Result<Vec<(String, String, Step)>, LedgerE
         .collect()
         .await;
     app.ledger.release_scan(&app.instance_id).await?;
+    sweep(app, cfg.sweep_batch, cfg.sweep_max_batches).await?;
     Ok(steps)
+}
+
+/// The retention sweeper: deletes terminal operations past their key
+/// retention, `batch` at a time, until a batch comes back short or
+/// `max_batches` ran. Returns how many it deleted.
+///
+/// Errors: the ledger failed (what was deleted so far stays deleted).
+pub async fn sweep(app: &AppState, batch: u32, max_batches: u32) -> Result<u64, LedgerError> {
+    let mut total = 0;
+    for _ in 0..max_batches {
+        let n = app.ledger.sweep_expired(batch.max(1)).await?;
+        total += n;
+        crate::metrics::swept(n);
+        if n < u64::from(batch.max(1)) {
+            break;
+        }
+    }
+    if total > 0 {
+        tracing::info!(deleted = total, "retention sweeper");
+    }
+    Ok(total)
 }
 
 /// Runs the reconciler until `shutdown` turns true.

@@ -291,3 +291,44 @@ impl TestApp {
         }
     }
 }
+
+/// PostgreSQL for the suites that need it: the URL comes from
+/// `TEST_POSTGRES_URL`; each test gets a fresh schema.
+pub mod pg {
+    use effectgate::config::StorageSpec;
+
+    /// The variable naming the test database.
+    pub const URL_VAR: &str = "TEST_POSTGRES_URL";
+
+    /// The test database URL, or `None` (and, once per test binary, one
+    /// line on stderr saying the PostgreSQL tests are skipped and why).
+    pub fn url() -> Option<String> {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        match std::env::var(URL_VAR) {
+            Ok(u) if !u.is_empty() => Some(u),
+            _ => {
+                SAID.call_once(|| {
+                    eprintln!("PostgreSQL tests skipped: {URL_VAR} is not set");
+                });
+                None
+            }
+        }
+    }
+
+    /// A schema name nobody has used: `eg_<16 hex digits>`.
+    pub fn fresh_schema() -> String {
+        format!("eg_{:016x}", rand::random::<u64>())
+    }
+
+    /// `[storage]` for `url` in a fresh schema, with a small pool (tests
+    /// run in parallel against one server).
+    pub fn storage(url: &str) -> StorageSpec {
+        StorageSpec {
+            url: Some(url.to_owned()),
+            schema: Some(fresh_schema()),
+            max_connections: 6,
+            min_connections: 0,
+            ..StorageSpec::default()
+        }
+    }
+}

@@ -1,17 +1,50 @@
-//! Ledger conformance: the state machine, compare-and-swap, fencing, lease
-//! expiry, transition history and key retention, driven by a manual clock.
+//! Ledger conformance: one suite for the ledger interface, run against
+//! both backends. It covers the state machine, compare-and-swap, fencing,
+//! lease expiry, transition history, approvals, the outbox, scan claims,
+//! key retention and the retention sweeper. Time moves by
+//! [`Ledger::shift_clock`] (the database clock on PostgreSQL).
+//!
+//! Every test runs twice: `<name>::sqlite` on a temporary file, and
+//! `<name>::postgres` in a fresh schema of the database named by
+//! `TEST_POSTGRES_URL` (skipped, with one line saying so, when
+//! it is unset).
 
 use std::sync::Arc;
 
-use effectgate::ledger::{Claim, Ledger, ManualClock, NewOperation, Outcome, Reservation, State};
+use effectgate::ledger::{
+    ApprovalDecision, Claim, Ledger, ManualClock, NewApproval, NewOperation, Outcome, Reservation,
+    State,
+};
+use effectgate_tests::pg;
 
-async fn ledger() -> (Ledger, Arc<ManualClock>, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(1_000_000);
-    let l = Ledger::open(&dir.path().join("l.db"), 4, 5000, clock.clone())
-        .await
-        .unwrap();
-    (l, clock, dir)
+/// Runs each named test body on SQLite and on PostgreSQL.
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                let dir = tempfile::tempdir().unwrap();
+                let clock = super::ManualClock::new(1_000_000);
+                let l = super::Ledger::open(&dir.path().join("l.db"), 4, 5000, clock)
+                    .await
+                    .unwrap();
+                super::$name(l).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                let Some(url) = super::pg::url() else { return };
+                let l = super::Ledger::open_storage(
+                    &super::pg::storage(&url),
+                    super::Arc::new(effectgate::ledger::SystemClock),
+                )
+                .await
+                .unwrap();
+                assert_eq!(l.backend_name(), "postgres");
+                super::$name(l).await;
+            }
+        }
+    )*};
 }
 
 fn new_op(id: &str) -> NewOperation {
@@ -51,27 +84,41 @@ async fn reserved(l: &Ledger, id: &str) -> i64 {
     }
 }
 
-#[tokio::test]
-async fn stale_owner_is_fenced_and_the_state_stays_the_new_owners() {
-    let (l, clock, _d) = ledger().await;
+async fn stale_owner_is_fenced_and_the_state_stays_the_new_owners(l: Ledger) {
     let v = reserved(&l, "op").await;
     let a: Claim = l
-        .claim("t", "op", State::Reserved, v, "A", 100, "first")
+        .claim("t", "op", State::Reserved, v, "A", 60_000, "first")
         .await
         .unwrap()
         .unwrap();
     // B can't take a live lease.
     let op = l.get("t", "op").await.unwrap().unwrap();
     assert!(
-        l.claim("t", "op", State::Executing, op.version, "B", 100, "steal")
-            .await
-            .unwrap()
-            .is_none()
+        l.claim(
+            "t",
+            "op",
+            State::Executing,
+            op.version,
+            "B",
+            60_000,
+            "steal"
+        )
+        .await
+        .unwrap()
+        .is_none()
     );
     // A pauses past its lease; B reclaims with a larger token.
-    clock.advance(101);
+    l.shift_clock(60_001).await.unwrap();
     let b = l
-        .claim("t", "op", State::Executing, op.version, "B", 100, "reclaim")
+        .claim(
+            "t",
+            "op",
+            State::Executing,
+            op.version,
+            "B",
+            60_000,
+            "reclaim",
+        )
         .await
         .unwrap()
         .unwrap();
@@ -126,9 +173,7 @@ async fn stale_owner_is_fenced_and_the_state_stays_the_new_owners() {
     );
 }
 
-#[tokio::test]
-async fn a_zero_length_lease_still_expires() {
-    let (l, _clock, _d) = ledger().await;
+async fn a_zero_length_lease_still_expires(l: Ledger) {
     let v = reserved(&l, "z").await;
     let a = l
         .claim("t", "z", State::Reserved, v, "A", 0, "zero")
@@ -142,9 +187,7 @@ async fn a_zero_length_lease_still_expires() {
     assert!(b.is_some(), "a lease of zero length must be reclaimable");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_claims_of_one_version_have_one_winner() {
-    let (l, _clock, _d) = ledger().await;
+async fn concurrent_claims_of_one_version_have_one_winner(l: Ledger) {
     let v = reserved(&l, "race").await;
     let claims = (0..20).map(|i| {
         let l = l.clone();
@@ -171,9 +214,7 @@ async fn concurrent_claims_of_one_version_have_one_winner() {
     assert_eq!(l.get("t", "race").await.unwrap().unwrap().fence, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_reservations_create_one_operation() {
-    let (l, _clock, _d) = ledger().await;
+async fn concurrent_reservations_create_one_operation(l: Ledger) {
     let tasks = (0..20).map(|_| {
         let l = l.clone();
         tokio::spawn(async move {
@@ -192,9 +233,7 @@ async fn concurrent_reservations_create_one_operation() {
     assert_eq!(l.transitions("t", "dup").await.unwrap().len(), 1);
 }
 
-#[tokio::test]
-async fn the_state_machine_refuses_illegal_transitions() {
-    let (l, _clock, _d) = ledger().await;
+async fn the_state_machine_refuses_illegal_transitions(l: Ledger) {
     let v = reserved(&l, "m").await;
     assert!(
         l.claim("t", "m", State::Completed, v, "A", 10, "x")
@@ -256,9 +295,7 @@ async fn the_state_machine_refuses_illegal_transitions() {
     );
 }
 
-#[tokio::test]
-async fn a_stale_version_loses_the_compare_and_swap() {
-    let (l, _clock, _d) = ledger().await;
+async fn a_stale_version_loses_the_compare_and_swap(l: Ledger) {
     let v = reserved(&l, "v").await;
     let c = l
         .claim("t", "v", State::Reserved, v, "A", 10, "x")
@@ -291,9 +328,7 @@ async fn a_stale_version_loses_the_compare_and_swap() {
     );
 }
 
-#[tokio::test]
-async fn key_retention_frees_terminal_keys_only() {
-    let (l, clock, _d) = ledger().await;
+async fn key_retention_frees_terminal_keys_only(l: Ledger) {
     let v = reserved(&l, "done").await;
     let c = l
         .claim("t", "done", State::Reserved, v, "A", 10, "x")
@@ -327,12 +362,12 @@ async fn key_retention_frees_terminal_keys_only() {
     .await
     .unwrap();
 
-    clock.advance(9_999);
+    l.shift_clock(9_000).await.unwrap();
     assert!(matches!(
         l.reserve(&new_op("done")).await.unwrap(),
         Reservation::Existing(_)
     ));
-    clock.advance(1);
+    l.shift_clock(1_000).await.unwrap();
     match l.reserve(&new_op("done")).await.unwrap() {
         Reservation::Created(op) => {
             assert_eq!(op.state, State::Reserved);
@@ -354,9 +389,7 @@ async fn key_retention_frees_terminal_keys_only() {
     }
 }
 
-#[tokio::test]
-async fn retention_runs_from_the_terminal_transition_and_never_drops_dead_letters() {
-    let (l, clock, _d) = ledger().await;
+async fn retention_runs_from_the_terminal_transition_and_never_drops_dead_letters(l: Ledger) {
     // An operation that sat UNKNOWN far past the retention window, then resolved.
     let v = reserved(&l, "late").await;
     let c = l
@@ -374,7 +407,7 @@ async fn retention_runs_from_the_terminal_transition_and_never_drops_dead_letter
     )
     .await
     .unwrap();
-    clock.advance(50_000);
+    l.shift_clock(50_000).await.unwrap();
     let op = l.get("t", "late").await.unwrap().unwrap();
     let lease = l
         .lease_for_reconcile("t", "late", op.version, "R", 100, "read-back")
@@ -391,7 +424,7 @@ async fn retention_runs_from_the_terminal_transition_and_never_drops_dead_letter
     )
     .await
     .unwrap();
-    clock.advance(9_999);
+    l.shift_clock(9_000).await.unwrap();
     assert!(
         matches!(
             l.reserve(&new_op("late")).await.unwrap(),
@@ -414,9 +447,293 @@ async fn retention_runs_from_the_terminal_transition_and_never_drops_dead_letter
     l.record_outcome("t", "dead", c.fence, State::Executing, "A", &o)
         .await
         .unwrap();
-    clock.advance(1_000_000);
+    l.shift_clock(1_000_000).await.unwrap();
     match l.reserve(&new_op("dead")).await.unwrap() {
         Reservation::Existing(op) => assert!(op.dead_letter),
         Reservation::Created(_) => panic!("a dead letter must never be forgotten by retention"),
     }
 }
+
+fn awaiting(id: &str, approval: &str, ttl_ms: i64) -> NewOperation {
+    NewOperation {
+        awaiting_approval: true,
+        approval: Some(NewApproval {
+            id: approval.into(),
+            kind: "request".into(),
+            policy: "threshold".into(),
+            policy_hash: "h".into(),
+            reason: "large".into(),
+            ttl_ms,
+        }),
+        ..new_op(id)
+    }
+}
+
+/// Ends `id` (reserved, then claimed by "A") in `outcome`.
+async fn ended(l: &Ledger, id: &str, o: Outcome) {
+    let v = reserved(l, id).await;
+    let c = l
+        .claim("t", id, State::Reserved, v, "A", 60_000, "x")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        l.record_outcome("t", id, c.fence, State::Executing, "A", &o)
+            .await
+            .unwrap()
+    );
+}
+
+async fn approvals_are_single_use_and_bound_to_their_operation(l: Ledger) {
+    let op = match l.reserve(&awaiting("ap", "apr_1", 60_000)).await.unwrap() {
+        Reservation::Created(op) => op,
+        Reservation::Existing(_) => panic!("new"),
+    };
+    assert_eq!(op.state, State::AwaitingApproval);
+    // Not approved yet: it can't be used.
+    assert!(
+        l.use_approval("t", "apr_1", "ap", "fp", "A", 60_000)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let a = l
+        .decide(
+            "t",
+            "apr_1",
+            ApprovalDecision::Approve,
+            "boss",
+            Some("fine"),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.status, "approved");
+    // A decision happens once.
+    assert!(
+        l.decide("t", "apr_1", ApprovalDecision::Reject, "other", None)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // Another tenant, another fingerprint: refused.
+    assert!(l.approval("u", "apr_1").await.unwrap().is_none());
+    assert!(
+        l.use_approval("t", "apr_1", "ap", "other-fp", "A", 60_000)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let claim = l
+        .use_approval("t", "apr_1", "ap", "fp", "A", 60_000)
+        .await
+        .unwrap()
+        .expect("the approved request is claimed");
+    assert_eq!(claim.fence, 1);
+    assert!(
+        l.use_approval("t", "apr_1", "ap", "fp", "B", 60_000)
+            .await
+            .unwrap()
+            .is_none(),
+        "single use"
+    );
+    assert_eq!(
+        l.approval("t", "apr_1").await.unwrap().unwrap().status,
+        "used"
+    );
+    let hist: Vec<(Option<State>, State)> = l
+        .transitions("t", "ap")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.from_state, t.to_state))
+        .collect();
+    assert_eq!(
+        hist,
+        vec![
+            (None, State::Reserved),
+            (Some(State::Reserved), State::AwaitingApproval),
+            (Some(State::AwaitingApproval), State::AwaitingApproval),
+            (Some(State::AwaitingApproval), State::Executing),
+        ]
+    );
+    let events: Vec<String> = l
+        .events("t")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.1)
+        .collect();
+    assert_eq!(events, vec!["approval.created", "approval.approved"]);
+}
+
+async fn an_expired_approval_fails_its_operation_with_a_stored_403(l: Ledger) {
+    l.reserve(&awaiting("late", "apr_2", 1_000)).await.unwrap();
+    assert_eq!(l.expire_approvals(10).await.unwrap(), 0);
+    l.shift_clock(1_001).await.unwrap();
+    assert_eq!(l.expire_approvals(10).await.unwrap(), 1);
+    assert_eq!(l.expire_approvals(10).await.unwrap(), 0, "once");
+    let op = l.get("t", "late").await.unwrap().unwrap();
+    assert_eq!(op.state, State::Failed);
+    assert_eq!(op.response_status, Some(403));
+    assert_eq!(op.error_kind.as_deref(), Some("approval-refused"));
+    assert_eq!(
+        l.approval("t", "apr_2").await.unwrap().unwrap().status,
+        "expired"
+    );
+    let events: Vec<String> = l
+        .events("t")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.1)
+        .collect();
+    assert_eq!(events, vec!["approval.created", "approval.expired"]);
+}
+
+async fn outbox_claims_are_exclusive_and_redelivered_after_their_lease(l: Ledger) {
+    for i in 0..3 {
+        l.reserve(&awaiting(&format!("o{i}"), &format!("apr_o{i}"), 600_000))
+            .await
+            .unwrap();
+    }
+    assert_eq!(l.pending_events().await.unwrap(), 3);
+    let a = l.claim_events("A", 10_000, 2).await.unwrap();
+    assert_eq!(a.len(), 2);
+    let b = l.claim_events("B", 10_000, 10).await.unwrap();
+    assert_eq!(b.len(), 1, "B gets only what A did not claim");
+    assert!(a.iter().all(|e| e.event_id != b[0].event_id));
+    assert!(l.claim_events("C", 10_000, 10).await.unwrap().is_empty());
+    // A delivers one; its other claim lapses (A died).
+    let now = l.clock().now_ms();
+    l.event_attempted(&a[0].event_id, true, None, now)
+        .await
+        .unwrap();
+    l.event_attempted(&b[0].event_id, false, Some("503"), now)
+        .await
+        .unwrap();
+    l.shift_clock(10_001).await.unwrap();
+    let again = l.claim_events("C", 10_000, 10).await.unwrap();
+    let mut ids: Vec<&str> = again.iter().map(|e| e.event_id.as_str()).collect();
+    ids.sort();
+    let mut want = vec![a[1].event_id.as_str(), b[0].event_id.as_str()];
+    want.sort();
+    assert_eq!(
+        ids, want,
+        "undelivered events come back, the delivered one never"
+    );
+    let failed = again.iter().find(|e| e.event_id == b[0].event_id).unwrap();
+    assert_eq!(failed.attempts, 1);
+    assert_eq!(l.pending_events().await.unwrap(), 2);
+}
+
+async fn scans_of_two_instances_never_hand_out_the_same_operation(l: Ledger) {
+    for i in 0..40 {
+        let mut o = outcome(State::Unknown, "lost");
+        o.next_reconcile_at = Some(0);
+        ended(&l, &format!("u{i}"), o).await;
+    }
+    let (a, b) = tokio::join!(
+        l.due_for_reconciliation("A", 60_000, 60_000, 25),
+        l.due_for_reconciliation("B", 60_000, 60_000, 25),
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.len() + b.len(), 40, "every due operation is handed out");
+    let mut ids: Vec<String> = a.iter().chain(&b).map(|o| o.operation_id.clone()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 40, "and none twice");
+    assert!(
+        l.due_for_reconciliation("C", 60_000, 60_000, 100)
+            .await
+            .unwrap()
+            .is_empty(),
+        "claimed rows are not handed out again while the scans run"
+    );
+    assert_eq!(l.release_scan("A").await.unwrap(), a.len() as u64);
+    assert_eq!(
+        l.due_for_reconciliation("C", 60_000, 60_000, 100)
+            .await
+            .unwrap()
+            .len(),
+        a.len(),
+        "released rows are due again"
+    );
+    // B died without releasing: its claims lapse.
+    l.shift_clock(60_001).await.unwrap();
+    assert_eq!(
+        l.due_for_reconciliation("D", 60_000, 60_000, 100)
+            .await
+            .unwrap()
+            .len(),
+        40
+    );
+}
+
+async fn the_sweeper_deletes_expired_terminal_operations_in_batches_only(l: Ledger) {
+    for i in 0..5 {
+        ended(&l, &format!("c{i}"), outcome(State::Completed, "ok")).await;
+    }
+    let mut dead = outcome(State::Failed, "exhausted");
+    dead.dead_letter = Some(effectgate::ledger::DeadLetter {
+        reason: "retries-exhausted".into(),
+        operator_check: "check".into(),
+    });
+    ended(&l, "dead", dead).await;
+    ended(&l, "unknown", outcome(State::Unknown, "lost")).await;
+    let v = reserved(&l, "executing").await;
+    l.claim("t", "executing", State::Reserved, v, "A", 60_000, "x")
+        .await
+        .unwrap()
+        .unwrap();
+    reserved(&l, "reserved").await;
+    l.reserve(&awaiting("waiting", "apr_w", 10_000_000))
+        .await
+        .unwrap();
+    assert_eq!(l.sweep_expired(2).await.unwrap(), 0, "nothing expired yet");
+    l.shift_clock(1_000_000).await.unwrap();
+    let mut batches = Vec::new();
+    loop {
+        let n = l.sweep_expired(2).await.unwrap();
+        batches.push(n);
+        if n < 2 {
+            break;
+        }
+    }
+    assert_eq!(batches, vec![2, 2, 1], "two full batches and a short one");
+    for i in 0..5 {
+        let id = format!("c{i}");
+        assert!(l.get("t", &id).await.unwrap().is_none());
+        assert!(l.transitions("t", &id).await.unwrap().is_empty());
+        assert!(l.attempts("t", &id).await.unwrap().is_empty());
+    }
+    for (id, state) in [
+        ("dead", State::Failed),
+        ("unknown", State::Unknown),
+        ("executing", State::Executing),
+        ("reserved", State::Reserved),
+        ("waiting", State::AwaitingApproval),
+    ] {
+        assert_eq!(
+            l.get("t", id).await.unwrap().map(|o| o.state),
+            Some(state),
+            "{id} must survive the sweeper"
+        );
+    }
+}
+
+conformance!(
+    stale_owner_is_fenced_and_the_state_stays_the_new_owners,
+    a_zero_length_lease_still_expires,
+    concurrent_claims_of_one_version_have_one_winner,
+    concurrent_reservations_create_one_operation,
+    the_state_machine_refuses_illegal_transitions,
+    a_stale_version_loses_the_compare_and_swap,
+    key_retention_frees_terminal_keys_only,
+    retention_runs_from_the_terminal_transition_and_never_drops_dead_letters,
+    approvals_are_single_use_and_bound_to_their_operation,
+    an_expired_approval_fails_its_operation_with_a_stored_403,
+    outbox_claims_are_exclusive_and_redelivered_after_their_lease,
+    scans_of_two_instances_never_hand_out_the_same_operation,
+    the_sweeper_deletes_expired_terminal_operations_in_batches_only,
+);

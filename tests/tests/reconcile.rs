@@ -546,3 +546,32 @@ async fn a_long_healthy_call_keeps_its_lease() {
     assert_eq!(app.mock.provider.effects(), 1);
     assert_eq!(app.gw.state.ledger.stale_fence_rejections(), 0);
 }
+
+#[tokio::test]
+async fn the_reconciler_sweeps_expired_keys_but_keeps_dead_letters_and_unknowns() {
+    let (app, clock) = app_with_read_back().await;
+    assert_eq!(app.charge("done", BODY).await.status(), 200);
+    lose_reply(&app, "lost").await;
+    app.mock.provider.set_faults(Faults {
+        readback_fail_times: 100,
+        ..Default::default()
+    });
+    // Past the 24 h key retention; "lost" backs off and dead-letters.
+    clock.advance(25 * 3_600_000);
+    app.tick().await;
+    clock.advance(100);
+    app.tick().await;
+    assert_eq!(app.op_json("lost").await["dead_letter"], true);
+    let ledger = &app.gw.state.ledger;
+    assert!(
+        ledger.get("a", "done").await.unwrap().is_none(),
+        "the completed operation past its retention is swept"
+    );
+    assert!(ledger.transitions("a", "done").await.unwrap().is_empty());
+    clock.advance(100 * 3_600_000);
+    app.tick().await;
+    assert!(
+        ledger.get("a", "lost").await.unwrap().is_some(),
+        "dead letters stay"
+    );
+}

@@ -118,6 +118,16 @@ pub struct ReconcileSpec {
     /// How long the outbox relay holds a claimed event before another
     /// relay (or this one after a restart) may deliver it, in ms. Default 5000.
     pub outbox_lease_ms: u64,
+    /// Retention sweeper: the most terminal operations past their key
+    /// retention one delete statement removes (with their history). Each
+    /// scan deletes batches until one comes back short, at most
+    /// `sweep_max_batches` of them. Dead letters and non-terminal
+    /// operations are never deleted. Default 500.
+    pub sweep_batch: u32,
+    /// Retention sweeper: the most batches per scan (0 turns the sweeper
+    /// off; keys still start fresh when a caller reuses an expired one).
+    /// Default 10.
+    pub sweep_max_batches: u32,
 }
 
 impl Default for ReconcileSpec {
@@ -133,6 +143,8 @@ impl Default for ReconcileSpec {
             backoff_base_ms: 1_000,
             backoff_max_ms: 60_000,
             outbox_lease_ms: 5_000,
+            sweep_batch: 500,
+            sweep_max_batches: 10,
         }
     }
 }
