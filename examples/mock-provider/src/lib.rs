@@ -9,6 +9,9 @@
 //!   `{"data": [charge, …]}`. Charges become visible here only after
 //!   `readback_lag_ms` (see faults).
 //! - `GET /v1/charges/{id}`: one charge, or 404.
+//!   Every read-back is logged with its query and when it started and
+//!   ended ([`Provider::readback_log`]); `readback_delay_ms` holds each
+//!   one open that long.
 //! - `GET /stats`: `{"effects": n, "requests": n, "readbacks": n}`.
 //! - `GET /requests`: every request seen (method, path, headers).
 //! - `POST /admin/faults`: set fault knobs (JSON [`Faults`]); `POST /admin/reset`.
@@ -61,6 +64,8 @@ pub struct Faults {
     pub readback_fail_times: u32,
     /// While true, read-back shows no charges at all (a lagging search index).
     pub readback_hidden: bool,
+    /// Every read-back takes this long (ms) before it answers.
+    pub readback_delay_ms: u64,
 }
 
 /// One charge.
@@ -97,8 +102,20 @@ struct Inner {
     by_key: HashMap<String, usize>,
     requests: Vec<SeenRequest>,
     readbacks: u64,
+    readback_log: Vec<ReadBack>,
     faults: Faults,
     per_key_failures: HashMap<String, u32>,
+}
+
+/// One read-back request, as logged.
+#[derive(Debug, Clone)]
+pub struct ReadBack {
+    /// The query string (`client_ref=…` or `idempotency_key=…`).
+    pub query: String,
+    /// When it arrived.
+    pub started: Instant,
+    /// When it was answered.
+    pub ended: Instant,
 }
 
 /// Shared provider state; tests read counts from it directly.
@@ -119,6 +136,24 @@ impl Provider {
     /// Number of read-back (GET /v1/charges) requests.
     pub fn readbacks(&self) -> u64 {
         self.inner.lock().unwrap().readbacks
+    }
+    /// Every answered read-back, in the order they ended.
+    pub fn readback_log(&self) -> Vec<ReadBack> {
+        self.inner.lock().unwrap().readback_log.clone()
+    }
+    /// Pairs of read-backs with the same query that were open at the same
+    /// time (each pair once).
+    pub fn overlapping_readbacks(&self) -> Vec<(ReadBack, ReadBack)> {
+        let log = self.readback_log();
+        let mut out = Vec::new();
+        for (i, a) in log.iter().enumerate() {
+            for b in &log[i + 1..] {
+                if a.query == b.query && a.started < b.ended && b.started < a.ended {
+                    out.push((a.clone(), b.clone()));
+                }
+            }
+        }
+        out
     }
     /// The charges created.
     pub fn charges(&self) -> Vec<Charge> {
@@ -409,6 +444,22 @@ async fn list_charges(
     req: Request,
 ) -> Response {
     record(&p, &req);
+    let started = Instant::now();
+    let query = req.uri().query().unwrap_or_default().to_owned();
+    let delay = p.inner.lock().unwrap().faults.readback_delay_ms;
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
+    let response = answer_read_back(&p, &q);
+    p.inner.lock().unwrap().readback_log.push(ReadBack {
+        query,
+        started,
+        ended: Instant::now(),
+    });
+    response
+}
+
+fn answer_read_back(p: &Provider, q: &ChargeQuery) -> Response {
     let mut i = p.inner.lock().unwrap();
     i.readbacks += 1;
     if i.faults.readback_fail_times > 0 {
