@@ -150,6 +150,8 @@ pub struct Opts {
     pub tenant_b: String,
     /// Clock to run the gateway with.
     pub clock: Option<Arc<dyn Clock>>,
+    /// `[storage]` to use instead of the temporary SQLite file.
+    pub storage: Option<config::StorageSpec>,
 }
 
 /// Spawns a mock provider and a gateway in front of it.
@@ -175,7 +177,10 @@ pub async fn spawn_with(opts: Opts) -> TestApp {
         ),
         opts.more
     );
-    let settings = settings_from(&toml, dir.path());
+    let mut settings = settings_from(&toml, dir.path());
+    if let Some(storage) = opts.storage {
+        settings.storage = storage;
+    }
     let clock = opts.clock.unwrap_or_else(|| Arc::new(SystemClock));
     let gw = Gateway::start_with_clock(settings, clock).await.unwrap();
     TestApp {
@@ -295,6 +300,9 @@ impl TestApp {
 /// PostgreSQL for the suites that need it: the URL comes from
 /// `TEST_POSTGRES_URL`; each test gets a fresh schema.
 pub mod pg {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
     use effectgate::config::StorageSpec;
 
     /// The variable naming the test database.
@@ -318,6 +326,69 @@ pub mod pg {
     /// A schema name nobody has used: `eg_<16 hex digits>`.
     pub fn fresh_schema() -> String {
         format!("eg_{:016x}", rand::random::<u64>())
+    }
+
+    /// A TCP relay in front of the test database that can be cut (every
+    /// connection closed, new ones refused) and restored: the database
+    /// "unreachable" without stopping the shared server.
+    pub struct Relay {
+        /// `TEST_POSTGRES_URL`, pointing at the relay.
+        pub url: String,
+        down: Arc<AtomicBool>,
+        cut: tokio::sync::watch::Sender<u64>,
+    }
+
+    impl Relay {
+        /// Starts a relay to the database of `url`.
+        pub async fn start(url: &str) -> Relay {
+            let mut parsed = url::Url::parse(url).unwrap();
+            let target = format!(
+                "{}:{}",
+                parsed.host_str().unwrap_or("127.0.0.1"),
+                parsed.port().unwrap_or(5432)
+            );
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            parsed.set_host(Some("127.0.0.1")).unwrap();
+            parsed.set_port(Some(port)).unwrap();
+            let down = Arc::new(AtomicBool::new(false));
+            let (cut, _) = tokio::sync::watch::channel(0u64);
+            let (d, c) = (down.clone(), cut.clone());
+            tokio::spawn(async move {
+                while let Ok((mut inbound, _)) = listener.accept().await {
+                    if d.load(Ordering::SeqCst) {
+                        continue; // dropped: the connection is reset
+                    }
+                    let mut cut = c.subscribe();
+                    let target = target.clone();
+                    tokio::spawn(async move {
+                        let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await else {
+                            return;
+                        };
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                            _ = cut.changed() => {}
+                        }
+                    });
+                }
+            });
+            Relay {
+                url: parsed.to_string(),
+                down,
+                cut,
+            }
+        }
+
+        /// Closes every relayed connection and refuses new ones.
+        pub fn cut(&self) {
+            self.down.store(true, Ordering::SeqCst);
+            self.cut.send_modify(|n| *n += 1);
+        }
+
+        /// Relays again.
+        pub fn restore(&self) {
+            self.down.store(false, Ordering::SeqCst);
+        }
     }
 
     /// `[storage]` for `url` in a fresh schema, with a small pool (tests
