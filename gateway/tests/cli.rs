@@ -85,3 +85,55 @@ fn migrate_then_ledger_list_and_show() {
     let out = run(&["ledger", "list", "--state", "BOGUS"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn migrate_and_ledger_list_on_postgres() {
+    let Some(url) = std::env::var("TEST_POSTGRES_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+    else {
+        eprintln!("PostgreSQL CLI test skipped: TEST_POSTGRES_URL is not set");
+        return;
+    };
+    let schema = format!("eg_cli_{:016x}", rand::random::<u64>());
+    let run = |args: &[&str]| {
+        effectgate()
+            .args(args)
+            .env("EFFECTGATE_STORAGE__URL", &url)
+            .env("EFFECTGATE_STORAGE__SCHEMA", &schema)
+            .output()
+            .unwrap()
+    };
+    for _ in 0..2 {
+        // Migrating twice is a no-op the second time.
+        let out = run(&["migrate"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("is migrated"));
+    }
+    let out = run(&["ledger", "list"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("TENANT"));
+    let out = run(&["ledger", "show", "t", "nope"]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn an_unknown_storage_url_scheme_is_a_config_error() {
+    let out = effectgate()
+        .args(["migrate"])
+        .env("EFFECTGATE_STORAGE__URL", "mysql://localhost/x")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(err.contains("storage.url"), "{err}");
+}
