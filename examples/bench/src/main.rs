@@ -38,6 +38,11 @@ struct Args {
     /// Policy calls measured per overhead scenario.
     #[arg(long, default_value_t = 5000)]
     policy_calls: usize,
+    /// PostgreSQL URL for the shared-ledger scenarios (each run uses a
+    /// fresh schema); default `$BENCH_POSTGRES_URL`. Without one they are
+    /// skipped.
+    #[arg(long)]
+    postgres: Option<String>,
 }
 
 const CLIENT_KEY: &str = "bench-client-key";
@@ -53,10 +58,27 @@ struct Stats {
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
+/// One URL or several.
+struct Urls(Vec<String>);
+
+impl From<String> for Urls {
+    fn from(u: String) -> Self {
+        Urls(vec![u])
+    }
+}
+
+impl From<Vec<String>> for Urls {
+    fn from(u: Vec<String>) -> Self {
+        Urls(u)
+    }
+}
+
+/// Sends `requests` POSTs, `concurrency` at a time; request `i` goes to
+/// `urls[i % urls.len()]` (several gateway instances share the load).
 async fn run(
     name: &'static str,
     client: &HttpClient,
-    url: String,
+    urls: impl Into<Urls>,
     requests: usize,
     concurrency: usize,
     key: impl Fn(usize) -> Option<String> + Send + Sync + 'static,
@@ -64,6 +86,7 @@ async fn run(
 ) -> Stats {
     let next = Arc::new(AtomicUsize::new(0));
     let key = Arc::new(key);
+    let url: Arc<Vec<String>> = Arc::new(urls.into().0);
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
@@ -76,7 +99,8 @@ async fn run(
                 if i >= requests {
                     break;
                 }
-                let mut b = hyper::Request::post(&url).header("content-type", "application/json");
+                let mut b = hyper::Request::post(&url[i % url.len()])
+                    .header("content-type", "application/json");
                 if auth {
                     b = b.header("authorization", format!("Bearer {CLIENT_KEY}"));
                 }
@@ -123,6 +147,106 @@ async fn run(
         p99_us: pct(0.99),
         errors,
     }
+}
+
+/// Effectful throughput on PostgreSQL with one and with two gateway
+/// instances sharing one fresh schema, next to SQLite's (c), each as a
+/// ratio to the direct baseline (a) of the same run.
+async fn shared_ledger(
+    client: &HttpClient,
+    mock: &mock_provider::MockProvider,
+    hash: &str,
+    url: &str,
+    args: &Args,
+    direct: &Stats,
+    sqlite: &Stats,
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let schema = format!("bench_{:016x}", rand_u64());
+    let toml = format!(
+        r#"
+[listen]
+proxy = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+[storage]
+url = "{url}"
+schema = "{schema}"
+max_connections = 16
+[[tenants]]
+id = "bench"
+keys = [{{ role = "client", sha256 = "{hash}" }}]
+[[routes]]
+name = "pay"
+prefix = "/pay/"
+upstream = "{up}"
+effectful_methods = ["POST"]
+provider_idempotency_header = "Idempotency-Key"
+"#,
+        up = mock.url()
+    );
+    let cfg = dir.path().join("bench-pg.toml");
+    std::fs::write(&cfg, toml)?;
+    let one = effectgate::Gateway::start(effectgate::config::load(Some(&cfg))?).await?;
+    let pay = |gw: &effectgate::Gateway| format!("http://{}/pay/v1/charges", gw.proxy_addr);
+    let (n, c) = (args.requests, args.concurrency);
+    run(
+        "warmup",
+        client,
+        pay(&one),
+        50,
+        c,
+        |i| Some(format!("pgw-{i}")),
+        true,
+    )
+    .await;
+    let e = run(
+        "(e) PostgreSQL, 1 instance",
+        client,
+        pay(&one),
+        n,
+        c,
+        |i| Some(format!("pg1-{i}")),
+        true,
+    )
+    .await;
+    let two = effectgate::Gateway::start(effectgate::config::load(Some(&cfg))?).await?;
+    let f = run(
+        "(f) PostgreSQL, 2 instances",
+        client,
+        vec![pay(&one), pay(&two)],
+        n,
+        c,
+        |i| Some(format!("pg2-{i}")),
+        true,
+    )
+    .await;
+    one.shutdown().await;
+    two.shutdown().await;
+    println!("effectful, unique keys, by ledger (PostgreSQL: one local server, schema {schema}):");
+    println!(
+        "{:<42} {:>10} {:>10} {:>10} {:>7}",
+        "scenario", "req/s", "p50 µs", "p99 µs", "errors"
+    );
+    for s in [sqlite, &e, &f] {
+        println!(
+            "{:<42} {:>10.0} {:>10} {:>10} {:>7}",
+            s.name, s.rps, s.p50_us, s.p99_us, s.errors
+        );
+    }
+    println!(
+        "ratios of throughput to (a), same run: sqlite c/a = {:.3}, postgres 1 instance e/a = {:.3}, 2 instances f/a = {:.3}",
+        sqlite.rps / direct.rps,
+        e.rps / direct.rps,
+        f.rps / direct.rps
+    );
+    Ok(())
+}
+
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    h.finish()
 }
 
 fn n_reqs(args: &Args) -> usize {
@@ -339,6 +463,18 @@ provider_idempotency_header = "Idempotency-Key"
         d.rps / a.rps
     );
     gw.shutdown().await;
+
+    let postgres = args
+        .postgres
+        .clone()
+        .or_else(|| std::env::var("BENCH_POSTGRES_URL").ok())
+        .filter(|u| !u.is_empty());
+    match postgres {
+        Some(url) => shared_ledger(&client, &mock, &hash, &url, &args, &a, &cc).await?,
+        None => {
+            println!("PostgreSQL scenarios skipped: pass --postgres URL or set BENCH_POSTGRES_URL")
+        }
+    }
 
     let threshold = args.policy_dir.join("amount_threshold.wasm");
     if !threshold.exists() {
