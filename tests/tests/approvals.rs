@@ -23,6 +23,7 @@ async fn app_with(route_extra: &str, clock: Option<Arc<ManualClock>>) -> TestApp
         tenant_b: threshold("{ threshold = 1000 }"),
         more: "[reconcile]\nenabled = false\n".into(),
         clock: clock.map(|c| c as Arc<dyn effectgate::ledger::Clock>),
+        ..Default::default()
     })
     .await
 }

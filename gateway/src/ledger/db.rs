@@ -235,11 +235,15 @@ impl Ledger {
         dispatch!(self, transitions(tenant, operation_id))
     }
 
-    /// Operations the reconciler should look at now, oldest change first, at
-    /// most `limit`: UNKNOWN ones that are due (a NULL `next_reconcile_at`
-    /// means "operator only": the route has no read-back) and not leased, EXECUTING
-    /// ones whose lease expired, and RESERVED ones untouched for
-    /// `reserved_grace_ms`.
+    /// Claims, for `owner`'s scan, the operations the reconciler should
+    /// look at now, oldest change first, at most `limit`: UNKNOWN ones that
+    /// are due (a NULL `next_reconcile_at` means "operator only": the route
+    /// has no read-back) and not leased, EXECUTING ones whose lease expired,
+    /// and RESERVED ones untouched for `reserved_grace_ms`. Rows another
+    /// scan holds are skipped (`FOR UPDATE SKIP LOCKED` on PostgreSQL); the
+    /// claim lasts `scan_ms` or until [`Ledger::release_scan`]. The claim
+    /// changes no state and no version: each step is still a
+    /// compare-and-swap.
     pub async fn due_for_reconciliation(
         &self,
         owner: &str,
