@@ -92,7 +92,11 @@ fn migrate_and_ledger_list_on_postgres() {
         .ok()
         .filter(|u| !u.is_empty())
     else {
-        eprintln!("PostgreSQL CLI test skipped: TEST_POSTGRES_URL is not set");
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "PostgreSQL CLI test skipped: TEST_POSTGRES_URL is not set"
+        );
         return;
     };
     let schema = format!("eg_cli_{:016x}", rand::random::<u64>());

@@ -25,7 +25,15 @@ fn pg_url() -> Option<String> {
     match std::env::var("TEST_POSTGRES_URL") {
         Ok(u) if !u.is_empty() => Some(u),
         _ => {
-            eprintln!("PostgreSQL multi-instance tests skipped: TEST_POSTGRES_URL is not set");
+            // Once per test binary, past the harness's output capture.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr().lock(),
+                    "PostgreSQL multi-instance tests skipped: TEST_POSTGRES_URL is not set"
+                );
+            });
             None
         }
     }

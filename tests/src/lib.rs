@@ -316,11 +316,18 @@ pub mod pg {
             Ok(u) if !u.is_empty() => Some(u),
             _ => {
                 SAID.call_once(|| {
-                    eprintln!("PostgreSQL tests skipped: {URL_VAR} is not set");
+                    say_skipped(&format!("PostgreSQL tests skipped: {URL_VAR} is not set"))
                 });
                 None
             }
         }
+    }
+
+    /// Writes `line` to the process's stderr directly, so the test
+    /// harness's output capture can't swallow it.
+    pub fn say_skipped(line: &str) {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr().lock(), "{line}");
     }
 
     /// A schema name nobody has used: `eg_<16 hex digits>`.
