@@ -120,8 +120,7 @@ impl AppState {
         }
         if settings.proxy_addr != current.proxy_addr
             || settings.admin_addr != current.admin_addr
-            || settings.storage.backend() != current.storage.backend()
-            || settings.storage.schema != current.storage.schema
+            || settings.storage != current.storage
         {
             return Err(
                 "listen addresses and storage can't change on reload; restart the gateway".into(),

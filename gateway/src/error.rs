@@ -132,8 +132,13 @@ pub enum ApiError {
     /// 502: the provider could not be reached and nothing was sent.
     #[error("the provider could not be reached: {0}")]
     ProviderUnreachable(String),
-    /// 503: the effect ledger is not available; nothing was forwarded.
-    #[error("the effect ledger is unavailable: {0}")]
+    /// 503: the effect ledger is not available, so the request was not
+    /// forwarded. A ledger write that timed out may still have committed
+    /// (the operation is then reserved and the reconciler finishes it), so
+    /// the caller retries with the same `Idempotency-Key`.
+    #[error(
+        "the effect ledger is unavailable: {0}; the request was not forwarded; retry with the same Idempotency-Key"
+    )]
     LedgerUnavailable(String),
     /// 500: a bug or an unexpected condition.
     #[error("internal error: {0}")]

@@ -32,26 +32,45 @@ pub fn signature(secret: &[u8], body: &[u8]) -> String {
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
+/// Events delivered at the same time by one relay.
+const RELAY_CONCURRENCY: usize = 8;
+/// Most events one relay pass delivers.
+const RELAY_MAX_EVENTS: usize = 48;
+
 /// One delivery pass over the due events, 8 at a time, so one tenant's
-/// slow receiver doesn't hold up the others' events.
+/// slow receiver doesn't hold up the others' events. Each round claims
+/// only the 8 it delivers.
 pub async fn relay_once(app: &AppState) -> Result<usize, ApiError> {
     use futures_util::StreamExt;
     let rt = app.settings();
     let lease = i64::try_from(rt.reconcile.outbox_lease_ms).unwrap_or(i64::MAX);
-    let events = app.ledger.claim_events(&app.instance_id, lease, 50).await?;
+    // A delivery must end well inside the claim, or the claim lapses and
+    // another relay delivers the event too: claim only what is delivered
+    // at once, and time a delivery out at two thirds of the claim.
+    let timeout = Duration::from_millis((rt.reconcile.outbox_lease_ms * 2 / 3).clamp(1, 5_000));
     let client = crate::forward::client_for(2_000);
-    let results: Vec<Result<bool, ApiError>> = futures_util::stream::iter(events)
-        .map(|ev| {
-            let (rt, client) = (rt.clone(), client.clone());
-            async move { deliver(app, &rt, &client, ev).await }
-        })
-        .buffer_unordered(8)
-        .collect()
-        .await;
     let mut delivered = 0;
-    for r in results {
-        if r? {
-            delivered += 1;
+    for _ in 0..(RELAY_MAX_EVENTS / RELAY_CONCURRENCY) {
+        let events = app
+            .ledger
+            .claim_events(&app.instance_id, lease, RELAY_CONCURRENCY as u32)
+            .await?;
+        let claimed = events.len();
+        let results: Vec<Result<bool, ApiError>> = futures_util::stream::iter(events)
+            .map(|ev| {
+                let (rt, client) = (rt.clone(), client.clone());
+                async move { deliver(app, &rt, &client, ev, timeout).await }
+            })
+            .buffer_unordered(RELAY_CONCURRENCY)
+            .collect()
+            .await;
+        for r in results {
+            if r? {
+                delivered += 1;
+            }
+        }
+        if claimed < RELAY_CONCURRENCY {
+            break;
         }
     }
     Ok(delivered)
@@ -62,11 +81,18 @@ async fn deliver(
     rt: &crate::app::Runtime,
     client: &crate::forward::HttpClient,
     ev: crate::ledger::OutboxEvent,
+    timeout: Duration,
 ) -> Result<bool, ApiError> {
     let Some(hook) = rt.webhooks.get(&ev.tenant_id) else {
         // No webhook configured: nothing to deliver to; marked done.
         app.ledger
-            .event_attempted(&ev.event_id, true, Some("no webhook configured"), 0)
+            .event_attempted(
+                &ev.event_id,
+                &app.instance_id,
+                true,
+                Some("no webhook configured"),
+                0,
+            )
             .await?;
         return Ok(false);
     };
@@ -79,12 +105,12 @@ async fn deliver(
         .header("effectgate-signature", signature(&hook.secret, &body))
         .body(axum::body::Body::from(body))
         .map_err(|e| ApiError::Internal(e.to_string()))?;
-    let result = tokio::time::timeout(Duration::from_secs(5), client.request(req)).await;
+    let result = tokio::time::timeout(timeout, client.request(req)).await;
     let now = app.ledger.clock().now_ms();
     match result {
         Ok(Ok(r)) if r.status().is_success() => {
             app.ledger
-                .event_attempted(&ev.event_id, true, None, now)
+                .event_attempted(&ev.event_id, &app.instance_id, true, None, now)
                 .await?;
             Ok(true)
         }
@@ -98,7 +124,13 @@ async fn deliver(
                 .saturating_mul(1 << ev.attempts.clamp(0, 10))
                 .min(300_000);
             app.ledger
-                .event_attempted(&ev.event_id, false, Some(&err), now + backoff)
+                .event_attempted(
+                    &ev.event_id,
+                    &app.instance_id,
+                    false,
+                    Some(&err),
+                    now + backoff,
+                )
                 .await?;
             Ok(false)
         }

@@ -117,6 +117,7 @@ path = "/v1/charges?client_ref={{body:/client_ref}}"
 found_pointer = "/data/0"
 reference_pointer = "/id"
 settle_delay_ms = 0
+timeout_ms = 2000
 "#,
         lease = t.lease_ms,
         timeout = t.response_timeout_ms,
@@ -130,10 +131,10 @@ settle_delay_ms = 0
         .arg(&path)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.join(format!("gw-{proxy}.log"))).unwrap())
         .spawn()
         .unwrap();
-    let gw = Gw {
+    let mut gw = Gw {
         child,
         proxy,
         admin,
@@ -149,6 +150,11 @@ settle_delay_ms = 0
         {
             return gw;
         }
+        if let Ok(Some(status)) = gw.child.try_wait() {
+            let log =
+                std::fs::read_to_string(dir.join(format!("gw-{proxy}.log"))).unwrap_or_default();
+            panic!("gateway exited ({status}) before it was ready:\n{log}");
+        }
         assert!(Instant::now() < deadline, "gateway did not become ready");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -162,10 +168,12 @@ async fn cluster(n: usize, t: Timing) -> Option<(MockProvider, Vec<Gw>, tempfile
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let schema = format!("eg_{:016x}", rand::random::<u64>());
-    let mut gws = Vec::new();
-    for _ in 0..n {
-        gws.push(start(dir.path(), &url, &schema, &mock.url(), t).await);
-    }
+    // All at once: they migrate the fresh schema together.
+    let provider = mock.url();
+    let gws = futures_util::future::join_all(
+        (0..n).map(|_| start(dir.path(), &url, &schema, &provider, t)),
+    )
+    .await;
     Some((mock, gws, dir))
 }
 

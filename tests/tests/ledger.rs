@@ -62,7 +62,7 @@ fn new_op(id: &str) -> NewOperation {
         request_body: b"{}".to_vec(),
         request_headers: vec![],
         principal: "p".into(),
-        retention_ms: 10_000,
+        retention_ms: 100_000,
         awaiting_approval: false,
         decisions: vec![],
         approval: None,
@@ -362,12 +362,12 @@ async fn key_retention_frees_terminal_keys_only(l: Ledger) {
     .await
     .unwrap();
 
-    l.shift_clock(9_000).await.unwrap();
+    l.shift_clock(90_000).await.unwrap();
     assert!(matches!(
         l.reserve(&new_op("done")).await.unwrap(),
         Reservation::Existing(_)
     ));
-    l.shift_clock(1_000).await.unwrap();
+    l.shift_clock(10_000).await.unwrap();
     match l.reserve(&new_op("done")).await.unwrap() {
         Reservation::Created(op) => {
             assert_eq!(op.state, State::Reserved);
@@ -407,7 +407,7 @@ async fn retention_runs_from_the_terminal_transition_and_never_drops_dead_letter
     )
     .await
     .unwrap();
-    l.shift_clock(50_000).await.unwrap();
+    l.shift_clock(500_000).await.unwrap();
     let op = l.get("t", "late").await.unwrap().unwrap();
     let lease = l
         .lease_for_reconcile("t", "late", op.version, "R", 100, "read-back")
@@ -424,7 +424,7 @@ async fn retention_runs_from_the_terminal_transition_and_never_drops_dead_letter
     )
     .await
     .unwrap();
-    l.shift_clock(9_000).await.unwrap();
+    l.shift_clock(90_000).await.unwrap();
     assert!(
         matches!(
             l.reserve(&new_op("late")).await.unwrap(),
@@ -447,7 +447,7 @@ async fn retention_runs_from_the_terminal_transition_and_never_drops_dead_letter
     l.record_outcome("t", "dead", c.fence, State::Executing, "A", &o)
         .await
         .unwrap();
-    l.shift_clock(1_000_000).await.unwrap();
+    l.shift_clock(10_000_000).await.unwrap();
     match l.reserve(&new_op("dead")).await.unwrap() {
         Reservation::Existing(op) => assert!(op.dead_letter),
         Reservation::Created(_) => panic!("a dead letter must never be forgotten by retention"),
@@ -606,12 +606,22 @@ async fn outbox_claims_are_exclusive_and_redelivered_after_their_lease(l: Ledger
     assert!(l.claim_events("C", 10_000, 10).await.unwrap().is_empty());
     // A delivers one; its other claim lapses (A died).
     let now = l.clock().now_ms();
-    l.event_attempted(&a[0].event_id, true, None, now)
-        .await
-        .unwrap();
-    l.event_attempted(&b[0].event_id, false, Some("503"), now)
-        .await
-        .unwrap();
+    assert!(
+        l.event_attempted(&a[0].event_id, "A", true, None, now)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !l.event_attempted(&b[0].event_id, "A", true, None, now)
+            .await
+            .unwrap(),
+        "only the claim's owner records its attempt"
+    );
+    assert!(
+        l.event_attempted(&b[0].event_id, "B", false, Some("503"), now)
+            .await
+            .unwrap()
+    );
     l.shift_clock(10_001).await.unwrap();
     let again = l.claim_events("C", 10_000, 10).await.unwrap();
     let mut ids: Vec<&str> = again.iter().map(|e| e.event_id.as_str()).collect();
@@ -625,6 +635,27 @@ async fn outbox_claims_are_exclusive_and_redelivered_after_their_lease(l: Ledger
     let failed = again.iter().find(|e| e.event_id == b[0].event_id).unwrap();
     assert_eq!(failed.attempts, 1);
     assert_eq!(l.pending_events().await.unwrap(), 2);
+    // C delivers A's lapsed event; A's late report (a timeout) must not
+    // make it pending again.
+    let now = l.clock().now_ms();
+    assert!(
+        l.event_attempted(&a[1].event_id, "C", true, None, now)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !l.event_attempted(&a[1].event_id, "A", false, Some("timeout"), now)
+            .await
+            .unwrap()
+    );
+    assert_eq!(l.pending_events().await.unwrap(), 1);
+    l.shift_clock(10_001).await.unwrap();
+    let left = l.claim_events("D", 10_000, 10).await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(
+        left[0].event_id, b[0].event_id,
+        "the delivered event never comes back"
+    );
 }
 
 async fn scans_of_two_instances_never_hand_out_the_same_operation(l: Ledger) {
@@ -690,11 +721,15 @@ async fn the_sweeper_deletes_expired_terminal_operations_in_batches_only(l: Ledg
     l.reserve(&awaiting("waiting", "apr_w", 10_000_000))
         .await
         .unwrap();
-    assert_eq!(l.sweep_expired(2).await.unwrap(), 0, "nothing expired yet");
+    assert_eq!(
+        l.sweep_expired(2, 0).await.unwrap(),
+        0,
+        "nothing expired yet"
+    );
     l.shift_clock(1_000_000).await.unwrap();
     let mut batches = Vec::new();
     loop {
-        let n = l.sweep_expired(2).await.unwrap();
+        let n = l.sweep_expired(2, 0).await.unwrap();
         batches.push(n);
         if n < 2 {
             break;
@@ -722,7 +757,45 @@ async fn the_sweeper_deletes_expired_terminal_operations_in_batches_only(l: Ledg
     }
 }
 
+async fn free_text_with_nul_is_stored_the_same_on_both_backends(l: Ledger) {
+    let v = reserved(&l, "nul").await;
+    let c = l
+        .claim("t", "nul", State::Reserved, v, "A", 60_000, "x")
+        .await
+        .unwrap()
+        .unwrap();
+    let mut o = outcome(State::Completed, "found\0it");
+    o.provider_reference = Some("ch_\01".into());
+    o.error_detail = Some("de\0tail".into());
+    assert!(
+        l.record_outcome("t", "nul", c.fence, State::Executing, "A", &o)
+            .await
+            .unwrap()
+    );
+    let op = l.get("t", "nul").await.unwrap().unwrap();
+    assert_eq!(op.provider_reference.as_deref(), Some("ch_\u{FFFD}1"));
+    assert_eq!(op.error_detail.as_deref(), Some("de\u{FFFD}tail"));
+    let last = l.transitions("t", "nul").await.unwrap().pop().unwrap();
+    assert_eq!(last.reason, "found\u{FFFD}it");
+    l.reserve(&awaiting("nul-ap", "apr_nul", 60_000))
+        .await
+        .unwrap();
+    let a = l
+        .decide(
+            "t",
+            "apr_nul",
+            ApprovalDecision::Reject,
+            "boss",
+            Some("no\0pe"),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.comment.as_deref(), Some("no\u{FFFD}pe"));
+}
+
 conformance!(
+    free_text_with_nul_is_stored_the_same_on_both_backends,
     stale_owner_is_fenced_and_the_state_stays_the_new_owners,
     a_zero_length_lease_still_expires,
     concurrent_claims_of_one_version_have_one_winner,

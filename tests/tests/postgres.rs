@@ -117,3 +117,78 @@ settle_delay_ms = 0
     );
     assert_eq!(app.mock.provider.effects(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_lost_after_the_provider_call_is_an_unknown_outcome_then_reconciled() {
+    let Some(url) = pg::url() else { return };
+    let relay = pg::Relay::start(&url).await;
+    let app = spawn_with(Opts {
+        storage: Some(StorageSpec {
+            acquire_timeout_ms: 300,
+            ..pg::storage(&relay.url)
+        }),
+        route_extra: r#"effect_class = "payment"
+[routes.read_back]
+path = "/v1/charges?client_ref={body:/client_ref}"
+found_pointer = "/data/0"
+reference_pointer = "/id"
+settle_delay_ms = 0
+"#
+        .into(),
+        more: "[reconcile]\nenabled = false\n".into(),
+        ..Default::default()
+    })
+    .await;
+    let call = {
+        let (http, url) = (app.http.clone(), app.proxy("/pay/v1/charges"));
+        tokio::spawn(async move {
+            http.post(url)
+                .bearer_auth(KEY_A)
+                .header("Idempotency-Key", "mid")
+                .header("Content-Type", "application/json")
+                .header("X-Mock-Fault", "delay-reply:500")
+                .body(BODY)
+                .send()
+                .await
+                .unwrap()
+        })
+    };
+    // The provider applied the effect and holds its reply; the database goes.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while app.mock.provider.effects() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the call never reached the provider"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    relay.cut();
+    let r = call.await.unwrap();
+    assert_eq!(r.status(), 503);
+    let problem: Value = r.json().await.unwrap();
+    assert_eq!(
+        problem["type"], "urn:effectgate:problem:operation-outcome-unknown",
+        "not a refusal: the provider was called ({problem})"
+    );
+    assert_eq!(problem["operation_id"], "mid");
+
+    relay.restore();
+    let ledger = &app.gw.state.ledger;
+    let op = ledger.get("a", "mid").await.unwrap().unwrap();
+    assert_eq!(
+        op.state.as_str(),
+        "EXECUTING",
+        "the attempt's outcome was never recorded"
+    );
+    // Past the lease (database clock), the reconciler reads the effect back.
+    ledger
+        .shift_clock(op.lease_expires_at.unwrap() - ledger.clock().now_ms() + 1)
+        .await
+        .unwrap();
+    app.tick().await;
+    assert_eq!(app.op_json("mid").await["state"], "COMPLETED");
+    let dup = app.charge("mid", BODY).await;
+    assert_eq!(dup.status(), 200);
+    assert_eq!(dup.headers()["idempotent-replayed"], "true");
+    assert_eq!(app.mock.provider.effects(), 1, "one effect");
+}

@@ -327,7 +327,20 @@ impl ConfigFile {
             };
             let read_back = match &r.read_back {
                 None => None,
-                Some(rb) => Some(read_back(&format!("{rp}.read_back"), rb)?),
+                Some(rb) => {
+                    // The read-back runs under a reconciliation lease; one
+                    // that outlives it lets another instance read back too.
+                    if rb.timeout_ms >= self.reconcile.lease_ms {
+                        return Err(ConfigError::new(
+                            format!("{rp}.read_back.timeout_ms"),
+                            format!(
+                                "must be less than reconcile.lease_ms ({} ms), the lease a read-back runs under",
+                                self.reconcile.lease_ms
+                            ),
+                        ));
+                    }
+                    Some(read_back(&format!("{rp}.read_back"), rb)?)
+                }
             };
             let stored_names: Vec<String> = match &r.stored_response_headers {
                 Some(v) => v.clone(),

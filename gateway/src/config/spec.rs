@@ -116,7 +116,9 @@ pub struct ReconcileSpec {
     /// Backoff cap, in ms. Default 60000.
     pub backoff_max_ms: u64,
     /// How long the outbox relay holds a claimed event before another
-    /// relay (or this one after a restart) may deliver it, in ms. Default 5000.
+    /// relay (or this one after a restart) may deliver it, in ms. A
+    /// webhook delivery times out at two thirds of it (at most 5 s), so it
+    /// ends while the claim holds. Default 5000.
     pub outbox_lease_ms: u64,
     /// Retention sweeper: the most terminal operations past their key
     /// retention one delete statement removes (with their history). Each
@@ -283,7 +285,7 @@ impl Default for ListenSpec {
 /// is for several instances sharing one ledger: set `url =
 /// "postgres://user@host:5432/db"`. The backend is chosen by the URL's
 /// scheme (`sqlite://…` or `postgres://…` / `postgresql://…`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StorageSpec {
     /// Ledger URL: `sqlite://<path>` or `postgres://…`. When unset, the
@@ -368,15 +370,32 @@ impl StorageSpec {
     }
 }
 
-/// `url` with any password replaced by `***`.
+/// `url` with any password (in the user info or a `password` query
+/// parameter) replaced by `***`.
 pub fn redact_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
-        }
-        _ => url.to_owned(),
+    let Ok(mut u) = url::Url::parse(url) else {
+        return "<unparsable URL>".into();
+    };
+    if u.password().is_some() {
+        let _ = u.set_password(Some("***"));
     }
+    if u.query_pairs()
+        .any(|(k, _)| k.eq_ignore_ascii_case("password"))
+    {
+        let pairs: Vec<(String, String)> = u
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if k.eq_ignore_ascii_case("password") {
+                    "***".to_owned()
+                } else {
+                    v.into_owned()
+                };
+                (k.into_owned(), v)
+            })
+            .collect();
+        u.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    u.to_string()
 }
 
 /// SQLite durability mode.

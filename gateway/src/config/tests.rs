@@ -55,3 +55,34 @@ fn default_methods_exclude_safe_ones_and_longest_prefix_wins() {
     assert!(!r.is_effectful(&Method::OPTIONS));
     assert!(s.match_route("/b/").is_none());
 }
+
+#[test]
+fn ledger_urls_never_show_a_password() {
+    assert_eq!(
+        redact_url("postgres://u:s3cret@db:5432/l"),
+        "postgres://u:***@db:5432/l"
+    );
+    assert_eq!(
+        redact_url("postgres://u@db/l?sslmode=require&password=s3cret"),
+        "postgres://u@db/l?sslmode=require&password=***"
+    );
+    assert_eq!(redact_url("postgres://u:s3cret@[bad"), "<unparsable URL>");
+}
+
+#[test]
+fn a_read_back_must_end_within_the_reconciliation_lease() {
+    let toml = r#"
+[reconcile]
+lease_ms = 3000
+[[routes]]
+name = "pay"
+prefix = "/pay/"
+upstream = "http://127.0.0.1:9"
+[routes.read_back]
+path = "/v1/charges?client_ref={body:/ref}"
+found_pointer = "/data/0"
+timeout_ms = 3000
+"#;
+    let err = parse(toml).unwrap_err().to_string();
+    assert!(err.contains("routes[0].read_back.timeout_ms"), "{err}");
+}

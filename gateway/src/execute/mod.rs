@@ -282,7 +282,8 @@ async fn run_inner(
                     detail,
                     lease_ms + delay as i64,
                 )
-                .await?;
+                .await
+                .map_err(|e| unrecorded(&op.operation_id, &e))?;
             if !ok {
                 return Ok((None, fenced_off(&op.operation_id)));
             }
@@ -314,7 +315,8 @@ async fn run_inner(
                 owner,
                 &outcome,
             )
-            .await?;
+            .await
+            .map_err(|e| unrecorded(&op.operation_id, &e))?;
         if !recorded {
             return Ok((None, fenced_off(&op.operation_id)));
         }
@@ -326,6 +328,23 @@ async fn run_inner(
             "operation recorded"
         );
         return Ok((Some(outcome.state), answer));
+    }
+}
+
+/// The provider was called, but the ledger could not record what came
+/// back (the database is unreachable or timed out): the outcome is unknown
+/// to the caller, not "nothing happened". The operation stays EXECUTING
+/// under this instance's lease; when the lease expires the reconciler
+/// reads it back, so a retry with the same key gets the one result.
+fn unrecorded(operation_id: &str, e: &crate::ledger::LedgerError) -> ApiError {
+    tracing::error!(operation_id, error = %e, "the provider was called but the outcome could not be recorded");
+    ApiError::OutcomeUnknown {
+        operation_id: operation_id.to_owned(),
+        detail: format!(
+            "the provider was called but the effect ledger could not record the outcome ({e}); \
+             it will be reconciled: retry with the same Idempotency-Key, never a new one"
+        ),
+        status: StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 

@@ -168,11 +168,17 @@ impl Ledger {
 
     /// Deletes up to `batch` terminal operations whose key retention ended
     /// (last change + retention ≤ now), with their transitions, attempts,
-    /// policy decisions and approvals. Dead letters and non-terminal
-    /// operations are never deleted. Returns how many were deleted; call
-    /// again while it returns `batch`.
-    pub async fn sweep_expired(&self, batch: u32) -> Result<u64, LedgerError> {
-        dispatch!(self, sweep_expired(batch))
+    /// policy decisions and approvals, in one transaction. Dead letters and
+    /// non-terminal operations are never deleted. `min_retention_ms` is a
+    /// lower bound of every row's retention (the shortest configured; rows
+    /// changed in the last `min_retention_ms` are not even looked at).
+    /// Returns how many were deleted; call again while it returns `batch`.
+    pub async fn sweep_expired(
+        &self,
+        batch: u32,
+        min_retention_ms: i64,
+    ) -> Result<u64, LedgerError> {
+        dispatch!(self, sweep_expired(batch, min_retention_ms))
     }
 
     async fn bounded<T>(
@@ -634,18 +640,22 @@ impl Ledger {
         dispatch!(self, claim_events(owner, lease_ms, limit))
     }
 
-    /// Records a delivery attempt of `event_id`: delivered, or failed with
-    /// the next attempt at `next_attempt_at` (ms since epoch).
+    /// Records a delivery attempt of `event_id` by `owner`, the relay that
+    /// claimed it: delivered, or failed with the next attempt at
+    /// `next_attempt_at` (ms since epoch). Returns `false`, changing
+    /// nothing, when `owner` no longer holds the claim (it lapsed and
+    /// another relay took the event) or the event was delivered already.
     pub async fn event_attempted(
         &self,
         event_id: &str,
+        owner: &str,
         delivered: bool,
         error: Option<&str>,
         next_attempt_at: i64,
-    ) -> Result<(), LedgerError> {
+    ) -> Result<bool, LedgerError> {
         dispatch!(
             self,
-            event_attempted(event_id, delivered, error, next_attempt_at)
+            event_attempted(event_id, owner, delivered, error, next_attempt_at)
         )
     }
 

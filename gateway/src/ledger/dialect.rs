@@ -23,6 +23,17 @@ pub(super) fn cached(sql: &str, convert: fn(&str) -> String) -> &'static str {
         .or_insert(converted)
 }
 
+/// Free text as both backends store it: PostgreSQL `TEXT` can't hold NUL
+/// (U+0000), so it becomes U+FFFD on SQLite too, and a provider reference
+/// or a comment that carries one is stored, not refused.
+pub(super) fn clean(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.contains('\0') {
+        std::borrow::Cow::Owned(s.replace('\0', "\u{FFFD}"))
+    } else {
+        std::borrow::Cow::Borrowed(s)
+    }
+}
+
 /// SQLite placeholders (`?` in order, or `?N`) as PostgreSQL's `$N`.
 /// Statements carry no `?` inside string literals.
 pub(super) fn dollar_placeholders(sql: &str) -> String {

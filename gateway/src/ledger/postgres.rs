@@ -23,6 +23,7 @@ use sqlx::Row;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use super::approval::{Approval, Decision, NewApproval, OutboxEvent};
+use super::dialect::clean;
 use super::{
     Attempt, Claim, LedgerClock, LedgerError, NewOperation, Operation, Outcome, Reservation, State,
     Transition,
@@ -84,8 +85,17 @@ impl Store {
                 .execute(&mut conn)
                 .await
             {
-                // Two instances creating it at once: one wins, the other sees it.
-                tracing::debug!(error = %e, "create schema");
+                // Two instances creating it at once: one wins, the other
+                // sees it. Any other failure (no CREATE privilege) is the
+                // error to report.
+                let exists: Option<i32> =
+                    sqlx::query_scalar("SELECT 1 FROM pg_namespace WHERE nspname = $1")
+                        .bind(schema)
+                        .fetch_optional(&mut conn)
+                        .await?;
+                if exists.is_none() {
+                    return Err(e.into());
+                }
             }
             conn.close().await?;
         }
@@ -121,6 +131,17 @@ impl Store {
     async fn now(&self) -> Result<i64, sqlx::Error> {
         let db: i64 = sqlx::query_scalar("SELECT effectgate_now_ms()")
             .fetch_one(&self.write)
+            .await?;
+        self.clock.follow(db);
+        Ok(db)
+    }
+
+    /// Now from the database clock, read on the transaction's own
+    /// connection: a wait for a free connection can't shorten the leases
+    /// the transaction stamps.
+    async fn now_in(&self, tx: &mut sqlx::Transaction<'_, Db>) -> Result<i64, sqlx::Error> {
+        let db: i64 = sqlx::query_scalar("SELECT effectgate_now_ms()")
+            .fetch_one(&mut **tx)
             .await?;
         self.clock.follow(db);
         Ok(db)

@@ -14,6 +14,7 @@ use sqlx::Row;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 use super::approval::{Approval, Decision, NewApproval, OutboxEvent};
+use super::dialect::clean;
 use super::{
     Attempt, Claim, LedgerClock, LedgerError, NewOperation, Operation, Outcome, Reservation, State,
     Transition,
@@ -80,6 +81,12 @@ impl Store {
     async fn now(&self) -> Result<i64, sqlx::Error> {
         use super::Clock;
         Ok(self.clock.now_ms())
+    }
+
+    /// Now, read inside a transaction (after it got its connection, so a
+    /// wait for the connection doesn't shorten the leases it stamps).
+    async fn now_in(&self, _tx: &mut sqlx::Transaction<'_, Db>) -> Result<i64, sqlx::Error> {
+        self.now().await
     }
 
     /// Moves the ledger's clock forward by `ms`.

@@ -72,7 +72,7 @@ pub(super) async fn insert_approval(
     .bind(&op.fingerprint)
     .bind(&a.policy)
     .bind(&a.policy_hash)
-    .bind(&a.reason)
+    .bind(clean(&a.reason))
     .bind(&op.principal)
     .bind(now)
     .bind(now.saturating_add(a.ttl_ms))
@@ -143,7 +143,8 @@ impl Store {
         a: &NewApproval,
         requested_by: &str,
     ) -> Result<(), LedgerError> {
-        let now = self.now().await?;
+        let mut tx = self.write.begin().await?;
+        let now = self.now_in(&mut tx).await?;
         let new = super::NewOperation {
             tenant_id: op.tenant_id.clone(),
             operation_id: op.operation_id.clone(),
@@ -163,7 +164,7 @@ impl Store {
             decisions: Vec::new(),
             approval: None,
         };
-        let mut tx = self.write.begin().await?;
+
         insert_approval(&mut tx, &new, a, now).await?;
         sqlx::query(q("UPDATE approvals SET operation_version = ? WHERE id = ?"))
             .bind(op.version)
@@ -182,19 +183,20 @@ impl Store {
         by: &str,
         comment: Option<&str>,
     ) -> Result<Option<Approval>, LedgerError> {
-        let now = self.now().await?;
+        let mut tx = self.write.begin().await?;
+        let now = self.now_in(&mut tx).await?;
         let status = if decision == Decision::Approve {
             "approved"
         } else {
             "rejected"
         };
-        let mut tx = self.write.begin().await?;
+
         let row = sqlx::query(q(&format!("UPDATE approvals SET status = ?, decided_by = ?, decided_at = ?, comment = ? \
              WHERE tenant_id = ? AND id = ? AND status = 'pending' AND expires_at > ? RETURNING {APPROVAL_COLUMNS}")))
         .bind(status)
         .bind(by)
         .bind(now)
-        .bind(comment)
+        .bind(comment.map(clean))
         .bind(tenant)
         .bind(id)
         .bind(now)
@@ -291,7 +293,7 @@ impl Store {
         .bind(headers)
         .bind(body.len() as i64)
         .bind(&body)
-        .bind(reason)
+        .bind(clean(reason))
         .bind(now)
         .bind(&a.tenant_id)
         .bind(&a.operation_id)
@@ -326,9 +328,10 @@ impl Store {
         owner: &str,
         lease_ms: i64,
     ) -> Result<Option<Claim>, LedgerError> {
-        let now = self.now().await?;
-        let expires = now.saturating_add(lease_ms.max(0));
         let mut tx = self.write.begin().await?;
+        let now = self.now_in(&mut tx).await?;
+        let expires = now.saturating_add(lease_ms.max(0));
+
         let used = sqlx::query(q("UPDATE approvals SET status = 'used', used_at = ? WHERE tenant_id = ? AND id = ? AND operation_id = ? \
              AND fingerprint = ? AND status = 'approved' AND expires_at > ?"))
         .bind(now)
@@ -476,21 +479,24 @@ impl Store {
     pub(super) async fn event_attempted(
         &self,
         event_id: &str,
+        owner: &str,
         delivered: bool,
         error: Option<&str>,
         next_attempt_at: i64,
-    ) -> Result<(), LedgerError> {
+    ) -> Result<bool, LedgerError> {
         let now = self.now().await?;
-        sqlx::query(q("UPDATE outbox SET attempts = attempts + 1, lease_owner = NULL, lease_expires_at = NULL, \
-             delivered_at = CASE WHEN ? THEN ? ELSE NULL END, last_error = ?, next_attempt_at = ? WHERE event_id = ?"))
+        let r = sqlx::query(q("UPDATE outbox SET attempts = attempts + 1, lease_owner = NULL, lease_expires_at = NULL, \
+             delivered_at = CASE WHEN ? THEN ? ELSE NULL END, last_error = ?, next_attempt_at = ? \
+             WHERE event_id = ? AND lease_owner = ? AND delivered_at IS NULL"))
         .bind(delivered)
         .bind(now)
-        .bind(error)
+        .bind(error.map(clean))
         .bind(next_attempt_at)
         .bind(event_id)
+        .bind(owner)
         .execute(&self.write)
         .await?;
-        Ok(())
+        Ok(r.rows_affected() == 1)
     }
 
     pub(super) async fn events(

@@ -7,8 +7,9 @@ impl Store {
         settle_ms: Option<i64>,
         actor: &str,
     ) -> Result<bool, LedgerError> {
-        let now = self.now().await?;
         let mut tx = self.write.begin().await?;
+        let now = self.now_in(&mut tx).await?;
+
         let row = sqlx::query(q("UPDATE operations SET state = 'UNKNOWN', version = version + 1, fence = fence + 1, lease_owner = NULL, \
              lease_expires_at = NULL, error_kind = 'lease-expired', \
              error_detail = 'the lease of the executing owner expired before it recorded an outcome', \
@@ -52,9 +53,10 @@ impl Store {
         lease_ms: i64,
         reason: &str,
     ) -> Result<Option<Claim>, LedgerError> {
-        let now = self.now().await?;
-        let expires = now.saturating_add(lease_ms.max(0));
         let mut tx = self.write.begin().await?;
+        let now = self.now_in(&mut tx).await?;
+        let expires = now.saturating_add(lease_ms.max(0));
+
         let row = sqlx::query(q("UPDATE operations SET version = version + 1, fence = fence + 1, lease_owner = ?, lease_expires_at = ?, \
              updated_at = updated_at \
              WHERE tenant_id = ? AND operation_id = ? AND version = ? AND state = 'UNKNOWN' \
@@ -95,9 +97,10 @@ impl Store {
         lease_ms: i64,
         reason: &str,
     ) -> Result<Option<Claim>, LedgerError> {
-        let now = self.now().await?;
-        let expires = now.saturating_add(lease_ms.max(0));
         let mut tx = self.write.begin().await?;
+        let now = self.now_in(&mut tx).await?;
+        let expires = now.saturating_add(lease_ms.max(0));
+
         let row = sqlx::query(q(
             "UPDATE operations SET state = 'EXECUTING', version = version + 1, fence = fence + 1, \
              attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?, updated_at = ? \
@@ -165,8 +168,9 @@ impl Store {
                 to: state,
             });
         }
-        let now = self.now().await?;
         let mut tx = self.write.begin().await?;
+        let now = self.now_in(&mut tx).await?;
+
         let row = sqlx::query(q("UPDATE operations SET version = version + 1, updated_at = ? \
              WHERE tenant_id = ? AND operation_id = ? AND version = ? AND state = ? RETURNING version, fence"))
         .bind(now)
@@ -210,8 +214,9 @@ impl Store {
                 to,
             });
         }
-        let now = self.now().await?;
         let mut tx = self.write.begin().await?;
+        let now = self.now_in(&mut tx).await?;
+
         let row = sqlx::query(q("UPDATE operations SET state = ?, version = version + 1, dead_letter = FALSE, requeues = requeues + 1, \
              reconcile_attempts = 0, next_reconcile_at = ?, updated_at = ? \
              WHERE tenant_id = ? AND operation_id = ? AND version = ? AND state = 'FAILED' AND dead_letter \

@@ -1,7 +1,20 @@
 impl Store {
     pub(super) async fn reserve(&self, new: &NewOperation) -> Result<Reservation, LedgerError> {
-        let now = self.now().await?;
+        // The existing row can vanish between the insert that found it and
+        // the read of it (the retention sweeper deleted it, expired): then
+        // the key is free and the next try creates the operation.
+        for _ in 0..3 {
+            if let Some(r) = self.reserve_once(new).await? {
+                return Ok(r);
+            }
+        }
+        Err(LedgerError::Db(sqlx::Error::RowNotFound))
+    }
+
+    async fn reserve_once(&self, new: &NewOperation) -> Result<Option<Reservation>, LedgerError> {
         let mut tx = self.write.begin().await?;
+        let now = self.now_in(&mut tx).await?;
+
         let expired = sqlx::query(q("DELETE FROM operations WHERE tenant_id = ? AND operation_id = ? AND updated_at + retention_ms <= ? \
              AND state IN ('COMPLETED', 'FAILED', 'COMPENSATED') AND NOT dead_letter"))
         .bind(&new.tenant_id)
@@ -93,15 +106,15 @@ impl Store {
                 insert_approval(&mut tx, new, a, now).await?;
             }
         }
-        let op = fetch_op(&mut *tx, &new.tenant_id, &new.operation_id)
-            .await?
-            .ok_or(sqlx::Error::RowNotFound)?;
+        let Some(op) = fetch_op(&mut *tx, &new.tenant_id, &new.operation_id).await? else {
+            return Ok(None);
+        };
         tx.commit().await?;
-        Ok(if created {
+        Ok(Some(if created {
             Reservation::Created(op)
         } else {
             Reservation::Existing(op)
-        })
+        }))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -121,9 +134,10 @@ impl Store {
                 to: State::Executing,
             });
         }
-        let now = self.now().await?;
-        let expires = now.saturating_add(lease_ms.max(0));
         let mut tx = self.write.begin().await?;
+        let now = self.now_in(&mut tx).await?;
+        let expires = now.saturating_add(lease_ms.max(0));
+
         let row = sqlx::query(q("UPDATE operations SET state = 'EXECUTING', version = version + 1, fence = fence + 1, \
              attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?, updated_at = ? \
              WHERE tenant_id = ? AND operation_id = ? AND version = ? AND state = ? \
@@ -174,7 +188,8 @@ impl Store {
         {
             return Err(LedgerError::IllegalTransition { from, to });
         }
-        let now = self.now().await?;
+        let mut tx = self.write.begin().await?;
+        let now = self.now_in(&mut tx).await?;
         let headers =
             serde_json::to_string(&outcome.response_headers).unwrap_or_else(|_| "[]".into());
         let (dl, dl_reason, dl_check) = match &outcome.dead_letter {
@@ -185,7 +200,7 @@ impl Store {
             ),
             None => (false, None, None),
         };
-        let mut tx = self.write.begin().await?;
+
         let row = sqlx::query(q("UPDATE operations SET state = ?1, version = version + 1, lease_owner = NULL, lease_expires_at = NULL, \
              response_status = CASE WHEN ?2 THEN response_status ELSE ?3 END, \
              response_headers = CASE WHEN ?2 THEN response_headers ELSE ?4 END, \
@@ -206,15 +221,15 @@ impl Store {
         .bind(&outcome.response_body)
         .bind(outcome.response_body_bytes)
         .bind(outcome.response_body_omitted)
-        .bind(&outcome.error_kind)
-        .bind(&outcome.error_detail)
+        .bind(outcome.error_kind.as_deref().map(clean))
+        .bind(outcome.error_detail.as_deref().map(clean))
         .bind(now)
         .bind(i64::from(outcome.count_read_back))
         .bind(outcome.next_reconcile_at)
         .bind(dl)
-        .bind(dl_reason)
-        .bind(dl_check)
-        .bind(&outcome.provider_reference)
+        .bind(dl_reason.map(clean))
+        .bind(dl_check.map(clean))
+        .bind(outcome.provider_reference.as_deref().map(clean))
         .bind(tenant)
         .bind(operation_id)
         .bind(fence)
@@ -276,14 +291,15 @@ impl Store {
         detail: &str,
         lease_ms: i64,
     ) -> Result<bool, LedgerError> {
-        let now = self.now().await?;
         let mut tx = self.write.begin().await?;
+        let now = self.now_in(&mut tx).await?;
+
         let row = sqlx::query(q("UPDATE operations SET attempts = attempts + 1, lease_expires_at = ?, error_kind = ?, error_detail = ?, \
              updated_at = ? WHERE tenant_id = ? AND operation_id = ? AND fence = ? AND state = 'EXECUTING' \
              RETURNING attempts"))
         .bind(now.saturating_add(lease_ms))
-        .bind(outcome)
-        .bind(detail)
+        .bind(clean(outcome))
+        .bind(clean(detail))
         .bind(now)
         .bind(tenant)
         .bind(operation_id)
@@ -365,8 +381,8 @@ pub(super) async fn insert_transition(
     .bind(to.as_str())
     .bind(version)
     .bind(fence)
-    .bind(actor)
-    .bind(reason)
+    .bind(clean(actor))
+    .bind(clean(reason))
     .bind(at)
     .execute(&mut **tx)
     .await?;
@@ -390,7 +406,7 @@ async fn insert_decisions(
         .bind(&d.policy)
         .bind(&d.content_hash)
         .bind(&d.decision)
-        .bind(&d.reason)
+        .bind(d.reason.as_deref().map(clean))
         .bind(d.duration_us)
         .bind(at)
         .execute(&mut **tx)
@@ -410,8 +426,9 @@ impl Store {
         if decisions.is_empty() {
             return Ok(());
         }
-        let now = self.now().await?;
         let mut tx = self.write.begin().await?;
+        let now = self.now_in(&mut tx).await?;
+
         insert_decisions(&mut tx, tenant, operation_id, fingerprint, decisions, now).await?;
         tx.commit().await?;
         Ok(())
@@ -437,8 +454,8 @@ async fn insert_attempt(
     .bind(attempt)
     .bind(fence)
     .bind(status)
-    .bind(outcome)
-    .bind(detail)
+    .bind(clean(outcome))
+    .bind(detail.map(clean))
     .bind(at)
     .execute(&mut **tx)
     .await?;
