@@ -765,7 +765,7 @@ async fn free_text_with_nul_is_stored_the_same_on_both_backends(l: Ledger) {
         .unwrap()
         .unwrap();
     let mut o = outcome(State::Completed, "found\0it");
-    o.provider_reference = Some("ch_\01".into());
+    o.provider_reference = Some("ch_\u{0}1".into());
     o.error_detail = Some("de\0tail".into());
     assert!(
         l.record_outcome("t", "nul", c.fence, State::Executing, "A", &o)

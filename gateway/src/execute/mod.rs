@@ -236,6 +236,18 @@ async fn run_inner(
             headers.clone(),
             Body::from(body.clone()),
         );
+        // A claim that took long to land (a wait for a connection or a row
+        // lock) may hold little of its lease: renew it under the fencing
+        // token before sending. If another owner took over meanwhile, the
+        // renewal fails and nothing is sent.
+        if attempt_no == claim.attempt
+            && claim.lease_expires_at - ledger.clock().now_ms() < lease_ms / 2
+            && !ledger
+                .extend_lease(&op.tenant_id, &op.operation_id, claim.fence, lease_ms)
+                .await?
+        {
+            return Ok((None, fenced_off(&op.operation_id)));
+        }
         let result = attempt(app, client, req, route, op, claim.fence, lease_ms).await;
 
         // The tenant's classifier policies may override the gateway's rules

@@ -159,7 +159,7 @@ impl Store {
             .iter()
             .map(op_from_row)
             .collect::<Result<Vec<_>, _>>()?;
-        ops.sort_by(|a, b| a.updated_at.cmp(&b.updated_at));
+        ops.sort_by_key(|o| o.updated_at);
         Ok(ops)
     }
 

@@ -350,7 +350,6 @@ impl Store {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 /// The claim an `UPDATE … RETURNING version, fence, attempts` took.
 pub(super) fn claim_row(row: &DbRow, expires: i64) -> Result<Claim, sqlx::Error> {
     Ok(Claim {
@@ -361,6 +360,7 @@ pub(super) fn claim_row(row: &DbRow, expires: i64) -> Result<Claim, sqlx::Error>
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn insert_transition(
     tx: &mut sqlx::Transaction<'_, Db>,
     tenant: &str,
