@@ -266,7 +266,12 @@ impl Gateway {
                 Ok(())
             }));
         }
-        tracing::info!(%proxy_addr, %admin_addr, instance = %state.instance_id, "effectgate serving");
+        tracing::info!(
+            %proxy_addr, %admin_addr, instance = %state.instance_id,
+            ledger = %state.settings().settings.storage.display_name(),
+            backend = state.ledger.backend_name(),
+            "effectgate serving"
+        );
         Ok(Self {
             proxy_addr,
             admin_addr,

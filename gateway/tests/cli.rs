@@ -141,3 +141,51 @@ fn an_unknown_storage_url_scheme_is_a_config_error() {
         String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
     assert!(err.contains("storage.url"), "{err}");
 }
+
+#[test]
+fn an_unreachable_ledger_is_named_with_its_real_cause() {
+    let started = std::time::Instant::now();
+    let out = effectgate()
+        .args(["migrate"])
+        .env(
+            "EFFECTGATE_STORAGE__URL",
+            "postgres://u:s3cret@127.0.0.1:1/x",
+        )
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("storage.url"), "{err}");
+    assert!(
+        err.contains("refused"),
+        "the cause, not a pool timeout: {err}"
+    );
+    assert!(!err.contains("s3cret"), "{err}");
+    assert_eq!(err.matches("refused").count(), 1, "said once: {err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+}
+
+#[test]
+fn storage_schema_and_empty_url_are_checked() {
+    for (schema, ok) in [
+        ("Mixed_Case", false),
+        ("pg_temp_x", false),
+        ("information_schema", false),
+        ("effectgate_1", true),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = effectgate()
+            .args(["migrate"])
+            .env("EFFECTGATE_STORAGE__SCHEMA", schema)
+            // Empty means unset: the SQLite file.
+            .env("EFFECTGATE_STORAGE__URL", "")
+            .env("EFFECTGATE_STORAGE__PATH", dir.path().join("l.db"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.success(), ok, "{schema}: {err}");
+        if !ok {
+            assert!(err.contains("storage.schema"), "{err}");
+        }
+    }
+}

@@ -22,6 +22,10 @@ impl ConfigFile {
         let proxy_addr = parse_addr("listen.proxy", &self.listen.proxy)?;
         // Relative paths in a config file mean "next to the file".
         let mut storage = self.storage.clone();
+        // An empty URL (an unset environment variable, say) means "no URL".
+        if storage.url.as_deref().is_some_and(|u| u.trim().is_empty()) {
+            storage.url = None;
+        }
         if storage.path.is_relative() && source.is_some() {
             storage.path = base_dir.join(&storage.path);
         }
@@ -63,16 +67,24 @@ impl ConfigFile {
                 "must not exceed storage.max_connections",
             ));
         }
-        if let Some(schema) = &storage.schema
-            && (schema.is_empty()
-                || !schema
+        if let Some(schema) = &storage.schema {
+            let plain = schema.len() <= 63
+                && schema.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+                && schema
                     .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_'))
-        {
-            return Err(ConfigError::new(
-                "storage.schema",
-                "must be a non-empty name of ASCII letters, digits and _",
-            ));
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if !plain {
+                return Err(ConfigError::new(
+                    "storage.schema",
+                    "must be 1 to 63 of a-z, 0-9 and _, not starting with a digit",
+                ));
+            }
+            if schema.starts_with("pg_") || schema == "information_schema" {
+                return Err(ConfigError::new(
+                    "storage.schema",
+                    "names a PostgreSQL system schema; choose another",
+                ));
+            }
         }
         let admin_addr = parse_addr("listen.admin", &self.listen.admin)?;
         if self.storage.path.as_os_str().is_empty() {

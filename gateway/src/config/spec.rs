@@ -300,7 +300,7 @@ pub struct StorageSpec {
     pub max_read_connections: u32,
     /// SQLite: how long a statement waits for a locked database, in ms. Default 5000.
     pub busy_timeout_ms: u64,
-    /// SQLite `synchronous` mode: `full` (default) fsyncs every committed
+    /// SQLite only: `synchronous` mode: `full` (default) fsyncs every committed
     /// transition, so nothing is lost even on power loss; `normal` (WAL)
     /// survives a crash of the gateway process but may lose the last
     /// transitions on power loss or an OS crash, for more effectful
@@ -364,7 +364,10 @@ impl StorageSpec {
     pub fn display_name(&self) -> String {
         match self.backend() {
             Ok(Backend::Sqlite(p)) => p.display().to_string(),
-            Ok(Backend::Postgres(u)) => redact_url(&u),
+            Ok(Backend::Postgres(u)) => match &self.schema {
+                Some(s) => format!("{} (schema {s})", redact_url(&u)),
+                None => redact_url(&u),
+            },
             Err(_) => self.url.as_deref().map(redact_url).unwrap_or_default(),
         }
     }

@@ -97,14 +97,15 @@ impl Ledger {
                 };
                 let clock = LedgerClock::new(Arc::new(super::SystemClock));
                 let open = postgres::Store::open(&settings, clock);
-                match tokio::time::timeout(
-                    call_timeout.max(Duration::from_millis(storage.acquire_timeout_ms)),
-                    open,
-                )
-                .await
-                {
+                let limit = call_timeout.max(Duration::from_millis(storage.acquire_timeout_ms));
+                match tokio::time::timeout(limit, open).await {
                     Ok(store) => Db::Postgres(store?),
-                    Err(_) => return Err(LedgerError::Timeout(call_timeout.as_millis() as u64)),
+                    Err(_) => {
+                        return Err(LedgerError::Unreachable {
+                            url: crate::config::redact_url(&url),
+                            cause: format!("no answer within {} ms", limit.as_millis()),
+                        });
+                    }
                 }
             }
         };

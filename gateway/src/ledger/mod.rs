@@ -473,9 +473,19 @@ pub struct Attempt {
 /// Errors of ledger writes.
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
-    /// The database failed.
+    /// The database failed. (The sqlx error is the message, not a
+    /// `source`: it already carries the database's own text.)
     #[error("ledger database error: {0}")]
-    Db(#[from] sqlx::Error),
+    Db(sqlx::Error),
+    /// The database could not be reached at start (the URL is shown
+    /// without its password).
+    #[error("cannot reach the ledger database {url} (storage.url): {cause}")]
+    Unreachable {
+        /// `storage.url`, password hidden.
+        url: String,
+        /// The connection error.
+        cause: String,
+    },
     /// The requested transition is not in the state machine.
     #[error("transition {from} → {to} is not allowed")]
     IllegalTransition {
@@ -493,6 +503,12 @@ pub enum LedgerError {
     /// `[storage]` names no usable ledger.
     #[error("storage.url: {0}")]
     Config(String),
+}
+
+impl From<sqlx::Error> for LedgerError {
+    fn from(e: sqlx::Error) -> Self {
+        LedgerError::Db(e)
+    }
 }
 
 impl From<LedgerError> for crate::error::ApiError {

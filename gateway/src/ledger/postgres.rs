@@ -74,9 +74,16 @@ impl Store {
         clock: Arc<LedgerClock>,
     ) -> Result<Self, LedgerError> {
         let base: PgConnectOptions = s.url.parse()?;
+        // One direct connection first: a refused connection, an unknown
+        // role or database is reported as itself, not as a pool timeout.
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect_with(&base).await.map_err(|e| {
+            LedgerError::Unreachable {
+                url: crate::config::redact_url(s.url),
+                cause: e.to_string(),
+            }
+        })?;
         if let Some(schema) = s.schema {
-            use sqlx::Connection;
-            let mut conn = sqlx::PgConnection::connect_with(&base).await?;
             let create = format!(
                 "CREATE SCHEMA IF NOT EXISTS \"{}\"",
                 schema.replace('"', "\"\"")
@@ -97,8 +104,8 @@ impl Store {
                     return Err(e.into());
                 }
             }
-            conn.close().await?;
         }
+        conn.close().await?;
         let mut options: Vec<(&str, String)> =
             vec![("statement_timeout", s.statement_timeout_ms.to_string())];
         if let Some(schema) = s.schema {
