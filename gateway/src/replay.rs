@@ -374,10 +374,20 @@ async fn forced_replay(
         Ok(Err(e)) => format!("error: {e}"),
         Err(_) => "timeout".into(),
     };
+    // The provider was called: a ledger failure from here on must not read
+    // as "nothing happened".
+    let after_call = |e: crate::ledger::LedgerError| ApiError::OutcomeUnknown {
+        operation_id: op.operation_id.clone(),
+        detail: format!(
+            "the forced replay reached the provider (it answered {status}) but the ledger could not record the answer ({e}); the audit record of the attempt is in the ledger"
+        ),
+        status: http::StatusCode::SERVICE_UNAVAILABLE,
+    };
     let current = app
         .ledger
         .get(&op.tenant_id, &op.operation_id)
-        .await?
+        .await
+        .map_err(after_call)?
         .map_or(op.version + 1, |o| o.version);
     app.ledger
         .audit(
@@ -388,6 +398,7 @@ async fn forced_replay(
             actor,
             &format!("forced replay by {actor} (audited): provider answered {status}"),
         )
-        .await?;
+        .await
+        .map_err(after_call)?;
     Ok(OpState::Completed)
 }

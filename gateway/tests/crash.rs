@@ -92,37 +92,49 @@ reference_pointer = "/id"
 }
 
 async fn start(dir: &Path, provider: &str, failpoint: Option<&str>) -> Gw {
-    let (proxy, admin) = (free_port(), free_port());
-    let cfg = write_config(dir, provider, proxy, admin);
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_effectgate"));
-    cmd.args(["serve", "--config"])
-        .arg(&cfg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    cmd.env_remove("FAILPOINTS");
-    if let Some(fp) = failpoint {
-        cmd.env("FAILPOINTS", format!("{fp}=return"));
-    }
-    let child = cmd.spawn().unwrap();
-    let gw = Gw {
-        child,
-        proxy,
-        admin,
-    };
-    let http = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(r) = http
-            .get(format!("http://127.0.0.1:{admin}/readyz"))
-            .send()
-            .await
-            && r.status() == 200
-        {
-            return gw;
+    // A port picked free can be taken before the gateway binds it (an
+    // outgoing connection gets it): then the gateway exits, and it is
+    // started again on other ports.
+    for _ in 0..5 {
+        let (proxy, admin) = (free_port(), free_port());
+        let cfg = write_config(dir, provider, proxy, admin);
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_effectgate"));
+        cmd.args(["serve", "--config"])
+            .arg(&cfg)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        cmd.env_remove("FAILPOINTS");
+        if let Some(fp) = failpoint {
+            cmd.env("FAILPOINTS", format!("{fp}=return"));
         }
-        assert!(Instant::now() < deadline, "gateway did not become ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        let child = cmd.spawn().unwrap();
+        let mut gw = Gw {
+            child,
+            proxy,
+            admin,
+        };
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(r) = http
+                .get(format!("http://127.0.0.1:{admin}/readyz"))
+                .send()
+                .await
+                && r.status() == 200
+            {
+                // Ready, and it is ours: the child still runs.
+                if gw.child.try_wait().unwrap().is_none() {
+                    return gw;
+                }
+            }
+            if gw.child.try_wait().unwrap().is_some() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "gateway did not become ready");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
+    panic!("the gateway exited before it was ready, five times");
 }
 
 fn effects_for(mock: &MockProvider, client_ref: &str) -> usize {

@@ -721,6 +721,22 @@ async fn the_sweeper_deletes_expired_terminal_operations_in_batches_only(l: Ledg
     l.reserve(&awaiting("waiting", "apr_w", 10_000_000))
         .await
         .unwrap();
+    // A refused approval ends its operation FAILED (not a dead letter),
+    // with a policy decision and the approval on record.
+    let mut refused = awaiting("refused", "apr_r", 10_000_000);
+    refused.decisions = vec![effectgate::policy::DecisionRecord {
+        policy: "threshold".into(),
+        content_hash: "h".into(),
+        decision: "require-approval".into(),
+        reason: Some("large".into()),
+        duration_us: 12,
+    }];
+    l.reserve(&refused).await.unwrap();
+    l.decide("t", "apr_r", ApprovalDecision::Reject, "boss", None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(l.decisions("t", "refused").await.unwrap().len(), 1);
     assert_eq!(
         l.sweep_expired(2, 0).await.unwrap(),
         0,
@@ -735,7 +751,16 @@ async fn the_sweeper_deletes_expired_terminal_operations_in_batches_only(l: Ledg
             break;
         }
     }
-    assert_eq!(batches, vec![2, 2, 1], "two full batches and a short one");
+    assert_eq!(batches, vec![2, 2, 2, 0], "full batches, then an empty one");
+    assert!(l.get("t", "refused").await.unwrap().is_none());
+    assert!(
+        l.decisions("t", "refused").await.unwrap().is_empty(),
+        "its decisions go with it"
+    );
+    assert!(
+        l.approval("t", "apr_r").await.unwrap().is_none(),
+        "and its approval"
+    );
     for i in 0..5 {
         let id = format!("c{i}");
         assert!(l.get("t", &id).await.unwrap().is_none());
@@ -794,7 +819,96 @@ async fn free_text_with_nul_is_stored_the_same_on_both_backends(l: Ledger) {
     assert_eq!(a.comment.as_deref(), Some("no\u{FFFD}pe"));
 }
 
+async fn a_stale_owners_writes_are_fenced_while_the_new_owner_runs(l: Ledger) {
+    let v = reserved(&l, "f").await;
+    let a = l
+        .claim("t", "f", State::Reserved, v, "A", 1_000, "first")
+        .await
+        .unwrap()
+        .unwrap();
+    l.shift_clock(1_001).await.unwrap();
+    let op = l.get("t", "f").await.unwrap().unwrap();
+    let b = l
+        .claim(
+            "t",
+            "f",
+            State::Executing,
+            op.version,
+            "B",
+            60_000,
+            "reclaim",
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    // Both are EXECUTING: only the fencing token tells A's writes apart.
+    assert!(!l.extend_lease("t", "f", a.fence, 60_000).await.unwrap());
+    assert!(
+        !l.note_retry("t", "f", a.fence, Some(503), "status-503", "late", 60_000)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !l.record_outcome(
+            "t",
+            "f",
+            a.fence,
+            State::Executing,
+            "A",
+            &outcome(State::Completed, "A late")
+        )
+        .await
+        .unwrap()
+    );
+    let op = l.get("t", "f").await.unwrap().unwrap();
+    assert_eq!(op.state, State::Executing);
+    assert_eq!(op.fence, b.fence);
+    assert_eq!(op.lease_owner.as_deref(), Some("B"));
+    assert_eq!(op.attempts, 2, "A's note_retry did not count");
+    assert!(l.attempts("t", "f").await.unwrap().is_empty());
+    assert!(
+        l.record_outcome(
+            "t",
+            "f",
+            b.fence,
+            State::Executing,
+            "B",
+            &outcome(State::Completed, "B done")
+        )
+        .await
+        .unwrap()
+    );
+}
+
+async fn a_live_reconciliation_lease_is_not_taken_twice(l: Ledger) {
+    ended(&l, "r", outcome(State::Unknown, "lost")).await;
+    let op = l.get("t", "r").await.unwrap().unwrap();
+    let r1 = l
+        .lease_for_reconcile("t", "r", op.version, "R1", 60_000, "read-back")
+        .await
+        .unwrap()
+        .expect("R1 leases");
+    // R2 read the row after R1's lease: same version, live lease.
+    let seen = l.get("t", "r").await.unwrap().unwrap();
+    assert!(
+        l.lease_for_reconcile("t", "r", seen.version, "R2", 60_000, "read-back")
+            .await
+            .unwrap()
+            .is_none(),
+        "R1's lease is live"
+    );
+    l.shift_clock(60_001).await.unwrap();
+    let r2 = l
+        .lease_for_reconcile("t", "r", seen.version, "R2", 60_000, "read-back")
+        .await
+        .unwrap()
+        .expect("after R1's lease expired");
+    assert_eq!(r2.fence, r1.fence + 1);
+}
+
 conformance!(
+    a_stale_owners_writes_are_fenced_while_the_new_owner_runs,
+    a_live_reconciliation_lease_is_not_taken_twice,
     free_text_with_nul_is_stored_the_same_on_both_backends,
     stale_owner_is_fenced_and_the_state_stays_the_new_owners,
     a_zero_length_lease_still_expires,

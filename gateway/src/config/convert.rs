@@ -31,6 +31,17 @@ impl ConfigFile {
         }
         match storage.backend() {
             Err(e) => return Err(ConfigError::new("storage.url", &e)),
+            Ok(super::Backend::Postgres(u)) => {
+                if let Err(e) = u.parse::<sqlx::postgres::PgConnectOptions>() {
+                    return Err(ConfigError::new(
+                        "storage.url",
+                        format!(
+                            "{} is not a valid PostgreSQL URL: {e}",
+                            super::redact_url(&u)
+                        ),
+                    ));
+                }
+            }
             // `sqlite://<path>`: the path, resolved like `storage.path`.
             Ok(super::Backend::Sqlite(p)) if storage.url.is_some() => {
                 if p.as_os_str().is_empty() {
@@ -60,6 +71,12 @@ impl ConfigFile {
             if value == 0 {
                 return Err(ConfigError::new(field, "must be at least 1"));
             }
+        }
+        if self.reconcile.outbox_lease_ms < 100 {
+            return Err(ConfigError::new(
+                "reconcile.outbox_lease_ms",
+                "must be at least 100 (a webhook delivery times out at two thirds of it)",
+            ));
         }
         if storage.min_connections > storage.max_connections {
             return Err(ConfigError::new(

@@ -86,3 +86,20 @@ timeout_ms = 3000
     let err = parse(toml).unwrap_err().to_string();
     assert!(err.contains("routes[0].read_back.timeout_ms"), "{err}");
 }
+
+#[test]
+fn a_malformed_postgres_url_names_storage_url_without_its_password() {
+    let err = parse("[storage]\nurl = \"postgres://u:s3cret@127.0.0.1:notaport/x\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("storage.url"), "{err}");
+    assert!(!err.contains("s3cret"), "{err}");
+}
+
+#[test]
+fn an_outbox_lease_too_short_to_deliver_in_is_refused() {
+    let err = parse("[reconcile]\noutbox_lease_ms = 10\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("reconcile.outbox_lease_ms"), "{err}");
+}

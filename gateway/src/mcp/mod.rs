@@ -437,14 +437,18 @@ pub async fn prepare(
             )? {
                 Some(k) => k,
                 None => match msg["params"]["_meta"][spec.intent_meta_field.as_str()].as_str() {
-                    Some(k) if !k.is_empty() && k.len() <= rt.limits.max_idempotency_key_len => {
+                    Some(k)
+                        if !k.is_empty()
+                            && k.len() <= rt.limits.max_idempotency_key_len
+                            && k.bytes().all(|b| (0x20..0x7f).contains(&b)) =>
+                    {
                         k.to_owned()
                     }
                     Some(_) => {
                         return Ok(Prepared::Respond(rpc_error(
                             &id,
                             -32602,
-                            "the intent id in _meta is empty or too long",
+                            "the intent id in _meta must be 1 to max_idempotency_key_len printable ASCII characters",
                             Value::Null,
                         )));
                     }

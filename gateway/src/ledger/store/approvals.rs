@@ -451,7 +451,8 @@ impl Store {
         lease_ms: i64,
         limit: u32,
     ) -> Result<Vec<OutboxEvent>, LedgerError> {
-        let now = self.now().await?;
+        let mut tx = self.write.begin().await?;
+        let now = self.now_in(&mut tx).await?;
         let rows = sqlx::query(q(&format!("UPDATE outbox SET lease_owner = ?1, lease_expires_at = ?2 WHERE event_id IN ( \
                SELECT event_id FROM outbox WHERE delivered_at IS NULL AND next_attempt_at <= ?3 \
                AND (lease_expires_at IS NULL OR lease_expires_at <= ?3) ORDER BY created_at LIMIT ?4{SKIP_LOCKED}) \
@@ -460,8 +461,9 @@ impl Store {
         .bind(now.saturating_add(lease_ms))
         .bind(now)
         .bind(i64::from(limit))
-        .fetch_all(&self.write)
+        .fetch_all(&mut *tx)
         .await?;
+        tx.commit().await?;
         rows.iter()
             .map(|r| {
                 Ok(OutboxEvent {

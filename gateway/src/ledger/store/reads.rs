@@ -136,7 +136,8 @@ impl Store {
         scan_ms: i64,
         limit: u32,
     ) -> Result<Vec<Operation>, LedgerError> {
-        let now = self.now().await?;
+        let mut tx = self.write.begin().await?;
+        let now = self.now_in(&mut tx).await?;
         let rows = sqlx::query(q(&format!(
             "UPDATE operations SET scan_owner = ?4, scan_expires_at = ?5 \
              WHERE (tenant_id, operation_id) IN (SELECT tenant_id, operation_id FROM operations WHERE \
@@ -153,8 +154,9 @@ impl Store {
         .bind(i64::from(limit))
         .bind(owner)
         .bind(now.saturating_add(scan_ms.max(0)))
-        .fetch_all(&self.write)
+        .fetch_all(&mut *tx)
         .await?;
+        tx.commit().await?;
         let mut ops = rows
             .iter()
             .map(op_from_row)

@@ -334,15 +334,17 @@ impl Store {
         fence: i64,
         lease_ms: i64,
     ) -> Result<bool, LedgerError> {
-        let now = self.now().await?;
+        let mut tx = self.write.begin().await?;
+        let now = self.now_in(&mut tx).await?;
         let r = sqlx::query(q("UPDATE operations SET lease_expires_at = ? \
              WHERE tenant_id = ? AND operation_id = ? AND fence = ? AND state = 'EXECUTING'"))
         .bind(now.saturating_add(lease_ms))
         .bind(tenant)
         .bind(operation_id)
         .bind(fence)
-        .execute(&self.write)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         if r.rows_affected() == 0 {
             self.count_stale_fence();
         }
