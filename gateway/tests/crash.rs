@@ -11,46 +11,19 @@
 //! - `before-record`: the provider answered, the ledger has not recorded it;
 //! - `after-record`: recorded, the caller not answered yet.
 
-use std::net::TcpListener;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+
 use std::time::{Duration, Instant};
 
 use mock_provider::MockProvider;
 
+mod common;
+use common::{Gw, sha, spawn_gateway};
+
 const RUNS: usize = 10;
 const CLIENT_KEY: &str = "crash-client-key";
 const ADMIN_KEY: &str = "crash-admin-key";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn sha(k: &str) -> String {
-    effectgate::config::key_digest(k)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-struct Gw {
-    child: Child,
-    proxy: u16,
-    admin: u16,
-}
-
-impl Drop for Gw {
-    /// A failing assertion must not leave a gateway process behind.
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn write_config(dir: &Path, provider: &str, proxy: u16, admin: u16) -> std::path::PathBuf {
     let cfg = format!(
@@ -92,49 +65,14 @@ reference_pointer = "/id"
 }
 
 async fn start(dir: &Path, provider: &str, failpoint: Option<&str>) -> Gw {
-    // A port picked free can be taken before the gateway binds it (an
-    // outgoing connection gets it): then the gateway exits, and it is
-    // started again on other ports.
-    for _ in 0..5 {
-        let (proxy, admin) = (free_port(), free_port());
-        let cfg = write_config(dir, provider, proxy, admin);
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_effectgate"));
-        cmd.args(["serve", "--config"])
-            .arg(&cfg)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        cmd.env_remove("FAILPOINTS");
-        if let Some(fp) = failpoint {
-            cmd.env("FAILPOINTS", format!("{fp}=return"));
-        }
-        let child = cmd.spawn().unwrap();
-        let mut gw = Gw {
-            child,
-            proxy,
-            admin,
-        };
-        let http = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(r) = http
-                .get(format!("http://127.0.0.1:{admin}/readyz"))
-                .send()
-                .await
-                && r.status() == 200
-            {
-                // Ready, and it is ours: the child still runs.
-                if gw.child.try_wait().unwrap().is_none() {
-                    return gw;
-                }
-            }
-            if gw.child.try_wait().unwrap().is_some() {
-                break;
-            }
-            assert!(Instant::now() < deadline, "gateway did not become ready");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-    panic!("the gateway exited before it was ready, five times");
+    let fp = failpoint.map(|p| format!("{p}=return"));
+    let env: Vec<(&str, &str)> = fp.iter().map(|v| ("FAILPOINTS", v.as_str())).collect();
+    spawn_gateway(
+        |proxy, admin| write_config(dir, provider, proxy, admin),
+        &env,
+        None,
+    )
+    .await
 }
 
 fn effects_for(mock: &MockProvider, client_ref: &str) -> usize {

@@ -8,14 +8,16 @@
 //! tests are skipped, with one line saying so.
 
 use std::collections::HashMap;
-use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use mock_provider::{Faults, MockProvider};
 use rand::seq::SliceRandom;
+
+mod common;
+use common::{Gw, sha, spawn_gateway};
 
 const CLIENT_KEY: &str = "multi-client-key";
 const ADMIN_KEY: &str = "multi-admin-key";
@@ -39,39 +41,6 @@ fn pg_url() -> Option<String> {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn sha(k: &str) -> String {
-    effectgate::config::key_digest(k)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// One gateway process.
-struct Gw {
-    child: Child,
-    proxy: u16,
-    admin: u16,
-}
-
-impl Drop for Gw {
-    /// A failing assertion must not leave a gateway process behind.
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-CONT", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Timing knobs of one test's gateways.
 #[derive(Clone, Copy)]
 struct Timing {
@@ -81,8 +50,15 @@ struct Timing {
     response_timeout_ms: u64,
 }
 
-async fn start(dir: &Path, url: &str, schema: &str, provider: &str, t: Timing) -> Gw {
-    let (proxy, admin) = (free_port(), free_port());
+fn write_config(
+    dir: &Path,
+    url: &str,
+    schema: &str,
+    provider: &str,
+    t: Timing,
+    proxy: u16,
+    admin: u16,
+) -> std::path::PathBuf {
     let cfg = format!(
         r#"
 [listen]
@@ -126,38 +102,17 @@ timeout_ms = 2000
     );
     let path = dir.join(format!("gw-{proxy}.toml"));
     std::fs::write(&path, cfg).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_effectgate"))
-        .args(["serve", "--config"])
-        .arg(&path)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join(format!("gw-{proxy}.log"))).unwrap())
-        .spawn()
-        .unwrap();
-    let mut gw = Gw {
-        child,
-        proxy,
-        admin,
-    };
-    let http = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(r) = http
-            .get(format!("http://127.0.0.1:{admin}/readyz"))
-            .send()
-            .await
-            && r.status() == 200
-        {
-            return gw;
-        }
-        if let Ok(Some(status)) = gw.child.try_wait() {
-            let log =
-                std::fs::read_to_string(dir.join(format!("gw-{proxy}.log"))).unwrap_or_default();
-            panic!("gateway exited ({status}) before it was ready:\n{log}");
-        }
-        assert!(Instant::now() < deadline, "gateway did not become ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    path
+}
+
+async fn start(dir: &Path, url: &str, schema: &str, provider: &str, t: Timing) -> Gw {
+    let log = dir.join(format!("gw-{:016x}.log", rand::random::<u64>()));
+    spawn_gateway(
+        |proxy, admin| write_config(dir, url, schema, provider, t, proxy, admin),
+        &[("RUST_LOG", "warn")],
+        Some(&log),
+    )
+    .await
 }
 
 /// A provider, a fresh schema and `n` gateways on it.

@@ -2,11 +2,13 @@
 //! gateway is killed (SIGKILL) right before it POSTs an approval event, and
 //! after a restart the event arrives with the same event id.
 
-use std::net::TcpListener;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+mod common;
+use common::{free_port, sha};
 
 /// A child process killed when dropped, so a failing assertion leaves none behind.
 struct Killed(std::process::Child);
@@ -16,21 +18,6 @@ impl Drop for Killed {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn sha(k: &str) -> String {
-    effectgate::config::key_digest(k)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
