@@ -6,7 +6,11 @@
 //! `FAILPOINTS="before-record=return"`, kills the process with SIGKILL
 //! right there: no destructors, no flushing, exactly like `kill -9`.
 //!
+//! Other actions work too: `before-send=sleep(1500)` stalls the attempt
+//! (blocking its thread) after the claim, before anything is sent.
+//!
 //! Points: `after-reserve` (the operation is RESERVED, nothing sent),
+//! `before-send` (claimed, about to renew the lease if needed and send),
 //! `before-record` (the provider answered, the ledger has not recorded it),
 //! `after-record` (recorded, the caller not yet answered).
 

@@ -105,11 +105,22 @@ timeout_ms = 2000
     path
 }
 
-async fn start(dir: &Path, url: &str, schema: &str, provider: &str, t: Timing) -> Gw {
+async fn start(
+    dir: &Path,
+    url: &str,
+    schema: &str,
+    provider: &str,
+    t: Timing,
+    failpoints: Option<&str>,
+) -> Gw {
     let log = dir.join(format!("gw-{:016x}.log", rand::random::<u64>()));
+    let mut env = vec![("RUST_LOG", "warn")];
+    if let Some(fp) = failpoints {
+        env.push(("FAILPOINTS", fp));
+    }
     spawn_gateway(
         |proxy, admin| write_config(dir, url, schema, provider, t, proxy, admin),
-        &[("RUST_LOG", "warn")],
+        &env,
         Some(&log),
     )
     .await
@@ -117,6 +128,15 @@ async fn start(dir: &Path, url: &str, schema: &str, provider: &str, t: Timing) -
 
 /// A provider, a fresh schema and `n` gateways on it.
 async fn cluster(n: usize, t: Timing) -> Option<(MockProvider, Vec<Gw>, tempfile::TempDir)> {
+    cluster_with(n, t, &[]).await
+}
+
+/// [`cluster`], instance `i` with `FAILPOINTS = failpoints[i]`.
+async fn cluster_with(
+    n: usize,
+    t: Timing,
+    failpoints: &[Option<&str>],
+) -> Option<(MockProvider, Vec<Gw>, tempfile::TempDir)> {
     let url = pg_url()?;
     let mock = mock_provider::spawn("127.0.0.1:0".parse().unwrap())
         .await
@@ -125,9 +145,16 @@ async fn cluster(n: usize, t: Timing) -> Option<(MockProvider, Vec<Gw>, tempfile
     let schema = format!("eg_{:016x}", rand::random::<u64>());
     // All at once: they migrate the fresh schema together.
     let provider = mock.url();
-    let gws = futures_util::future::join_all(
-        (0..n).map(|_| start(dir.path(), &url, &schema, &provider, t)),
-    )
+    let gws = futures_util::future::join_all((0..n).map(|i| {
+        start(
+            dir.path(),
+            &url,
+            &schema,
+            &provider,
+            t,
+            failpoints.get(i).copied().flatten(),
+        )
+    }))
     .await;
     Some((mock, gws, dir))
 }
@@ -429,4 +456,30 @@ async fn reconcilers_on_every_instance_never_read_back_one_operation_at_once() {
         "{} read-backs, none of one operation at the same time",
         log.len()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_owner_paused_between_claim_and_send_does_not_send_after_losing_its_lease() {
+    let timing = Timing {
+        lease_ms: 700,
+        response_timeout_ms: 10_000,
+    };
+    // A stalls 1.5 s after claiming, before sending: its lease runs out.
+    let Some((mock, gws, _dir)) =
+        cluster_with(2, timing, &[Some("before-send=1*sleep(1500)"), None]).await
+    else {
+        return;
+    };
+    let r = charge(&gws[0], "paused", None).send().await.unwrap();
+    let status = r.status().as_u16();
+    // B took over after the lease: read-back absent, a new attempt, one effect.
+    wait_terminal(&gws[1], &["paused".to_owned()], Duration::from_secs(20)).await;
+    let op = operation(&gws[1], "paused").await;
+    assert_eq!(op["state"], "COMPLETED", "{op}");
+    assert_eq!(
+        mock.provider.effects(),
+        1,
+        "A renewed its lease under its fencing token before sending, failed, and sent nothing (A answered {status})"
+    );
+    eprintln!("A answered {status}; the provider saw 1 effect");
 }

@@ -236,9 +236,10 @@ async fn run_inner(
             headers.clone(),
             Body::from(body.clone()),
         );
+        crate::failpoint::hit("before-send");
         // A claim that took long to land (a wait for a connection or a row
-        // lock) may hold little of its lease: renew it under the fencing
-        // token before sending. If another owner took over meanwhile, the
+        // lock, a pause of this process) may hold little of its lease:
+        // renew it under the fencing token before sending. If another owner took over meanwhile, the
         // renewal fails and nothing is sent.
         if attempt_no == claim.attempt
             && claim.lease_expires_at - ledger.clock().now_ms() < lease_ms / 2
