@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 mod common;
 use common::{free_port, sha};
 
+/// What the webhook receiver got: (event id, body), in arrival order.
+type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
 /// A child process killed when dropped, so a failing assertion leaves none behind.
 struct Killed(std::process::Child);
 
@@ -23,7 +26,7 @@ impl Drop for Killed {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_committed_before_a_crash_is_delivered_after_restart_with_the_same_id() {
     // Receiver.
-    let got: Arc<Mutex<Vec<(String, Vec<u8>)>>> = Arc::default();
+    let got: Received = Arc::default();
     let g = got.clone();
     let app = axum::Router::new().route(
         "/hook",

@@ -231,17 +231,17 @@ struct CsrfForm {
     csrf: String,
 }
 
-fn check_csrf(s: &Session, token: &str) -> Result<(), Response> {
+/// The 403 for a form posted without its session's CSRF token, or `None`
+/// when the token matches.
+fn csrf_refused(s: &Session, token: &str) -> Option<Response> {
     use subtle_eq as eq;
-    if eq(s.csrf.as_bytes(), token.as_bytes()) {
-        Ok(())
-    } else {
-        Err(ApiError::Forbidden {
+    (!eq(s.csrf.as_bytes(), token.as_bytes())).then(|| {
+        ApiError::Forbidden {
             role: "console session",
             action: "post a form without its CSRF token",
         }
-        .into_response())
-    }
+        .into_response()
+    })
 }
 
 /// Constant-time byte comparison.
@@ -257,7 +257,7 @@ async fn logout(
     let Some(s) = session(&app, &headers) else {
         return login_redirect();
     };
-    if let Err(r) = check_csrf(&s, &f.csrf) {
+    if let Some(r) = csrf_refused(&s, &f.csrf) {
         return r;
     }
     app.sessions
@@ -356,7 +356,7 @@ async fn decide(
     let Some(s) = session(&app, &headers) else {
         return login_redirect();
     };
-    if let Err(r) = check_csrf(&s, &f.csrf) {
+    if let Some(r) = csrf_refused(&s, &f.csrf) {
         return r;
     }
     let decision = match f.decision.as_str() {
@@ -479,7 +479,7 @@ async fn replay(
     let Some(s) = session(&app, &headers) else {
         return login_redirect();
     };
-    if let Err(r) = check_csrf(&s, &f.csrf) {
+    if let Some(r) = csrf_refused(&s, &f.csrf) {
         return r;
     }
     let reason = Some(f.reason).filter(|r| !r.trim().is_empty());
