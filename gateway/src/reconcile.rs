@@ -97,6 +97,7 @@ pub async fn tick(app: &AppState) -> Result<Vec<(String, String, Step)>, LedgerE
             cfg.batch,
         )
         .await?;
+    let claimed = !due.is_empty();
     let steps = futures_util::stream::iter(due)
         .map(|op| async move {
             let (t, id) = (op.tenant_id.clone(), op.operation_id.clone());
@@ -112,7 +113,9 @@ pub async fn tick(app: &AppState) -> Result<Vec<(String, String, Step)>, LedgerE
         .filter_map(|x| async move { x })
         .collect()
         .await;
-    app.ledger.release_scan(&app.instance_id).await?;
+    if claimed {
+        app.ledger.release_scan(&app.instance_id).await?;
+    }
     sweep(app, cfg.sweep_batch, cfg.sweep_max_batches).await?;
     Ok(steps)
 }

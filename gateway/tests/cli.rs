@@ -2,6 +2,8 @@
 
 use std::process::Command;
 
+mod common;
+
 fn effectgate() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_effectgate"));
     c.env_remove("EFFECTGATE_CONFIG");
@@ -88,18 +90,10 @@ fn migrate_then_ledger_list_and_show() {
 
 #[test]
 fn migrate_and_ledger_list_on_postgres() {
-    let Some(url) = std::env::var("TEST_POSTGRES_URL")
-        .ok()
-        .filter(|u| !u.is_empty())
-    else {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr().lock(),
-            "PostgreSQL CLI test skipped: TEST_POSTGRES_URL is not set"
-        );
+    let Some(url) = common::pg_url("PostgreSQL CLI test") else {
         return;
     };
-    let schema = format!("eg_cli_{:016x}", rand::random::<u64>());
+    let schema = common::fresh_schema();
     let run = |args: &[&str]| {
         effectgate()
             .args(args)

@@ -17,29 +17,10 @@ use mock_provider::{Faults, MockProvider};
 use rand::seq::SliceRandom;
 
 mod common;
-use common::{Gw, sha, spawn_gateway};
+use common::{Gw, fresh_schema, pg_url, sha, spawn_gateway};
 
 const CLIENT_KEY: &str = "multi-client-key";
 const ADMIN_KEY: &str = "multi-admin-key";
-
-/// The test database URL, or `None` with one line on stderr.
-fn pg_url() -> Option<String> {
-    match std::env::var("TEST_POSTGRES_URL") {
-        Ok(u) if !u.is_empty() => Some(u),
-        _ => {
-            // Once per test binary, past the harness's output capture.
-            static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| {
-                use std::io::Write;
-                let _ = writeln!(
-                    std::io::stderr().lock(),
-                    "PostgreSQL multi-instance tests skipped: TEST_POSTGRES_URL is not set"
-                );
-            });
-            None
-        }
-    }
-}
 
 /// Timing knobs of one test's gateways.
 #[derive(Clone, Copy)]
@@ -137,12 +118,12 @@ async fn cluster_with(
     t: Timing,
     failpoints: &[Option<&str>],
 ) -> Option<(MockProvider, Vec<Gw>, tempfile::TempDir)> {
-    let url = pg_url()?;
+    let url = pg_url("PostgreSQL multi-instance tests")?;
     let mock = mock_provider::spawn("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let schema = format!("eg_{:016x}", rand::random::<u64>());
+    let schema = fresh_schema();
     // All at once: they migrate the fresh schema together.
     let provider = mock.url();
     let gws = futures_util::future::join_all((0..n).map(|i| {

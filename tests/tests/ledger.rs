@@ -296,25 +296,10 @@ async fn the_state_machine_refuses_illegal_transitions(l: Ledger) {
 }
 
 async fn a_stale_version_loses_the_compare_and_swap(l: Ledger) {
-    let v = reserved(&l, "v").await;
-    let c = l
-        .claim("t", "v", State::Reserved, v, "A", 10, "x")
-        .await
-        .unwrap()
-        .unwrap();
-    l.record_outcome(
-        "t",
-        "v",
-        c.fence,
-        State::Executing,
-        "A",
-        &outcome(State::Unknown, "lost"),
-    )
-    .await
-    .unwrap();
-    // A claim computed from the old version does nothing.
+    ended(&l, "v", outcome(State::Unknown, "lost")).await;
+    // A claim computed from the old version (1, as reserved) does nothing.
     assert!(
-        l.claim("t", "v", State::Unknown, v, "B", 10, "x")
+        l.claim("t", "v", State::Unknown, 1, "B", 10, "x")
             .await
             .unwrap()
             .is_none()
@@ -329,38 +314,8 @@ async fn a_stale_version_loses_the_compare_and_swap(l: Ledger) {
 }
 
 async fn key_retention_frees_terminal_keys_only(l: Ledger) {
-    let v = reserved(&l, "done").await;
-    let c = l
-        .claim("t", "done", State::Reserved, v, "A", 10, "x")
-        .await
-        .unwrap()
-        .unwrap();
-    l.record_outcome(
-        "t",
-        "done",
-        c.fence,
-        State::Executing,
-        "A",
-        &outcome(State::Completed, "ok"),
-    )
-    .await
-    .unwrap();
-    let v2 = reserved(&l, "stuck").await;
-    let c2 = l
-        .claim("t", "stuck", State::Reserved, v2, "A", 10, "x")
-        .await
-        .unwrap()
-        .unwrap();
-    l.record_outcome(
-        "t",
-        "stuck",
-        c2.fence,
-        State::Executing,
-        "A",
-        &outcome(State::Unknown, "lost"),
-    )
-    .await
-    .unwrap();
+    ended(&l, "done", outcome(State::Completed, "ok")).await;
+    ended(&l, "stuck", outcome(State::Unknown, "lost")).await;
 
     l.shift_clock(90_000).await.unwrap();
     assert!(matches!(
@@ -391,22 +346,7 @@ async fn key_retention_frees_terminal_keys_only(l: Ledger) {
 
 async fn retention_runs_from_the_terminal_transition_and_never_drops_dead_letters(l: Ledger) {
     // An operation that sat UNKNOWN far past the retention window, then resolved.
-    let v = reserved(&l, "late").await;
-    let c = l
-        .claim("t", "late", State::Reserved, v, "A", 10, "x")
-        .await
-        .unwrap()
-        .unwrap();
-    l.record_outcome(
-        "t",
-        "late",
-        c.fence,
-        State::Executing,
-        "A",
-        &outcome(State::Unknown, "lost"),
-    )
-    .await
-    .unwrap();
+    ended(&l, "late", outcome(State::Unknown, "lost")).await;
     l.shift_clock(500_000).await.unwrap();
     let op = l.get("t", "late").await.unwrap().unwrap();
     let lease = l
@@ -433,20 +373,7 @@ async fn retention_runs_from_the_terminal_transition_and_never_drops_dead_letter
         "the key is kept for the full window after the operation resolved"
     );
     // A dead letter is kept however old it is.
-    let v = reserved(&l, "dead").await;
-    let c = l
-        .claim("t", "dead", State::Reserved, v, "A", 10, "x")
-        .await
-        .unwrap()
-        .unwrap();
-    let mut o = outcome(State::Failed, "exhausted");
-    o.dead_letter = Some(effectgate::ledger::DeadLetter {
-        reason: "retries-exhausted".into(),
-        operator_check: "check".into(),
-    });
-    l.record_outcome("t", "dead", c.fence, State::Executing, "A", &o)
-        .await
-        .unwrap();
+    ended(&l, "dead", dead_letter()).await;
     l.shift_clock(10_000_000).await.unwrap();
     match l.reserve(&new_op("dead")).await.unwrap() {
         Reservation::Existing(op) => assert!(op.dead_letter),
@@ -467,6 +394,16 @@ fn awaiting(id: &str, approval: &str, ttl_ms: i64) -> NewOperation {
         }),
         ..new_op(id)
     }
+}
+
+/// A FAILED outcome that puts the operation on the terminal route.
+fn dead_letter() -> Outcome {
+    let mut o = outcome(State::Failed, "exhausted");
+    o.dead_letter = Some(effectgate::ledger::DeadLetter {
+        reason: "retries-exhausted".into(),
+        operator_check: "check".into(),
+    });
+    o
 }
 
 /// Ends `id` (reserved, then claimed by "A") in `outcome`.
@@ -705,12 +642,7 @@ async fn the_sweeper_deletes_expired_terminal_operations_in_batches_only(l: Ledg
     for i in 0..5 {
         ended(&l, &format!("c{i}"), outcome(State::Completed, "ok")).await;
     }
-    let mut dead = outcome(State::Failed, "exhausted");
-    dead.dead_letter = Some(effectgate::ledger::DeadLetter {
-        reason: "retries-exhausted".into(),
-        operator_check: "check".into(),
-    });
-    ended(&l, "dead", dead).await;
+    ended(&l, "dead", dead_letter()).await;
     ended(&l, "unknown", outcome(State::Unknown, "lost")).await;
     let v = reserved(&l, "executing").await;
     l.claim("t", "executing", State::Reserved, v, "A", 60_000, "x")
@@ -783,20 +715,10 @@ async fn the_sweeper_deletes_expired_terminal_operations_in_batches_only(l: Ledg
 }
 
 async fn free_text_with_nul_is_stored_the_same_on_both_backends(l: Ledger) {
-    let v = reserved(&l, "nul").await;
-    let c = l
-        .claim("t", "nul", State::Reserved, v, "A", 60_000, "x")
-        .await
-        .unwrap()
-        .unwrap();
     let mut o = outcome(State::Completed, "found\0it");
     o.provider_reference = Some("ch_\u{0}1".into());
     o.error_detail = Some("de\0tail".into());
-    assert!(
-        l.record_outcome("t", "nul", c.fence, State::Executing, "A", &o)
-            .await
-            .unwrap()
-    );
+    ended(&l, "nul", o).await;
     let op = l.get("t", "nul").await.unwrap().unwrap();
     assert_eq!(op.provider_reference.as_deref(), Some("ch_\u{FFFD}1"));
     assert_eq!(op.error_detail.as_deref(), Some("de\u{FFFD}tail"));

@@ -162,7 +162,7 @@ async fn shared_ledger(
     sqlite: &Stats,
 ) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let schema = format!("bench_{:016x}", rand_u64());
+    let schema = format!("bench_{:016x}", rand::random::<u64>());
     let toml = format!(
         r#"
 [listen]
@@ -240,13 +240,6 @@ provider_idempotency_header = "Idempotency-Key"
         f.rps / direct.rps
     );
     Ok(())
-}
-
-fn rand_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(Instant::now().elapsed().as_nanos());
-    h.finish()
 }
 
 fn n_reqs(args: &Args) -> usize {

@@ -55,10 +55,12 @@ impl ConfigError {
 mod convert;
 mod read_back;
 mod spec;
+mod storage;
 
 use read_back::read_back;
 
 pub use spec::*;
+pub use storage::*;
 
 // ---------------------------------------------------------------------------
 // Runtime types.

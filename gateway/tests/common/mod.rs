@@ -102,3 +102,27 @@ pub async fn spawn_gateway(
     }
     panic!("the gateway exited before it was ready, five times");
 }
+
+/// `TEST_POSTGRES_URL`, or `None` and, once per test binary, one line on
+/// stderr (past the harness's output capture) saying `what` is skipped.
+pub fn pg_url(what: &str) -> Option<String> {
+    match std::env::var("TEST_POSTGRES_URL") {
+        Ok(u) if !u.is_empty() => Some(u),
+        _ => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr().lock(),
+                    "{what} skipped: TEST_POSTGRES_URL is not set"
+                );
+            });
+            None
+        }
+    }
+}
+
+/// A schema name nobody has used: `eg_<16 hex digits>`.
+pub fn fresh_schema() -> String {
+    format!("eg_{:016x}", rand::random::<u64>())
+}
