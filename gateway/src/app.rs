@@ -50,6 +50,46 @@ pub struct AppState {
     pub sessions: crate::console::Sessions,
     /// MCP tool annotations seen in `tools/list` answers.
     pub mcp_tools: crate::mcp::ToolCache,
+    /// Certificates of the TLS listeners, re-read on reload.
+    pub listener_certs: Arc<ListenerCerts>,
+}
+
+/// The certificates of the gateway's TLS listeners (`None`: plain HTTP).
+#[derive(Debug, Default)]
+pub struct ListenerCerts {
+    /// `listen.proxy_tls`.
+    pub proxy: Option<Arc<crate::tls::ListenerCert>>,
+    /// `listen.admin_tls`.
+    pub admin: Option<Arc<crate::tls::ListenerCert>>,
+}
+
+impl ListenerCerts {
+    fn load(settings: &Settings) -> anyhow::Result<Self> {
+        let load = |t: &Option<crate::config::ListenerTlsSpec>| {
+            t.as_ref()
+                .map(|t| crate::tls::ListenerCert::load(&t.cert_file, &t.key_file))
+                .transpose()
+        };
+        Ok(Self {
+            proxy: load(&settings.proxy_tls)?,
+            admin: load(&settings.admin_tls)?,
+        })
+    }
+
+    /// Re-reads every listener's files; the first failure is returned (with
+    /// the field it came from) and that listener keeps its certificate.
+    fn reload(&self) -> Result<(), String> {
+        for (field, cert) in [
+            ("listen.proxy_tls", &self.proxy),
+            ("listen.admin_tls", &self.admin),
+        ] {
+            if let Some(c) = cert {
+                c.reload()
+                    .map_err(|e| format!("config: {field}.{}: {e}", e.field))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl AppState {
@@ -68,6 +108,7 @@ impl AppState {
             .await??
             .0
         };
+        let listener_certs = Arc::new(ListenerCerts::load(&settings)?);
         let ledger = Ledger::open_storage(&settings.storage, clock).await?;
         let secret = ledger.provider_key_secret().await?;
         crate::metrics::handle();
@@ -86,6 +127,7 @@ impl AppState {
             reload_lock: Arc::new(tokio::sync::Mutex::new(())),
             sessions: Default::default(),
             mcp_tools: Default::default(),
+            listener_certs,
         })
     }
 
@@ -120,12 +162,24 @@ impl AppState {
         }
         if settings.proxy_addr != current.proxy_addr
             || settings.admin_addr != current.admin_addr
+            || settings.proxy_tls.is_some() != current.proxy_tls.is_some()
+            || settings.admin_tls.is_some() != current.admin_tls.is_some()
             || settings.storage != current.storage
         {
             return Err(
-                "listen addresses and storage can't change on reload; restart the gateway".into(),
+                "listen addresses, TLS on or off, and storage can't change on reload; restart the gateway"
+                    .into(),
             );
         }
+        if settings.proxy_tls != current.proxy_tls || settings.admin_tls != current.admin_tls {
+            return Err(
+                "listener certificate paths can't change on reload (their files are re-read); restart the gateway"
+                    .into(),
+            );
+        }
+        // The listeners' certificate files are re-read: a renewed
+        // certificate applies without a restart.
+        self.listener_certs.reload()?;
         let engine = self.engine.clone();
         let (policies, settings) = tokio::task::spawn_blocking(move || {
             PolicySet::build(&engine, &settings).map(|p| (p, settings))
@@ -239,18 +293,17 @@ impl Gateway {
         let proxy_app = crate::proxy::router(state.clone());
         let admin_app = crate::admin::router(state.clone());
         let mut tasks = Vec::new();
-        for (listener, app) in [(proxy_listener, proxy_app), (admin_listener, admin_app)] {
-            let mut rx = rx.clone();
-            tasks.push(tokio::spawn(async move {
-                axum::serve(
-                    listener,
-                    app.into_make_service_with_connect_info::<SocketAddr>(),
-                )
-                .with_graceful_shutdown(async move {
-                    let _ = rx.wait_for(|stop| *stop).await;
-                })
-                .await
-            }));
+        let certs = state.listener_certs.clone();
+        for (listener, app, cert) in [
+            (proxy_listener, proxy_app, certs.proxy.clone()),
+            (admin_listener, admin_app, certs.admin.clone()),
+        ] {
+            tasks.push(tokio::spawn(crate::listener::serve(
+                listener,
+                cert,
+                app,
+                rx.clone(),
+            )));
         }
         {
             let (app, rx) = (state.clone(), rx.clone());
@@ -268,6 +321,7 @@ impl Gateway {
         }
         tracing::info!(
             %proxy_addr, %admin_addr, instance = %state.instance_id,
+            proxy_tls = certs.proxy.is_some(), admin_tls = certs.admin.is_some(),
             ledger = %state.settings().settings.storage.display_name(),
             backend = state.ledger.backend_name(),
             "effectgate serving"

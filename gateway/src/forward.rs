@@ -2,30 +2,15 @@
 //! injection, `X-Forwarded-*`.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use axum::body::Body;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Uri};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 
 use crate::config::Route;
 use crate::error::ApiError;
 
-/// The outbound HTTP client of one route (its connect timeout is per route).
-pub type HttpClient = Client<HttpConnector, Body>;
-
-/// Builds a route's client: HTTP/1.1, pooled, with `connect_timeout_ms`.
-pub fn client_for(connect_timeout_ms: u64) -> HttpClient {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(Duration::from_millis(connect_timeout_ms)));
-    connector.set_nodelay(true);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .build(connector)
-}
+pub use crate::egress::HttpClient;
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) plus proxy credentials; never forwarded.
 const HOP_BY_HOP: &[&str] = &[
@@ -91,10 +76,18 @@ pub fn upstream_uri(route: &Route, rest: &str, query: Option<&str>) -> Result<Ur
 /// the gateway's own `Authorization`, the caller's `Idempotency-Key`, the
 /// route's credential headers and its provider idempotency header, and any
 /// `X-Forwarded-*`, `Forwarded` or `X-Real-IP` the caller sent; adds
-/// `X-Forwarded-For` (the peer the gateway saw), `-Host` and `-Proto`.
+/// `X-Forwarded-For` (the peer the gateway saw), `-Host` and `-Proto`
+/// (`proto`: the scheme the caller used on the gateway's listener, see
+/// [`crate::listener::ListenerScheme`]). On MCP routes `Accept-Encoding`
+/// is dropped too: the gateway reads those answers itself.
 /// Effectful calls store this list in the ledger, so every attempt (also
 /// one made by the reconciler) forwards the same headers.
-pub fn caller_headers(route: &Route, incoming: &HeaderMap, peer: Option<SocketAddr>) -> HeaderMap {
+pub fn caller_headers(
+    route: &Route,
+    incoming: &HeaderMap,
+    peer: Option<SocketAddr>,
+    proto: &'static str,
+) -> HeaderMap {
     let listed = connection_listed(incoming);
     let mut out = HeaderMap::with_capacity(incoming.len() + 3);
     for (name, value) in incoming {
@@ -107,6 +100,7 @@ pub fn caller_headers(route: &Route, incoming: &HeaderMap, peer: Option<SocketAd
             || name.as_str() == "x-real-ip"
             || route.inject_headers.iter().any(|(n, _)| n == name)
             || route.provider_idempotency_header.as_ref() == Some(name)
+            || (route.mcp.is_some() && name == header::ACCEPT_ENCODING)
         {
             continue;
         }
@@ -122,8 +116,31 @@ pub fn caller_headers(route: &Route, incoming: &HeaderMap, peer: Option<SocketAd
     if let Some(host) = incoming.get(header::HOST) {
         out.insert("x-forwarded-host", host.clone());
     }
-    out.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    out.insert("x-forwarded-proto", HeaderValue::from_static(proto));
     out
+}
+
+/// What went wrong on an outbound call, for a problem detail and the
+/// ledger: the TLS handshake's reason when there is one (unknown issuer,
+/// name mismatch, expired; see [`crate::tls::handshake_reason`]), else
+/// the error with its causes, `: `-separated.
+pub fn error_detail(e: &(dyn std::error::Error + 'static)) -> String {
+    if let Some(reason) = crate::tls::handshake_reason(e) {
+        return reason;
+    }
+    chain_text(e)
+}
+
+/// `e` and its causes, `: `-separated.
+pub fn chain_text(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
 }
 
 /// Adds the route's injected credentials and, when given, the provider key

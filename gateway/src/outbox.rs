@@ -48,7 +48,6 @@ pub async fn relay_once(app: &AppState) -> Result<usize, ApiError> {
     // another relay delivers the event too: claim only what is delivered
     // at once, and time a delivery out at two thirds of the claim.
     let timeout = Duration::from_millis((rt.reconcile.outbox_lease_ms * 2 / 3).clamp(1, 5_000));
-    let client = crate::forward::client_for(2_000);
     let mut delivered = 0;
     for _ in 0..(RELAY_MAX_EVENTS / RELAY_CONCURRENCY) {
         let events = app
@@ -58,8 +57,8 @@ pub async fn relay_once(app: &AppState) -> Result<usize, ApiError> {
         let claimed = events.len();
         let results: Vec<Result<bool, ApiError>> = futures_util::stream::iter(events)
             .map(|ev| {
-                let (rt, client) = (rt.clone(), client.clone());
-                async move { deliver(app, &rt, &client, ev, timeout).await }
+                let rt = rt.clone();
+                async move { deliver(app, &rt, ev, timeout).await }
             })
             .buffer_unordered(RELAY_CONCURRENCY)
             .collect()
@@ -79,7 +78,6 @@ pub async fn relay_once(app: &AppState) -> Result<usize, ApiError> {
 async fn deliver(
     app: &AppState,
     rt: &crate::app::Runtime,
-    client: &crate::forward::HttpClient,
     ev: crate::ledger::OutboxEvent,
     timeout: Duration,
 ) -> Result<bool, ApiError> {
@@ -105,7 +103,7 @@ async fn deliver(
         .header("effectgate-signature", signature(&hook.secret, &body))
         .body(axum::body::Body::from(body))
         .map_err(|e| ApiError::Internal(e.to_string()))?;
-    let result = tokio::time::timeout(timeout, client.request(req)).await;
+    let result = tokio::time::timeout(timeout, hook.client.request(req)).await;
     let now = app.ledger.clock().now_ms();
     match result {
         Ok(Ok(r)) if r.status().is_success() => {

@@ -31,6 +31,10 @@ pub fn router(state: AppState) -> Router {
             }),
         )
         .fallback(handle)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::encoding::decode_replays,
+        ))
         .with_state(state)
 }
 
@@ -242,14 +246,28 @@ async fn handle_inner(
         }
         None => {
             let uri = upstream_uri(&route, rest, query.as_deref())?;
-            match crate::mcp::prepare(app, &route, &principal, &parts.headers, &body, &uri, peer)
-                .await?
+            let proto = crate::listener::ListenerScheme::of(&parts.extensions);
+            match crate::mcp::prepare(
+                app,
+                &route,
+                &principal,
+                &parts.headers,
+                &body,
+                &uri,
+                (peer, proto),
+            )
+            .await?
             {
                 crate::mcp::Prepared::Respond(r) => return Ok(r),
                 crate::mcp::Prepared::Forward => {
-                    let (status, headers, bytes) =
-                        crate::mcp::forward_buffered(&route, &parts.headers, body, &uri, peer)
-                            .await?;
+                    let (status, headers, bytes) = crate::mcp::forward_buffered(
+                        &route,
+                        &parts.headers,
+                        body,
+                        &uri,
+                        (peer, proto),
+                    )
+                    .await?;
                     let mut r = Response::new(Body::from(bytes));
                     *r.status_mut() = status;
                     *r.headers_mut() = headers;
@@ -366,7 +384,12 @@ impl Flow<'_> {
         let mut effect_class = mcp
             .and_then(|c| c.effect_class)
             .unwrap_or(route.effect_class);
-        let mut forwarded = caller_headers(&route, &parts.headers, Some(peer));
+        let mut forwarded = caller_headers(
+            &route,
+            &parts.headers,
+            Some(peer),
+            crate::listener::ListenerScheme::of(&parts.extensions),
+        );
         let mut awaiting_approval = false;
         let mut approval = None;
         let mut decisions = Vec::new();
@@ -513,7 +536,8 @@ async fn pass_through(
 ) -> Result<Response, ApiError> {
     let client = &route.client;
     let (parts, body) = req.into_parts();
-    let mut headers = caller_headers(route, &parts.headers, Some(peer));
+    let proto = crate::listener::ListenerScheme::of(&parts.extensions);
+    let mut headers = caller_headers(route, &parts.headers, Some(peer), proto);
     add_route_headers(route, &mut headers, None);
     let out = build_request(parts.method, uri, headers, body);
     let timeout = std::time::Duration::from_millis(route.response_timeout_ms);
@@ -524,7 +548,11 @@ async fn pass_through(
                 route.response_timeout_ms
             )));
         }
-        Ok(Err(e)) => return Err(ApiError::ProviderUnreachable(e.to_string())),
+        Ok(Err(e)) => {
+            return Err(ApiError::ProviderUnreachable(crate::forward::error_detail(
+                &e,
+            )));
+        }
         Ok(Ok(r)) => r,
     };
     let (mut parts, body) = resp.into_parts();
@@ -556,7 +584,10 @@ pub fn policy_request(
     existing: Option<OpState>,
 ) -> crate::policy::Request {
     use crate::policy::bindings::{Header, OperationState};
-    let visible = caller_headers(route, headers, None);
+    // The scheme the caller used isn't known here; policies see no
+    // `X-Forwarded-Proto` rather than a guess.
+    let mut visible = caller_headers(route, headers, None, "http");
+    visible.remove("x-forwarded-proto");
     crate::policy::Request {
         tenant: principal.tenant.clone(),
         principal: principal.name.clone(),

@@ -407,14 +407,28 @@ pub async fn read_back(route: &Route, rb: &ReadBack, op: &Operation) -> ReadBack
     let client = &route.client;
     let req = build_request(rb.method.clone(), uri, headers, axum::body::Body::empty());
     let call = async {
-        let resp = client.request(req).await.map_err(|e| e.to_string())?;
+        let resp = client
+            .request(req)
+            .await
+            .map_err(|e| crate::forward::error_detail(&e))?;
         let status = resp.status();
+        let coding = resp
+            .headers()
+            .get(http::header::CONTENT_ENCODING)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let body = resp
             .into_body()
             .collect()
             .await
             .map_err(|e| e.to_string())?
             .to_bytes();
+        // Read-backs ask for no coding, but a provider may compress anyway;
+        // what is matched and stored is the decoded JSON.
+        let body = match coding {
+            Some(c) => Bytes::from(crate::encoding::decode(&c, &body, 64 << 20)?),
+            None => body,
+        };
         Ok::<(StatusCode, Bytes), String>((status, body))
     };
     match tokio::time::timeout(Duration::from_millis(rb.timeout_ms), call).await {

@@ -61,6 +61,55 @@ fn check_config_names_the_bad_field() {
     );
 }
 
+/// The README's "In front of a real provider" example is a valid config
+/// (an `https://` upstream verified against the system roots), and a TLS
+/// file that can't be read stops `check-config` with the field named.
+#[test]
+fn the_real_provider_example_checks_and_tls_errors_name_the_field() {
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/real-provider.toml"
+    );
+    let out = effectgate()
+        .args(["check-config", "--config", example])
+        .env("STRIPE_SECRET_KEY", "sk_test_example")
+        .env("GATEWAY_CLIENT_KEY", "client-key-example")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[[routes]]\nprefix = \"/a/\"\nupstream = \"https://x\"\n[routes.tls]\nca_file = \"missing-ca.pem\"\n",
+    )
+    .unwrap();
+    let out = effectgate()
+        .args(["check-config", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("routes[0].tls.ca_file"), "{err}");
+    assert!(err.contains("missing-ca.pem"), "{err}");
+    let out = effectgate()
+        .args(["serve", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "serve refuses to start");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("routes[0].tls.ca_file"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn migrate_then_ledger_list_and_show() {
     let dir = tempfile::tempdir().unwrap();

@@ -9,6 +9,8 @@ use effectgate::config::{self, Settings};
 use effectgate::ledger::{Clock, SystemClock};
 use mock_provider::MockProvider;
 
+pub mod connect_proxy;
+pub mod pki;
 pub mod receiver;
 
 /// Path of a built policy component, e.g. `policy_wasm("amount_threshold")`.
@@ -152,6 +154,11 @@ pub struct Opts {
     pub clock: Option<Arc<dyn Clock>>,
     /// `[storage]` to use instead of the temporary SQLite file.
     pub storage: Option<config::StorageSpec>,
+    /// Serve the mock provider over TLS with these settings (its URL is
+    /// then `https://localhost:PORT`).
+    pub mock_tls: Option<mock_provider::TlsOptions>,
+    /// Extra TOML lines inside `[listen]` (e.g. `proxy_tls = {…}`).
+    pub listen_extra: String,
 }
 
 /// Spawns a mock provider and a gateway in front of it.
@@ -161,9 +168,14 @@ pub async fn spawn_app() -> TestApp {
 
 /// [`spawn_app`] with options.
 pub async fn spawn_with(opts: Opts) -> TestApp {
-    let mock = mock_provider::spawn("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    let mock = match &opts.mock_tls {
+        None => mock_provider::spawn("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap(),
+        Some(tls) => mock_provider::spawn_tls("127.0.0.1:0".parse().unwrap(), tls)
+            .await
+            .unwrap(),
+    };
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("ledger.db");
     let toml = format!(
@@ -174,6 +186,11 @@ pub async fn spawn_with(opts: Opts) -> TestApp {
             &opts.route_extra,
             &opts.tenant_a,
             &opts.tenant_b
+        )
+        .replacen(
+            "admin = \"127.0.0.1:0\"\n",
+            &format!("admin = \"127.0.0.1:0\"\n{}\n", opts.listen_extra),
+            1
         ),
         opts.more
     );
@@ -295,6 +312,57 @@ impl TestApp {
             toml,
         }
     }
+}
+
+/// A Python interpreter that has `modules` (for the tests that drive an
+/// official client SDK): `TEST_PYTHON`, else `MCP_PYTHON`, else the venv
+/// `.ci/run` makes (`~/.cache/effectgate-py`). Without one, the test says
+/// it is skipped on the real stderr and returns `None`; under `CI` a
+/// missing interpreter or module fails the test instead.
+pub fn test_python(modules: &[&str]) -> Option<PathBuf> {
+    let candidates = ["TEST_PYTHON", "MCP_PYTHON"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .chain(std::iter::once(format!(
+            "{}/.cache/effectgate-py/bin/python",
+            std::env::var("HOME").unwrap_or_default()
+        )));
+    for p in candidates {
+        let p = PathBuf::from(p);
+        if !p.exists() {
+            continue;
+        }
+        let ok = std::process::Command::new(&p)
+            .arg("-c")
+            .arg(format!("import {}", modules.join(", ")))
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return Some(p);
+        }
+    }
+    let why = format!(
+        "needs Python with {} (run .ci/run, or set TEST_PYTHON to a python that has them)",
+        modules.join(", ")
+    );
+    assert!(std::env::var_os("CI").is_none(), "CI: {why}");
+    pg::say_skipped(&format!("SKIPPED: this test {why}"));
+    None
+}
+
+/// Runs `curl` with `args` and returns (exit code, stdout bytes, stderr).
+pub async fn curl(args: &[&str]) -> (i32, Vec<u8>, String) {
+    let out = tokio::process::Command::new("curl")
+        .args(["-sS", "--max-time", "20"])
+        .args(args)
+        .output()
+        .await
+        .expect("curl is installed (.ci/run installs it)");
+    (
+        out.status.code().unwrap_or(-1),
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// PostgreSQL for the suites that need it: the URL comes from

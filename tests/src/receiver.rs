@@ -52,6 +52,22 @@ pub async fn spawn_receiver() -> Receiver {
     }
 }
 
+/// Starts a receiver on port 0 that speaks HTTPS with `tls`; its URL is
+/// `https://localhost:PORT/hook`.
+pub async fn spawn_receiver_tls(tls: &mock_provider::TlsOptions) -> Receiver {
+    let got: Arc<Mutex<Vec<Delivery>>> = Arc::default();
+    let app = axum_router(got.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    let config = tls.server_config().unwrap();
+    let task = tokio::spawn(mock_provider::serve_tls(listener, app, config));
+    Receiver {
+        url: format!("https://localhost:{}/hook", addr.port()),
+        got,
+        _task: task,
+    }
+}
+
 fn axum_router(got: Arc<Mutex<Vec<Delivery>>>) -> axum::Router {
     axum::Router::new().route(
         "/hook",

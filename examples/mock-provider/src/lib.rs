@@ -2,7 +2,9 @@
 //!
 //! Endpoints:
 //! - `POST /v1/charges`: creates a charge from a JSON body
-//!   (`{"amount": 100, "currency": "eur", "client_ref": "…"}`). When an
+//!   (`{"amount": 100, "currency": "eur", "client_ref": "…"}`) or a form
+//!   body in Stripe's bracket syntax (`amount=100&currency=eur&metadata[order]=42`,
+//!   `application/x-www-form-urlencoded`). When an
 //!   `Idempotency-Key` header is sent, a repeat with the same key returns the
 //!   first charge and applies no new effect.
 //! - `GET /v1/charges?client_ref=…` / `?idempotency_key=…`: read-back,
@@ -15,6 +17,10 @@
 //! - `GET /stats`: `{"effects": n, "requests": n, "readbacks": n}`.
 //! - `GET /requests`: every request seen (method, path, headers).
 //! - `POST /admin/faults`: set fault knobs (JSON [`Faults`]); `POST /admin/reset`.
+//!
+//! Answers are gzipped when the request's `Accept-Encoding` asks for it.
+//! Over TLS ([`spawn_tls`]) it speaks HTTP/2 or HTTP/1.1 by ALPN and can
+//! require client certificates; every request's HTTP version is recorded.
 //!
 //! Per-request fault headers:
 //! - `X-Mock-Delay-Ms: N`: wait N ms before handling;
@@ -73,6 +79,8 @@ pub struct Faults {
 pub struct Charge {
     /// `ch_<n>`.
     pub id: String,
+    /// Always `"charge"` (as Stripe's objects say what they are).
+    pub object: &'static str,
     /// Amount in minor units.
     pub amount: Value,
     /// Currency.
@@ -81,6 +89,8 @@ pub struct Charge {
     pub client_ref: Option<String>,
     /// Idempotency key the charge was created with, if any.
     pub idempotency_key: Option<String>,
+    /// Free-form key-value pairs (`metadata[k]=v` in a form body).
+    pub metadata: Value,
     #[serde(skip)]
     created: Option<Instant>,
 }
@@ -92,6 +102,8 @@ pub struct SeenRequest {
     pub method: String,
     /// Path and query.
     pub uri: String,
+    /// `HTTP/1.1` or `HTTP/2.0`.
+    pub version: String,
     /// Headers (lower-case names).
     pub headers: Vec<(String, String)>,
 }
@@ -175,13 +187,19 @@ pub struct MockProvider {
     pub addr: SocketAddr,
     /// Its state.
     pub provider: Provider,
+    tls: bool,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl MockProvider {
-    /// Base URL, `http://127.0.0.1:PORT`.
+    /// Base URL: `http://127.0.0.1:PORT`, or over TLS
+    /// `https://localhost:PORT` (the name a test certificate is issued for).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        if self.tls {
+            format!("https://localhost:{}", self.addr.port())
+        } else {
+            format!("http://{}", self.addr)
+        }
     }
 }
 
@@ -201,8 +219,108 @@ pub async fn spawn(addr: SocketAddr) -> std::io::Result<MockProvider> {
     Ok(MockProvider {
         addr,
         provider,
+        tls: false,
         task,
     })
+}
+
+/// TLS settings of a provider started with [`spawn_tls`] (PEM texts).
+#[derive(Debug, Clone, Default)]
+pub struct TlsOptions {
+    /// Server certificate chain, leaf first.
+    pub cert_pem: String,
+    /// Its private key.
+    pub key_pem: String,
+    /// When set, clients must present a certificate issued by this CA.
+    pub client_ca_pem: Option<String>,
+    /// Offer `h2` in ALPN (default `true` through [`TlsOptions::new`]);
+    /// `false` leaves HTTP/1.1 only.
+    pub http2: bool,
+}
+
+impl TlsOptions {
+    /// A server certificate and key, HTTP/2 offered, no client certificates.
+    pub fn new(cert_pem: impl Into<String>, key_pem: impl Into<String>) -> Self {
+        Self {
+            cert_pem: cert_pem.into(),
+            key_pem: key_pem.into(),
+            client_ca_pem: None,
+            http2: true,
+        }
+    }
+
+    /// The rustls server config (ring provider).
+    ///
+    /// Errors: PEM that doesn't parse, or a key that doesn't fit.
+    pub fn server_config(&self) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let certs = CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()?;
+        let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())?;
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()?;
+        let builder = match &self.client_ca_pem {
+            None => builder.with_no_client_auth(),
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for c in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+                    roots.add(c?)?;
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider,
+                )
+                .build()?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut cfg = builder.with_single_cert(certs, key)?;
+        cfg.alpn_protocols = if self.http2 {
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        } else {
+            vec![b"http/1.1".to_vec()]
+        };
+        Ok(Arc::new(cfg))
+    }
+}
+
+/// [`spawn`] over TLS.
+///
+/// Errors: the address can't be bound, or the TLS material is unusable.
+pub async fn spawn_tls(addr: SocketAddr, tls: &TlsOptions) -> anyhow::Result<MockProvider> {
+    let config = tls.server_config()?;
+    let listener = TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
+    let provider = Provider::default();
+    let app = router(provider.clone());
+    let task = tokio::spawn(serve_tls(listener, app, config));
+    Ok(MockProvider {
+        addr,
+        provider,
+        tls: true,
+        task,
+    })
+}
+
+/// Accept loop over TLS: HTTP/2 or HTTP/1.1 as ALPN decided; a handshake
+/// that fails (a client without the required certificate) closes the
+/// connection.
+pub async fn serve_tls(listener: TcpListener, app: Router, config: Arc<rustls::ServerConfig>) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let (app, acceptor) = (app.clone(), acceptor.clone());
+        tokio::spawn(async move {
+            let Ok(tls) = acceptor.accept(stream).await else {
+                return;
+            };
+            serve_connection(hyper_util::rt::TokioIo::new(tls), app).await;
+        });
+    }
 }
 
 /// Accept loop: hyper per connection, so a handler can drop its connection.
@@ -212,27 +330,31 @@ pub async fn serve(listener: TcpListener, app: Router) {
             continue;
         };
         let app = app.clone();
-        tokio::spawn(async move {
-            let kill = Arc::new(Notify::new());
-            let k2 = kill.clone();
-            let svc = hyper::service::service_fn(
-                move |mut req: hyper::Request<hyper::body::Incoming>| {
-                    req.extensions_mut().insert(ConnKill(k2.clone()));
-                    let app = app.clone();
-                    async move {
-                        use tower_service::Service;
-                        let mut app = app;
-                        app.call(req.map(axum::body::Body::new)).await
-                    }
-                },
-            );
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, svc);
-            tokio::select! {
-                _ = conn => {}
-                _ = kill.notified() => {}
-            }
-        });
+        tokio::spawn(serve_connection(hyper_util::rt::TokioIo::new(stream), app));
+    }
+}
+
+async fn serve_connection<I>(io: I, app: Router)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let kill = Arc::new(Notify::new());
+    let k2 = kill.clone();
+    let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+        req.extensions_mut().insert(ConnKill(k2.clone()));
+        let app = app.clone();
+        async move {
+            use tower_service::Service;
+            let mut app = app;
+            app.call(req.map(axum::body::Body::new)).await
+        }
+    });
+    let builder =
+        hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+    let conn = builder.serve_connection(io, svc);
+    tokio::select! {
+        _ = conn => {}
+        _ = kill.notified() => {}
     }
 }
 
@@ -248,6 +370,8 @@ pub fn router(provider: Provider) -> Router {
         )
         .route("/admin/faults", post(set_faults))
         .route("/admin/reset", post(reset))
+        // Gzip when asked (Accept-Encoding), as real providers do.
+        .layer(tower_http::compression::CompressionLayer::new().gzip(true))
         .with_state(provider)
 }
 
@@ -275,6 +399,7 @@ fn record(p: &Provider, req: &Request) {
     let seen = SeenRequest {
         method: req.method().to_string(),
         uri: req.uri().to_string(),
+        version: format!("{:?}", req.version()),
         headers: req
             .headers()
             .iter()
@@ -301,8 +426,15 @@ async fn create_charge(State(p): State<Provider>, req: Request) -> Response {
     let body = axum::body::to_bytes(body, 1 << 20)
         .await
         .unwrap_or_default();
-    let v: Value = match serde_json::from_slice(&body) {
-        Ok(v @ Value::Object(_)) => v,
+    let form = header(h, "content-type")
+        .is_some_and(|c| c.starts_with("application/x-www-form-urlencoded"));
+    let parsed = if form {
+        Some(form_to_json(&body))
+    } else {
+        serde_json::from_slice(&body).ok()
+    };
+    let v: Value = match parsed {
+        Some(v @ Value::Object(_)) => v,
         _ => {
             return (
                 StatusCode::BAD_REQUEST,
@@ -382,6 +514,8 @@ async fn create_charge(State(p): State<Provider>, req: Request) -> Response {
         } else {
             let charge = Charge {
                 id: format!("ch_{}", i.charges.len() + 1),
+                object: "charge",
+                metadata: v.get("metadata").cloned().unwrap_or_else(|| json!({})),
                 amount: v.get("amount").cloned().unwrap_or(Value::Null),
                 currency: v.get("currency").cloned().unwrap_or(Value::Null),
                 client_ref,
@@ -498,4 +632,54 @@ async fn get_charge(State(p): State<Provider>, Path(id): Path<String>) -> Respon
         )
             .into_response(),
     }
+}
+
+/// A form body in Stripe's bracket syntax as JSON: `a[b]=1&a[c]=x&l[]=y`
+/// → `{"a": {"b": 1, "c": "x"}, "l": ["y"]}`. Values are strings, except
+/// `amount`, which becomes a number when it is one.
+pub fn form_to_json(body: &[u8]) -> Value {
+    let mut root = json!({});
+    for (k, v) in form_urlencoded::parse(body) {
+        let mut path: Vec<&str> = Vec::new();
+        let (head, mut rest) = match k.find('[') {
+            Some(i) => (&k[..i], &k[i..]),
+            None => (&k[..], ""),
+        };
+        path.push(head);
+        while let Some(end) = rest.find(']') {
+            path.push(&rest[1..end]);
+            rest = &rest[end + 1..];
+        }
+        let value = match (path.as_slice(), v.parse::<i64>()) {
+            (["amount"], Ok(n)) => json!(n),
+            _ => Value::String(v.into_owned()),
+        };
+        let mut node = &mut root;
+        for (i, seg) in path.iter().enumerate() {
+            let last = i == path.len() - 1;
+            if seg.is_empty() {
+                if !node.is_array() {
+                    *node = json!([]);
+                }
+                let arr = node.as_array_mut().expect("just made an array");
+                if last {
+                    arr.push(value.clone());
+                    break;
+                }
+                arr.push(json!({}));
+                node = arr.last_mut().expect("just pushed");
+                continue;
+            }
+            if !node.is_object() {
+                *node = json!({});
+            }
+            let obj = node.as_object_mut().expect("just made an object");
+            if last {
+                obj.insert((*seg).to_owned(), value.clone());
+                break;
+            }
+            node = obj.entry((*seg).to_owned()).or_insert_with(|| json!({}));
+        }
+    }
+    root
 }

@@ -113,6 +113,12 @@ impl ConfigFile {
                 "must be at least 1",
             ));
         }
+        if self.limits.max_decoded_replay_bytes == 0 {
+            return Err(ConfigError::new(
+                "limits.max_decoded_replay_bytes",
+                "must be at least 1",
+            ));
+        }
         if !(1..=255).contains(&self.limits.max_idempotency_key_len) {
             return Err(ConfigError::new(
                 "limits.max_idempotency_key_len",
@@ -244,10 +250,13 @@ impl ConfigFile {
             let upstream = url::Url::parse(&r.upstream).map_err(|e| {
                 ConfigError::new(format!("{rp}.upstream"), format!("not a URL: {e}"))
             })?;
-            if upstream.scheme() != "http" {
+            if !matches!(upstream.scheme(), "http" | "https") {
                 return Err(ConfigError::new(
                     format!("{rp}.upstream"),
-                    "only http:// upstreams are supported",
+                    format!(
+                        "the scheme must be https:// or http://, not {}://",
+                        upstream.scheme()
+                    ),
                 ));
             }
             if upstream.host_str().is_none()
@@ -378,8 +387,14 @@ impl ConfigFile {
                     .map(|s| s.to_string())
                     .collect(),
             };
-            let mut stored_response_headers = Vec::new();
+            // A stored body is replayed byte for byte, so the headers that
+            // say how to read it are always stored with it.
+            let mut stored_response_headers =
+                vec![http::header::CONTENT_ENCODING, http::header::VARY];
             for (hi, h) in stored_names.iter().enumerate() {
+                if ["content-encoding", "vary"].contains(&h.to_ascii_lowercase().as_str()) {
+                    continue;
+                }
                 stored_response_headers.push(HeaderName::from_bytes(h.as_bytes()).map_err(
                     |_| {
                         ConfigError::new(
@@ -414,7 +429,17 @@ impl ConfigFile {
                 value.set_sensitive(true);
                 inject_headers.push((name, value));
             }
-            let client = crate::forward::client_for(r.connect_timeout_ms);
+            let client = super::egress::outbound_client(
+                super::egress::ClientSpec {
+                    path: &rp,
+                    tls: r.tls.as_ref(),
+                    proxy: r.proxy.as_deref(),
+                    proxy_credentials_env: r.proxy_credentials_env.as_deref(),
+                    connect_timeout_ms: r.connect_timeout_ms,
+                    https: upstream.scheme() == "https",
+                },
+                &base_dir,
+            )?;
             routes.push(Route {
                 client,
                 name,
@@ -473,12 +498,24 @@ impl ConfigFile {
                     .url
                     .parse()
                     .map_err(|_| ConfigError::new(format!("{wp}.url"), "not a URL"))?;
-                if url.scheme_str() != Some("http") || url.host().is_none() {
+                let https = url.scheme_str() == Some("https");
+                if !(https || url.scheme_str() == Some("http")) || url.host().is_none() {
                     return Err(ConfigError::new(
                         format!("{wp}.url"),
-                        "must be an http:// URL",
+                        "must be an https:// or http:// URL",
                     ));
                 }
+                let client = super::egress::outbound_client(
+                    super::egress::ClientSpec {
+                        path: &wp,
+                        tls: w.tls.as_ref(),
+                        proxy: w.proxy.as_deref(),
+                        proxy_credentials_env: w.proxy_credentials_env.as_deref(),
+                        connect_timeout_ms: 2_000,
+                        https,
+                    },
+                    &base_dir,
+                )?;
                 let secret = std::env::var(&w.secret_env).map_err(|_| {
                     ConfigError::new(
                         format!("{wp}.secret_env"),
@@ -490,6 +527,7 @@ impl ConfigFile {
                     Webhook {
                         url,
                         secret: secret.into_bytes(),
+                        client,
                     },
                 );
             }
@@ -522,9 +560,21 @@ impl ConfigFile {
         if self.reconcile.batch == 0 {
             return Err(ConfigError::new("reconcile.batch", "must be at least 1"));
         }
+        let proxy_tls = super::egress::listener_tls(
+            "listen.proxy_tls",
+            self.listen.proxy_tls.as_ref(),
+            &base_dir,
+        )?;
+        let admin_tls = super::egress::listener_tls(
+            "listen.admin_tls",
+            self.listen.admin_tls.as_ref(),
+            &base_dir,
+        )?;
         Ok(Settings {
             proxy_addr,
             admin_addr,
+            proxy_tls,
+            admin_tls,
             storage,
             limits: self.limits,
             keys,

@@ -53,6 +53,7 @@ impl ConfigError {
 }
 
 mod convert;
+mod egress;
 mod read_back;
 mod spec;
 mod storage;
@@ -73,6 +74,10 @@ pub struct Settings {
     pub proxy_addr: SocketAddr,
     /// Admin listener address.
     pub admin_addr: SocketAddr,
+    /// TLS of the proxy listener (paths resolved), if any.
+    pub proxy_tls: Option<ListenerTlsSpec>,
+    /// TLS of the admin listener (paths resolved), if any.
+    pub admin_tls: Option<ListenerTlsSpec>,
     /// SQLite ledger file.
     pub storage: StorageSpec,
     /// Gateway-wide limits.
@@ -146,7 +151,7 @@ pub struct Route {
     /// Retry policy for transient failures.
     pub retry: RetrySpec,
     /// The route's outbound HTTP client (its connect timeout is per route).
-    pub client: crate::forward::HttpClient,
+    pub client: crate::egress::HttpClient,
     /// Effect class.
     pub effect_class: EffectClass,
     /// Read-back, if the provider supports one.

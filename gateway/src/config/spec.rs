@@ -270,6 +270,50 @@ pub struct ListenSpec {
     pub proxy: String,
     /// Admin listener, default `127.0.0.1:8081`.
     pub admin: String,
+    /// TLS on the proxy listener (HTTP/1.1 and HTTP/2 by ALPN). Default: plain HTTP.
+    #[serde(default)]
+    pub proxy_tls: Option<ListenerTlsSpec>,
+    /// TLS on the admin listener; the console's session cookie then gets
+    /// `Secure`. Default: plain HTTP.
+    #[serde(default)]
+    pub admin_tls: Option<ListenerTlsSpec>,
+}
+
+/// `listen.proxy_tls` / `listen.admin_tls`: the listener's certificate.
+/// Both files are re-read on reload (SIGHUP or `POST /admin/reload`), so a
+/// renewed certificate applies without a restart; a reload whose files
+/// can't be used keeps the old ones.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerTlsSpec {
+    /// PEM certificate chain, leaf first (relative to the config file).
+    pub cert_file: PathBuf,
+    /// PEM private key of the leaf (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+}
+
+/// `[routes.tls]` and `tenants[].webhook.tls`: how the gateway verifies a
+/// provider (or webhook receiver) and authenticates to it. Paths are
+/// relative to the config file. Certificates are always verified; there is
+/// no option to skip that.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTlsSpec {
+    /// PEM bundle of CA certificates that replaces the system's roots (for
+    /// a private CA). Default: the system store (`/etc/ssl/certs` on
+    /// Debian, or `SSL_CERT_FILE`).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// PEM certificate chain presented to the provider (mutual TLS).
+    #[serde(default)]
+    pub client_cert_file: Option<PathBuf>,
+    /// PEM private key of `client_cert_file`.
+    #[serde(default)]
+    pub client_key_file: Option<PathBuf>,
+    /// Name sent in SNI and checked against the provider's certificate,
+    /// instead of the URL's host (for a provider addressed by IP).
+    #[serde(default)]
+    pub server_name: Option<String>,
 }
 
 impl Default for ListenSpec {
@@ -277,6 +321,8 @@ impl Default for ListenSpec {
         Self {
             proxy: "127.0.0.1:8080".into(),
             admin: "127.0.0.1:8081".into(),
+            proxy_tls: None,
+            admin_tls: None,
         }
     }
 }
@@ -297,6 +343,15 @@ pub struct LimitsSpec {
     /// Largest total size of a proxied request's headers (names + values),
     /// in bytes; larger gets 431. Default 65536.
     pub max_header_bytes: usize,
+    /// Largest body a replay is decoded to, in bytes, when the duplicate's
+    /// `Accept-Encoding` doesn't accept the stored `Content-Encoding`
+    /// (a bound against compression bombs). Default 67108864 (64 MiB).
+    #[serde(default = "default_max_decoded_replay_bytes")]
+    pub max_decoded_replay_bytes: usize,
+}
+
+fn default_max_decoded_replay_bytes() -> usize {
+    64 << 20
 }
 
 impl Default for LimitsSpec {
@@ -306,6 +361,7 @@ impl Default for LimitsSpec {
             lease_ms: 10_000,
             max_list_limit: 500,
             max_header_bytes: 65_536,
+            max_decoded_replay_bytes: default_max_decoded_replay_bytes(),
         }
     }
 }
@@ -340,10 +396,19 @@ pub struct TenantSpec {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookSpec {
-    /// `http://…` URL.
+    /// `http://…` or `https://…` URL.
     pub url: String,
     /// Environment variable holding the signing secret.
     pub secret_env: String,
+    /// TLS toward the receiver (a private CA, a client certificate).
+    #[serde(default)]
+    pub tls: Option<UpstreamTlsSpec>,
+    /// Egress proxy for deliveries; as `routes[].proxy`.
+    #[serde(default)]
+    pub proxy: Option<String>,
+    /// As `routes[].proxy_credentials_env`.
+    #[serde(default)]
+    pub proxy_credentials_env: Option<String>,
 }
 
 /// A validated webhook.
@@ -353,6 +418,8 @@ pub struct Webhook {
     pub url: http::Uri,
     /// Signing secret.
     pub secret: Vec<u8>,
+    /// The client deliveries go out with (TLS and proxy settings applied).
+    pub client: crate::egress::HttpClient,
 }
 
 /// `[[tenants.keys]]`: one gateway API key. Exactly one of `sha256`, `env`,
@@ -482,9 +549,22 @@ pub struct RouteSpec {
     /// Path prefix, starting and ending with `/`, e.g. `/pay/`. The prefix is
     /// removed and the rest of the path appended to `upstream`.
     pub prefix: String,
-    /// Provider base URL (`http://host:port[/base]`). Fixed by config; a
-    /// caller can never choose it.
+    /// Provider base URL (`https://host[:port][/base]` or `http://…`).
+    /// Fixed by config; a caller can never choose it.
     pub upstream: String,
+    /// TLS toward the provider (private CA, client certificate, server
+    /// name); also used by the route's read-backs.
+    #[serde(default)]
+    pub tls: Option<UpstreamTlsSpec>,
+    /// Egress proxy: `"http://host:port"` (an HTTP `CONNECT` proxy; wins
+    /// over the environment), or `"direct"` (never a proxy). Default: the
+    /// `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY` environment variables.
+    #[serde(default)]
+    pub proxy: Option<String>,
+    /// Environment variable holding `user:password` for the route's
+    /// `proxy` (sent as `Proxy-Authorization: Basic`). Default: none.
+    #[serde(default)]
+    pub proxy_credentials_env: Option<String>,
     /// `effectful` (default) or `pass`.
     #[serde(default)]
     pub mode: RouteMode,

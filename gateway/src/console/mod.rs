@@ -99,6 +99,30 @@ pub fn routes() -> Router<AppState> {
         .route("/console/operations", get(operations))
         .route("/console/operations/{id}", get(operation))
         .route("/console/operations/{id}/replay", post(replay))
+        .layer(axum::middleware::from_fn(secure_cookies))
+}
+
+/// On a TLS admin listener every cookie the console sets is `Secure`
+/// (RFC 6265 §4.1.2.5), so a browser never sends the session over plain HTTP.
+async fn secure_cookies(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let https = crate::listener::ListenerScheme::of(req.extensions()) == "https";
+    let mut r = next.run(req).await;
+    if https {
+        let cookies: Vec<HeaderValue> = r
+            .headers()
+            .get_all(header::SET_COOKIE)
+            .iter()
+            .cloned()
+            .collect();
+        r.headers_mut().remove(header::SET_COOKIE);
+        for c in cookies {
+            let secured = [c.as_bytes(), b"; Secure"].concat();
+            if let Ok(v) = HeaderValue::from_bytes(&secured) {
+                r.headers_mut().append(header::SET_COOKIE, v);
+            }
+        }
+    }
+    r
 }
 
 /// The value of cookie `name` in the request's `Cookie` headers.

@@ -394,11 +394,13 @@ async fn attempt(
                     detail: format!("no response head within {} ms", route.response_timeout_ms),
                 };
             }
-            Ok(Err(e)) if e.is_connect() => return Attempt::ConnectFailed(error_chain(&e)),
+            Ok(Err(e)) if e.is_connect() || crate::tls::refused_in_handshake(&e) => {
+                return Attempt::ConnectFailed(crate::forward::error_detail(&e));
+            }
             Ok(Err(e)) => {
                 return Attempt::Lost {
                     kind: "connection-lost",
-                    detail: error_chain(&e),
+                    detail: crate::forward::error_detail(&e),
                 };
             }
             Ok(Ok(r)) => r,
@@ -447,17 +449,6 @@ async fn attempt(
     result
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        src = inner.source();
-    }
-    s
-}
-
 async fn read_bounded(mut body: Incoming, limit: usize) -> ReadBody {
     let mut buf = BytesMut::new();
     loop {
@@ -471,7 +462,9 @@ async fn read_bounded(mut body: Incoming, limit: usize) -> ReadBody {
                     }
                 }
             }
-            Some(Err(e)) => return ReadBody::Broken(buf.freeze(), error_chain(&e)),
+            Some(Err(e)) => {
+                return ReadBody::Broken(buf.freeze(), crate::forward::error_detail(&e));
+            }
         }
     }
 }

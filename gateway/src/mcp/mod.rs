@@ -229,7 +229,7 @@ pub async fn prepare(
     headers: &HeaderMap,
     body: &Bytes,
     uri: &http::Uri,
-    peer: std::net::SocketAddr,
+    peer: (std::net::SocketAddr, &'static str),
 ) -> Result<Prepared, ApiError> {
     // Fail closed: what the gateway can't read, it doesn't forward. A
     // server's parser may accept what this one refuses (NaN, 1e400, deep
@@ -529,9 +529,9 @@ pub async fn forward_buffered(
     headers: &HeaderMap,
     body: Bytes,
     uri: &http::Uri,
-    peer: std::net::SocketAddr,
+    (peer, proto): (std::net::SocketAddr, &'static str),
 ) -> Result<(StatusCode, HeaderMap, Bytes), ApiError> {
-    let mut h = crate::forward::caller_headers(route, headers, Some(peer));
+    let mut h = crate::forward::caller_headers(route, headers, Some(peer), proto);
     crate::forward::add_route_headers(route, &mut h, None);
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
     let req = crate::forward::build_request(http::Method::POST, uri.clone(), h, Body::from(body));
@@ -543,7 +543,11 @@ pub async fn forward_buffered(
                 route.response_timeout_ms
             )));
         }
-        Ok(Err(e)) => return Err(ApiError::ProviderUnreachable(e.to_string())),
+        Ok(Err(e)) => {
+            return Err(ApiError::ProviderUnreachable(crate::forward::error_detail(
+                &e,
+            )));
+        }
         Ok(Ok(r)) => r,
     };
     let (mut parts, body) = resp.into_parts();

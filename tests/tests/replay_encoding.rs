@@ -1,0 +1,142 @@
+//! Replays stay byte-correct under compression: the provider gzips when
+//! asked, the body is stored as sent with its `Content-Encoding`, and each
+//! duplicate gets it in a form its client decodes (curl with and without
+//! `--compressed`, Python `requests`, a raw client).
+
+use std::io::Read;
+
+use effectgate_tests::*;
+
+const BODY: &str = r#"{"amount":100,"currency":"eur","client_ref":"gz"}"#;
+
+async fn curl_charge(app: &TestApp, key: &str, compressed: bool) -> Vec<u8> {
+    let url = app.proxy("/pay/v1/charges");
+    let auth = format!("Authorization: Bearer {KEY_A}");
+    let idem = format!("Idempotency-Key: {key}");
+    let mut args = vec![
+        "-X",
+        "POST",
+        "-H",
+        &auth,
+        "-H",
+        &idem,
+        "-H",
+        "Content-Type: application/json",
+        "--data-binary",
+        BODY,
+        "--fail-with-body",
+    ];
+    if compressed {
+        args.push("--compressed");
+    }
+    args.push(&url);
+    let (code, out, err) = curl(&args).await;
+    assert_eq!(code, 0, "curl: {err} {}", String::from_utf8_lossy(&out));
+    out
+}
+
+async fn python_charge(app: &TestApp, python: &std::path::Path, key: &str) -> Vec<u8> {
+    let script = r#"
+import sys, requests
+r = requests.post(sys.argv[1], data=sys.argv[4].encode(), headers={
+    "Authorization": "Bearer " + sys.argv[2], "Idempotency-Key": sys.argv[3],
+    "Content-Type": "application/json"})
+assert r.status_code == 200, (r.status_code, r.headers)
+r.json()  # parses
+sys.stdout.buffer.write(r.content)
+"#;
+    let out = tokio::process::Command::new(python)
+        .args([
+            "-c",
+            script,
+            &app.proxy("/pay/v1/charges"),
+            KEY_A,
+            key,
+            BODY,
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "requests: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+async fn raw_charge(app: &TestApp, key: &str, accept: Option<&str>) -> (Option<String>, Vec<u8>) {
+    let mut h = vec![];
+    if let Some(a) = accept {
+        h.push(("Accept-Encoding", a));
+    }
+    let r = app.charge_with(key, BODY, &h).await;
+    assert_eq!(r.status(), 200);
+    let coding = r
+        .headers()
+        .get("content-encoding")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (coding, r.bytes().await.unwrap().to_vec())
+}
+
+fn gunzip(b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(b)
+        .read_to_end(&mut out)
+        .unwrap();
+    out
+}
+
+#[tokio::test]
+async fn gzip_answers_are_replayed_byte_correct_to_every_client() {
+    let app = spawn_app().await;
+    // The first caller asks for gzip: the provider gzips, the gateway
+    // stores the gzip bytes with their Content-Encoding.
+    let first = curl_charge(&app, "gz1", true).await;
+    let v: serde_json::Value = serde_json::from_slice(&first).unwrap();
+    assert_eq!(v["id"], "ch_1");
+    let op = app.op_json("gz1").await;
+    assert!(
+        op["response_headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h[0] == "content-encoding" && h[1] == "gzip"),
+        "{}",
+        op["response_headers"]
+    );
+    // curl without --compressed: decoded by the gateway.
+    assert_eq!(curl_charge(&app, "gz1", false).await, first);
+    // curl --compressed: gzip, decoded by curl.
+    assert_eq!(curl_charge(&app, "gz1", true).await, first);
+    // A raw client that accepts gzip gets the stored bytes, marked.
+    let (coding, bytes) = raw_charge(&app, "gz1", Some("gzip")).await;
+    assert_eq!(coding.as_deref(), Some("gzip"));
+    assert_eq!(gunzip(&bytes), first);
+    // One that accepts only br or nothing gets them decoded, unmarked.
+    for accept in [Some("br"), None, Some("gzip;q=0, identity")] {
+        let (coding, bytes) = raw_charge(&app, "gz1", accept).await;
+        assert_eq!(coding, None, "{accept:?}");
+        assert_eq!(bytes, first, "{accept:?}");
+    }
+    if let Some(python) = test_python(&["requests"]) {
+        assert_eq!(python_charge(&app, &python, "gz1").await, first);
+        // Python first (it sends Accept-Encoding: gzip, deflate), then curl.
+        let py_first = python_charge(&app, &python, "gz2").await;
+        assert_eq!(python_charge(&app, &python, "gz2").await, py_first);
+        assert_eq!(curl_charge(&app, "gz2", false).await, py_first);
+        assert_eq!(app.mock.provider.effects(), 2);
+    } else {
+        assert_eq!(app.mock.provider.effects(), 1);
+    }
+}
+
+#[tokio::test]
+async fn an_uncompressed_first_answer_is_replayed_as_is() {
+    let app = spawn_app().await;
+    let first = curl_charge(&app, "plain", false).await;
+    let (coding, bytes) = raw_charge(&app, "plain", Some("gzip, br")).await;
+    assert_eq!(coding, None);
+    assert_eq!(bytes, first);
+    assert_eq!(app.mock.provider.effects(), 1);
+}
