@@ -43,9 +43,9 @@ def _append(record: dict) -> int:
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False, openWorldHint=True))
-def send_email(to: str, subject: str, body: str, delay_s: float = 0) -> dict:
-    """Send an e-mail."""
-    n = _append({"kind": "email", "to": to, "subject": subject, "body": body})
+def send_email(to: str, subject: str, body: str, delay_s: float = 0, tenant: str = "") -> dict:
+    """Send an e-mail (`tenant`: the sender's account, stamped by the gateway)."""
+    n = _append({"kind": "email", "to": to, "subject": subject, "body": body, "tenant": tenant})
     if delay_s:
         time.sleep(delay_s)
     return {"message_id": f"msg-{n}", "status": "sent"}
@@ -65,15 +65,16 @@ def search_docs(q: str) -> dict:
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
-def get_email_status(to: str, subject: str) -> dict:
-    """Whether an e-mail to `to` with `subject` was sent (read-only)."""
+def get_email_status(to: str, subject: str, tenant: str = "") -> dict:
+    """Whether account `tenant` sent an e-mail to `to` with `subject` (read-only)."""
     if not os.path.exists(args.outbox):
         return {"found": False}
     with open(args.outbox, encoding="utf-8") as f:
         for n, line in enumerate(f, start=1):
             rec = json.loads(line)
-            if rec.get("kind") == "email" and rec.get("to") == to and rec.get("subject") == subject:
-                return {"found": True, "message_id": f"msg-{n}"}
+            if (rec.get("kind") == "email" and rec.get("to") == to and rec.get("subject") == subject
+                    and rec.get("tenant", "") == tenant):
+                return {"found": True, "message_id": f"msg-{n}", "tenant": tenant}
     return {"found": False}
 
 

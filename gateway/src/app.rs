@@ -294,14 +294,44 @@ impl Gateway {
         let admin_app = crate::admin::router(state.clone());
         let mut tasks = Vec::new();
         let certs = state.listener_certs.clone();
-        for (listener, app, cert) in [
-            (proxy_listener, proxy_app, certs.proxy.clone()),
-            (admin_listener, admin_app, certs.admin.clone()),
+        let (proxy_limits, admin_limits) = {
+            let l = &state.settings().settings.limits;
+            let nofile = crate::listener::raise_nofile_limit();
+            let limits = |max_connections| crate::listener::ConnLimits {
+                max_connections,
+                header_read_timeout_ms: l.header_read_timeout_ms,
+                idle_timeout_ms: l.idle_timeout_ms,
+            };
+            (
+                limits(
+                    l.max_connections
+                        .unwrap_or_else(|| crate::listener::default_max_connections(nofile)),
+                ),
+                limits(l.max_admin_connections),
+            )
+        };
+        for (listener, app, cert, limits, name) in [
+            (
+                proxy_listener,
+                proxy_app,
+                certs.proxy.clone(),
+                proxy_limits,
+                "proxy",
+            ),
+            (
+                admin_listener,
+                admin_app,
+                certs.admin.clone(),
+                admin_limits,
+                "admin",
+            ),
         ] {
             tasks.push(tokio::spawn(crate::listener::serve(
                 listener,
                 cert,
                 app,
+                limits,
+                name,
                 rx.clone(),
             )));
         }
@@ -322,6 +352,7 @@ impl Gateway {
         tracing::info!(
             %proxy_addr, %admin_addr, instance = %state.instance_id,
             proxy_tls = certs.proxy.is_some(), admin_tls = certs.admin.is_some(),
+            max_connections = proxy_limits.max_connections,
             ledger = %state.settings().settings.storage.display_name(),
             backend = state.ledger.backend_name(),
             "effectgate serving"

@@ -121,6 +121,22 @@ pub enum ApiError {
         /// The limit in bytes.
         limit: usize,
     },
+    /// 408: the request body did not arrive within
+    /// `limits.body_read_timeout_ms`; nothing was reserved or sent.
+    #[error("the request body did not arrive within {limit_ms} ms; nothing was recorded or sent")]
+    RequestTimeout {
+        /// The limit in ms.
+        limit_ms: u64,
+    },
+    /// 429: the tenant's rate limit or in-flight limit refused the call
+    /// (nothing was recorded or sent); retry after `retry_after_s`.
+    #[error("the tenant's {limit} limit is reached; nothing was recorded or sent, retry later")]
+    TenantLimited {
+        /// `rate` or `in-flight`.
+        limit: &'static str,
+        /// Seconds to wait (`Retry-After`, RFC 9110 §10.2.3).
+        retry_after_s: u64,
+    },
     /// 400: some other malformed input; `field` names it.
     #[error("{message}")]
     BadRequest {
@@ -165,6 +181,8 @@ impl ApiError {
             ApiError::ContractViolation { .. } => "contract-violation",
             ApiError::Conflict(_) => "conflict",
             ApiError::PayloadTooLarge { .. } => "payload-too-large",
+            ApiError::RequestTimeout { .. } => "request-timeout",
+            ApiError::TenantLimited { .. } => "tenant-limited",
             ApiError::BadRequest { .. } => "bad-request",
             ApiError::ProviderUnreachable(_) => "provider-unreachable",
             ApiError::LedgerUnavailable(_) => "ledger-unavailable",
@@ -191,6 +209,8 @@ impl ApiError {
             ApiError::PolicyFailed { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::ContractViolation { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            ApiError::TenantLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::ProviderUnreachable(_) => StatusCode::BAD_GATEWAY,
             ApiError::LedgerUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -238,6 +258,13 @@ impl ApiError {
             ApiError::MethodNotAllowed(_) => {
                 body.insert("field".into(), json!("method"));
             }
+            ApiError::RequestTimeout { limit_ms } => {
+                body.insert("field".into(), json!("body"));
+                body.insert("limit_ms".into(), json!(limit_ms));
+            }
+            ApiError::TenantLimited { limit, .. } => {
+                body.insert("limit".into(), json!(limit));
+            }
             ApiError::HeadersTooLarge { limit } => {
                 body.insert("field".into(), json!("headers"));
                 body.insert("limit_bytes".into(), json!(limit));
@@ -283,8 +310,13 @@ impl IntoResponse for ApiError {
         let h = resp.headers_mut();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        if let ApiError::InFlight { retry_after_s, .. } = &self {
+        if let ApiError::InFlight { retry_after_s, .. }
+        | ApiError::TenantLimited { retry_after_s, .. } = &self
+        {
             h.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_s));
+        }
+        if matches!(self, ApiError::RequestTimeout { .. }) {
+            h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         if let ApiError::OutcomeUnknown { status, .. } = &self
             && *status == StatusCode::CONFLICT

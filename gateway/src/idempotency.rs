@@ -157,17 +157,30 @@ pub fn fingerprint(
 }
 
 /// The provider key for an operation: `eg_` + the first 32 hex digits of
-/// HMAC-SHA256(secret, tenant ‖ 0x00 ‖ operation id). Deterministic, so
-/// every attempt of one operation carries the same key; tenant-scoped, so
-/// two tenants' equal keys never collide at the provider.
-pub fn provider_key(secret: &[u8], tenant: &str, operation_id: &str) -> String {
+/// HMAC-SHA256(secret, tenant ‖ 0x00 ‖ operation id ‖ 0x00 ‖ incarnation).
+///
+/// `incarnation` is random, drawn once when the operation is reserved, and
+/// the key is stored in the operation's row before the first attempt: every
+/// attempt, restart and instance of that operation sends the same key,
+/// while a key reused after its retention (a new operation under the same
+/// id) gets a new provider key, so a provider that keeps keys longer than
+/// the gateway never replays the old effect for the new request.
+/// Tenant-scoped: two tenants' equal keys never collide at the provider.
+pub fn provider_key(secret: &[u8], tenant: &str, operation_id: &str, incarnation: &[u8]) -> String {
     let mut mac =
         <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC accepts any key length");
     mac.update(tenant.as_bytes());
     mac.update(&[0]);
     mac.update(operation_id.as_bytes());
+    mac.update(&[0]);
+    mac.update(incarnation);
     let out = mac.finalize().into_bytes();
     format!("eg_{}", &hex::encode(out)[..32])
+}
+
+/// A fresh incarnation for [`provider_key`]: 16 random bytes.
+pub fn new_incarnation() -> [u8; 16] {
+    rand::random()
 }
 
 #[cfg(test)]
@@ -257,9 +270,10 @@ mod tests {
 
     #[test]
     fn provider_key_is_deterministic_and_tenant_scoped() {
-        let a = provider_key(b"s", "a", "k1");
-        assert_eq!(a, provider_key(b"s", "a", "k1"));
-        assert_ne!(a, provider_key(b"s", "b", "k1"));
+        let a = provider_key(b"s", "a", "k1", b"i1");
+        assert_eq!(a, provider_key(b"s", "a", "k1", b"i1"));
+        assert_ne!(a, provider_key(b"s", "b", "k1", b"i1"));
+        assert_ne!(a, provider_key(b"s", "a", "k1", b"i2"), "a new incarnation");
         assert_eq!(a.len(), 35);
     }
 }

@@ -4,21 +4,34 @@
 //! (`ConnectInfo`) and the scheme the caller used ([`ListenerScheme`]).
 //! Shutdown is graceful: the listener stops accepting, idle connections
 //! close, and in-flight requests finish.
+//!
+//! Hostile connections are bounded ([`ConnLimits`]):
+//! - a connection must deliver its first request head (TLS handshake
+//!   included) within `header_read_timeout_ms`, and on HTTP/1.1 every later
+//!   head too (which also bounds an idle keep-alive connection); past it the
+//!   connection is closed, nothing having been read;
+//! - a connection with no request in flight for `idle_timeout_ms` is closed;
+//! - at most `max_connections` are open. At the cap a new connection
+//!   closes the oldest one that hasn't finished its first request head,
+//!   else the one idle longest; only when every connection is busy is the
+//!   new one refused. So a flood of slow headers never locks out a caller
+//!   and the process never runs out of descriptors.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::ConnectInfo;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
 use crate::tls::ListenerCert;
-
-/// How long a TLS handshake may take, in ms, before the connection is closed.
-pub const TLS_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
 
 /// The scheme a caller reached a listener with: `"http"` or `"https"`.
 /// Set on every request as an extension; it feeds `X-Forwarded-Proto` and
@@ -34,9 +47,166 @@ impl ListenerScheme {
     }
 }
 
+/// Connection limits of one listener (from `[limits]`).
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    /// Open connections at most.
+    pub max_connections: usize,
+    /// Time to deliver a request head (and the TLS handshake before the
+    /// first one), ms.
+    pub header_read_timeout_ms: u64,
+    /// Time a connection may stay open with no request in flight, ms.
+    pub idle_timeout_ms: u64,
+}
+
+/// The default `max_connections` of the proxy listener: half of the
+/// descriptors left after 256 kept for the ledger, the admin listener and
+/// the process (the other half is for upstream connections), at least 64.
+/// `nofile` is the process's descriptor limit (`RLIMIT_NOFILE`).
+pub fn default_max_connections(nofile: u64) -> usize {
+    usize::try_from(nofile.saturating_sub(256) / 2)
+        .unwrap_or(usize::MAX)
+        .max(64)
+}
+
+/// Raises the soft descriptor limit to the hard one (as servers do) and
+/// returns it; 1024 when it can't be read.
+pub fn raise_nofile_limit() -> u64 {
+    let hard = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(_, hard)| hard);
+    rlimit::increase_nofile_limit(hard.min(1 << 20)).unwrap_or(1024)
+}
+
+/// One open connection, as the tracker sees it.
+#[derive(Debug)]
+struct Conn {
+    id: u64,
+    accepted: Instant,
+    /// A request head arrived.
+    served: AtomicBool,
+    /// Requests whose answer hasn't been sent completely.
+    in_flight: AtomicUsize,
+    /// When the connection last went idle, ms after `accepted`.
+    idle_since_ms: AtomicU64,
+    close: Notify,
+}
+
+impl Conn {
+    fn idle_for(&self) -> Option<Duration> {
+        (self.in_flight.load(Ordering::Acquire) == 0).then(|| {
+            let since = Duration::from_millis(self.idle_since_ms.load(Ordering::Acquire));
+            self.accepted.elapsed().saturating_sub(since)
+        })
+    }
+}
+
+/// The open connections of one listener.
+#[derive(Debug, Default)]
+struct Tracker {
+    conns: Mutex<HashMap<u64, Arc<Conn>>>,
+    next: AtomicU64,
+}
+
+impl Tracker {
+    /// Registers a new connection, making room at the cap (see the module
+    /// docs); `None` when every open connection is busy.
+    fn admit(self: &Arc<Self>, max: usize, listener: &'static str) -> Option<Arc<Conn>> {
+        let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        if conns.len() >= max {
+            let victim = conns
+                .values()
+                .filter(|c| !c.served.load(Ordering::Acquire))
+                .min_by_key(|c| c.accepted)
+                .or_else(|| {
+                    conns
+                        .values()
+                        .filter_map(|c| c.idle_for().map(|d| (d, c)))
+                        .max_by_key(|(d, _)| *d)
+                        .map(|(_, c)| c)
+                })
+                .cloned();
+            let Some(victim) = victim else {
+                crate::metrics::connection_refused(listener, "busy");
+                return None;
+            };
+            let reason = if victim.served.load(Ordering::Acquire) {
+                "idle"
+            } else {
+                "no-request-head"
+            };
+            crate::metrics::connection_refused(listener, reason);
+            victim.close.notify_one();
+            conns.remove(&victim.id);
+        }
+        let conn = Arc::new(Conn {
+            id: self.next.fetch_add(1, Ordering::Relaxed),
+            accepted: Instant::now(),
+            served: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(0),
+            close: Notify::new(),
+        });
+        conns.insert(conn.id, conn.clone());
+        Some(conn)
+    }
+
+    fn leave(&self, id: u64) {
+        self.conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+    }
+}
+
+/// Marks a request in flight on its connection until its answer's body
+/// has been sent (or dropped).
+struct InFlight(Arc<Conn>);
+
+impl InFlight {
+    fn new(conn: Arc<Conn>) -> Self {
+        conn.served.store(true, Ordering::Release);
+        conn.in_flight.fetch_add(1, Ordering::AcqRel);
+        Self(conn)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let ms = u64::try_from(self.0.accepted.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.0.idle_since_ms.store(ms, Ordering::Release);
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An answer body that keeps its request counted as in flight.
+struct Tracked {
+    inner: axum::body::Body,
+    _in_flight: InFlight,
+}
+
+impl http_body::Body for Tracked {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// Serves `app` on `tcp` until `shutdown` turns true, then drains.
 /// With `tls`, every connection is a TLS server connection using its
-/// (reloadable) certificate.
+/// (reloadable) certificate. `name` labels the listener in metrics
+/// (`proxy`, `admin`).
 ///
 /// Errors: none once bound; a failed accept (e.g. out of descriptors) is
 /// logged and retried after a short pause.
@@ -44,14 +214,25 @@ pub async fn serve(
     tcp: TcpListener,
     tls: Option<Arc<ListenerCert>>,
     app: Router,
+    limits: ConnLimits,
+    name: &'static str,
     mut shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let acceptor = tls.map(|c| tokio_rustls::TlsAcceptor::from(c.server_config()));
     let scheme = ListenerScheme(if acceptor.is_some() { "https" } else { "http" });
+    let head_timeout = Duration::from_millis(limits.header_read_timeout_ms);
+    let idle_timeout = Duration::from_millis(limits.idle_timeout_ms);
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new());
-    builder.http2().timer(TokioTimer::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(head_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(20)));
     let builder = Arc::new(builder);
+    let tracker = Arc::new(Tracker::default());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let stop = async move {
         let _ = shutdown.wait_for(|stop| *stop).await;
@@ -62,56 +243,99 @@ pub async fn serve(
             accepted = tcp.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
+                    tracing::warn!(listener = name, error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             },
             _ = &mut stop => break,
         };
+        let Some(conn) = tracker.admit(limits.max_connections, name) else {
+            drop(stream);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let (app, builder, acceptor) = (app.clone(), builder.clone(), acceptor.clone());
         let watcher = graceful.watcher();
+        let tracker = tracker.clone();
         tokio::spawn(async move {
+            let c = conn.clone();
             let svc =
                 hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+                    let in_flight = InFlight::new(c.clone());
                     req.extensions_mut().insert(ConnectInfo(peer));
                     req.extensions_mut().insert(scheme);
                     let mut app = app.clone();
                     async move {
                         use tower_service::Service;
-                        app.call(req.map(axum::body::Body::new)).await
+                        let resp = app.call(req.map(axum::body::Body::new)).await?;
+                        Ok::<_, std::convert::Infallible>(resp.map(|inner| Tracked {
+                            inner,
+                            _in_flight: in_flight,
+                        }))
                     }
                 });
-            let result = match acceptor {
-                None => {
-                    let conn = builder.serve_connection(TokioIo::new(stream), svc);
-                    watcher.watch(conn.into_owned()).await
-                }
-                Some(acceptor) => {
-                    let handshake = tokio::time::timeout(
-                        Duration::from_millis(TLS_HANDSHAKE_TIMEOUT_MS),
-                        acceptor.accept(stream),
-                    )
-                    .await;
-                    let stream = match handshake {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::debug!(%peer, "TLS handshake timed out");
-                            return;
-                        }
-                    };
-                    let conn = builder.serve_connection(TokioIo::new(stream), svc);
-                    watcher.watch(conn.into_owned()).await
+            let serve = async {
+                match acceptor {
+                    None => {
+                        let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                        watcher.watch(conn.into_owned()).await
+                    }
+                    Some(acceptor) => {
+                        let stream = match acceptor.accept(stream).await {
+                            Ok(s) => s,
+                            Err(e) => {
+                                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                                return Ok(());
+                            }
+                        };
+                        let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                        watcher.watch(conn.into_owned()).await
+                    }
                 }
             };
-            if let Err(e) = result {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            // The first head (and handshake) must arrive in time.
+            let head_deadline = async {
+                tokio::time::sleep(head_timeout).await;
+                if conn.served.load(Ordering::Acquire) {
+                    std::future::pending::<()>().await;
+                }
+            };
+            let idle = async {
+                loop {
+                    if !conn.served.load(Ordering::Acquire) {
+                        // Until the first head, the head deadline rules.
+                        tokio::time::sleep(idle_timeout).await;
+                        continue;
+                    }
+                    match conn.idle_for() {
+                        Some(d) if d >= idle_timeout => break,
+                        Some(d) => tokio::time::sleep(idle_timeout - d).await,
+                        None => tokio::time::sleep(idle_timeout).await,
+                    }
+                }
+            };
+            tokio::select! {
+                result = serve => {
+                    if let Err(e) = result {
+                        if e.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_timeout) {
+                            crate::metrics::connection_refused(name, "header-timeout");
+                        }
+                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    }
+                }
+                _ = conn.close.notified() => {
+                    tracing::debug!(%peer, "connection closed to make room for a new one");
+                }
+                _ = head_deadline => {
+                    crate::metrics::connection_refused(name, "header-timeout");
+                    tracing::debug!(%peer, "no request head in time; connection closed");
+                }
+                _ = idle => {
+                    tracing::debug!(%peer, "idle connection closed");
+                }
             }
+            tracker.leave(conn.id);
         });
     }
     drop(tcp);

@@ -108,6 +108,11 @@ pub fn policy_call(d: Duration, failure: Option<&'static str>) {
     }
 }
 
+/// A policy failed after its call returned (`kind`: `invalid-output`).
+pub fn policy_failure(kind: &'static str) {
+    counter!("effectgate_policy_failures_total", "kind" => kind).increment(1);
+}
+
 /// An MCP tool call ended with `outcome` (`ok`, `tool-error`, `jsonrpc-error`).
 pub fn mcp_tool_call(route: &str, outcome: &'static str) {
     counter!("effectgate_mcp_tool_calls_total", "route" => route.to_owned(), "outcome" => outcome)
@@ -120,4 +125,19 @@ pub fn tenant_gauges(tenant: &str, unknown: i64, dead_letters: i64, oldest_age_s
     gauge!("effectgate_dead_letters", "tenant" => tenant.to_owned()).set(dead_letters as f64);
     gauge!("effectgate_dead_letter_oldest_age_seconds", "tenant" => tenant.to_owned())
         .set(oldest_age_s);
+}
+
+/// A connection was closed or refused by a listener's limits; `reason`:
+/// `header-timeout`, `no-request-head` / `idle` (closed to make room at
+/// the connection cap), `busy` (refused: every connection was busy).
+pub fn connection_refused(listener: &'static str, reason: &'static str) {
+    counter!("effectgate_connections_closed_total", "listener" => listener, "reason" => reason)
+        .increment(1);
+}
+
+/// A tenant's call was refused by its limits; `limit`: `rate` or
+/// `in-flight`.
+pub fn tenant_limited(tenant: &str, limit: &'static str) {
+    counter!("effectgate_tenant_limited_total", "tenant" => tenant.to_owned(), "limit" => limit)
+        .increment(1);
 }

@@ -141,6 +141,18 @@ async fn handle_inner(
     let query = req.uri().query().map(str::to_owned);
     let policies = rt.policies.for_route(&principal.tenant, &route.name);
     let mcp_post = route.mcp.is_some() && req.method() == http::Method::POST;
+    // The tenant's rate limit covers every call; its in-flight limit the
+    // effectful ones (held until this caller is answered).
+    let limits = rt.tenant_limits.get(&principal.tenant);
+    if let Some(l) = limits {
+        l.check_rate(&principal.tenant)?;
+    }
+    let _in_flight = match limits {
+        Some(l) if mcp_post || route.is_effectful(req.method()) => {
+            l.acquire_in_flight(&principal.tenant)?
+        }
+        _ => None,
+    };
     if !mcp_post && !route.is_effectful(req.method()) {
         let uri = upstream_uri(&route, rest, query.as_deref())?;
         // On an MCP route policies decide tool calls; the session's other
@@ -221,11 +233,18 @@ async fn handle_inner(
             limit: route.max_body_bytes,
         });
     }
-    let body = axum::body::to_bytes(body, route.max_body_bytes)
-        .await
-        .map_err(|_| ApiError::PayloadTooLarge {
-            limit: route.max_body_bytes,
-        })?;
+    let body_timeout = rt.limits.body_read_timeout_ms;
+    let body = tokio::time::timeout(
+        std::time::Duration::from_millis(body_timeout),
+        axum::body::to_bytes(body, route.max_body_bytes),
+    )
+    .await
+    .map_err(|_| ApiError::RequestTimeout {
+        limit_ms: body_timeout,
+    })?
+    .map_err(|_| ApiError::PayloadTooLarge {
+        limit: route.max_body_bytes,
+    })?;
     let content_type = parts
         .headers
         .get(header::CONTENT_TYPE)
@@ -428,6 +447,11 @@ impl Flow<'_> {
                     if let Some(c) = ec {
                         effect_class = c;
                     }
+                    // A policy's header replaces the caller's of that
+                    // name: a caller can't pre-empt what a policy pins.
+                    for (n, _) in &add_headers {
+                        forwarded.remove(n);
+                    }
                     for (n, v) in add_headers {
                         forwarded.append(n, v);
                     }
@@ -467,6 +491,22 @@ impl Flow<'_> {
             }
         }
         let stored_headers = to_pairs(&forwarded);
+        // The tenant goes into the body where the route's read-back checks
+        // it (after the fingerprint: the caller's own bytes identify the request).
+        let body = match &route.tenant_scoped_field {
+            None => body,
+            Some(ptr) => Bytes::from(
+                crate::forward::stamp_tenant(
+                    content_type.as_deref(),
+                    &body,
+                    ptr,
+                    &principal.tenant,
+                )
+                .map_err(|m| ApiError::ContractViolation {
+                    errors: vec![(ptr.clone(), m)],
+                })?,
+            ),
+        };
         let new = NewOperation {
             tenant_id: principal.tenant.clone(),
             operation_id: key.clone(),
@@ -475,7 +515,12 @@ impl Flow<'_> {
             path: rest.to_owned(),
             query,
             fingerprint: fp.clone(),
-            provider_key: provider_key(&app.provider_key_secret, &principal.tenant, &key),
+            provider_key: provider_key(
+                &app.provider_key_secret,
+                &principal.tenant,
+                &key,
+                &crate::idempotency::new_incarnation(),
+            ),
             effect_class: Some(effect_class.as_str().to_owned()),
             request_content_type: content_type,
             request_body: body.to_vec(),

@@ -7,7 +7,8 @@
 //!   provider's reference and what the read-back returned. Absent, and the
 //!   settle delay has passed → a new attempt of the **same** operation with
 //!   the **same** provider key, within the retry budget (past it → dead
-//!   letter). Absent within the settle delay → stays UNKNOWN until it ends.
+//!   letter). Absent within the settle delay → stays UNKNOWN and is read
+//!   back again, at growing intervals, until the delay ends.
 //!   Read-back error → stays UNKNOWN with exponential backoff; past
 //!   `reconcile.max_read_backs` → dead letter.
 //! - EXECUTING operations whose lease expired (the owner died or stalled):
@@ -251,7 +252,19 @@ pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, Led
         return Ok(Step::Busy);
     };
     let result = read_back(route, rb, &op).await;
-    tracing::info!(tenant = %op.tenant_id, operation_id = %op.operation_id, result = ?result, "read-back");
+    // The decision and the reference only: a found value is the
+    // provider's data (possibly personal), never logged.
+    let (decision, reference) = match &result {
+        ReadBackResult::Found { reference, .. } => ("found", reference.as_deref()),
+        ReadBackResult::Absent => ("absent", None),
+        ReadBackResult::Error(_) => ("error", None),
+    };
+    tracing::info!(
+        tenant = %op.tenant_id, operation_id = %op.operation_id, decision,
+        reference = reference.unwrap_or("-"),
+        error = if let ReadBackResult::Error(e) = &result { e.as_str() } else { "-" },
+        "read-back"
+    );
     let now = ledger.clock().now_ms();
     let (tid, oid) = (op.tenant_id.clone(), op.operation_id.clone());
     let record = |o: Outcome| {
@@ -290,7 +303,20 @@ pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, Led
             o.keep_response = true;
             o.error_kind = op.error_kind.clone();
             o.error_detail = op.error_detail.clone();
-            o.next_reconcile_at = op.settle_until;
+            // Keep looking while the provider's search catches up: wait as
+            // long again as since the last attempt (doubling, between the
+            // backoff bounds), never past the end of the window. A "found"
+            // meanwhile is trusted at once.
+            let settle_until = op.settle_until.unwrap_or(now);
+            let since_attempt = settle_until
+                .saturating_sub(rb.settle_delay_ms as i64)
+                .max(0);
+            let waited = now.saturating_sub(since_attempt).max(0) as u64;
+            let wait = waited.clamp(
+                cfg.backoff_base_ms,
+                cfg.backoff_max_ms.max(cfg.backoff_base_ms),
+            );
+            o.next_reconcile_at = Some(now.saturating_add(wait as i64).min(settle_until));
             if !record(o).await? {
                 return Ok(Step::Busy);
             }
@@ -390,6 +416,7 @@ pub async fn read_back(route: &Route, rb: &ReadBack, op: &Operation) -> ReadBack
         operation_id: &op.operation_id,
         provider_key: &op.provider_key,
         body: &body,
+        tenant: &op.tenant_id,
     };
     let path_and_query = rb.path.render(&vars, url_encode);
     let base = route.upstream.as_str().trim_end_matches('/');
@@ -440,10 +467,17 @@ pub async fn read_back(route: &Route, rb: &ReadBack, op: &Operation) -> ReadBack
 
 /// The route's `match` list rendered for one operation: (pointer into the
 /// found value, required value). Shared by HTTP and MCP read-backs.
+/// With a route's `tenant_scoped_field`, the found value must also hold
+/// the operation's tenant at that pointer.
 pub(crate) fn expected(rb: &ReadBack, vars: &Vars) -> Vec<(String, String)> {
     rb.match_fields
         .iter()
         .map(|(p, t)| (p.clone(), t.render(vars, |s| s.to_owned())))
+        .chain(
+            rb.tenant_field
+                .iter()
+                .map(|p| (p.clone(), vars.tenant.to_owned())),
+        )
         .collect()
 }
 

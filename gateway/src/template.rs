@@ -1,5 +1,5 @@
-//! Read-back templates: text with `{operation_id}`, `{provider_key}` and
-//! `{body:/json/pointer}` placeholders. Parsed once at config load; a
+//! Read-back templates: text with `{operation_id}`, `{provider_key}`,
+//! `{tenant}` and `{body:/json/pointer}` placeholders. Parsed once at config load; a
 //! placeholder the gateway doesn't know is a config error.
 
 use serde_json::Value;
@@ -10,6 +10,7 @@ enum Part {
     Text(String),
     OperationId,
     ProviderKey,
+    Tenant,
     Body(String),
 }
 
@@ -25,9 +26,23 @@ pub struct Vars<'a> {
     pub provider_key: &'a str,
     /// The stored request body, parsed as JSON (or `Null`).
     pub body: &'a Value,
+    /// The operation's tenant (`{tenant}`; also checked against a route's
+    /// `tenant_scoped_field`).
+    pub tenant: &'a str,
 }
 
 impl Template {
+    /// Whether the template uses `{provider_key}`, the one value that is
+    /// unique to an operation and scoped to its tenant.
+    pub fn uses_provider_key(&self) -> bool {
+        self.0.contains(&Part::ProviderKey)
+    }
+
+    /// Whether the template uses `{tenant}`.
+    pub fn uses_tenant(&self) -> bool {
+        self.0.contains(&Part::Tenant)
+    }
+
     /// Parses `s`. Errors: an unclosed `{`, or an unknown placeholder.
     pub fn parse(s: &str) -> Result<Self, String> {
         let mut parts = Vec::new();
@@ -44,10 +59,11 @@ impl Template {
             parts.push(match name {
                 "operation_id" => Part::OperationId,
                 "provider_key" => Part::ProviderKey,
+                "tenant" => Part::Tenant,
                 n if n.starts_with("body:") && (n.len() == 5 || n[5..].starts_with('/')) => Part::Body(n[5..].to_owned()),
                 n => {
                     return Err(format!(
-                        "unknown placeholder {{{n}}}; use {{operation_id}}, {{provider_key}} or {{body:/json/pointer}}"
+                        "unknown placeholder {{{n}}}; use {{operation_id}}, {{provider_key}}, {{tenant}} or {{body:/json/pointer}}"
                     ));
                 }
             });
@@ -69,6 +85,7 @@ impl Template {
                 Part::Text(t) => out.push_str(t),
                 Part::OperationId => out.push_str(&encode(vars.operation_id)),
                 Part::ProviderKey => out.push_str(&encode(vars.provider_key)),
+                Part::Tenant => out.push_str(&encode(vars.tenant)),
                 Part::Body(ptr) => {
                     let v = match vars.body.pointer(ptr) {
                         None | Some(Value::Null) => String::new(),
@@ -107,6 +124,7 @@ mod tests {
                 operation_id: "o/1",
                 provider_key: "eg_1",
                 body: &body,
+                tenant: "a",
             },
             url_encode,
         );

@@ -50,6 +50,7 @@ effectful_methods = ["POST"]
 # effect per operation is the gateway's doing alone.
 effect_class = "payment"
 response_timeout_ms = 500
+tenant_scoped_field = "/metadata/tenant"
 [routes.read_back]
 path = "/v1/charges?client_ref={{body:/client_ref}}"
 found_pointer = "/data/0"

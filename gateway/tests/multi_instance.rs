@@ -69,6 +69,7 @@ upstream = "{provider}"
 effectful_methods = ["POST"]
 effect_class = "payment"
 response_timeout_ms = {timeout}
+tenant_scoped_field = "/metadata/tenant"
 [routes.read_back]
 path = "/v1/charges?client_ref={{body:/client_ref}}"
 found_pointer = "/data/0"

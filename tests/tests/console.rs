@@ -290,6 +290,41 @@ async fn operators_see_operation_pages_and_a_revoked_key_ends_its_session() {
         "an operator can replay from the page"
     );
 
+    // An id with `/` and dot segments stays one path segment in links and
+    // forms, so it can't point the Replay form at another operation.
+    assert_eq!(
+        app.charge("zz/../small", r#"{"amount":6,"currency":"eur"}"#)
+            .await
+            .status(),
+        200
+    );
+    let list = no_redirects()
+        .get(app.admin("/console/operations"))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        list.contains("href=\"/console/operations/zz%2F%2E%2E%2Fsmall\""),
+        "{list}"
+    );
+    let page = no_redirects()
+        .get(app.admin("/console/operations/zz%2F%2E%2E%2Fsmall"))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("action=\"/console/operations/zz%2F%2E%2E%2Fsmall/replay\""),
+        "{page}"
+    );
+
     // Revoke the operator's key: its session ends at the reload.
     let path = app.gw.state.settings().source.clone().unwrap();
     let text = std::fs::read_to_string(&path).unwrap();

@@ -163,11 +163,12 @@ upstream = "{url}"
 mode = "mcp"
 effect_class = "notification"
 response_timeout_ms = 1500
+tenant_scoped_field = "/params/arguments/tenant"
 [routes.read_back]
 tool = "get_email_status"
-arguments = {{ to = "{{body:/params/arguments/to}}", subject = "{{body:/params/arguments/subject}}" }}
+arguments = {{ to = "{{body:/params/arguments/to}}", subject = "{{body:/params/arguments/subject}}", tenant = "{{tenant}}" }}
 found_pointer = ""
-match = {{ "/found" = "true" }}
+match = {{ "/found" = "true", "/tenant" = "{{tenant}}" }}
 reference_pointer = "/message_id"
 settle_delay_ms = 0
 
@@ -526,6 +527,11 @@ async fn unreadable_or_malformed_calls_are_never_forwarded() {
         r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"refund","arguments":{"charge_id":"c","amount":500},"_meta":{"x":NaN}}}"#,
         r#"[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"refund","arguments":{"charge_id":"c","amount":500}}}]"#,
         r#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"refund","arguments":{"charge_id":"c","amount":500},"_meta":{"effectgate/operation-id":"n1"}}}"#,
+        // Repeated keys: a last-wins reader sees a read-only call or a
+        // listing, a first-wins server would run the refund.
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"refund","arguments":{"charge_id":"c","amount":500}},"params":{"name":"search_docs","arguments":{"query":"x"}}}"#,
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","method":"tools/list","params":{"name":"refund","arguments":{"charge_id":"c","amount":500}}}"#,
+        r#"{"jsonrpc":"2.0","id":4,"method":"ping","params":{"a":1,"a":2}}"#,
     ] {
         let v: Value = post(body, None).await.unwrap().json().await.unwrap();
         assert!(

@@ -223,7 +223,51 @@ async fn policy_output_is_validated() {
             "{mode}: {p}"
         );
         assert_eq!(app.mock.provider.effects(), 0);
+        let metrics = app
+            .http
+            .get(app.admin("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("effectgate_policy_failures_total")
+                    && l.contains("kind=\"invalid-output\"")),
+            "{mode}: a refused output is counted as a failure\n{metrics}"
+        );
     }
+}
+
+/// A header a policy adds replaces the caller's of the same name, so a
+/// caller can't send first what the policy means to pin.
+#[tokio::test]
+async fn a_policys_header_replaces_the_callers() {
+    let app = spawn_with(Opts {
+        tenant_a: binding("payments", "bad_output", "{ mode = \"pin\" }"),
+        more: "[reconcile]\nenabled = false\n".into(),
+        ..Default::default()
+    })
+    .await;
+    let r = app
+        .charge_with(
+            "pin",
+            BODY,
+            &[("X-Policy-Pin", "forged"), ("x-policy-pin", "again")],
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let seen = app.mock.provider.requests();
+    let pins: Vec<&str> = seen[0]
+        .headers
+        .iter()
+        .filter(|(n, _)| n == "x-policy-pin")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(pins, ["pinned"]);
 }
 
 #[tokio::test]

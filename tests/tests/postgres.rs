@@ -81,6 +81,7 @@ async fn a_lost_reply_is_reconciled_on_postgres_with_its_history() {
     let app = spawn_with(Opts {
         storage: Some(pg::storage(&url)),
         route_extra: r#"effect_class = "payment"
+tenant_scoped_field = "/metadata/tenant"
 [routes.read_back]
 path = "/v1/charges?client_ref={body:/client_ref}"
 found_pointer = "/data/0"
@@ -128,6 +129,7 @@ async fn the_database_lost_after_the_provider_call_is_an_unknown_outcome_then_re
             ..pg::storage(&relay.url)
         }),
         route_extra: r#"effect_class = "payment"
+tenant_scoped_field = "/metadata/tenant"
 [routes.read_back]
 path = "/v1/charges?client_ref={body:/client_ref}"
 found_pointer = "/data/0"

@@ -99,11 +99,15 @@ async fn read_back_lag_is_waited_out_not_retried() {
     assert_eq!(steps_for(&steps, "lag"), vec![&Step::Settling]);
     assert_eq!(app.provider_calls().0, 1);
     clock.advance(999);
-    assert!(
-        steps_for(&app.tick().await, "lag").is_empty(),
-        "not due before the delay ends"
+    // Still within the delay: read back again (absent, still settling),
+    // never a new attempt.
+    assert_eq!(
+        steps_for(&app.tick().await, "lag"),
+        vec![&Step::Settling],
+        "read back again within the window"
     );
     assert_eq!(app.provider_calls().0, 1);
+    assert_eq!(app.mock.provider.readbacks(), 2);
     // The provider's index catches up; after the delay the effect is found.
     app.mock.provider.set_faults(Faults::default());
     clock.advance(1);

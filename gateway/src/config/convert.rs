@@ -113,6 +113,29 @@ impl ConfigFile {
                 "must be at least 1",
             ));
         }
+        for (field, value) in [
+            (
+                "limits.header_read_timeout_ms",
+                self.limits.header_read_timeout_ms,
+            ),
+            (
+                "limits.body_read_timeout_ms",
+                self.limits.body_read_timeout_ms,
+            ),
+            ("limits.idle_timeout_ms", self.limits.idle_timeout_ms),
+            (
+                "limits.max_connections",
+                self.limits.max_connections.map_or(1, |n| n as u64),
+            ),
+            (
+                "limits.max_admin_connections",
+                self.limits.max_admin_connections as u64,
+            ),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::new(field, "must be at least 1"));
+            }
+        }
         if self.limits.max_decoded_replay_bytes == 0 {
             return Err(ConfigError::new(
                 "limits.max_decoded_replay_bytes",
@@ -363,6 +386,14 @@ impl ConfigFile {
                     Some(std::sync::Arc::new(v))
                 }
             };
+            if let Some(p) = &r.tenant_scoped_field
+                && (!p.starts_with('/') || p.split('/').skip(1).any(str::is_empty))
+            {
+                return Err(ConfigError::new(
+                    format!("{rp}.tenant_scoped_field"),
+                    format!("{p:?} is not a JSON pointer to a field (e.g. \"/metadata/tenant\")"),
+                ));
+            }
             let read_back = match &r.read_back {
                 None => None,
                 Some(rb) => {
@@ -377,7 +408,11 @@ impl ConfigFile {
                             ),
                         ));
                     }
-                    Some(read_back(&format!("{rp}.read_back"), rb)?)
+                    Some(read_back(
+                        &format!("{rp}.read_back"),
+                        rb,
+                        r.tenant_scoped_field.as_deref(),
+                    )?)
                 }
             };
             let stored_names: Vec<String> = match &r.stored_response_headers {
@@ -463,6 +498,7 @@ impl ConfigFile {
                 approval_ttl_ms: r.approval_ttl_ms,
                 execute_on_approval: r.execute_on_approval,
                 request_schema,
+                tenant_scoped_field: r.tenant_scoped_field.clone(),
                 mcp: match r.mode {
                     RouteMode::Mcp => Some(r.mcp.clone().unwrap_or_default()),
                     _ => None,
@@ -480,6 +516,35 @@ impl ConfigFile {
                 let mut b = b.clone();
                 b.module = base_dir.join(&b.module);
                 policy_bindings.push((t.id.clone(), b));
+            }
+        }
+        let mut tenant_limits = HashMap::new();
+        for (ti, t) in self.tenants.iter().enumerate() {
+            if t.max_in_flight == Some(0) {
+                return Err(ConfigError::new(
+                    format!("tenants[{ti}].max_in_flight"),
+                    "must be at least 1",
+                ));
+            }
+            if let Some(r) = &t.rate_limit {
+                if r.per_second == 0 {
+                    return Err(ConfigError::new(
+                        format!("tenants[{ti}].rate_limit.per_second"),
+                        "must be at least 1",
+                    ));
+                }
+                if r.burst == Some(0) {
+                    return Err(ConfigError::new(
+                        format!("tenants[{ti}].rate_limit.burst"),
+                        "must be at least 1",
+                    ));
+                }
+            }
+            if t.max_in_flight.is_some() || t.rate_limit.is_some() {
+                tenant_limits.insert(
+                    t.id.clone(),
+                    TenantLimits::new(t.rate_limit.as_ref(), t.max_in_flight),
+                );
             }
         }
         let mut webhooks = HashMap::new();
@@ -585,6 +650,7 @@ impl ConfigFile {
             policy_bindings,
             source: source.map(Path::to_path_buf),
             webhooks,
+            tenant_limits,
             self_approval,
             mcp_tools,
         })

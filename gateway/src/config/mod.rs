@@ -100,8 +100,76 @@ pub struct Settings {
     pub webhooks: HashMap<String, Webhook>,
     /// Tenants whose principals may approve their own requests.
     pub self_approval: BTreeSet<String>,
+    /// Tenants' rate and in-flight limits, by tenant (only tenants with one).
+    /// Rebuilt on reload: a reload starts their counts afresh.
+    pub tenant_limits: HashMap<String, TenantLimits>,
     /// Tenants' MCP tool overrides: tenant → tool → override.
     pub mcp_tools: HashMap<String, std::collections::BTreeMap<String, ToolOverride>>,
+}
+
+/// A tenant's call limits, ready to check.
+#[derive(Debug, Clone, Default)]
+pub struct TenantLimits {
+    rate: Option<std::sync::Arc<governor::DefaultDirectRateLimiter>>,
+    in_flight: Option<(u32, std::sync::Arc<tokio::sync::Semaphore>)>,
+}
+
+impl TenantLimits {
+    /// Limits from `tenants[].rate_limit` and `tenants[].max_in_flight`
+    /// (both already checked to be at least 1).
+    pub fn new(rate: Option<&RateLimitSpec>, max_in_flight: Option<u32>) -> Self {
+        let nz = |n: u32| std::num::NonZeroU32::new(n.max(1)).expect("at least 1");
+        Self {
+            rate: rate.map(|r| {
+                let q = governor::Quota::per_second(nz(r.per_second))
+                    .allow_burst(nz(r.burst.unwrap_or(r.per_second)));
+                std::sync::Arc::new(governor::RateLimiter::direct(q))
+            }),
+            in_flight: max_in_flight.map(|n| {
+                (
+                    n,
+                    std::sync::Arc::new(tokio::sync::Semaphore::new(n as usize)),
+                )
+            }),
+        }
+    }
+
+    /// Takes one call from the rate limit.
+    ///
+    /// Errors: 429 `tenant-limited` with `Retry-After` (whole seconds, at
+    /// least 1) when the bucket is empty.
+    pub fn check_rate(&self, tenant: &str) -> Result<(), crate::error::ApiError> {
+        let Some(r) = &self.rate else { return Ok(()) };
+        r.check().map_err(|not_until| {
+            crate::metrics::tenant_limited(tenant, "rate");
+            let wait = not_until.wait_time_from(governor::clock::Clock::now(
+                &governor::clock::DefaultClock::default(),
+            ));
+            crate::error::ApiError::TenantLimited {
+                limit: "rate",
+                retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64,
+            }
+        })
+    }
+
+    /// Takes an in-flight permit, held until dropped; `None` without a limit.
+    ///
+    /// Errors: 429 `tenant-limited` with `Retry-After: 1` when all are taken.
+    pub fn acquire_in_flight(
+        &self,
+        tenant: &str,
+    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, crate::error::ApiError> {
+        let Some((_, s)) = &self.in_flight else {
+            return Ok(None);
+        };
+        s.clone().try_acquire_owned().map(Some).map_err(|_| {
+            crate::metrics::tenant_limited(tenant, "in-flight");
+            crate::error::ApiError::TenantLimited {
+                limit: "in-flight",
+                retry_after_s: 1,
+            }
+        })
+    }
 }
 
 /// An authenticated caller.
@@ -166,6 +234,9 @@ pub struct Route {
     pub request_schema: Option<std::sync::Arc<jsonschema::Validator>>,
     /// MCP options, for `mode = "mcp"` routes.
     pub mcp: Option<McpSpec>,
+    /// JSON pointer the gateway stamps the tenant id at in every effectful
+    /// request body (`routes[].tenant_scoped_field`), if set.
+    pub tenant_scoped_field: Option<String>,
 }
 
 /// A validated read-back.
@@ -187,6 +258,9 @@ pub struct ReadBack {
     pub match_fields: Vec<(String, crate::template::Template)>,
     /// Reference pointer.
     pub reference_pointer: Option<String>,
+    /// The route's `tenant_scoped_field`: the found value must hold the
+    /// operation's tenant there.
+    pub tenant_field: Option<String>,
     /// Settle delay, ms.
     pub settle_delay_ms: u64,
     /// Timeout, ms.

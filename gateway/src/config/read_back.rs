@@ -5,7 +5,21 @@ use http::{HeaderName, Method};
 use super::{ConfigError, ReadBack, ReadBackSpec};
 
 /// Checks a read-back spec at `path` (for error messages) and parses its templates.
-pub(super) fn read_back(path: &str, rb: &ReadBackSpec) -> Result<ReadBack, ConfigError> {
+///
+/// `tenant_field` is the route's `tenant_scoped_field`. A read-back must be
+/// tied to this operation: `{provider_key}` (the only value that is unique
+/// to the operation and scoped to its tenant) in its path, headers, tool
+/// arguments or `match`, or a `tenant_field` (the gateway stamps the
+/// tenant there; the found value must hold it at a `match` condition
+/// naming `{tenant}`, or else at the same pointer); otherwise another
+/// tenant's effect with the same `{body:…}` value could be taken for this
+/// one. `{tenant}` alone ties nothing: without the stamp a caller could
+/// have written any tenant into the provider's record.
+pub(super) fn read_back(
+    path: &str,
+    rb: &ReadBackSpec,
+    tenant_field: Option<&str>,
+) -> Result<ReadBack, ConfigError> {
     let method = Method::from_bytes(rb.method.to_ascii_uppercase().as_bytes()).map_err(|_| {
         ConfigError::new(
             format!("{path}.method"),
@@ -79,7 +93,26 @@ pub(super) fn read_back(path: &str, rb: &ReadBackSpec) -> Result<ReadBack, Confi
             .map_err(|e| ConfigError::new(format!("{path}.match.{ptr}"), e))?;
         match_fields.push((ptr.clone(), t));
     }
+    let tied = tpl.uses_provider_key()
+        || headers.iter().any(|(_, t)| t.uses_provider_key())
+        || tool_arguments.iter().any(|(_, t)| t.uses_provider_key())
+        || match_fields.iter().any(|(_, t)| t.uses_provider_key())
+        || tenant_field.is_some();
+    if !tied {
+        return Err(ConfigError::new(
+            format!("{path}.match"),
+            "the read-back is not tied to this operation: use {provider_key} in its path or \
+             match (e.g. match = { \"/idempotency_key\" = \"{provider_key}\" }), or set the \
+             route's tenant_scoped_field. Only {provider_key} is scoped to the tenant; \
+             {body:…} and {operation_id} are chosen by callers, so another tenant's effect \
+             could be taken for this operation",
+        ));
+    }
+    // With a tenant_scoped_field the found value must hold the tenant: at
+    // a `match` condition that says `{tenant}`, else at the same pointer.
+    let explicit_tenant = match_fields.iter().any(|(_, t)| t.uses_tenant());
     Ok(ReadBack {
+        tenant_field: tenant_field.filter(|_| !explicit_tenant).map(str::to_owned),
         method,
         path: tpl,
         headers,

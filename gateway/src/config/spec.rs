@@ -348,6 +348,47 @@ pub struct LimitsSpec {
     /// (a bound against compression bombs). Default 67108864 (64 MiB).
     #[serde(default = "default_max_decoded_replay_bytes")]
     pub max_decoded_replay_bytes: usize,
+    /// Time a connection has to deliver a request head, in ms: from accept
+    /// (TLS handshake included) for the first one, and on HTTP/1.1 from the
+    /// end of the previous answer for the next (so it also bounds an idle
+    /// keep-alive connection). Past it the connection is closed, nothing
+    /// having been read. Default 10000.
+    #[serde(default = "default_header_read_timeout_ms")]
+    pub header_read_timeout_ms: u64,
+    /// Time to read an effectful call's body (which is buffered), in ms;
+    /// past it the answer is 408 and nothing is reserved. Default 30000.
+    #[serde(default = "default_body_read_timeout_ms")]
+    pub body_read_timeout_ms: u64,
+    /// A connection with no request in flight this long is closed, in ms.
+    /// Default 60000.
+    #[serde(default = "default_idle_timeout_ms")]
+    pub idle_timeout_ms: u64,
+    /// Open connections on the proxy listener at most. Default: half of
+    /// the process's descriptor limit (raised to its hard limit at start)
+    /// less 256, at least 64; the other half is left for upstream
+    /// connections. At the cap the oldest connection without a complete
+    /// request head is closed first.
+    #[serde(default)]
+    pub max_connections: Option<usize>,
+    /// Open connections on the admin listener at most. Default 256.
+    #[serde(default = "default_max_admin_connections")]
+    pub max_admin_connections: usize,
+}
+
+fn default_header_read_timeout_ms() -> u64 {
+    10_000
+}
+
+fn default_body_read_timeout_ms() -> u64 {
+    30_000
+}
+
+fn default_idle_timeout_ms() -> u64 {
+    60_000
+}
+
+fn default_max_admin_connections() -> usize {
+    256
 }
 
 fn default_max_decoded_replay_bytes() -> usize {
@@ -362,6 +403,11 @@ impl Default for LimitsSpec {
             max_list_limit: 500,
             max_header_bytes: 65_536,
             max_decoded_replay_bytes: default_max_decoded_replay_bytes(),
+            header_read_timeout_ms: default_header_read_timeout_ms(),
+            body_read_timeout_ms: default_body_read_timeout_ms(),
+            idle_timeout_ms: default_idle_timeout_ms(),
+            max_connections: None,
+            max_admin_connections: default_max_admin_connections(),
         }
     }
 }
@@ -384,10 +430,29 @@ pub struct TenantSpec {
     /// Whether the principal that made a request may approve it. Default false.
     #[serde(default)]
     pub allow_self_approval: bool,
+    /// Effectful calls of this tenant in flight at once, at most; one more
+    /// gets 429 with `Retry-After: 1`. Default: no limit.
+    #[serde(default)]
+    pub max_in_flight: Option<u32>,
+    /// Calls per second of this tenant (every call through the proxy),
+    /// `{ per_second, burst }`; past it 429 with `Retry-After`. Default: no limit.
+    #[serde(default)]
+    pub rate_limit: Option<RateLimitSpec>,
     /// This tenant's overrides of MCP tool annotations, by tool name; they
     /// win over the route's (`[routes.mcp.tools]`) and the server's hints.
     #[serde(default)]
     pub mcp_tools: std::collections::BTreeMap<String, ToolOverride>,
+}
+
+/// `tenants[].rate_limit`: a token bucket (GCRA) per tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitSpec {
+    /// Sustained calls per second (at least 1).
+    pub per_second: u32,
+    /// Calls allowed in a burst above the rate (at least 1). Default: `per_second`.
+    #[serde(default)]
+    pub burst: Option<u32>,
 }
 
 /// `tenants[].webhook`: approval notifications, delivered at least once
@@ -634,6 +699,15 @@ pub struct RouteSpec {
     /// result. Default false: the caller re-sends the same request.
     #[serde(default)]
     pub execute_on_approval: bool,
+    /// A JSON pointer (e.g. `/metadata/tenant`) at which the gateway writes
+    /// the caller's tenant id into every effectful request body before it
+    /// is stored and forwarded (a JSON object, or a form body in bracket
+    /// syntax: `metadata[tenant]=…`), overwriting what the caller sent
+    /// there. A read-back then only accepts a found value that holds this
+    /// tenant at the same pointer, which ties a read-back keyed on a body
+    /// field to this tenant's effects. Default: none.
+    #[serde(default)]
+    pub tenant_scoped_field: Option<String>,
     /// JSON Schema file (relative to the config file) that request bodies of
     /// effectful calls must satisfy; a body that fails it gets 422 before
     /// the ledger and is never retried.

@@ -55,10 +55,28 @@ pub struct Session {
 #[derive(Debug, Default, Clone)]
 pub struct Sessions(Arc<Mutex<HashMap<String, Session>>>);
 
+/// The `segment` filter: `value` as one URL path segment. Every byte but
+/// the unreserved letters, digits, `-`, `_` and `~` is percent-encoded
+/// (RFC 3986 §2.1), `/` and `.` included, so an operation id like
+/// `zz/../k1` stays one segment and can't point a link or form at another
+/// operation. (minijinja's `urlencode` leaves `/` and `.` as they are.)
+pub fn path_segment(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 fn env() -> &'static Environment<'static> {
     static ENV: OnceLock<Environment<'static>> = OnceLock::new();
     ENV.get_or_init(|| {
         let mut env = Environment::new();
+        env.add_filter("segment", path_segment);
         for (name, src) in [
             ("base.html", include_str!("templates/base.html")),
             ("login.html", include_str!("templates/login.html")),

@@ -418,6 +418,15 @@ async fn attempt(
                 } else {
                     route.max_stored_response_bytes
                 },
+                // An MCP answer streamed as SSE ends with its result
+                // message, whether or not the server closes the stream.
+                (route.mcp.is_some()
+                    && head
+                        .headers
+                        .get(header::CONTENT_TYPE)
+                        .and_then(|v| v.to_str().ok())
+                        .is_some_and(|c| c.starts_with("text/event-stream")))
+                .then_some(&head.headers),
             ),
         )
         .await
@@ -449,7 +458,15 @@ async fn attempt(
     result
 }
 
-async fn read_bounded(mut body: Incoming, limit: usize) -> ReadBody {
+/// Reads a response body up to `limit` bytes. With `sse_result` (an MCP
+/// answer's headers, when it is an event stream), reading stops at the
+/// first complete event that holds the JSON-RPC result: that message
+/// decides the outcome, and the stream is closed after it.
+async fn read_bounded(
+    mut body: Incoming,
+    limit: usize,
+    sse_result: Option<&HeaderMap>,
+) -> ReadBody {
     let mut buf = BytesMut::new();
     loop {
         match body.frame().await {
@@ -460,6 +477,11 @@ async fn read_bounded(mut body: Incoming, limit: usize) -> ReadBody {
                     if buf.len() > limit {
                         return ReadBody::Overflow(buf.freeze(), body);
                     }
+                    if let Some(h) = sse_result
+                        && crate::mcp::rpc_message(h, complete_events(&buf)).is_some()
+                    {
+                        return ReadBody::Whole(buf.freeze());
+                    }
                 }
             }
             Some(Err(e)) => {
@@ -467,6 +489,21 @@ async fn read_bounded(mut body: Incoming, limit: usize) -> ReadBody {
             }
         }
     }
+}
+
+/// The part of an event stream up to its last complete event (one ended
+/// by a blank line: LF LF, CRLF CRLF or CR CR).
+fn complete_events(buf: &[u8]) -> &[u8] {
+    let end = [&b"\n\n"[..], b"\r\n\r\n", b"\r\r"]
+        .iter()
+        .filter_map(|sep| {
+            buf.windows(sep.len())
+                .rposition(|w| w == *sep)
+                .map(|i| i + sep.len())
+        })
+        .max()
+        .unwrap_or(0);
+    &buf[..end]
 }
 
 /// `Retry-After` in ms (delay-seconds, RFC 9110 §10.2.3; an HTTP-date is

@@ -242,6 +242,17 @@ pub async fn prepare(
             Value::Null,
         )));
     };
+    // A repeated key reads differently to different parsers (two `params`,
+    // two `method`s): the gateway would judge one message and a first-wins
+    // server run another. Refused on every path, before any decision.
+    if crate::idempotency::has_duplicate_keys(body) {
+        return Ok(Prepared::Respond(rpc_error(
+            &Value::Null,
+            -32600,
+            "a JSON object in the message repeats a key (RFC 7493 §2.3)",
+            Value::Null,
+        )));
+    }
     if !msg.is_object() {
         return Ok(Prepared::Respond(rpc_error(
             &Value::Null,

@@ -85,6 +85,7 @@ pub async fn read_back(
         operation_id: &op.operation_id,
         provider_key: &op.provider_key,
         body: &body,
+        tenant: &op.tenant_id,
     };
     let path = rb.path.render(&vars, crate::template::url_encode);
     let args: serde_json::Map<String, Value> = rb

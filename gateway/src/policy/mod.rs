@@ -302,7 +302,13 @@ pub fn evaluate_chain(
             .call(&p.compiled, &label, |inst, store| {
                 inst.call_evaluate(store, &p.config, request)
             })
-            .and_then(|d| validate(d, route, engine.limits()));
+            .and_then(|d| {
+                validate(d, route, engine.limits()).inspect_err(|_| {
+                    // The call itself was counted; a refused output is a
+                    // failure of its own kind.
+                    crate::metrics::policy_failure("invalid-output");
+                })
+            });
         let duration_us = started.elapsed().as_micros() as i64;
         let rec = |decision: &str, reason: Option<String>| DecisionRecord {
             policy: p.name.clone(),

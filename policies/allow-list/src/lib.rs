@@ -2,7 +2,10 @@
 //! on the tenant's list.
 //!
 //! Config: `{"rules": [{"methods": ["POST"], "path_prefix": "/v1/charges"}]}`.
-//! A rule without `methods` allows every method.
+//! A rule without `methods` allows every method. `path_prefix` matches
+//! whole path segments: `/tools/send_email` allows `/tools/send_email` and
+//! `/tools/send_email/…`, never `/tools/send_email_bulk`; a prefix ending
+//! in `/` allows everything below it.
 
 use effectgate_policy_sdk::*;
 
@@ -48,7 +51,7 @@ impl Policy for AllowList {
                 };
                 let path_ok = rule["path_prefix"]
                     .as_str()
-                    .is_some_and(|p| request.path.starts_with(p));
+                    .is_some_and(|p| segment_prefix(p, &request.path));
                 method_ok && path_ok
             });
         if allowed {
@@ -62,6 +65,14 @@ impl Policy for AllowList {
                 ),
             )
         }
+    }
+}
+
+/// Whether `prefix` names `path` or one of its ancestors, by whole segments.
+fn segment_prefix(prefix: &str, path: &str) -> bool {
+    match path.strip_prefix(prefix) {
+        None => false,
+        Some(rest) => prefix.ends_with('/') || rest.is_empty() || rest.starts_with('/'),
     }
 }
 

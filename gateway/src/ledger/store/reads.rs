@@ -74,8 +74,14 @@ impl Store {
         tenant: &str,
         operation_id: &str,
     ) -> Result<Vec<serde_json::Value>, LedgerError> {
-        let rows = sqlx::query(q("SELECT policy, content_hash, decision, reason, duration_us, fingerprint, at FROM policy_decisions \
-             WHERE tenant_id = ? AND operation_id = ? ORDER BY seq"))
+        // Only this operation's: a refusal recorded under the same key
+        // before the operation existed (a denied call, an earlier
+        // operation's) is not part of its history.
+        let rows = sqlx::query(q("SELECT policy, content_hash, decision, reason, duration_us, fingerprint, at FROM policy_decisions d \
+             WHERE d.tenant_id = ? AND d.operation_id = ? \
+             AND d.at >= COALESCE((SELECT o.created_at FROM operations o \
+                 WHERE o.tenant_id = d.tenant_id AND o.operation_id = d.operation_id), 0) \
+             ORDER BY d.seq"))
         .bind(tenant)
         .bind(operation_id)
         .fetch_all(&self.read)
@@ -182,6 +188,17 @@ impl Store {
     ) -> Result<u64, LedgerError> {
         let mut tx = self.write.begin().await?;
         let now = self.now_in(&mut tx).await?;
+        // Decisions recorded for calls refused before reservation have no
+        // operation; they go after the shortest key retention.
+        sqlx::query(q(
+            "DELETE FROM policy_decisions WHERE seq IN (SELECT d.seq FROM policy_decisions d \
+             WHERE d.at <= ? AND NOT EXISTS (SELECT 1 FROM operations o \
+             WHERE o.tenant_id = d.tenant_id AND o.operation_id = d.operation_id) LIMIT ?)",
+        ))
+        .bind(now.saturating_sub(min_retention_ms.max(0)))
+        .bind(i64::from(batch))
+        .execute(&mut *tx)
+        .await?;
         // Mark the batch (rows another sweeper or a reservation holds are
         // skipped), delete the marked rows' history, then the rows: six
         // statements per batch, in one transaction, whatever its size.

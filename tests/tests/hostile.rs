@@ -1,0 +1,540 @@
+//! Hostile input and noisy neighbours: each test reproduces a defect found
+//! by attacking the gateway, and asserts the fixed behaviour.
+
+use std::time::{Duration, Instant};
+
+use effectgate::ledger::ManualClock;
+use effectgate_tests::*;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A key reused after its retention names a new operation: it must get a
+/// new provider key, or a provider that keeps keys longer (Stripe: 24 h)
+/// replays the old effect for the new request.
+#[tokio::test]
+async fn a_key_reused_after_retention_gets_a_new_provider_key_and_a_new_effect() {
+    let clock = ManualClock::new(1_000_000_000);
+    let app = spawn_with(Opts {
+        route_extra: "key_retention_hours = 1".into(),
+        more: "[reconcile]\nenabled = false\n".into(),
+        clock: Some(clock.clone()),
+        ..Default::default()
+    })
+    .await;
+    let first = app
+        .charge("order-1", r#"{"amount":100,"currency":"eur"}"#)
+        .await;
+    assert_eq!(first.status(), 200);
+    let first: Value = first.json().await.unwrap();
+    let old_key = app.op_json("order-1").await["provider_key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Within retention another body is refused (422): the key is taken.
+    assert_eq!(
+        app.charge("order-1", r#"{"amount":999,"currency":"eur"}"#)
+            .await
+            .status(),
+        422
+    );
+    clock.advance(2 * 3_600_000);
+    let second = app
+        .charge("order-1", r#"{"amount":999,"currency":"eur"}"#)
+        .await;
+    assert_eq!(second.status(), 200);
+    assert!(second.headers().get("idempotent-replayed").is_none());
+    let second: Value = second.json().await.unwrap();
+    let op = app.op_json("order-1").await;
+    assert_ne!(op["provider_key"], old_key.as_str(), "a new incarnation");
+    assert_eq!(
+        second["amount"], 999,
+        "the new request's effect, not the old one"
+    );
+    assert_ne!(second["id"], first["id"]);
+    assert_eq!(app.mock.provider.effects(), 2);
+    // Every attempt of one incarnation carries its one key.
+    let keys: Vec<String> = app
+        .mock
+        .provider
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST")
+        .filter_map(|r| {
+            r.headers
+                .iter()
+                .find(|(n, _)| n == "idempotency-key")
+                .map(|(_, v)| v.clone())
+        })
+        .collect();
+    assert_eq!(
+        keys,
+        vec![old_key, op["provider_key"].as_str().unwrap().to_owned()]
+    );
+}
+
+const BY_CLIENT_REF: &str = "[routes.read_back]\npath = \"/v1/charges?client_ref={body:/client_ref}\"\nfound_pointer = \"/data\"\nsettle_delay_ms = 0\n";
+
+/// A read-back keyed on a body field, with nothing tying it to the
+/// operation, is refused by the config (it once completed one tenant's
+/// operation with another tenant's charge).
+#[tokio::test]
+async fn a_read_back_not_tied_to_the_operation_is_a_config_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("l.db");
+    for extra in [
+        BY_CLIENT_REF.to_owned(),
+        format!("{BY_CLIENT_REF}match = {{ \"/client_ref\" = \"{{body:/client_ref}}\" }}\n"),
+        format!("{BY_CLIENT_REF}match = {{ \"/op\" = \"{{operation_id}}\" }}\n"),
+    ] {
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, config_toml("http://127.0.0.1:1", &db, &extra)).unwrap();
+        let e = effectgate::config::load(Some(&p)).unwrap_err();
+        assert_eq!(e.path, "routes[0].read_back.match", "{extra}");
+        assert!(e.message.contains("not tied to this operation"), "{e}");
+        assert!(e.message.contains("tenant_scoped_field"), "{e}");
+    }
+    // Tied by {provider_key} in the match, or by a tenant_scoped_field: accepted.
+    for extra in [
+        format!("{BY_CLIENT_REF}match = {{ \"/idempotency_key\" = \"{{provider_key}}\" }}\n"),
+        format!("tenant_scoped_field = \"/metadata/tenant\"\n{BY_CLIENT_REF}"),
+    ] {
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, config_toml("http://127.0.0.1:1", &db, &extra)).unwrap();
+        effectgate::config::load(Some(&p)).unwrap_or_else(|e| panic!("{extra}: {e}"));
+    }
+}
+
+/// The same `client_ref` in two tenants, tied by `tenant_scoped_field`:
+/// tenant `a`'s failed call is read back as absent (tenant `b`'s charge
+/// doesn't count), attempted again, and gets its own charge.
+#[tokio::test]
+async fn a_tenant_scoped_read_back_never_takes_another_tenants_effect() {
+    let app = spawn_with(Opts {
+        route_extra: format!("tenant_scoped_field = \"/metadata/tenant\"\n{BY_CLIENT_REF}"),
+        more: "[reconcile]\nenabled = false\n".into(),
+        ..Default::default()
+    })
+    .await;
+    let b = app
+        .charge_as(
+            KEY_B,
+            "b-1",
+            r#"{"amount":700,"currency":"eur","client_ref":"shared-1"}"#,
+        )
+        .await;
+    assert_eq!(b.status(), 200);
+    // The caller can't forge the tenant: the gateway overwrites it.
+    let body_a =
+        r#"{"amount":5,"currency":"eur","client_ref":"shared-1","metadata":{"tenant":"b"}}"#;
+    app.mock.provider.set_faults(mock_provider::Faults {
+        fail_status_times: 1,
+        fail_status: 500,
+        ..Default::default()
+    });
+    let r = app.charge("a-1", body_a).await;
+    assert_eq!(r.status(), 502);
+    assert_eq!(app.op_json("a-1").await["state"], "UNKNOWN");
+    app.tick().await;
+    let op = app.op_json("a-1").await;
+    assert_eq!(op["state"], "COMPLETED", "{op}");
+    let dup = app.charge("a-1", body_a).await;
+    assert_eq!(dup.status(), 200);
+    let v: Value = dup.json().await.unwrap();
+    assert_eq!(v["amount"], 5, "tenant a's own charge");
+    assert_eq!(v["metadata"]["tenant"], "a");
+    assert_eq!(v["id"], "ch_2");
+    let charges = app.mock.provider.charges();
+    assert_eq!(charges.len(), 2, "two operations, two effects");
+    assert_eq!(charges[0].metadata["tenant"], "b");
+    assert_eq!(charges[1].metadata["tenant"], "a");
+}
+
+/// Reads until the peer closes (EOF or reset); `Some(elapsed)` if it did
+/// within `limit`.
+async fn closed_within(s: &mut tokio::net::TcpStream, limit: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    let mut buf = [0u8; 512];
+    loop {
+        match tokio::time::timeout(limit.saturating_sub(start.elapsed()), s.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(start.elapsed()),
+            Ok(Ok(_)) => continue,
+        }
+    }
+}
+
+/// 80 connections that never finish their request head, against a cap of
+/// 40: a normal caller and the admin listener are still served, and every
+/// slow socket is closed (the oldest at once to make room, the rest when
+/// their header timeout runs out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_header_flood_locks_out_neither_callers_nor_the_admin_listener() {
+    let app = spawn_with(Opts {
+        more: "[limits]\nmax_connections = 40\nheader_read_timeout_ms = 1500\n".into(),
+        ..Default::default()
+    })
+    .await;
+    let started = Instant::now();
+    let mut slow = Vec::new();
+    for _ in 0..80 {
+        let mut s = tokio::net::TcpStream::connect(app.gw.proxy_addr)
+            .await
+            .unwrap();
+        s.write_all(b"POST /pay/v1/charges HTTP/1.1\r\nHost: gateway\r\nX-Slow: ")
+            .await
+            .unwrap();
+        slow.push(s);
+    }
+    // A normal caller on a fresh connection is served during the flood.
+    let fresh = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let r = fresh
+        .get(app.proxy("/pay/v1/charges?client_ref=x"))
+        .bearer_auth(KEY_A)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = fresh
+        .get(app.admin("/healthz"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // Every slow socket is closed within its header timeout (plus slack).
+    let mut closed = 0;
+    for s in &mut slow {
+        if closed_within(s, Duration::from_millis(1500 + 3000))
+            .await
+            .is_some()
+        {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 80, "every slow socket was closed");
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    let metrics = fresh
+        .get(app.admin("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let count = |reason: &str| -> u64 {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("effectgate_connections_closed_total")
+                    && l.contains("listener=\"proxy\"")
+                    && l.contains(&format!("reason=\"{reason}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(count("no-request-head") >= 41, "{metrics}");
+    assert!(count("header-timeout") >= 39, "{metrics}");
+}
+
+/// A body that stops arriving gets 408 and nothing is reserved or sent.
+#[tokio::test]
+async fn a_body_that_stops_arriving_gets_408_and_nothing_is_reserved() {
+    let app = spawn_with(Opts {
+        more: "[limits]\nbody_read_timeout_ms = 800\n".into(),
+        ..Default::default()
+    })
+    .await;
+    let mut s = tokio::net::TcpStream::connect(app.gw.proxy_addr)
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /pay/v1/charges HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer {KEY_A}\r\n\
+         Idempotency-Key: slow-body\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"amount\":"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let started = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut answer))
+        .await
+        .expect("answered and closed in time")
+        .unwrap();
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(
+        text.contains("urn:effectgate:problem:request-timeout"),
+        "{text}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(app.operation(ADMIN_A, "a", "slow-body").await.status(), 404);
+    assert!(app.mock.provider.requests().is_empty());
+}
+
+#[tokio::test]
+async fn a_tenants_rate_and_in_flight_limits_answer_429_and_spare_other_tenants() {
+    let app = spawn_with(Opts {
+        tenant_a: "rate_limit = { per_second = 1, burst = 2 }\nmax_in_flight = 1".into(),
+        ..Default::default()
+    })
+    .await;
+    let get = |key: &'static str| {
+        app.http
+            .get(app.proxy("/pay/v1/charges?client_ref=x"))
+            .bearer_auth(key)
+            .send()
+    };
+    assert_eq!(get(KEY_A).await.unwrap().status(), 200);
+    assert_eq!(get(KEY_A).await.unwrap().status(), 200);
+    let r = get(KEY_A).await.unwrap();
+    assert_eq!(r.status(), 429);
+    let wait: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=2).contains(&wait), "{wait}");
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["type"], "urn:effectgate:problem:tenant-limited");
+    assert_eq!(p["limit"], "rate");
+    for _ in 0..5 {
+        assert_eq!(
+            get(KEY_B).await.unwrap().status(),
+            200,
+            "tenant b has no limit"
+        );
+    }
+
+    // In flight: one slow charge holds tenant a's only slot.
+    let app2 = spawn_with(Opts {
+        tenant_a: "max_in_flight = 1".into(),
+        ..Default::default()
+    })
+    .await;
+    let slow = {
+        let (http, url) = (app2.http.clone(), app2.proxy("/pay/v1/charges"));
+        tokio::spawn(async move {
+            http.post(url)
+                .bearer_auth(KEY_A)
+                .header("Idempotency-Key", "slow")
+                .header("Content-Type", "application/json")
+                .header("X-Mock-Delay-Ms", "1500")
+                .body(r#"{"amount":1}"#)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while app2.mock.provider.requests().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the slow charge reached the provider"
+        );
+        tokio::task::yield_now().await;
+    }
+    let r = app2.charge("second", r#"{"amount":2}"#).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "1");
+    assert_eq!(app2.operation(ADMIN_A, "a", "second").await.status(), 404);
+    assert_eq!(
+        app2.charge_as(KEY_B, "b-ok", r#"{"amount":3}"#)
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(slow.await.unwrap(), 200);
+    assert_eq!(app2.charge("second", r#"{"amount":2}"#).await.status(), 200);
+}
+
+/// An effect that shows up in the provider's search a little after the
+/// lost reply is found at the next read-back, not only once the whole
+/// settle delay has passed.
+#[tokio::test]
+async fn read_backs_continue_during_the_settle_window() {
+    let clock = ManualClock::new(1_000_000_000);
+    let app = spawn_with(Opts {
+        route_extra: "[routes.read_back]\npath = \"/v1/charges?idempotency_key={provider_key}\"\n\
+                      found_pointer = \"/data/0\"\nsettle_delay_ms = 6000\n"
+            .into(),
+        more: "[reconcile]\nenabled = false\nbackoff_base_ms = 200\nbackoff_max_ms = 60000\n"
+            .into(),
+        clock: Some(clock.clone()),
+        ..Default::default()
+    })
+    .await;
+    app.mock.provider.set_faults(mock_provider::Faults {
+        readback_hidden: true,
+        ..Default::default()
+    });
+    let r = app
+        .charge_with(
+            "lagging",
+            r#"{"amount":1}"#,
+            &[("X-Mock-Fault", "drop-after-effect")],
+        )
+        .await;
+    assert_eq!(r.status(), 502);
+    app.tick().await;
+    assert_eq!(app.op_json("lagging").await["state"], "UNKNOWN");
+    assert_eq!(app.mock.provider.readbacks(), 1);
+    // One second later the provider's search shows the charge.
+    app.mock
+        .provider
+        .set_faults(mock_provider::Faults::default());
+    clock.advance(1_000);
+    app.tick().await;
+    let op = app.op_json("lagging").await;
+    assert_eq!(op["state"], "COMPLETED", "found within the window: {op}");
+    assert_eq!(app.mock.provider.readbacks(), 2);
+    assert_eq!(app.mock.provider.effects(), 1);
+}
+
+/// An MCP server that streams its tool result as SSE and then leaves the
+/// stream open: the result message decides (COMPLETED, stored whole), and
+/// the gateway closes the stream after it instead of waiting it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sse_tool_result_decides_even_when_the_stream_stays_open() {
+    use axum::response::IntoResponse;
+    use futures_util::StreamExt as _;
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c = calls.clone();
+    let server = axum::Router::new().route(
+        "/mcp",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let c = c.clone();
+            async move {
+                let msg: Value = serde_json::from_slice(&body).unwrap();
+                let id = msg["id"].clone();
+                match msg["method"].as_str() {
+                    Some("tools/call") => {
+                        c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let events = format!(
+                            "event: message\ndata: {}\n\nevent: message\ndata: {}\n\n",
+                            serde_json::json!({"jsonrpc":"2.0","method":"notifications/progress","params":{"progress":1}}),
+                            serde_json::json!({"jsonrpc":"2.0","id":id,"result":{"content":[{"type":"text","text":"sent"}],"isError":false}})
+                        );
+                        let stream = futures_util::stream::once(async move {
+                            Ok::<_, std::io::Error>(axum::body::Bytes::from(events))
+                        })
+                        .chain(futures_util::stream::pending());
+                        (
+                            [("content-type", "text/event-stream")],
+                            axum::body::Body::from_stream(stream),
+                        )
+                            .into_response()
+                    }
+                    Some("tools/list") => axum::Json(serde_json::json!({"jsonrpc":"2.0","id":id,
+                        "result":{"tools":[{"name":"send","inputSchema":{"type":"object"}}]}}))
+                    .into_response(),
+                    _ => axum::Json(serde_json::json!({"jsonrpc":"2.0","id":id,"result":{}}))
+                        .into_response(),
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, server).await.unwrap() });
+    let app = spawn_with(Opts {
+        more: format!(
+            "[[routes]]\nname = \"tools\"\nprefix = \"/tools/\"\nupstream = \"http://{addr}\"\n\
+             mode = \"mcp\"\neffect_class = \"notification\"\nresponse_timeout_ms = 20000\n\
+             [reconcile]\nenabled = false\n"
+        ),
+        ..Default::default()
+    })
+    .await;
+    let started = Instant::now();
+    let r = app
+        .http
+        .post(app.proxy("/tools/mcp"))
+        .bearer_auth(KEY_A)
+        .header("Accept", "application/json, text/event-stream")
+        .header("Content-Type", "application/json")
+        .body(r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"send","arguments":{"to":"x"},"_meta":{"effectgate/operation-id":"sse-open"}}}"#)
+        .timeout(Duration::from_secs(15))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["result"]["content"][0]["text"], "sent", "{v}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "not held until the response timeout: {:?}",
+        started.elapsed()
+    );
+    let op = app.op_json("sse-open").await;
+    assert_eq!(op["state"], "COMPLETED", "{op}");
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// A refused call's policy decisions never show up in the history of an
+/// operation that later uses the same key, and the sweeper removes them.
+#[tokio::test]
+async fn refused_calls_decisions_are_scoped_and_swept() {
+    let clock = ManualClock::new(1_000_000_000);
+    let app = spawn_with(Opts {
+        route_extra: "key_retention_hours = 1".into(),
+        tenant_a: format!(
+            "[[tenants.policies]]\nroute = \"payments\"\nmodule = \"{}\"\nconfig = {{ threshold = 1000, currencies = [\"eur\"] }}\n",
+            policy_wasm("amount_threshold").display()
+        ),
+        more: "[reconcile]\nenabled = false\n".into(),
+        clock: Some(clock.clone()),
+        ..Default::default()
+    })
+    .await;
+    let ledger = &app.gw.state.ledger;
+    // Refused (btc is not allowed): a decision, no operation.
+    assert_eq!(
+        app.charge("k", r#"{"amount":5,"currency":"btc"}"#)
+            .await
+            .status(),
+        403
+    );
+    assert_eq!(ledger.decisions("a", "k").await.unwrap().len(), 1);
+    clock.advance(1_000);
+    // The same key, allowed: its history holds only its own decision.
+    assert_eq!(
+        app.charge("k", r#"{"amount":5,"currency":"eur"}"#)
+            .await
+            .status(),
+        200
+    );
+    let op = app.op_json("k").await;
+    let decisions = op["policy_decisions"].as_array().unwrap();
+    assert_eq!(decisions.len(), 1, "{decisions:?}");
+    assert_eq!(decisions[0]["decision"], "allow");
+    // A refusal under a key that never becomes an operation is swept.
+    assert_eq!(
+        app.charge("never", r#"{"amount":5,"currency":"btc"}"#)
+            .await
+            .status(),
+        403
+    );
+    effectgate::reconcile::sweep(&app.gw.state, 100, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        ledger.decisions("a", "never").await.unwrap().len(),
+        1,
+        "young: kept"
+    );
+    clock.advance(2 * 3_600_000);
+    effectgate::reconcile::sweep(&app.gw.state, 100, 10)
+        .await
+        .unwrap();
+    assert!(
+        ledger.decisions("a", "never").await.unwrap().is_empty(),
+        "old: swept"
+    );
+}
