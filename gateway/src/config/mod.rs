@@ -245,14 +245,17 @@ pub fn load_file(path: Option<&Path>) -> Result<ConfigFile, ConfigError> {
             Err(e) => return Err(ConfigError::new(file, format!("cannot read it: {e}"))),
         };
         if let Err(e) = toml::from_str::<toml::Table>(&text) {
+            let mut message = e.message().trim().replace('\n', "; ");
             let at = match e.span() {
                 Some(span) => {
                     let (line, col) = line_col(&text, span.start);
+                    if let Some(l) = text.lines().nth(line - 1) {
+                        message.push_str(&format!(", in: {}", l.trim()));
+                    }
                     format!("{file}:{line}:{col}")
                 }
                 None => file,
             };
-            let message = e.message().trim().replace('\n', "; ");
             return Err(ConfigError::new(at, format!("TOML syntax error: {message}")));
         }
         fig = fig.merge(Toml::file_exact(p));
