@@ -143,7 +143,10 @@ mod tests {
         annotate(&mut v);
         assert_eq!(v["created_at_rfc3339"], "1970-01-01T00:00:00.000Z");
         assert_eq!(v["decided_at_rfc3339"], Value::Null);
-        assert_eq!(v["transitions"][0]["at_rfc3339"], "1970-01-01T00:00:01.000Z");
+        assert_eq!(
+            v["transitions"][0]["at_rfc3339"],
+            "1970-01-01T00:00:01.000Z"
+        );
         assert_eq!(v["request_body"], serde_json::json!({"at": 5}));
     }
 }

@@ -115,10 +115,7 @@ fn bad_configs_get_the_messages_of_the_snapshot_file() {
         if case.missing {
             rewritten.push_str("missing: true\n");
         }
-        rewritten.push_str(&format!(
-            "--- config\n{}--- output\n{got}\n\n",
-            case.config
-        ));
+        rewritten.push_str(&format!("--- config\n{}--- output\n{got}\n\n", case.config));
     }
     if update {
         std::fs::write(CASES, rewritten.trim_end().to_owned() + "\n").unwrap();

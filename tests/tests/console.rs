@@ -169,7 +169,9 @@ async fn sessions_are_httponly_cookies_and_posts_need_the_csrf_token() {
         .unwrap();
     let expires = effectgate::times::rfc3339(approval.expires_at).unwrap();
     assert!(
-        page.contains(&format!("expires <span class=\"expires\">{expires} (in 23 h)</span>")),
+        page.contains(&format!(
+            "expires <span class=\"expires\">{expires} (in 23 h)</span>"
+        )),
         "{page}"
     );
 

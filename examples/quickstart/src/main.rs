@@ -100,7 +100,9 @@ fn build_policy_if_missing(root: &Path) -> anyhow::Result<()> {
         .status()
         && !status.success()
     {
-        anyhow::bail!("`rustup target add wasm32-wasip2` failed; run it, then the quickstart again");
+        anyhow::bail!(
+            "`rustup target add wasm32-wasip2` failed; run it, then the quickstart again"
+        );
     }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let status = Command::new(cargo)

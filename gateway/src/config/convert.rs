@@ -614,7 +614,10 @@ fn missing_module(module: &Path) -> String {
         }
     }
     let mut s = format!("no policy module at {}", resolved.display());
-    if module.components().any(|c| c.as_os_str() == "wasm32-wasip2") {
+    if module
+        .components()
+        .any(|c| c.as_os_str() == "wasm32-wasip2")
+    {
         s.push_str(
             "; build the policy components with `cargo build --manifest-path policies/Cargo.toml --target wasm32-wasip2 --release --target-dir policies/target` (from the repository root; `rustup target add wasm32-wasip2` first)",
         );

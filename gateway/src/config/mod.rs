@@ -256,7 +256,10 @@ pub fn load_file(path: Option<&Path>) -> Result<ConfigFile, ConfigError> {
                 }
                 None => file,
             };
-            return Err(ConfigError::new(at, format!("TOML syntax error: {message}")));
+            return Err(ConfigError::new(
+                at,
+                format!("TOML syntax error: {message}"),
+            ));
         }
         fig = fig.merge(Toml::file_exact(p));
     }

@@ -65,7 +65,8 @@ fn env() -> &'static Environment<'static> {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-            ms.map(|ms| crate::times::human(ms, now)).unwrap_or_default()
+            ms.map(|ms| crate::times::human(ms, now))
+                .unwrap_or_default()
         });
         for (name, src) in [
             ("base.html", include_str!("templates/base.html")),
