@@ -175,6 +175,7 @@ pub async fn operation_json(app: &AppState, op: &Operation) -> Result<serde_json
             .decisions(&op.tenant_id, &op.operation_id)
             .await?
     );
+    crate::times::annotate(&mut body);
     Ok(body)
 }
 
@@ -238,7 +239,9 @@ async fn list_operations(
         })?),
     };
     let ops = app.ledger.list(Some(&tenant), state, limit).await?;
-    Ok(axum::Json(json!({ "operations": ops })).into_response())
+    let mut body = json!({ "operations": ops });
+    crate::times::annotate(&mut body);
+    Ok(axum::Json(body).into_response())
 }
 
 async fn dead_letters(
@@ -251,7 +254,9 @@ async fn dead_letters(
     let limit = limit_param(&app, &q, &["limit"])?;
     let ops = app.ledger.dead_letters(Some(&tenant), limit).await?;
     let items: Vec<_> = ops.iter().map(dead_letter_json).collect();
-    Ok(axum::Json(json!({ "dead_letters": items })).into_response())
+    let mut body = json!({ "dead_letters": items });
+    crate::times::annotate(&mut body);
+    Ok(axum::Json(body).into_response())
 }
 
 /// The fields an operator needs to decide on a dead letter.

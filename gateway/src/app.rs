@@ -189,10 +189,10 @@ impl AppState {
         .map_err(|e| e.to_string())?;
         let keep = policies.hashes();
         let summary = format!(
-            "{} tenants, {} routes, {} policy modules",
-            settings.tenants.len(),
-            settings.routes.len(),
-            keep.len()
+            "{}, {}, {}",
+            crate::config::counted(settings.tenants.len(), "tenant"),
+            crate::config::counted(settings.routes.len(), "route"),
+            crate::config::counted(keep.len(), "policy module")
         );
         self.runtime.store(Arc::new(Runtime { settings, policies }));
         self.engine.retain(&keep);

@@ -63,7 +63,9 @@ pub async fn list(
         .ledger
         .approvals(&tenant, status, app.settings().limits.max_list_limit)
         .await?;
-    Ok(axum::Json(json!({ "approvals": items })).into_response())
+    let mut body = json!({ "approvals": items });
+    crate::times::annotate(&mut body);
+    Ok(axum::Json(body).into_response())
 }
 
 /// One approval with the exact request it is bound to (headers without
@@ -101,6 +103,7 @@ pub async fn approval_view(
             "body": String::from_utf8_lossy(&op.request_body),
         });
     }
+    crate::times::annotate(&mut v);
     Ok(v)
 }
 

@@ -181,12 +181,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     return Ok(ExitCode::from(2));
                 }
                 println!(
-                    "{}: ok ({} tenants, {} routes, {} keys, {} policy bindings)",
+                    "{}: ok ({}, {}, {}, {})",
                     path.display(),
-                    s.tenants.len(),
-                    s.routes.len(),
-                    s.keys.len(),
-                    s.policy_bindings.len()
+                    config::counted(s.tenants.len(), "tenant"),
+                    config::counted(s.routes.len(), "route"),
+                    config::counted(s.keys.len(), "key"),
+                    config::counted(s.policy_bindings.len(), "policy binding")
                 );
             }
             Err(e) => {
@@ -220,6 +220,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     serde_json::to_value(ledger.transitions(&tenant, &operation_id).await?)?;
                 v["attempts_log"] =
                     serde_json::to_value(ledger.attempts(&tenant, &operation_id).await?)?;
+                crate::times::annotate(&mut v);
                 println!("{}", serde_json::to_string_pretty(&v)?);
             }
             LedgerCommand::List {
@@ -231,7 +232,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 let ledger = open(c).await?;
                 let ops = ledger.list(tenant.as_deref(), state, limit).await?;
                 println!(
-                    "{:<16} {:<32} {:<18} {:>8} {:<16} UPDATED_MS",
+                    "{:<16} {:<32} {:<18} {:>8} {:<16} UPDATED (UTC)",
                     "TENANT", "OPERATION", "STATE", "ATTEMPTS", "ROUTE"
                 );
                 for op in ops {
@@ -242,7 +243,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         op.state.as_str(),
                         op.attempts,
                         op.route,
-                        op.updated_at
+                        crate::times::rfc3339(op.updated_at)
+                            .unwrap_or_else(|| format!("{} ms", op.updated_at))
                     );
                 }
             }
@@ -255,6 +257,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 for op in ledger.dead_letters(tenant.as_deref(), limit).await? {
                     let mut v = crate::admin::dead_letter_json(&op);
                     v["tenant"] = serde_json::json!(op.tenant_id);
+                    crate::times::annotate(&mut v);
                     println!("{v}");
                 }
             }

@@ -40,6 +40,7 @@ pub mod proxy;
 pub mod reconcile;
 pub mod replay;
 pub mod template;
+pub mod times;
 pub mod tls;
 
 pub use app::{AppState, Gateway};

@@ -53,7 +53,7 @@ async fn approval_status(
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("no approval {id:?}")))?;
         let op = app.ledger.get(&principal.tenant, &a.operation_id).await?;
-        Ok::<_, ApiError>(axum::Json(serde_json::json!({
+        let mut body = serde_json::json!({
             "approval_id": a.id,
             "status": a.status,
             "operation_id": a.operation_id,
@@ -62,7 +62,9 @@ async fn approval_status(
             "expires_at": a.expires_at,
             "decided_by": a.decided_by,
             "comment": a.comment,
-        })))
+        });
+        crate::times::annotate(&mut body);
+        Ok::<_, ApiError>(axum::Json(body))
     }
     .await;
     match result {
@@ -392,11 +394,15 @@ impl Flow<'_> {
         // and it keeps replays off the single writer.
         if let Some(op) = app.ledger.get(&principal.tenant, &key).await?
             && op.expires_at > app.ledger.clock().now_ms()
-            && (op.state.is_terminal() || op.fingerprint != fp)
+            && (op.state.is_terminal()
+                || op.fingerprint != fp
+                || op.state == OpState::AwaitingApproval)
         {
             // A finished operation is replayed; a reused key with another
             // request is refused before any policy runs, so nothing of the
-            // rejected request is recorded against the original.
+            // rejected request is recorded against the original. A re-send
+            // of a request awaiting approval is answered by its approval:
+            // the policies decided it already.
             return answer_existing(app, &route, op, &fp).await;
         }
         // 5. The tenant's policies on this route.

@@ -119,7 +119,7 @@ async fn cluster_with(
     t: Timing,
     failpoints: &[Option<&str>],
 ) -> Option<(MockProvider, Vec<Gw>, tempfile::TempDir)> {
-    let url = pg_url("PostgreSQL multi-instance tests")?;
+    let url = pg_url()?;
     let mock = mock_provider::spawn("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();

@@ -51,6 +51,10 @@ function fail(msg) {
     for (const needle of ['AWAITING_APPROVAL → AWAITING_APPROVAL', 'checked in the browser', 'EXECUTING → COMPLETED']) {
       if (!timeline.includes(needle)) fail(`timeline lacks "${needle}": ${timeline}`);
     }
+    // Times read as ISO 8601 in UTC with a relative hint, not epoch ms.
+    if (!/\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z \((now|\d+ s ago)\)/.test(timeline)) {
+      fail(`timeline times are not readable: ${timeline}`);
+    }
     await page.screenshot({ path: screenshot, fullPage: true });
     console.log(`console e2e: ok (${screenshot})`);
   } finally {

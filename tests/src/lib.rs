@@ -12,6 +12,7 @@ use mock_provider::MockProvider;
 pub mod connect_proxy;
 pub mod pki;
 pub mod receiver;
+pub mod skips;
 
 /// Path of a built policy component, e.g. `policy_wasm("amount_threshold")`.
 pub fn policy_wasm(name: &str) -> std::path::PathBuf {
@@ -317,7 +318,7 @@ impl TestApp {
 /// A Python interpreter that has `modules` (for the tests that drive an
 /// official client SDK): `TEST_PYTHON`, else `MCP_PYTHON`, else the venv
 /// `.ci/run` makes (`~/.cache/effectgate-py`). Without one, the test says
-/// it is skipped on the real stderr and returns `None`; under `CI` a
+/// it is skipped ([`skips::skip`]) and returns `None`; under `CI` a
 /// missing interpreter or module fails the test instead.
 pub fn test_python(modules: &[&str]) -> Option<PathBuf> {
     let candidates = ["TEST_PYTHON", "MCP_PYTHON"]
@@ -341,12 +342,13 @@ pub fn test_python(modules: &[&str]) -> Option<PathBuf> {
             return Some(p);
         }
     }
-    let why = format!(
-        "needs Python with {} (run .ci/run, or set TEST_PYTHON to a python that has them)",
-        modules.join(", ")
+    skips::skip(
+        &format!("Python with {}", modules.join(", ")),
+        &format!(
+            "set TEST_PYTHON to a python that has them (.ci/run makes ~/.cache/effectgate-py: pip install {})",
+            modules.join(" ")
+        ),
     );
-    assert!(std::env::var_os("CI").is_none(), "CI: {why}");
-    pg::say_skipped(&format!("SKIPPED: this test {why}"));
     None
 }
 
@@ -376,27 +378,20 @@ pub mod pg {
     /// The variable naming the test database.
     pub const URL_VAR: &str = "TEST_POSTGRES_URL";
 
-    /// The test database URL, or `None` (and, once per test binary, one
-    /// line on stderr saying the PostgreSQL tests are skipped and why).
+    /// The test database URL, or `None`: the calling test is skipped
+    /// ([`crate::skips::skip`]; under `CI` it fails instead).
     pub fn url() -> Option<String> {
-        static SAID: std::sync::Once = std::sync::Once::new();
         match std::env::var(URL_VAR) {
             Ok(u) if !u.is_empty() => Some(u),
             _ => {
-                SAID.call_once(|| {
-                    say_skipped(&format!("PostgreSQL tests skipped: {URL_VAR} is not set"))
-                });
+                crate::skips::skip("PostgreSQL", HOW);
                 None
             }
         }
     }
 
-    /// Writes `line` to the process's stderr directly, so the test
-    /// harness's output capture can't swallow it.
-    pub fn say_skipped(line: &str) {
-        use std::io::Write;
-        let _ = writeln!(std::io::stderr().lock(), "{line}");
-    }
+    /// How to provide the test database.
+    pub const HOW: &str = "set TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/DB (a database the tests may create schemas in; .ci/run starts a server and sets it)";
 
     /// A schema name nobody has used: `eg_<16 hex digits>`.
     pub fn fresh_schema() -> String {

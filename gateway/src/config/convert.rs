@@ -515,6 +515,12 @@ impl ConfigFile {
                 }
                 let mut b = b.clone();
                 b.module = base_dir.join(&b.module);
+                if !b.module.is_file() {
+                    return Err(ConfigError::new(
+                        format!("tenants[{ti}].policies[{pi}].module"),
+                        missing_module(&b.module),
+                    ));
+                }
                 policy_bindings.push((t.id.clone(), b));
             }
         }
@@ -655,4 +661,32 @@ impl ConfigFile {
             mcp_tools,
         })
     }
+}
+
+/// What to say about a policy module that isn't there: the path it was
+/// resolved to and, for this repository's policies, the command that
+/// builds them.
+fn missing_module(module: &Path) -> String {
+    let absolute = std::path::absolute(module).unwrap_or_else(|_| module.to_path_buf());
+    // `examples/../policies/…` reads better as `policies/…`.
+    let mut resolved = PathBuf::new();
+    for c in absolute.components() {
+        match c {
+            std::path::Component::ParentDir if resolved.parent().is_some() => {
+                resolved.pop();
+            }
+            std::path::Component::CurDir => {}
+            c => resolved.push(c),
+        }
+    }
+    let mut s = format!("no policy module at {}", resolved.display());
+    if module
+        .components()
+        .any(|c| c.as_os_str() == "wasm32-wasip2")
+    {
+        s.push_str(
+            "; build the policy components with `cargo build --manifest-path policies/Cargo.toml --target wasm32-wasip2 --release --target-dir policies/target` (from the repository root; `rustup target add wasm32-wasip2` first)",
+        );
+    }
+    s
 }

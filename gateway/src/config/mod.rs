@@ -37,7 +37,9 @@ pub const DEFAULT_STORED_HEADERS: &[&str] = &[
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: {message}")]
 pub struct ConfigError {
-    /// Dotted path of the field, e.g. `routes[0].upstream` (empty for the file itself).
+    /// Dotted path of the field, e.g. `routes[0].upstream`; for an error of
+    /// the file itself, the file (`examples/x.toml`, or `examples/x.toml:3:9`
+    /// with the line and column of a TOML syntax error).
     pub path: String,
     /// What is wrong with it.
     pub message: String,
@@ -301,18 +303,41 @@ pub fn load(path: Option<&Path>) -> Result<Settings, ConfigError> {
 }
 
 /// Loads and layers the file without the semantic checks.
+///
+/// Errors name the file (missing, unreadable, with the line and column of
+/// a TOML syntax error), else the field by its path; a field set by an
+/// `EFFECTGATE_*` variable also names the variable.
 pub fn load_file(path: Option<&Path>) -> Result<ConfigFile, ConfigError> {
     let mut fig = Figment::from(Serialized::defaults(ConfigFile::default()));
     if let Some(p) = path {
-        if !p.exists() {
+        let file = p.display().to_string();
+        let text = match std::fs::read_to_string(p) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(ConfigError::new(file, "the config file does not exist"));
+            }
+            Err(e) => return Err(ConfigError::new(file, format!("cannot read it: {e}"))),
+        };
+        if let Err(e) = toml::from_str::<toml::Table>(&text) {
+            let mut message = e.message().trim().replace('\n', "; ");
+            let at = match e.span() {
+                Some(span) => {
+                    let (line, col) = line_col(&text, span.start);
+                    if let Some(l) = text.lines().nth(line - 1) {
+                        message.push_str(&format!(", in: {}", l.trim()));
+                    }
+                    format!("{file}:{line}:{col}")
+                }
+                None => file,
+            };
             return Err(ConfigError::new(
-                "",
-                format!("config file {} does not exist", p.display()),
+                at,
+                format!("TOML syntax error: {message}"),
             ));
         }
         fig = fig.merge(Toml::file_exact(p));
     }
-    fig = fig.merge(Env::prefixed("EFFECTGATE_").ignore(&["config"]).split("__"));
+    fig = fig.merge(Env::prefixed(ENV_PREFIX).ignore(&["config"]).split("__"));
     fig.extract::<ConfigFile>().map_err(|e| {
         let mut path = String::new();
         for (i, part) in e.path.iter().enumerate() {
@@ -325,8 +350,55 @@ pub fn load_file(path: Option<&Path>) -> Result<ConfigFile, ConfigError> {
                 path.push_str(part);
             }
         }
-        ConfigError::new(path, e.kind.to_string())
+        let mut message = describe(&e.kind);
+        if let Some(var) = env_var_for(&e.path) {
+            message.push_str(&format!(" (set by the environment variable {var})"));
+        }
+        ConfigError::new(path, message)
     })
+}
+
+/// The prefix of the environment variables that override config fields.
+const ENV_PREFIX: &str = "EFFECTGATE_";
+
+/// A deserialisation error in words, with each alternative quoted once.
+fn describe(kind: &figment::error::Kind) -> String {
+    use figment::error::{Kind, OneOf};
+    match kind {
+        Kind::UnknownField(found, expected) => {
+            format!("unknown field `{found}`, expected {}", OneOf(expected))
+        }
+        Kind::UnknownVariant(found, expected) => {
+            format!("unknown value `{found}`, expected {}", OneOf(expected))
+        }
+        other => other.to_string(),
+    }
+}
+
+/// The `EFFECTGATE_*` variable that set the field at `path` (or a table
+/// above it), if one did.
+fn env_var_for(path: &[String]) -> Option<String> {
+    let field = path.join(".").to_ascii_lowercase();
+    std::env::vars_os().find_map(|(name, _)| {
+        let name = name.into_string().ok()?;
+        let key = name
+            .get(..ENV_PREFIX.len())
+            .filter(|p| p.eq_ignore_ascii_case(ENV_PREFIX))
+            .map(|_| name[ENV_PREFIX.len()..].to_ascii_lowercase())?;
+        let key = key.split("__").collect::<Vec<_>>().join(".");
+        (key != "config"
+            && !key.is_empty()
+            && (field == key || field.starts_with(&format!("{key}."))))
+        .then_some(name)
+    })
+}
+
+/// The 1-based line and column (in characters) of byte `offset` of `text`.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..text.floor_char_boundary(offset.min(text.len()))];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+    (line, col)
 }
 
 fn valid_id(s: &str) -> bool {
@@ -339,6 +411,11 @@ fn valid_id(s: &str) -> bool {
 fn parse_addr(path: &str, s: &str) -> Result<SocketAddr, ConfigError> {
     s.parse()
         .map_err(|e| ConfigError::new(path, format!("not a socket address ({e}): {s:?}")))
+}
+
+/// `n` and the noun, plural unless `n` is 1: `1 tenant`, `3 routes`.
+pub fn counted(n: usize, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
 }
 
 /// sha256 of a key, as used in the key table.

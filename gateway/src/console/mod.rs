@@ -77,6 +77,15 @@ fn env() -> &'static Environment<'static> {
     ENV.get_or_init(|| {
         let mut env = Environment::new();
         env.add_filter("segment", path_segment);
+        // `{{ ms|when }}`: ISO 8601 in UTC with a hint relative to the
+        // viewer's clock, `2026-12-02T03:20:22.924Z (in 23 h)`.
+        env.add_filter("when", |ms: Option<i64>| -> String {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+            ms.map(|ms| crate::times::human(ms, now))
+                .unwrap_or_default()
+        });
         for (name, src) in [
             ("base.html", include_str!("templates/base.html")),
             ("login.html", include_str!("templates/login.html")),

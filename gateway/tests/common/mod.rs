@@ -7,6 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Skips for lack of a component, shared with the `tests` package.
+#[path = "../../../tests/src/skips.rs"]
+pub mod skips;
+
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -36,10 +40,14 @@ pub struct Gw {
 
 impl Drop for Gw {
     fn drop(&mut self) {
-        // A stopped (SIGSTOP) process must be continued to die.
-        let _ = Command::new("kill")
-            .args(["-CONT", &self.child.id().to_string()])
-            .status();
+        // A stopped (SIGSTOP) process must be continued to die; one that
+        // was already killed and reaped is left alone.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = Command::new("kill")
+                .args(["-CONT", &self.child.id().to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -103,20 +111,17 @@ pub async fn spawn_gateway(
     panic!("the gateway exited before it was ready, five times");
 }
 
-/// `TEST_POSTGRES_URL`, or `None` and, once per test binary, one line on
-/// stderr (past the harness's output capture) saying `what` is skipped.
-pub fn pg_url(what: &str) -> Option<String> {
+/// `TEST_POSTGRES_URL`, or `None`: the calling test is skipped
+/// ([`skips::skip`] names PostgreSQL and how to provide it once per test
+/// binary; under `CI` it fails instead).
+pub fn pg_url() -> Option<String> {
     match std::env::var("TEST_POSTGRES_URL") {
         Ok(u) if !u.is_empty() => Some(u),
         _ => {
-            static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| {
-                use std::io::Write;
-                let _ = writeln!(
-                    std::io::stderr().lock(),
-                    "{what} skipped: TEST_POSTGRES_URL is not set"
-                );
-            });
+            skips::skip(
+                "PostgreSQL",
+                "set TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/DB (a database the tests may create schemas in; .ci/run starts a server and sets it)",
+            );
             None
         }
     }
