@@ -112,6 +112,7 @@ pub fn replay(op: &Operation) -> Response {
     };
     resp.headers_mut()
         .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    resp.extensions_mut().insert(crate::encoding::StoredReplay);
     resp
 }
 

@@ -177,9 +177,7 @@ impl AppState {
                     .into(),
             );
         }
-        // The listeners' certificate files are re-read: a renewed
-        // certificate applies without a restart.
-        self.listener_certs.reload()?;
+
         let engine = self.engine.clone();
         let (policies, settings) = tokio::task::spawn_blocking(move || {
             PolicySet::build(&engine, &settings).map(|p| (p, settings))
@@ -194,6 +192,10 @@ impl AppState {
             crate::config::counted(settings.routes.len(), "route"),
             crate::config::counted(keep.len(), "policy module")
         );
+        // The listeners' certificate files are re-read last, once the rest
+        // of the reload is known good: a renewed certificate applies
+        // without a restart.
+        self.listener_certs.reload()?;
         self.runtime.store(Arc::new(Runtime { settings, policies }));
         self.engine.retain(&keep);
         tracing::info!(%summary, "configuration reloaded");

@@ -13,8 +13,10 @@
 //! - [`Proxy::Direct`]: `proxy = "direct"`, never through a proxy.
 //!
 //! Every destination reached through a proxy is tunnelled with `CONNECT`,
-//! also plain `http://` ones, so the proxy never sees a request or the
-//! injected credentials in clear.
+//! also plain `http://` ones (the proxy can still read those: use
+//! `https://` upstreams). Only `http://` proxies are supported: a
+//! `https://` or `socks5://` proxy from the environment is an error, never
+//! a plaintext `CONNECT` with its credentials.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -138,6 +140,14 @@ impl tower_service::Service<Uri> for Egress {
         };
         let mut http = self.http.clone();
         Box::pin(async move {
+            if let Some((proxy, _)) = &via
+                && proxy.scheme_str() != Some("http")
+            {
+                return Err(format!(
+                    "egress proxy {proxy}: only http:// proxies are supported (HTTPS_PROXY/HTTP_PROXY/ALL_PROXY)"
+                )
+                .into());
+            }
             let Some((proxy, auth)) = via else {
                 return http.call(dst).await.map_err(Into::into);
             };

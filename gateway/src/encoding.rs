@@ -19,7 +19,15 @@ use axum::response::Response;
 use http::{HeaderValue, header};
 
 use crate::app::AppState;
-use crate::idempotency::IDEMPOTENT_REPLAYED;
+
+/// Marks an answer built from a stored response (a replay), as a response
+/// extension: a provider's own `Idempotent-Replayed` header on a live,
+/// streaming answer must not trigger buffering and decoding.
+#[derive(Debug, Clone, Copy)]
+pub struct StoredReplay;
+
+/// Codings decoded at most for one replay (`gzip, br`, …); more is refused.
+const MAX_CODINGS: usize = 4;
 
 /// Whether `accept_encoding` (the request's header values, joined) accepts
 /// `coding`: listed with q > 0, or `*` with q > 0 and not itself refused
@@ -72,6 +80,9 @@ pub fn accepts(accept_encoding: Option<&str>, coding: &str) -> bool {
 ///
 /// Errors: an unknown coding, corrupt data, or a result over `limit`.
 pub fn decode(codings: &str, body: &[u8], limit: usize) -> Result<Vec<u8>, String> {
+    if codings.split(',').count() > MAX_CODINGS {
+        return Err(format!("more than {MAX_CODINGS} content codings"));
+    }
     let mut data = body.to_vec();
     for coding in codings.split(',').rev() {
         let coding = coding.trim().to_ascii_lowercase();
@@ -104,9 +115,10 @@ fn read_limited(r: impl Read, limit: usize) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
-/// Proxy-listener middleware: a replayed answer (`Idempotent-Replayed:
-/// true`) whose `Content-Encoding` the duplicate doesn't accept is decoded
-/// (see the module docs). Other answers pass untouched and unbuffered.
+/// Proxy-listener middleware: a replayed answer (marked [`StoredReplay`])
+/// whose `Content-Encoding` the duplicate doesn't accept is decoded, off
+/// the request threads (see the module docs). Other answers pass untouched
+/// and unbuffered.
 pub async fn decode_replays(State(app): State<AppState>, req: Request, next: Next) -> Response {
     let accept = req
         .headers()
@@ -118,28 +130,35 @@ pub async fn decode_replays(State(app): State<AppState>, req: Request, next: Nex
     let accept = (!accept.is_empty() || req.headers().contains_key(header::ACCEPT_ENCODING))
         .then_some(accept);
     let resp = next.run(req).await;
-    if !resp.headers().contains_key(IDEMPOTENT_REPLAYED) {
+    if resp.extensions().get::<StoredReplay>().is_none() {
         return resp;
     }
-    let Some(codings) = resp
+    let codings = resp
         .headers()
-        .get(header::CONTENT_ENCODING)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-    else {
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect::<Vec<_>>()
+        .join(",");
+    if codings.is_empty() {
         return resp;
-    };
+    }
     if codings.split(',').all(|c| accepts(accept.as_deref(), c)) {
         return resp;
     }
     let limit = app.settings().limits.max_decoded_replay_bytes;
     let (mut parts, body) = resp.into_parts();
-    // A replayed body is the stored one, already in memory.
-    let bytes = match axum::body::to_bytes(body, usize::MAX).await {
+    // A replayed body is the stored one, already in memory (and never
+    // larger than the route's stored-response limit).
+    let bytes = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
         Err(_) => return Response::from_parts(parts, Body::empty()),
     };
-    match decode(&codings, &bytes, limit) {
+    let (c, b) = (codings.clone(), bytes.clone());
+    let decoded = tokio::task::spawn_blocking(move || decode(&c, &b, limit))
+        .await
+        .unwrap_or_else(|e| Err(format!("decoding failed: {e}")));
+    match decoded {
         Ok(decoded) => {
             parts.headers.remove(header::CONTENT_ENCODING);
             parts.headers.remove(header::CONTENT_LENGTH);

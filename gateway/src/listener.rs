@@ -61,12 +61,13 @@ pub struct ConnLimits {
 
 /// The default `max_connections` of the proxy listener: half of the
 /// descriptors left after 256 kept for the ledger, the admin listener and
-/// the process (the other half is for upstream connections), at least 64.
+/// the process (the other half is for upstream connections), at least 64
+/// and at most 10000 (a bound on memory as well as descriptors).
 /// `nofile` is the process's descriptor limit (`RLIMIT_NOFILE`).
 pub fn default_max_connections(nofile: u64) -> usize {
     usize::try_from(nofile.saturating_sub(256) / 2)
         .unwrap_or(usize::MAX)
-        .max(64)
+        .clamp(64, 10_000)
 }
 
 /// Raises the soft descriptor limit to the hard one (as servers do) and

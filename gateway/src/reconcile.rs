@@ -406,6 +406,9 @@ pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, Led
     }
 }
 
+/// Largest read-back answer read, bytes (16 MiB); larger is a read-back error.
+pub const READ_BACK_MAX_BYTES: usize = 16 << 20;
+
 /// Asks the provider whether `op`'s effect exists.
 pub async fn read_back(route: &Route, rb: &ReadBack, op: &Operation) -> ReadBackResult {
     if rb.tool.is_some() {
@@ -444,16 +447,19 @@ pub async fn read_back(route: &Route, rb: &ReadBack, op: &Operation) -> ReadBack
             .get(http::header::CONTENT_ENCODING)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let body = resp
-            .into_body()
+        // Bounded like a stored response: a read-back answer is one object
+        // or one page of them.
+        let body = http_body_util::Limited::new(resp.into_body(), READ_BACK_MAX_BYTES)
             .collect()
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|e| {
+                format!("read-back answer unreadable (at most {READ_BACK_MAX_BYTES} bytes): {e}")
+            })?
             .to_bytes();
         // Read-backs ask for no coding, but a provider may compress anyway;
         // what is matched and stored is the decoded JSON.
         let body = match coding {
-            Some(c) => Bytes::from(crate::encoding::decode(&c, &body, 64 << 20)?),
+            Some(c) => Bytes::from(crate::encoding::decode(&c, &body, READ_BACK_MAX_BYTES)?),
             None => body,
         };
         Ok::<(StatusCode, Bytes), String>((status, body))

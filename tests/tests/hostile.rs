@@ -81,10 +81,22 @@ const BY_CLIENT_REF: &str = "[routes.read_back]\npath = \"/v1/charges?client_ref
 async fn a_read_back_not_tied_to_the_operation_is_a_config_error() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("l.db");
+    // Tied by {provider_key} in the match, or by a tenant_scoped_field:
+    // accepted (`settings_from` also sets the credential variable).
+    for extra in [
+        format!("{BY_CLIENT_REF}match = {{ \"/idempotency_key\" = \"{{provider_key}}\" }}\n"),
+        format!("tenant_scoped_field = \"/metadata/tenant\"\n{BY_CLIENT_REF}"),
+    ] {
+        settings_from(&config_toml("http://127.0.0.1:1", &db, &extra), dir.path());
+    }
     for extra in [
         BY_CLIENT_REF.to_owned(),
         format!("{BY_CLIENT_REF}match = {{ \"/client_ref\" = \"{{body:/client_ref}}\" }}\n"),
         format!("{BY_CLIENT_REF}match = {{ \"/op\" = \"{{operation_id}}\" }}\n"),
+        // A provider may ignore a header: it ties nothing.
+        format!("{BY_CLIENT_REF}headers = {{ \"Idempotency-Key\" = \"{{provider_key}}\" }}\n"),
+        // {tenant} without the gateway's stamp: any caller could write it.
+        format!("{BY_CLIENT_REF}match = {{ \"/metadata/tenant\" = \"{{tenant}}\" }}\n"),
     ] {
         let p = dir.path().join("c.toml");
         std::fs::write(&p, config_toml("http://127.0.0.1:1", &db, &extra)).unwrap();
@@ -92,15 +104,6 @@ async fn a_read_back_not_tied_to_the_operation_is_a_config_error() {
         assert_eq!(e.path, "routes[0].read_back.match", "{extra}");
         assert!(e.message.contains("not tied to this operation"), "{e}");
         assert!(e.message.contains("tenant_scoped_field"), "{e}");
-    }
-    // Tied by {provider_key} in the match, or by a tenant_scoped_field: accepted.
-    for extra in [
-        format!("{BY_CLIENT_REF}match = {{ \"/idempotency_key\" = \"{{provider_key}}\" }}\n"),
-        format!("tenant_scoped_field = \"/metadata/tenant\"\n{BY_CLIENT_REF}"),
-    ] {
-        let p = dir.path().join("c.toml");
-        std::fs::write(&p, config_toml("http://127.0.0.1:1", &db, &extra)).unwrap();
-        effectgate::config::load(Some(&p)).unwrap_or_else(|e| panic!("{extra}: {e}"));
     }
 }
 

@@ -646,9 +646,11 @@ pub fn form_to_json(body: &[u8]) -> Value {
             None => (&k[..], ""),
         };
         path.push(head);
-        while let Some(end) = rest.find(']') {
-            path.push(&rest[1..end]);
-            rest = &rest[end + 1..];
+        // `[seg]` groups only; anything else after the name is ignored.
+        while let Some(inner) = rest.strip_prefix('[') {
+            let Some(end) = inner.find(']') else { break };
+            path.push(&inner[..end]);
+            rest = &inner[end + 1..];
         }
         let value = match (path.as_slice(), v.parse::<i64>()) {
             (["amount"], Ok(n)) => json!(n),
@@ -682,4 +684,29 @@ pub fn form_to_json(body: &[u8]) -> Value {
         }
     }
     root
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn form_bodies_become_json_and_odd_keys_never_panic() {
+        let v = form_to_json(b"amount=100&currency=eur&metadata[order]=42&expand[]=a&expand[]=b");
+        assert_eq!(
+            v,
+            json!({"amount": 100, "currency": "eur", "metadata": {"order": "42"}, "expand": ["a", "b"]})
+        );
+        for odd in [
+            "a[b]]=1",
+            "a[b]\u{e9}]=1",
+            "a[=1",
+            "]=1",
+            "a]b[=1",
+            "[]=1",
+            "a[b][=1",
+        ] {
+            let _ = form_to_json(odd.as_bytes());
+        }
+    }
 }

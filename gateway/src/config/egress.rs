@@ -90,7 +90,11 @@ fn proxy(
     let url = url::Url::parse(text).map_err(|_| bad())?;
     if url.scheme() != "http"
         || url.host_str().is_none()
-        || url.port().is_none()
+        || url.port_or_known_default().is_none()
+        || !text
+            .trim_end_matches('/')
+            .rsplit_once(':')
+            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
         || !matches!(url.path(), "" | "/")
         || url.query().is_some()
         || url.fragment().is_some()

@@ -10,8 +10,8 @@ use super::{ConfigError, ReadBack, ReadBackSpec};
 /// tied to this operation: `{provider_key}` (the only value that is unique
 /// to the operation and scoped to its tenant) in its path, headers, tool
 /// arguments or `match`, or a `tenant_field` (the gateway stamps the
-/// tenant there; the found value must hold it at a `match` condition
-/// naming `{tenant}`, or else at the same pointer); otherwise another
+/// tenant there; the found value must hold it at a `match` condition whose
+/// whole value is `{tenant}`, or else at the same pointer); otherwise another
 /// tenant's effect with the same `{body:…}` value could be taken for this
 /// one. `{tenant}` alone ties nothing: without the stamp a caller could
 /// have written any tenant into the provider's record.
@@ -93,16 +93,18 @@ pub(super) fn read_back(
             .map_err(|e| ConfigError::new(format!("{path}.match.{ptr}"), e))?;
         match_fields.push((ptr.clone(), t));
     }
+    // Only where the gateway can rely on it: the lookup path, or a
+    // condition it checks itself. A header or tool argument may be ignored
+    // by the provider.
     let tied = tpl.uses_provider_key()
-        || headers.iter().any(|(_, t)| t.uses_provider_key())
-        || tool_arguments.iter().any(|(_, t)| t.uses_provider_key())
         || match_fields.iter().any(|(_, t)| t.uses_provider_key())
         || tenant_field.is_some();
     if !tied {
         return Err(ConfigError::new(
             format!("{path}.match"),
             "the read-back is not tied to this operation: use {provider_key} in its path or \
-             match (e.g. match = { \"/idempotency_key\" = \"{provider_key}\" }), or set the \
+             match (e.g. match = { \"/idempotency_key\" = \"{provider_key}\" }; in a header or \
+             a tool argument the provider may ignore it), or set the \
              route's tenant_scoped_field. Only {provider_key} is scoped to the tenant; \
              {body:…} and {operation_id} are chosen by callers, so another tenant's effect \
              could be taken for this operation",
@@ -110,7 +112,11 @@ pub(super) fn read_back(
     }
     // With a tenant_scoped_field the found value must hold the tenant: at
     // a `match` condition that says `{tenant}`, else at the same pointer.
-    let explicit_tenant = match_fields.iter().any(|(_, t)| t.uses_tenant());
+    // A condition replaces the same-pointer check only when its whole
+    // value is `{tenant}`.
+    let explicit_tenant = match_fields
+        .iter()
+        .any(|(_, t)| *t == crate::template::Template::parse("{tenant}").expect("valid"));
     Ok(ReadBack {
         tenant_field: tenant_field.filter(|_| !explicit_tenant).map(str::to_owned),
         method,

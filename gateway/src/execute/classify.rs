@@ -45,6 +45,22 @@ pub(super) async fn classify_by_policy(
     let bytes = match body {
         ReadBody::Whole(b) | ReadBody::Overflow(b, _) | ReadBody::Broken(b, _) => b,
     };
+    // A classifier reads the body: decoded when the provider compressed
+    // it (bounded), as it was otherwise.
+    let coding = head
+        .headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect::<Vec<_>>()
+        .join(",");
+    let bytes = if coding.is_empty() {
+        bytes.clone()
+    } else {
+        crate::encoding::decode(&coding, bytes, 1 << 20)
+            .map(Bytes::from)
+            .unwrap_or_else(|_| bytes.clone())
+    };
     let head = crate::policy::bindings::ResponseHead {
         status: head.status.as_u16(),
         headers: crate::forward::visible_pairs(&head.headers)
@@ -57,7 +73,7 @@ pub(super) async fn classify_by_policy(
         policies,
         &op.tenant_id,
         head,
-        bytes.clone(),
+        bytes,
     )
     .await
     {

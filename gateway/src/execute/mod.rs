@@ -468,6 +468,9 @@ async fn read_bounded(
     sse_result: Option<&HeaderMap>,
 ) -> ReadBody {
     let mut buf = BytesMut::new();
+    // The end of the events already looked at: each frame's new complete
+    // events are parsed once.
+    let mut events_end = 0;
     loop {
         match body.frame().await {
             None => return ReadBody::Whole(buf.freeze()),
@@ -477,10 +480,17 @@ async fn read_bounded(
                     if buf.len() > limit {
                         return ReadBody::Overflow(buf.freeze(), body);
                     }
-                    if let Some(h) = sse_result
-                        && crate::mcp::rpc_message(h, complete_events(&buf)).is_some()
-                    {
-                        return ReadBody::Whole(buf.freeze());
+                    if let Some(h) = sse_result {
+                        // A separator may straddle the previous frame's end.
+                        let from = events_end.max(buf.len() - data.len()).saturating_sub(3);
+                        let end = from + complete_events(&buf[from..]).len();
+                        if end > events_end {
+                            let found = crate::mcp::rpc_message(h, &buf[events_end..end]).is_some();
+                            events_end = end;
+                            if found {
+                                return ReadBody::Whole(buf.freeze());
+                            }
+                        }
                     }
                 }
             }
