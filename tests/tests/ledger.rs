@@ -528,6 +528,33 @@ async fn an_expired_approval_fails_its_operation_with_a_stored_403(l: Ledger) {
     assert_eq!(events, vec!["approval.created", "approval.expired"]);
 }
 
+async fn outbox_claims_are_fair_between_tenants(l: Ledger) {
+    // Tenant t has a backlog of 20 events, tenant u one, created last.
+    for i in 0..20 {
+        l.reserve(&awaiting(&format!("b{i}"), &format!("apr_b{i}"), 600_000))
+            .await
+            .unwrap();
+    }
+    let mut other = awaiting("u-1", "apr_u1", 600_000);
+    other.tenant_id = "u".into();
+    l.reserve(&other).await.unwrap();
+    let first = l.claim_events("A", 10_000, 8).await.unwrap();
+    assert_eq!(first.len(), 8);
+    assert!(
+        first.iter().any(|e| e.tenant_id == "u"),
+        "u's event is in the first round despite t's backlog"
+    );
+    assert_eq!(first.iter().filter(|e| e.tenant_id == "t").count(), 7);
+    // The rest, oldest first, never one twice.
+    let second = l.claim_events("B", 10_000, 100).await.unwrap();
+    assert_eq!(second.len(), 13);
+    assert!(
+        second
+            .iter()
+            .all(|e| first.iter().all(|f| f.event_id != e.event_id))
+    );
+}
+
 async fn outbox_claims_are_exclusive_and_redelivered_after_their_lease(l: Ledger) {
     for i in 0..3 {
         l.reserve(&awaiting(&format!("o{i}"), &format!("apr_o{i}"), 600_000))
@@ -843,6 +870,7 @@ conformance!(
     approvals_are_single_use_and_bound_to_their_operation,
     an_expired_approval_fails_its_operation_with_a_stored_403,
     outbox_claims_are_exclusive_and_redelivered_after_their_lease,
+    outbox_claims_are_fair_between_tenants,
     scans_of_two_instances_never_hand_out_the_same_operation,
     the_sweeper_deletes_expired_terminal_operations_in_batches_only,
 );

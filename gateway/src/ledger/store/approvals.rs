@@ -453,10 +453,22 @@ impl Store {
     ) -> Result<Vec<OutboxEvent>, LedgerError> {
         let mut tx = self.write.begin().await?;
         let now = self.now_in(&mut tx).await?;
-        let rows = sqlx::query(q(&format!("UPDATE outbox SET lease_owner = ?1, lease_expires_at = ?2 WHERE event_id IN ( \
-               SELECT event_id FROM outbox WHERE delivered_at IS NULL AND next_attempt_at <= ?3 \
-               AND (lease_expires_at IS NULL OR lease_expires_at <= ?3) ORDER BY created_at LIMIT ?4{SKIP_LOCKED}) \
-             RETURNING event_id, tenant_id, event_type, payload, attempts")))
+        // Fair by tenant: every tenant's oldest due event before any
+        // tenant's second, so one tenant's backlog (a receiver that is
+        // down) never delays another's past one round. A window function
+        // can't take row locks, so the candidates are picked unlocked and
+        // the UPDATE checks the claim condition again on each row it locks:
+        // two relays never claim one event.
+        let rows = sqlx::query(q("UPDATE outbox SET lease_owner = ?1, lease_expires_at = ?2 WHERE event_id IN ( \
+               SELECT event_id FROM ( \
+                 SELECT event_id, created_at, \
+                   ROW_NUMBER() OVER (PARTITION BY tenant_id ORDER BY created_at) AS rank_in_tenant \
+                 FROM outbox WHERE delivered_at IS NULL AND next_attempt_at <= ?3 \
+                 AND (lease_expires_at IS NULL OR lease_expires_at <= ?3)) due \
+               ORDER BY rank_in_tenant, created_at LIMIT ?4) \
+             AND delivered_at IS NULL AND next_attempt_at <= ?3 \
+             AND (lease_expires_at IS NULL OR lease_expires_at <= ?3) \
+             RETURNING event_id, tenant_id, event_type, payload, attempts"))
         .bind(owner)
         .bind(now.saturating_add(lease_ms))
         .bind(now)
