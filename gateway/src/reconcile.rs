@@ -75,8 +75,27 @@ pub enum Step {
     Skipped(&'static str),
 }
 
+/// Orders a scan's operations fairly between tenants: every tenant's
+/// oldest first, then every tenant's second, and so on (oldest first within
+/// a rank). Steps start in this order, 8 at a time, so one tenant's backlog
+/// of slow operations can't hold another tenant's behind it in the scan.
+pub fn fair_order(mut ops: Vec<Operation>) -> Vec<Operation> {
+    ops.sort_by_key(|o| o.updated_at);
+    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut ranked: Vec<(usize, Operation)> = ops
+        .into_iter()
+        .map(|o| {
+            let rank = seen.entry(o.tenant_id.clone()).or_insert(0);
+            *rank += 1;
+            (*rank, o)
+        })
+        .collect();
+    ranked.sort_by_key(|(rank, o)| (*rank, o.updated_at));
+    ranked.into_iter().map(|(_, o)| o).collect()
+}
+
 /// Runs one scan: handles every due operation (up to `reconcile.batch`),
-/// 8 at a time. Returns what each step did.
+/// 8 at a time, in [`fair_order`]. Returns what each step did.
 ///
 /// Errors: the ledger could not be read.
 pub async fn tick(app: &AppState) -> Result<Vec<(String, String, Step)>, LedgerError> {
@@ -99,7 +118,7 @@ pub async fn tick(app: &AppState) -> Result<Vec<(String, String, Step)>, LedgerE
         )
         .await?;
     let claimed = !due.is_empty();
-    let steps = futures_util::stream::iter(due)
+    let steps = futures_util::stream::iter(fair_order(due))
         .map(|op| async move {
             let (t, id) = (op.tenant_id.clone(), op.operation_id.clone());
             match reconcile_op(app, op).await {

@@ -541,3 +541,45 @@ async fn refused_calls_decisions_are_scoped_and_swept() {
         "old: swept"
     );
 }
+
+/// One tenant's backlog of slow reconciliations doesn't hold another
+/// tenant's lost reply behind it: a's one operation is reconciled in the
+/// scan's first wave, ahead of b's twenty older ones.
+#[tokio::test]
+async fn the_reconciler_serves_tenants_fairly() {
+    let app = spawn_with(Opts {
+        route_extra: "[routes.read_back]\npath = \"/v1/charges?idempotency_key={provider_key}\"\n\
+                      found_pointer = \"/data/0\"\nsettle_delay_ms = 0\n"
+            .into(),
+        more: "[reconcile]\nenabled = false\n".into(),
+        ..Default::default()
+    })
+    .await;
+    let lose = |api_key: &'static str, key: String| {
+        let app = &app;
+        async move {
+            let r = app.charge_as(api_key, &key, r#"{"amount":1}"#).await;
+            assert_eq!(r.status(), 502, "{key}");
+        }
+    };
+    app.mock.provider.set_faults(mock_provider::Faults {
+        drop_after_effect_times: 21,
+        ..Default::default()
+    });
+    for i in 0..20 {
+        lose(KEY_B, format!("b-{i}")).await;
+    }
+    lose(KEY_A, "a-1".into()).await;
+    app.mock.provider.set_faults(mock_provider::Faults {
+        readback_delay_ms: 150,
+        ..Default::default()
+    });
+    let steps = app.tick().await;
+    assert_eq!(steps.len(), 21);
+    let pos = steps
+        .iter()
+        .position(|(t, id, _)| t == "a" && id == "a-1")
+        .unwrap();
+    assert!(pos < 8, "a's operation ran in the first wave (step {pos})");
+    assert_eq!(app.op_json("a-1").await["state"], "COMPLETED");
+}
