@@ -50,6 +50,10 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/admin/tenants/{tenant}/dead-letters", get(dead_letters))
         .route(
+            "/admin/tenants/{tenant}/events/dead-letters",
+            get(dead_events),
+        )
+        .route(
             "/admin/tenants/{tenant}/operations/{operation_id}/requeue",
             post(requeue),
         )
@@ -255,6 +259,24 @@ async fn dead_letters(
     let ops = app.ledger.dead_letters(Some(&tenant), limit).await?;
     let items: Vec<_> = ops.iter().map(dead_letter_json).collect();
     let mut body = json!({ "dead_letters": items });
+    crate::times::annotate(&mut body);
+    Ok(axum::Json(body).into_response())
+}
+
+/// `GET /admin/tenants/{t}/events/dead-letters`: the tenant's webhook
+/// events whose delivery gave up (retry budget spent), newest first:
+/// `{"dead_events": [{event_id, event_type, attempts, last_error,
+/// created_at, dead_lettered_at, …_rfc3339}]}`. Roles: operator, admin.
+async fn dead_events(
+    State(app): State<AppState>,
+    Path(tenant): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    app.authorize_admin(&headers, &tenant, OPERATORS)?;
+    let limit = limit_param(&app, &q, &["limit"])?;
+    let events = app.ledger.dead_events(&tenant, limit).await?;
+    let mut body = json!({ "dead_events": events });
     crate::times::annotate(&mut body);
     Ok(axum::Json(body).into_response())
 }

@@ -72,6 +72,8 @@ pub async fn relay_once(app: &AppState) -> Result<usize, ApiError> {
             break;
         }
     }
+    let retention = i64::try_from(rt.reconcile.outbox_retention_ms).unwrap_or(i64::MAX);
+    app.ledger.sweep_delivered_events(retention, 500).await?;
     Ok(delivered)
 }
 
@@ -115,9 +117,23 @@ async fn deliver(
         other => {
             let err = match other {
                 Ok(Ok(r)) => format!("receiver answered {}", r.status()),
-                Ok(Err(e)) => e.to_string(),
+                Ok(Err(e)) => crate::forward::error_detail(&e),
                 Err(_) => "timeout".into(),
             };
+            // The retry budget: attempts and age. Past it the event is
+            // dead-lettered, out of the relay's way, for an operator.
+            let cfg = &rt.reconcile;
+            let age = now.saturating_sub(ev.created_at);
+            if ev.attempts + 1 >= i64::from(cfg.outbox_max_attempts)
+                || age >= i64::try_from(cfg.outbox_max_age_ms).unwrap_or(i64::MAX)
+            {
+                tracing::warn!(tenant = %ev.tenant_id, event_id = %ev.event_id, attempts = ev.attempts + 1,
+                    error = %err, "webhook event dead-lettered: its retry budget is spent");
+                app.ledger
+                    .event_given_up(&ev.event_id, &app.instance_id, &err)
+                    .await?;
+                return Ok(false);
+            }
             let backoff = 1_000i64
                 .saturating_mul(1 << ev.attempts.clamp(0, 10))
                 .min(300_000);

@@ -22,6 +22,7 @@ pub const TIME_FIELDS: &[&str] = &[
     "next_reconcile_at",
     "decided_at",
     "used_at",
+    "dead_lettered_at",
 ];
 
 /// The lists and objects, inside those objects, whose items hold times too.
@@ -30,6 +31,7 @@ const NESTED: &[&str] = &[
     "attempts_log",
     "operations",
     "dead_letters",
+    "dead_events",
     "approvals",
     "approval",
     "operation",

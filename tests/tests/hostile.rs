@@ -583,3 +583,77 @@ async fn the_reconciler_serves_tenants_fairly() {
     assert!(pos < 8, "a's operation ran in the first wave (step {pos})");
     assert_eq!(app.op_json("a-1").await["state"], "COMPLETED");
 }
+
+/// A webhook event that can't be delivered is tried within its budget,
+/// then dead-lettered (admin API), never retried forever; delivered events
+/// are swept after their retention.
+#[tokio::test]
+async fn undeliverable_webhook_events_are_dead_lettered_and_delivered_ones_swept() {
+    let clock = ManualClock::new(1_000_000_000);
+    let rx = effectgate_tests::receiver::spawn_receiver().await;
+    // SAFETY: set before the gateway reads its config; the same value in every test.
+    unsafe { std::env::set_var("TEST_WEBHOOK_SECRET", "whsec_test") };
+    let threshold = format!(
+        "[[tenants.policies]]\nroute = \"payments\"\nmodule = \"{}\"\nconfig = {{ threshold = 1000 }}\n",
+        policy_wasm("amount_threshold").display()
+    );
+    let app = spawn_with(Opts {
+        route_extra: "effect_class = \"payment\"".into(),
+        // Tenant a's receiver is down (nothing listens on port 9).
+        tenant_a: format!(
+            "webhook = {{ url = \"http://127.0.0.1:9/hook\", secret_env = \"TEST_WEBHOOK_SECRET\" }}\n{threshold}"
+        ),
+        tenant_b: format!(
+            "webhook = {{ url = \"{}\", secret_env = \"TEST_WEBHOOK_SECRET\" }}\n{threshold}",
+            rx.url
+        ),
+        more: "[reconcile]\nenabled = false\noutbox_max_attempts = 2\noutbox_retention_ms = 60000\n".into(),
+        clock: Some(clock.clone()),
+        ..Default::default()
+    })
+    .await;
+    let big = r#"{"amount":5000,"currency":"eur"}"#;
+    assert_eq!(app.charge("hook-a", big).await.status(), 202);
+    assert_eq!(app.charge_as(KEY_B, "hook-b", big).await.status(), 202);
+    let relay = || effectgate::outbox::relay_once(&app.gw.state);
+    assert_eq!(relay().await.unwrap(), 1, "b's event delivered");
+    assert_eq!(rx.got.lock().unwrap().len(), 1);
+    let ledger = &app.gw.state.ledger;
+    assert_eq!(
+        ledger.pending_events().await.unwrap(),
+        1,
+        "a's waits for its retry"
+    );
+    clock.advance(10_000);
+    assert_eq!(relay().await.unwrap(), 0);
+    assert_eq!(
+        ledger.pending_events().await.unwrap(),
+        0,
+        "a's budget is spent"
+    );
+    let r = app
+        .http
+        .get(app.admin("/admin/tenants/a/events/dead-letters"))
+        .bearer_auth(OPERATOR_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    let dead = v["dead_events"].as_array().unwrap();
+    assert_eq!(dead.len(), 1, "{v}");
+    assert_eq!(dead[0]["event_type"], "approval.created");
+    assert_eq!(dead[0]["attempts"], 2);
+    assert!(dead[0]["last_error"].as_str().unwrap().len() > 3, "{v}");
+    assert!(
+        dead[0]["dead_lettered_at_rfc3339"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z')
+    );
+    clock.advance(600_000);
+    assert_eq!(relay().await.unwrap(), 0, "never tried again");
+    // b's delivered event is past its retention: swept; a's dead one kept.
+    assert!(ledger.events("b").await.unwrap().is_empty());
+    assert_eq!(ledger.events("a").await.unwrap().len(), 1);
+}

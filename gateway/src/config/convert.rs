@@ -72,6 +72,12 @@ impl ConfigFile {
                 return Err(ConfigError::new(field, "must be at least 1"));
             }
         }
+        if self.reconcile.outbox_max_attempts == 0 {
+            return Err(ConfigError::new(
+                "reconcile.outbox_max_attempts",
+                "must be at least 1",
+            ));
+        }
         if self.reconcile.outbox_lease_ms < 100 {
             return Err(ConfigError::new(
                 "reconcile.outbox_lease_ms",

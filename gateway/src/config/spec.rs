@@ -132,6 +132,30 @@ pub struct ReconcileSpec {
     /// off; keys still start fresh when a caller reuses an expired one).
     /// Default 10.
     pub sweep_max_batches: u32,
+    /// A webhook event is delivered at most this many times; the last
+    /// failure makes it a dead-lettered event (admin API, console). Default 20.
+    #[serde(default = "default_outbox_max_attempts")]
+    pub outbox_max_attempts: u32,
+    /// A webhook event older than this (ms) is not tried again after a
+    /// failure: it becomes a dead-lettered event. Default 86400000 (24 h).
+    #[serde(default = "default_outbox_max_age_ms")]
+    pub outbox_max_age_ms: u64,
+    /// Delivered webhook events are deleted this long (ms) after their
+    /// delivery. Dead-lettered ones are kept. Default 604800000 (7 days).
+    #[serde(default = "default_outbox_retention_ms")]
+    pub outbox_retention_ms: u64,
+}
+
+fn default_outbox_max_attempts() -> u32 {
+    20
+}
+
+fn default_outbox_max_age_ms() -> u64 {
+    86_400_000
+}
+
+fn default_outbox_retention_ms() -> u64 {
+    7 * 86_400_000
 }
 
 impl Default for ReconcileSpec {
@@ -147,6 +171,9 @@ impl Default for ReconcileSpec {
             backoff_base_ms: 1_000,
             backoff_max_ms: 60_000,
             outbox_lease_ms: 5_000,
+            outbox_max_attempts: default_outbox_max_attempts(),
+            outbox_max_age_ms: default_outbox_max_age_ms(),
+            outbox_retention_ms: default_outbox_retention_ms(),
             sweep_batch: 500,
             sweep_max_batches: 10,
         }

@@ -344,9 +344,11 @@ async fn overview(State(app): State<AppState>, headers: HeaderMap) -> Response {
             .map(|c| (c.1, c.2, c.3))
             .unwrap_or((0, 0, None));
         let now = app.ledger.clock().now_ms();
+        let dead_events = app.ledger.dead_events(tenant, 50).await?;
         Ok::<_, ApiError>(context! {
             pending => pending, unknown => unknown, dead => dead,
             oldest_age_s => oldest.map(|t| (now - t).max(0) / 1000),
+            dead_events => dead_events,
         })
     }
     .await;

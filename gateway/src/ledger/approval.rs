@@ -84,6 +84,25 @@ pub struct OutboxEvent {
     pub payload: String,
     /// Delivery attempts so far.
     pub attempts: i64,
+    /// When the event was written, ms since epoch (its age bounds retries).
+    pub created_at: i64,
+}
+
+/// An outbox event whose delivery gave up (a dead-lettered event).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeadEvent {
+    /// Event id.
+    pub event_id: String,
+    /// `approval.created`, …
+    pub event_type: String,
+    /// Delivery attempts made.
+    pub attempts: i64,
+    /// The last attempt's error.
+    pub last_error: Option<String>,
+    /// When the event was written, ms since epoch.
+    pub created_at: i64,
+    /// When delivery gave up, ms since epoch.
+    pub dead_lettered_at: i64,
 }
 
 /// How a decision ends.

@@ -669,7 +669,39 @@ impl Ledger {
         dispatch!(self, events(tenant))
     }
 
-    /// Undelivered events (all tenants), for tests and the console.
+    /// Ends the delivery of `event_id` for good (its retry budget is
+    /// spent): the event becomes a dead-lettered event, never claimed
+    /// again. Returns `false` when `owner` no longer holds the claim.
+    pub async fn event_given_up(
+        &self,
+        event_id: &str,
+        owner: &str,
+        error: &str,
+    ) -> Result<bool, LedgerError> {
+        dispatch!(self, event_given_up(event_id, owner, error))
+    }
+
+    /// `tenant`'s dead-lettered events, newest first, at most `limit`.
+    pub async fn dead_events(
+        &self,
+        tenant: &str,
+        limit: u32,
+    ) -> Result<Vec<crate::ledger::DeadEvent>, LedgerError> {
+        dispatch!(self, dead_events(tenant, limit))
+    }
+
+    /// Deletes up to `batch` events delivered more than `retention_ms` ago;
+    /// returns how many. Undelivered and dead-lettered events are kept.
+    pub async fn sweep_delivered_events(
+        &self,
+        retention_ms: i64,
+        batch: u32,
+    ) -> Result<u64, LedgerError> {
+        dispatch!(self, sweep_delivered_events(retention_ms, batch))
+    }
+
+    /// Undelivered events still to be delivered (all tenants; dead-lettered
+    /// ones not counted), for tests and the console.
     pub async fn pending_events(&self) -> Result<i64, LedgerError> {
         dispatch!(self, pending_events())
     }

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use serde::Serialize;
 
-pub use approval::{Approval, Decision as ApprovalDecision, NewApproval, OutboxEvent};
+pub use approval::{Approval, DeadEvent, Decision as ApprovalDecision, NewApproval, OutboxEvent};
 pub use db::Ledger;
 
 /// A source of time in ms since the Unix epoch. Injected so tests can

@@ -463,12 +463,12 @@ impl Store {
                SELECT event_id FROM ( \
                  SELECT event_id, created_at, \
                    ROW_NUMBER() OVER (PARTITION BY tenant_id ORDER BY created_at) AS rank_in_tenant \
-                 FROM outbox WHERE delivered_at IS NULL AND next_attempt_at <= ?3 \
+                 FROM outbox WHERE delivered_at IS NULL AND dead_lettered_at IS NULL AND next_attempt_at <= ?3 \
                  AND (lease_expires_at IS NULL OR lease_expires_at <= ?3)) due \
                ORDER BY rank_in_tenant, created_at LIMIT ?4) \
-             AND delivered_at IS NULL AND next_attempt_at <= ?3 \
+             AND delivered_at IS NULL AND dead_lettered_at IS NULL AND next_attempt_at <= ?3 \
              AND (lease_expires_at IS NULL OR lease_expires_at <= ?3) \
-             RETURNING event_id, tenant_id, event_type, payload, attempts"))
+             RETURNING event_id, tenant_id, event_type, payload, attempts, created_at"))
         .bind(owner)
         .bind(now.saturating_add(lease_ms))
         .bind(now)
@@ -484,6 +484,7 @@ impl Store {
                     event_type: r.try_get("event_type")?,
                     payload: r.try_get("payload")?,
                     attempts: r.try_get("attempts")?,
+                    created_at: r.try_get("created_at")?,
                 })
             })
             .collect::<Result<_, sqlx::Error>>()
@@ -534,9 +535,72 @@ impl Store {
             .map_err(Into::into)
     }
 
+    pub(super) async fn event_given_up(
+        &self,
+        event_id: &str,
+        owner: &str,
+        error: &str,
+    ) -> Result<bool, LedgerError> {
+        let now = self.now().await?;
+        let r = sqlx::query(q("UPDATE outbox SET attempts = attempts + 1, lease_owner = NULL, lease_expires_at = NULL, \
+             last_error = ?, dead_lettered_at = ? \
+             WHERE event_id = ? AND lease_owner = ? AND delivered_at IS NULL"))
+        .bind(clean(error))
+        .bind(now)
+        .bind(event_id)
+        .bind(owner)
+        .execute(&self.write)
+        .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    pub(super) async fn dead_events(
+        &self,
+        tenant: &str,
+        limit: u32,
+    ) -> Result<Vec<crate::ledger::DeadEvent>, LedgerError> {
+        let rows = sqlx::query(q("SELECT event_id, event_type, attempts, last_error, created_at, dead_lettered_at FROM outbox \
+             WHERE tenant_id = ? AND dead_lettered_at IS NOT NULL ORDER BY dead_lettered_at DESC LIMIT ?"))
+        .bind(tenant)
+        .bind(i64::from(limit))
+        .fetch_all(&self.read)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(crate::ledger::DeadEvent {
+                    event_id: r.try_get("event_id")?,
+                    event_type: r.try_get("event_type")?,
+                    attempts: r.try_get("attempts")?,
+                    last_error: r.try_get("last_error")?,
+                    created_at: r.try_get("created_at")?,
+                    dead_lettered_at: r.try_get("dead_lettered_at")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Into::into)
+    }
+
+    pub(super) async fn sweep_delivered_events(
+        &self,
+        retention_ms: i64,
+        batch: u32,
+    ) -> Result<u64, LedgerError> {
+        let mut tx = self.write.begin().await?;
+        let now = self.now_in(&mut tx).await?;
+        let n = sqlx::query(q("DELETE FROM outbox WHERE event_id IN (SELECT event_id FROM outbox \
+             WHERE delivered_at IS NOT NULL AND delivered_at <= ? LIMIT ?)"))
+        .bind(now.saturating_sub(retention_ms.max(0)))
+        .bind(i64::from(batch))
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(n)
+    }
+
     pub(super) async fn pending_events(&self) -> Result<i64, LedgerError> {
         let row = sqlx::query(q(
-            "SELECT COUNT(*) AS n FROM outbox WHERE delivered_at IS NULL",
+            "SELECT COUNT(*) AS n FROM outbox WHERE delivered_at IS NULL AND dead_lettered_at IS NULL",
         ))
         .fetch_one(&self.read)
         .await?;
