@@ -348,9 +348,11 @@ fn rss_kib() -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn hot_reload_under_load_swaps_policies_without_failing_requests() {
     // Tenant a alternates between a low threshold (approval) and a high one (allow).
+    // The deadline is generous here: this test is about swaps under load,
+    // and its load shares the cores with the policy calls it times.
     let app = spawn_with(Opts {
         tenant_a: binding("payments", "amount_threshold", "{ threshold = 1000 }"),
-        more: "[reconcile]\nenabled = false\n".into(),
+        more: "[reconcile]\nenabled = false\n[policy]\ndeadline_ms = 250\n".into(),
         ..Default::default()
     })
     .await;
