@@ -177,6 +177,10 @@ pub enum LoadError {
     Incompatible(String),
 }
 
+/// The deadline of a policy's `config-schema` call at load, in ms (at
+/// least; a larger `[policy] deadline_ms` applies as is).
+pub const LOAD_DEADLINE_MS: u64 = 2_000;
+
 impl PolicyEngine {
     /// An engine with these limits. A background thread advances the epoch
     /// every millisecond (it stops when the engine is dropped).
@@ -288,7 +292,15 @@ impl PolicyEngine {
             config_schema: String::new(),
         };
         let schema = self
-            .call(&compiled, "load", |p, s| p.call_config_schema(s))
+            // At load, not on a request: the first call of a fresh module
+            // on a busy machine may take longer than a request's deadline,
+            // which a policy's config schema must not fail on.
+            .call_within(
+                &compiled,
+                "load",
+                self.limits.deadline_ms.max(LOAD_DEADLINE_MS),
+                |p, s| p.call_config_schema(s),
+            )
             .map_err(|e| LoadError::Incompatible(format!("config-schema() failed: {e}")))?;
         compiled.config_schema = schema;
         let compiled = Arc::new(compiled);
@@ -317,10 +329,22 @@ impl PolicyEngine {
     }
 
     /// Calls into a fresh instance of `policy` with the configured limits.
+    /// (At load, `config-schema` gets at least [`LOAD_DEADLINE_MS`].)
     pub fn call<R>(
         &self,
         policy: &CompiledPolicy,
         label: &str,
+        f: impl FnOnce(&bindings::Policy, &mut Store<HostState>) -> wasmtime::Result<R>,
+    ) -> Result<R, PolicyFailure> {
+        self.call_within(policy, label, self.limits.deadline_ms, f)
+    }
+
+    /// [`PolicyEngine::call`] with its own deadline, in ms (epochs).
+    fn call_within<R>(
+        &self,
+        policy: &CompiledPolicy,
+        label: &str,
+        deadline_ms: u64,
         f: impl FnOnce(&bindings::Policy, &mut Store<HostState>) -> wasmtime::Result<R>,
     ) -> Result<R, PolicyFailure> {
         let limits = StoreLimitsBuilder::new()
@@ -339,7 +363,7 @@ impl PolicyEngine {
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
-        store.set_epoch_deadline(self.limits.deadline_ms);
+        store.set_epoch_deadline(deadline_ms);
         store.epoch_deadline_trap();
         if let Some(fuel) = self.limits.fuel {
             store
