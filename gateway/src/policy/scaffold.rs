@@ -103,7 +103,11 @@ pub fn create(name: &str, lang: Lang, dir: &Path) -> Result<Vec<PathBuf>, Scaffo
             if let Some(parent) = path.parent() {
                 std::fs::create_dir_all(parent)?;
             }
-            std::fs::write(&path, text)
+            std::fs::write(&path, text)?;
+            if rel.ends_with(".sh") {
+                make_executable(&path)?;
+            }
+            Ok(())
         };
         write().map_err(|error| ScaffoldError::Write {
             path: path.display().to_string(),
@@ -111,6 +115,17 @@ pub fn create(name: &str, lang: Lang, dir: &Path) -> Result<Vec<PathBuf>, Scaffo
         })?;
     }
     Ok(files.into_iter().map(|(p, _)| PathBuf::from(p)).collect())
+}
+
+#[cfg(unix)]
+fn make_executable(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+}
+
+#[cfg(not(unix))]
+fn make_executable(_path: &Path) -> std::io::Result<()> {
+    Ok(())
 }
 
 /// The files of a new project: (path relative to the project, contents).
@@ -198,9 +213,9 @@ const RUST_LIB: &str = r##"//! {{name}}: an effectgate policy for the {{world}} 
 
 wit_bindgen::generate!({ path: "wit", world: "policy" });
 
-use effectgate::policy::types::{
-    Allow, Decision, EffectClass, FailureClass, Operation, ReplayVerdict, Request, ResponseHead,
-};
+// The world's `use` brings Decision, Request, Operation, ResponseHead,
+// FailureClass and ReplayVerdict into this module; the rest are here.
+use effectgate::policy::types::{Allow, EffectClass};
 
 struct Policy;
 
@@ -454,6 +469,15 @@ mod tests {
             assert_eq!(cases["cases"].as_array().unwrap().len(), 1, "{lang:?}");
             let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
             assert!(readme.contains("spend_cap.wasm"), "{lang:?}: {readme}");
+            #[cfg(unix)]
+            if lang == Lang::Python {
+                use std::os::unix::fs::PermissionsExt;
+                let mode = std::fs::metadata(root.join("build.sh"))
+                    .unwrap()
+                    .permissions()
+                    .mode();
+                assert_eq!(mode & 0o111, 0o111, "build.sh is executable");
+            }
             assert!(readme.contains("effectgate policy test"), "{lang:?}");
             assert!(!readme.contains("{{"), "{lang:?}: unfilled template");
             for f in &files {
