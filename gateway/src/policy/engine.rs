@@ -323,12 +323,18 @@ impl PolicyEngine {
                 pool.total_memories(limits.pool_instances);
                 pool.total_tables(limits.pool_instances.saturating_mul(4));
                 pool.max_memory_size(reservation as usize);
-                // Reset a reused slot's low 256 KiB (a policy's stack and
-                // small heap) with memset instead of returning the pages to
-                // the kernel: a fresh call then doesn't page-fault through
-                // them. Halves the per-call cost.
-                pool.linear_memory_keep_resident(256 << 10);
+                // Reset the pages a call dirtied (up to 2 MiB of them: a
+                // policy's stack and heap, a JavaScript engine's working
+                // set) back to the memory image in place instead of
+                // returning them to the kernel, so the next call doesn't
+                // page-fault through them. Where the kernel can say which
+                // pages are dirty (PAGEMAP_SCAN, Linux 6.7+), only those
+                // are reset; elsewhere the lowest 2 MiB are. It halved the
+                // per-call cost of Rust policies, and cut a JavaScript
+                // policy's by a third.
+                pool.linear_memory_keep_resident(2 << 20);
                 pool.table_keep_resident(16 << 10);
+                pool.pagemap_scan(wasmtime::Enabled::Auto);
 
                 cfg.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
             }
@@ -427,7 +433,7 @@ impl PolicyEngine {
         let component = match cached {
             Some(c) => c,
             None => Component::new(&self.engine, bytes).map_err(|e| {
-                LoadError::Incompatible(format!("not a WebAssembly component: {e:#}"))
+                LoadError::Incompatible(format!("cannot compile it as a component: {e:#}"))
             })?,
         };
         if let Some(found) = other_world(&self.engine, &component) {
