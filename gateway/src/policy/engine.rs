@@ -329,9 +329,10 @@ impl PolicyEngine {
                 // returning them to the kernel, so the next call doesn't
                 // page-fault through them. Where the kernel can say which
                 // pages are dirty (PAGEMAP_SCAN, Linux 6.7+), only those
-                // are reset; elsewhere the lowest 2 MiB are. It halved the
-                // per-call cost of Rust policies, and cut a JavaScript
-                // policy's by a third.
+                // are reset; elsewhere the lowest 2 MiB are. Keeping pages
+                // resident halved a Rust policy's per-call cost; resetting
+                // only the dirty ones took a JavaScript policy's from about
+                // 700 to 450 µs here (Python's from 1.35 to 1.2 ms).
                 pool.linear_memory_keep_resident(2 << 20);
                 pool.table_keep_resident(16 << 10);
                 pool.pagemap_scan(wasmtime::Enabled::Auto);
