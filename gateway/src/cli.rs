@@ -57,6 +57,8 @@ enum PolicyCommand {
     Check {
         /// The policy component (`.wasm`).
         module: PathBuf,
+        #[command(flatten)]
+        limits: PolicyLimitArgs,
     },
     /// Run a module against fixture requests and expected decisions; print
     /// pass/fail per case; exit 1 if any case fails.
@@ -65,7 +67,51 @@ enum PolicyCommand {
         module: PathBuf,
         /// Case file (`.toml` or `.json`).
         cases: PathBuf,
+        #[command(flatten)]
+        limits: PolicyLimitArgs,
     },
+    /// Write a new policy project: the world's WIT (its language's tool
+    /// generates the bindings from it), a config schema, an `evaluate`
+    /// that allows, a case file with one case and a README with the build
+    /// command.
+    New {
+        /// Policy name: lower-case letters, digits and '-'.
+        name: String,
+        /// Language: rust, js or python.
+        #[arg(long, default_value = "rust")]
+        lang: crate::policy::scaffold::Lang,
+        /// Folder to create (default: ./NAME); must be missing or empty.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Print the policy world's WIT, to generate bindings with any tool.
+    Wit,
+}
+
+/// The `[policy]` limits `policy check` and `policy test` run with; the
+/// others keep their defaults.
+#[derive(Debug, clap::Args)]
+struct PolicyLimitArgs {
+    /// Linear memory the policy may use, in bytes, as `[policy]
+    /// memory_bytes` (default 16 MiB; JavaScript and Python policies
+    /// need more, see policies/README.md).
+    #[arg(
+        long,
+        default_value_t = crate::config::PolicyLimitsSpec::default().memory_bytes as u64,
+        value_parser = clap::value_parser!(u64).range(65536..)
+    )]
+    memory_bytes: u64,
+    /// CPU deadline per call, in ms, as `[policy] deadline_ms` (default 10).
+    #[arg(
+        long,
+        default_value_t = crate::config::PolicyLimitsSpec::default().deadline_ms,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    deadline_ms: u64,
+    /// Keep compiled modules in this folder, as `[policy] cache_dir`
+    /// (default: compile in memory).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -286,26 +332,63 @@ async fn open(c: ConfigArg) -> anyhow::Result<Ledger> {
 }
 
 fn policy_command(command: PolicyCommand) -> anyhow::Result<ExitCode> {
-    let engine = crate::policy::PolicyEngine::new(&crate::config::PolicyLimitsSpec {
-        pooling: false,
-        ..Default::default()
-    })?;
+    // `policy check` and `policy test` run with the memory, deadline and
+    // cache folder asked for, the other default limits, and without the
+    // pooling allocator.
+    let engine = |limits: &PolicyLimitArgs| {
+        crate::policy::PolicyEngine::new(&crate::config::PolicyLimitsSpec {
+            pooling: false,
+            memory_bytes: usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX),
+            deadline_ms: limits.deadline_ms,
+            cache_dir: limits.cache_dir.clone(),
+            ..Default::default()
+        })
+    };
     match command {
-        PolicyCommand::Check { module } => match crate::policy::cases::describe(&engine, &module) {
-            Ok(text) => print!("{text}"),
-            Err(e) => {
-                eprintln!("{}: rejected: {e:#}", module.display());
-                return Ok(ExitCode::from(2));
+        PolicyCommand::Check { module, limits } => {
+            match crate::policy::cases::describe(&engine(&limits)?, &module) {
+                Ok(text) => print!("{text}"),
+                Err(e) => {
+                    eprintln!("{}: rejected: {e:#}", module.display());
+                    return Ok(ExitCode::from(2));
+                }
             }
-        },
-        PolicyCommand::Test { module, cases } => {
+        }
+        PolicyCommand::Test {
+            module,
+            cases,
+            limits,
+        } => {
             let file = crate::policy::cases::load(&cases)?;
-            let failed =
-                crate::policy::cases::run(&engine, &module, &file, &mut std::io::stdout())?;
+            let failed = crate::policy::cases::run(
+                &engine(&limits)?,
+                &module,
+                &file,
+                &mut std::io::stdout(),
+            )?;
             if failed > 0 {
                 return Ok(ExitCode::from(1));
             }
         }
+        PolicyCommand::New { name, lang, dir } => {
+            let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
+            match crate::policy::scaffold::create(&name, lang, &dir) {
+                Ok(files) => {
+                    for f in files {
+                        println!("{}", dir.join(f).display());
+                    }
+                    println!(
+                        "build and test it as {} says",
+                        dir.join("README.md").display()
+                    );
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return Ok(ExitCode::from(2));
+                }
+            }
+        }
+        PolicyCommand::Wit => print!("{}", crate::policy::scaffold::wit()),
     }
     Ok(ExitCode::SUCCESS)
 }

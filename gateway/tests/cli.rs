@@ -21,6 +21,8 @@ fn every_command_has_help() {
         vec!["ledger", "show", "--help"],
         vec!["ledger", "list", "--help"],
         vec!["ledger", "dead-letters", "--help"],
+        vec!["policy", "new", "--help"],
+        vec!["policy", "wit", "--help"],
     ] {
         let out = effectgate().args(&args).output().unwrap();
         assert!(out.status.success(), "{args:?}");
@@ -253,4 +255,63 @@ fn storage_schema_and_empty_url_are_checked() {
             assert!(err.contains("storage.schema"), "{err}");
         }
     }
+}
+
+#[test]
+fn policy_wit_prints_the_world_the_gateway_was_built_with() {
+    let out = effectgate().args(["policy", "wit"]).output().unwrap();
+    assert!(out.status.success());
+    let wit = String::from_utf8(out.stdout).unwrap();
+    let source =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../wit/policy.wit")).unwrap();
+    assert_eq!(wit, source);
+    assert!(wit.contains("package effectgate:policy@0.1.0;"));
+}
+
+#[test]
+fn policy_new_writes_a_project_per_language_and_refuses_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    for (lang, main) in [
+        ("rust", "src/lib.rs"),
+        ("js", "policy.js"),
+        ("python", "app.py"),
+    ] {
+        let root = dir.path().join(lang);
+        let out = effectgate()
+            .args(["policy", "new", "spend-cap", "--lang", lang, "--dir"])
+            .arg(&root)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{lang}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for f in ["wit/policy.wit", "cases.toml", "README.md", main] {
+            assert!(root.join(f).is_file(), "{lang}: {f} missing");
+        }
+        let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+        assert!(readme.contains("spend_cap.wasm"), "{lang}: {readme}");
+    }
+    // Into the same folder again: refused, nothing overwritten.
+    let out = effectgate()
+        .args(["policy", "new", "spend-cap", "--lang", "js", "--dir"])
+        .arg(dir.path().join("js"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not empty"));
+    let out = effectgate()
+        .args(["policy", "new", "Spend_Cap", "--dir"])
+        .arg(dir.path().join("x"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid policy name"));
+    let out = effectgate()
+        .args(["policy", "new", "ok", "--lang", "go"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "clap refuses the language");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("rust, js or python"));
 }

@@ -19,6 +19,31 @@ pub fn policy_wasm(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("POLICY_WASM_DIR")).join(format!("{name}.wasm"))
 }
 
+/// A JavaScript or Python policy component, which `cargo test` does not
+/// build: `file` in the folder named by the environment variable `var`
+/// (`.ci/run` builds the components and sets it), else in `default_dir`
+/// (relative to the repository: where the example's own build writes it).
+/// Without the file the test is skipped ([`skips::skip`]; under `CI` it
+/// fails instead) and this returns `None`.
+pub fn lang_policy_wasm(var: &str, default_dir: &str, file: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(default_dir)
+    });
+    let path = dir.join(file);
+    if path.is_file() {
+        return Some(path);
+    }
+    skips::skip(
+        &format!("the policy component {file}"),
+        &format!(
+            "build it as {default_dir}/README.md says and set {var} to its folder (.ci/run does both)"
+        ),
+    );
+    None
+}
+
 /// Client key of tenant `a`.
 pub const KEY_A: &str = "test-client-key-a";
 /// Admin key of tenant `a`.

@@ -11,6 +11,11 @@
 //! Prints requests/s and p50/p99 latency per scenario, and the ratios b/a,
 //! c/a, d/a of throughput. Bounded by `--requests` per scenario.
 //!
+//! With the policies built it also measures the per-call policy overhead,
+//! proxy throughput with 0, 1 and 3 policies, and the same policy
+//! (amount-threshold) in Rust, JavaScript and Python: first compile, load
+//! from the disk cache, and p50/p99 per call.
+//!
 //! Run: `cargo run --release -p bench -- --requests 5000 --concurrency 32`
 
 use std::sync::Arc;
@@ -40,6 +45,24 @@ struct Args {
     /// Policy calls measured per overhead scenario.
     #[arg(long, default_value_t = 5000)]
     policy_calls: usize,
+    /// Folder with `amount_threshold_js.wasm` (built by
+    /// `policies/js/amount-threshold/build.mjs`); without it the JavaScript
+    /// line is skipped.
+    #[arg(
+        long,
+        env = "POLICY_JS_WASM_DIR",
+        default_value = "policies/js/amount-threshold"
+    )]
+    js_policy_dir: std::path::PathBuf,
+    /// Folder with `amount_threshold_py.wasm` (built by
+    /// `policies/python/amount-threshold/build.sh`); without it the Python
+    /// line is skipped.
+    #[arg(
+        long,
+        env = "POLICY_PY_WASM_DIR",
+        default_value = "policies/python/amount-threshold"
+    )]
+    py_policy_dir: std::path::PathBuf,
     /// PostgreSQL URL for the shared-ledger scenarios (each run uses a
     /// fresh schema); default `$BENCH_POSTGRES_URL`. Without one they are
     /// skipped.
@@ -362,10 +385,64 @@ fn policy_bindings(dir: &std::path::Path, n: usize) -> String {
         .collect()
 }
 
+/// The route the policy measurements run on (`pay`, default settings).
+fn bench_route() -> anyhow::Result<effectgate::config::Route> {
+    let dir = tempfile::tempdir()?;
+    let cfg = dir.path().join("r.toml");
+    std::fs::write(
+        &cfg,
+        "[[routes]]\nname = \"pay\"\nprefix = \"/pay/\"\nupstream = \"http://127.0.0.1:9\"\n",
+    )?;
+    let settings = effectgate::config::load(Some(&cfg))?;
+    Ok(settings.routes[0].clone())
+}
+
+/// The request every policy measurement decides on: a 100 eur charge.
+fn bench_request() -> effectgate::policy::Request {
+    effectgate::policy::Request {
+        tenant: "bench".into(),
+        principal: "bench:client".into(),
+        route: "pay".into(),
+        effect_class: effectgate::policy::WitEffectClass::Payment,
+        method: "POST".into(),
+        path: "/v1/charges".into(),
+        query: None,
+        headers: vec![],
+        body: BODY.as_bytes().to_vec(),
+        operation_id: "k".into(),
+        fingerprint: "0".repeat(64),
+        existing_state: None,
+    }
+}
+
+/// p50 and p99 of `calls` runs of `chain` (after 200 unmeasured ones), µs.
+fn chain_latency(
+    engine: &effectgate::policy::PolicyEngine,
+    chain: &[effectgate::policy::BoundPolicy],
+    route: &effectgate::config::Route,
+    request: &effectgate::policy::Request,
+    calls: usize,
+) -> (u128, u128) {
+    use effectgate::policy::evaluate_chain;
+    for _ in 0..200 {
+        evaluate_chain(engine, chain, route, "bench", request);
+    }
+    let mut lat: Vec<u128> = (0..calls.max(1))
+        .map(|_| {
+            let t = Instant::now();
+            let _ = evaluate_chain(engine, chain, route, "bench", request);
+            t.elapsed().as_micros()
+        })
+        .collect();
+    lat.sort_unstable();
+    let p = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
+    (p(0.5), p(0.99))
+}
+
 /// Per-call policy overhead: one `evaluate` on a fresh instance (1 policy)
 /// and a chain of 3, measured directly on the engine.
 fn policy_overhead(args: &Args) -> anyhow::Result<()> {
-    use effectgate::policy::{BoundPolicy, PolicyEngine, evaluate_chain};
+    use effectgate::policy::{BoundPolicy, PolicyEngine};
     let engine = PolicyEngine::new(&Default::default())?;
     let mk = |m: &str, cfg: &str| -> anyhow::Result<BoundPolicy> {
         Ok(BoundPolicy {
@@ -379,28 +456,8 @@ fn policy_overhead(args: &Args) -> anyhow::Result<()> {
         mk("allow_list", r#"{"rules":[{"path_prefix":"/"}]}"#)?,
         mk("replay_matrix", "{}")?,
     ];
-    let dir = tempfile::tempdir()?;
-    let cfg = dir.path().join("r.toml");
-    std::fs::write(
-        &cfg,
-        "[[routes]]\nname = \"pay\"\nprefix = \"/pay/\"\nupstream = \"http://127.0.0.1:9\"\n",
-    )?;
-    let settings = effectgate::config::load(Some(&cfg))?;
-    let route = settings.routes[0].clone();
-    let request = effectgate::policy::Request {
-        tenant: "bench".into(),
-        principal: "bench:client".into(),
-        route: "pay".into(),
-        effect_class: effectgate::policy::WitEffectClass::Payment,
-        method: "POST".into(),
-        path: "/v1/charges".into(),
-        query: None,
-        headers: vec![],
-        body: BODY.as_bytes().to_vec(),
-        operation_id: "k".into(),
-        fingerprint: "0".repeat(64),
-        existing_state: None,
-    };
+    let route = bench_route()?;
+    let request = bench_request();
     println!(
         "policy engine: pooling allocator {}",
         if engine.pooling {
@@ -414,34 +471,148 @@ fn policy_overhead(args: &Args) -> anyhow::Result<()> {
         "policy overhead per request", "p50 µs", "p99 µs"
     );
     for n in [1usize, 3] {
-        let chain = &three[..n];
-        for _ in 0..200 {
-            evaluate_chain(&engine, chain, &route, "bench", &request);
-        }
-        let mut lat: Vec<u128> = (0..args.policy_calls)
-            .map(|_| {
-                let t = Instant::now();
-                let _ = evaluate_chain(&engine, chain, &route, "bench", &request);
-                t.elapsed().as_micros()
-            })
-            .collect();
-        lat.sort_unstable();
-        let p = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
+        let (p50, p99) = chain_latency(&engine, &three[..n], &route, &request, args.policy_calls);
         println!(
             "{:<42} {:>10} {:>10}",
             format!("{n} polic{}", if n == 1 { "y" } else { "ies" }),
-            p(0.5),
-            p(0.99)
+            p50,
+            p99
         );
     }
+    Ok(())
+}
+
+/// The same policy (amount-threshold) written in Rust, JavaScript and
+/// Python: module size, first compile (an empty disk cache), load from the
+/// disk cache (a new engine on the warm cache, as after a restart), the
+/// p50 of a fresh instance with the cheapest call (`config-schema`), and
+/// the per-call overhead of one `evaluate` on a fresh instance. A variant
+/// whose component isn't built is skipped with a line saying so.
+fn policy_languages(args: &Args) -> anyhow::Result<()> {
+    use effectgate::policy::{BoundPolicy, LoadOrigin, PolicyEngine};
+    let cache = tempfile::tempdir()?;
+    let limits = effectgate::config::PolicyLimitsSpec {
+        memory_bytes: 32 << 20,
+        cache_dir: Some(cache.path().to_path_buf()),
+        ..Default::default()
+    };
+    let variants = [
+        (
+            "rust",
+            args.policy_dir.join("amount_threshold.wasm"),
+            "cargo build --manifest-path policies/Cargo.toml --target wasm32-wasip2 --release",
+        ),
+        (
+            "javascript",
+            args.js_policy_dir.join("amount_threshold_js.wasm"),
+            "node policies/js/amount-threshold/build.mjs",
+        ),
+        (
+            "python",
+            args.py_policy_dir.join("amount_threshold_py.wasm"),
+            "policies/python/amount-threshold/build.sh",
+        ),
+    ];
+    let route = bench_route()?;
+    let request = bench_request();
+    let first = PolicyEngine::new(&limits)?;
+    println!(
+        "policy languages: amount-threshold, one evaluate per call on a fresh instance; memory_bytes = 32 MiB, pooling allocator {}",
+        if first.pooling {
+            "on"
+        } else {
+            "off (unavailable)"
+        }
+    );
+    println!(
+        "{:<12} {:>11} {:>18} {:>14} {:>14} {:>8} {:>8}",
+        "variant",
+        "module KiB",
+        "first compile ms",
+        "cache load ms",
+        "instance µs",
+        "p50 µs",
+        "p99 µs"
+    );
+    let mut present = Vec::new();
+    let mut compiled = Vec::new();
+    for (name, path, build) in &variants {
+        if !path.is_file() {
+            println!(
+                "{name:<12} skipped: {} not found (build it: {build})",
+                path.display()
+            );
+            continue;
+        }
+        let c = first.load(path)?;
+        anyhow::ensure!(
+            c.origin == LoadOrigin::Compiled,
+            "{name}: expected a fresh compile"
+        );
+        compiled.push(c.load_time);
+        present.push((*name, path.clone()));
+    }
+    // A restart: a new engine on the warm cache loads every variant.
+    let second = PolicyEngine::new(&limits)?;
+    let restart = Instant::now();
+    let mut loaded = Vec::new();
+    for (name, path) in &present {
+        let c = second.load(path)?;
+        anyhow::ensure!(
+            c.origin == LoadOrigin::DiskCache,
+            "{name}: expected the disk cache"
+        );
+        loaded.push(c);
+    }
+    let restart = restart.elapsed();
+    for (((name, _), compile), c) in present.iter().zip(&compiled).zip(&loaded) {
+        let chain = [BoundPolicy {
+            name: (*name).into(),
+            compiled: c.clone(),
+            config: r#"{"threshold":1000000}"#.into(),
+        }];
+        let (p50, p99) = chain_latency(&second, &chain, &route, &request, args.policy_calls);
+        // A fresh instance and the cheapest export (config-schema returns
+        // a constant): the instantiation share of a call.
+        let mut inst: Vec<u128> = (0..args.policy_calls.clamp(1, 1000))
+            .map(|_| {
+                let t = Instant::now();
+                let _ = second.call(c, "bench", |p, s| p.call_config_schema(s));
+                t.elapsed().as_micros()
+            })
+            .collect();
+        inst.sort_unstable();
+        let inst_p50 = inst[inst.len() / 2];
+        println!(
+            "{:<12} {:>11} {:>18.0} {:>14.1} {:>14} {:>8} {:>8}",
+            name,
+            c.module_bytes / 1024,
+            compile.as_secs_f64() * 1e3,
+            c.load_time.as_secs_f64() * 1e3,
+            inst_p50,
+            p50,
+            p99
+        );
+    }
+    println!(
+        "restart with a warm disk cache: {} policies loaded in {:.0} ms",
+        loaded.len(),
+        restart.as_secs_f64() * 1e3
+    );
     Ok(())
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
-    if let Ok(abs) = args.policy_dir.canonicalize() {
-        args.policy_dir = abs;
+    for dir in [
+        &mut args.policy_dir,
+        &mut args.js_policy_dir,
+        &mut args.py_policy_dir,
+    ] {
+        if let Ok(abs) = dir.canonicalize() {
+            *dir = abs;
+        }
     }
     let mock = mock_provider::spawn("127.0.0.1:0".parse()?).await?;
     let dir = tempfile::tempdir()?;
@@ -577,6 +748,7 @@ provider_idempotency_header = "Idempotency-Key"
         return Ok(());
     }
     policy_overhead(&args)?;
+    policy_languages(&args)?;
     // Proxy throughput with 0, 1 and 3 policies on the effectful route.
     let mut rows = Vec::new();
     for n in [0usize, 1, 3] {

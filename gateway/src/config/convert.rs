@@ -14,7 +14,7 @@ impl ConfigFile {
 
     /// [`ConfigFile::into_settings`] for a file at `source`: relative paths
     /// (policy modules, request schemas) resolve against its directory.
-    pub fn into_settings_from(self, source: Option<&Path>) -> Result<Settings, ConfigError> {
+    pub fn into_settings_from(mut self, source: Option<&Path>) -> Result<Settings, ConfigError> {
         let base_dir = source
             .and_then(Path::parent)
             .map(Path::to_path_buf)
@@ -617,6 +617,23 @@ impl ConfigFile {
         }
         if self.policy.deadline_ms == 0 {
             return Err(ConfigError::new("policy.deadline_ms", "must be at least 1"));
+        }
+        if let Some(dir) = &mut self.policy.cache_dir {
+            if dir.as_os_str().is_empty() {
+                return Err(ConfigError::new(
+                    "policy.cache_dir",
+                    "must not be empty (leave it unset to compile policies in memory)",
+                ));
+            }
+            if dir.is_relative() && source.is_some() {
+                *dir = base_dir.join(&*dir);
+            }
+            if dir.exists() && !dir.is_dir() {
+                return Err(ConfigError::new(
+                    "policy.cache_dir",
+                    format!("{} exists and is not a directory", dir.display()),
+                ));
+            }
         }
         let mut seen = BTreeSet::new();
         for (ri, r) in routes.iter().enumerate() {

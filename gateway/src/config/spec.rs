@@ -55,6 +55,13 @@ pub struct PolicyLimitsSpec {
     pub pooling: bool,
     /// Concurrent policy instances the pool holds. Default 256.
     pub pool_instances: u32,
+    /// Folder for compiled policies (wasmtime's serialized artifacts, one
+    /// file per module content hash and engine), relative to the config
+    /// file, created when missing. A restart or a reload then loads a
+    /// policy without compiling it again. It must be writable by the
+    /// gateway's user only: a verified entry is loaded as machine code.
+    /// Default unset: policies are compiled in memory at every start.
+    pub cache_dir: Option<PathBuf>,
 }
 
 impl Default for PolicyLimitsSpec {
@@ -68,6 +75,7 @@ impl Default for PolicyLimitsSpec {
             max_header_bytes: 1024,
             pooling: true,
             pool_instances: 256,
+            cache_dir: None,
         }
     }
 }

@@ -103,3 +103,27 @@ fn an_outbox_lease_too_short_to_deliver_in_is_refused() {
         .to_string();
     assert!(err.contains("reconcile.outbox_lease_ms"), "{err}");
 }
+
+#[test]
+fn policy_cache_dir_resolves_next_to_the_file_and_bad_values_name_the_field() {
+    let dir = tempfile_dir();
+    let p = dir.join("c.toml");
+    std::fs::write(&p, "[policy]\ncache_dir = \"compiled\"\n").unwrap();
+    let s = load(Some(&p)).unwrap();
+    assert_eq!(s.policy_limits.cache_dir, Some(dir.join("compiled")));
+    assert_eq!(
+        parse("").unwrap().policy_limits.cache_dir,
+        None,
+        "unset by default"
+    );
+
+    let e = parse("[policy]\ncache_dir = \"\"\n").unwrap_err();
+    assert_eq!(e.path, "policy.cache_dir");
+    assert!(e.message.contains("empty"), "{e}");
+
+    std::fs::write(dir.join("a-file"), "x").unwrap();
+    std::fs::write(&p, "[policy]\ncache_dir = \"a-file\"\n").unwrap();
+    let e = load(Some(&p)).unwrap_err();
+    assert_eq!(e.path, "policy.cache_dir");
+    assert!(e.message.contains("not a directory"), "{e}");
+}

@@ -4,6 +4,8 @@
 //! - [`engine`]: the wasmtime host (compile once, `InstancePre` cached by
 //!   content hash, a fresh `Store` per call with memory, epoch-deadline and
 //!   optional fuel limits);
+//! - [`disk_cache`]: compiled modules kept on disk (`policy.cache_dir`);
+//! - [`scaffold`]: `effectgate policy new` and `effectgate policy wit`;
 //! - [`PolicySet`]: each tenant's ordered policies per route, with their
 //!   configs validated against the policies' `config-schema()`;
 //! - [`cases`]: `effectgate policy test`.
@@ -14,7 +16,9 @@
 
 pub mod bindings;
 pub mod cases;
+pub mod disk_cache;
 pub mod engine;
+pub mod scaffold;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,7 +28,7 @@ use http::HeaderName;
 use serde::Serialize;
 
 pub use bindings::{Decision, EffectClass as WitEffectClass, FailureClass, ReplayVerdict, Request};
-pub use engine::{CompiledPolicy, LoadError, PolicyEngine, PolicyFailure};
+pub use engine::{CompiledPolicy, LoadError, LoadOrigin, PolicyEngine, PolicyFailure};
 
 use crate::config::{EffectClass, PolicyLimitsSpec, Route, Settings};
 
