@@ -279,6 +279,17 @@ impl TestApp {
         }
         b.body(body.to_owned()).send().await.unwrap()
     }
+    /// The admin listener's `/metrics` text (Prometheus format).
+    pub async fn metrics(&self) -> String {
+        self.http
+            .get(self.admin("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
     /// One reconciler scan, run here and now.
     pub async fn tick(&self) -> Vec<(String, String, effectgate::reconcile::Step)> {
         effectgate::reconcile::tick(&self.gw.state).await.unwrap()

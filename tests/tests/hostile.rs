@@ -224,14 +224,7 @@ async fn a_slow_header_flood_locks_out_neither_callers_nor_the_admin_listener() 
         "{:?}",
         started.elapsed()
     );
-    let metrics = fresh
-        .get(app.admin("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics().await;
     let count = |reason: &str| -> u64 {
         metrics
             .lines()

@@ -266,15 +266,7 @@ async fn mcp_tool_calls_are_one_operation_per_intent() {
         .unwrap()
         .len();
     assert_eq!(after, before + 1, "only always_fails was recorded");
-    let metrics = app
-        .http
-        .get(app.admin("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics().await;
     assert!(
         metrics.contains("effectgate_mcp_tool_calls_total{route=\"tools\",outcome=\"tool-error\"}"),
         "{metrics}"

@@ -171,15 +171,7 @@ async fn a_memory_hog_and_a_trap_fail_closed_and_the_gateway_goes_on() {
             200,
             "{module}: serving afterwards"
         );
-        let metrics = app
-            .http
-            .get(app.admin("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = app.metrics().await;
         assert!(
             metrics.contains("effectgate_policy_failures_total"),
             "{module}: failure counted"
@@ -223,15 +215,7 @@ async fn policy_output_is_validated() {
             "{mode}: {p}"
         );
         assert_eq!(app.mock.provider.effects(), 0);
-        let metrics = app
-            .http
-            .get(app.admin("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = app.metrics().await;
         assert!(
             metrics
                 .lines()

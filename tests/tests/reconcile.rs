@@ -381,15 +381,7 @@ async fn metrics_are_exported() {
     app.charge("m1", BODY).await;
     app.charge("m1", BODY).await;
     lose_reply(&app, "m2").await;
-    let text = app
-        .http
-        .get(app.admin("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.metrics().await;
     for needle in [
         "effectgate_requests_total",
         "effectgate_replays_total",
