@@ -526,6 +526,9 @@ async fn unusable_tls_settings_are_config_errors_naming_the_field() {
     let client = ca.client("client", "effectgate");
     let other = ca.client("other", "someone-else");
     let db = dir.path().join("l.db");
+    // A valid config first: it also sets the route's credential variable,
+    // so each bad one below fails on its own field.
+    settings_from(&config_toml("http://127.0.0.1:1", &db, ""), dir.path());
     let garbage = dir.path().join("garbage.pem");
     std::fs::write(&garbage, "nothing here").unwrap();
     let cases: Vec<(String, &str, &str)> = vec![

@@ -91,10 +91,10 @@ fn proxy(
     if url.scheme() != "http"
         || url.host_str().is_none()
         || url.port_or_known_default().is_none()
-        || !text
+        || text
             .trim_end_matches('/')
             .rsplit_once(':')
-            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+            .is_none_or(|(_, p)| p.parse::<u16>().is_err())
         || !matches!(url.path(), "" | "/")
         || url.query().is_some()
         || url.fragment().is_some()
