@@ -185,8 +185,8 @@ impl bindings::effectgate::policy::clock::Host for HostState {
 }
 
 /// The CPU deadline of the `config-schema()` call made when a module is
-/// loaded, at least (ms).
-pub const LOAD_DEADLINE_MS: u64 = 1000;
+/// loaded, at least (ms; a larger `[policy] deadline_ms` applies as is).
+pub const LOAD_DEADLINE_MS: u64 = 2_000;
 
 /// Where a compiled policy came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
