@@ -301,7 +301,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } => {
                 let ledger = open(c).await?;
                 for op in ledger.dead_letters(tenant.as_deref(), limit).await? {
-                    let mut v = crate::admin::dead_letter_json(&op);
+                    let mut v = crate::ops::operator::dead_letter_json(&op);
                     v["tenant"] = serde_json::json!(op.tenant_id);
                     crate::times::annotate(&mut v);
                     println!("{v}");

@@ -35,7 +35,11 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 
 /// The outbound HTTP client of one route or webhook.
-pub type HttpClient = Client<HttpsConnector<Egress>, Body>;
+pub type HttpClient = Client<HttpsConnector<Egress>, OutboundBody>;
+
+/// The body type of requests to providers: a caller's streamed body on
+/// pass-through routes, or bytes from the ledger.
+pub type OutboundBody = Body;
 
 /// How a client reaches its destinations (see the module docs).
 #[derive(Clone, Debug, Default)]

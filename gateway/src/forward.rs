@@ -8,9 +8,22 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Uri};
 
 use crate::config::Route;
-use crate::error::ApiError;
 
-pub use crate::egress::HttpClient;
+pub use crate::egress::{HttpClient, OutboundBody};
+
+/// The scheme a caller reached a listener with: `"http"` or `"https"`.
+/// Set on every request as an extension; it feeds `X-Forwarded-Proto` and
+/// the console cookie's `Secure` attribute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenerScheme(pub &'static str);
+
+impl ListenerScheme {
+    /// The scheme of the listener a request came in on (`"http"` when the
+    /// request didn't come through the gateway's listener, as in unit tests).
+    pub fn of(ext: &http::Extensions) -> &'static str {
+        ext.get::<ListenerScheme>().map_or("http", |s| s.0)
+    }
+}
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) plus proxy credentials; never forwarded.
 const HOP_BY_HOP: &[&str] = &[
@@ -56,8 +69,9 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// The upstream URI for `rest` (the path after the route prefix, starting
 /// with `/`) and `query`.
 ///
-/// Errors: 400 if the result is not a valid URI.
-pub fn upstream_uri(route: &Route, rest: &str, query: Option<&str>) -> Result<Uri, ApiError> {
+/// Errors: [`BadUri`] (a 400 naming `path` to the caller) if the result is
+/// not a valid URI.
+pub fn upstream_uri(route: &Route, rest: &str, query: Option<&str>) -> Result<Uri, BadUri> {
     let base = route.upstream.as_str().trim_end_matches('/');
     let mut s = String::with_capacity(base.len() + rest.len() + 1 + query.map_or(0, str::len));
     s.push_str(base);
@@ -66,11 +80,14 @@ pub fn upstream_uri(route: &Route, rest: &str, query: Option<&str>) -> Result<Ur
         s.push('?');
         s.push_str(q);
     }
-    s.parse().map_err(|_| ApiError::BadRequest {
-        field: "path".into(),
-        message: "the request path is not a valid URI".into(),
-    })
+    s.parse().map_err(|_| BadUri)
 }
+
+/// The route's upstream and the request's path and query don't make a
+/// valid URI.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the request path is not a valid URI")]
+pub struct BadUri;
 
 /// The caller's headers as forwarded: drops hop-by-hop headers, `Host`,
 /// the gateway's own `Authorization`, the caller's `Idempotency-Key`, the
@@ -78,7 +95,7 @@ pub fn upstream_uri(route: &Route, rest: &str, query: Option<&str>) -> Result<Ur
 /// `X-Forwarded-*`, `Forwarded` or `X-Real-IP` the caller sent; adds
 /// `X-Forwarded-For` (the peer the gateway saw), `-Host` and `-Proto`
 /// (`proto`: the scheme the caller used on the gateway's listener, see
-/// [`crate::listener::ListenerScheme`]). On MCP routes `Accept-Encoding`
+/// [`ListenerScheme`]). On MCP routes `Accept-Encoding`
 /// is dropped too: the gateway reads those answers itself.
 /// Effectful calls store this list in the ledger, so every attempt (also
 /// one made by the reconciler) forwards the same headers.
@@ -131,17 +148,7 @@ pub fn error_detail(e: &(dyn std::error::Error + 'static)) -> String {
     chain_text(e)
 }
 
-/// `e` and its causes, `: `-separated.
-pub fn chain_text(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        src = inner.source();
-    }
-    s
-}
+pub use crate::tls::chain_text;
 
 /// Adds the route's injected credentials and, when given, the provider key
 /// in the route's idempotency header.

@@ -15,33 +15,35 @@ use hmac::{Hmac, Mac};
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
 
-use crate::error::ApiError;
-
 /// Name of the request header (draft §2).
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// Response header set on a replayed response.
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 
+/// A malformed, empty, too long or repeated `Idempotency-Key` header
+/// (draft-ietf-httpapi-idempotency-key-header §2.1); the text says which.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidKey(pub String);
+
 /// Reads the `Idempotency-Key` of a request.
 ///
 /// Returns `Ok(None)` when the header is absent.
 ///
-/// Errors ([`ApiError::IdempotencyKeyInvalid`], 400): the header appears
+/// Errors ([`InvalidKey`], answered 400 `idempotency-key-invalid`): the header appears
 /// more than once; it is not a String or Token item and not a bare run of
 /// visible ASCII; it is empty; or it is longer than `max_len` characters.
-pub fn parse_key(headers: &HeaderMap, max_len: usize) -> Result<Option<String>, ApiError> {
+pub fn parse_key(headers: &HeaderMap, max_len: usize) -> Result<Option<String>, InvalidKey> {
     let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
     let Some(raw) = values.next() else {
         return Ok(None);
     };
     if values.next().is_some() {
-        return Err(ApiError::IdempotencyKeyInvalid(
-            "the header appears more than once".into(),
-        ));
+        return Err(InvalidKey("the header appears more than once".into()));
     }
     let raw = raw
         .to_str()
-        .map_err(|_| ApiError::IdempotencyKeyInvalid("the value must be printable ASCII".into()))?
+        .map_err(|_| InvalidKey("the value must be printable ASCII".into()))?
         .trim();
     let key = match sfv::Parser::new(raw).parse::<sfv::Item>() {
         Ok(item) => match item.bare_item {
@@ -52,23 +54,21 @@ pub fn parse_key(headers: &HeaderMap, max_len: usize) -> Result<Option<String>, 
         Err(_) => bare_key(raw)?,
     };
     if key.is_empty() {
-        return Err(ApiError::IdempotencyKeyInvalid("the key is empty".into()));
+        return Err(InvalidKey("the key is empty".into()));
     }
     if key.chars().count() > max_len {
-        return Err(ApiError::IdempotencyKeyInvalid(format!(
+        return Err(InvalidKey(format!(
             "the key is longer than {max_len} characters"
         )));
     }
     if !key.bytes().all(|b| (0x20..0x7f).contains(&b)) {
-        return Err(ApiError::IdempotencyKeyInvalid(
-            "the key must be printable ASCII".into(),
-        ));
+        return Err(InvalidKey("the key must be printable ASCII".into()));
     }
     Ok(Some(key))
 }
 
 /// The unquoted form: visible ASCII without spaces, quotes, commas or semicolons.
-fn bare_key(raw: &str) -> Result<String, ApiError> {
+fn bare_key(raw: &str) -> Result<String, InvalidKey> {
     if !raw.is_empty()
         && raw
             .bytes()
@@ -76,7 +76,7 @@ fn bare_key(raw: &str) -> Result<String, ApiError> {
     {
         Ok(raw.to_owned())
     } else {
-        Err(ApiError::IdempotencyKeyInvalid(
+        Err(InvalidKey(
             "expected a structured-header string (\"...\") or a bare token of visible ASCII".into(),
         ))
     }

@@ -7,40 +7,43 @@
 //! and its outcome stored, so that a duplicate delivery or a lost reply never
 //! produces a second business effect.
 //!
-//! Modules:
+//! Layers, highest first; a module names only modules of lower layers
+//! (`tests/layering.rs` in this crate checks the `use crate::` lines):
+//! - [`server`], [`cli`]: assembly (listeners, routers, workers) and the command;
+//! - [`http`]: thin HTTP surfaces (proxy, admin, console, MCP transport) and
+//!   the RFC 9457 mapping of [`ops::OpError`];
+//! - [`workers`]: background loops (reconciler, outbox relay, sweeper);
+//! - [`ops`]: the use cases, free of HTTP framework types;
+//! - [`state`]: the shared state and its reloadable settings snapshot;
+//! - [`policy`], [`forward`], [`ledger`], [`idempotency`], [`mcp`],
+//!   [`encoding`]: the policy host, the outbound client, the effect ledger
+//!   and the pure protocol pieces;
 //! - [`config`]: the TOML format and its validated runtime form;
-//! - [`idempotency`]: key parsing, fingerprints, provider keys;
-//! - [`ledger`]: the effect ledger and its state machine;
-//! - [`proxy`], [`execute`], [`forward`]: the proxy path;
-//! - [`admin`]: the admin listener;
-//! - [`app`]: wiring and lifecycle;
-//! - [`cli`]: the `effectgate` command.
+//! - [`egress`], [`tls`], [`metrics`], [`template`], [`times`],
+//!   [`failpoint`]: foundations.
+//!
+//! `docs/design.md` holds the vocabulary, the state machine and the
+//! request flow.
 
-pub mod admin;
-pub mod answer;
-pub mod app;
-pub mod approvals;
 pub mod cli;
 pub mod config;
-pub mod console;
 pub mod egress;
 pub mod encoding;
-pub mod error;
-pub mod execute;
 pub mod failpoint;
 pub mod forward;
+pub mod http;
 pub mod idempotency;
 pub mod ledger;
-pub mod listener;
 pub mod mcp;
 pub mod metrics;
-pub mod outbox;
+pub mod ops;
 pub mod policy;
-pub mod proxy;
-pub mod reconcile;
-pub mod replay;
+pub mod server;
+pub mod state;
 pub mod template;
 pub mod times;
 pub mod tls;
+pub mod workers;
 
-pub use app::{AppState, Gateway};
+pub use server::Gateway;
+pub use state::AppState;

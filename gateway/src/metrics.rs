@@ -29,8 +29,6 @@ use std::time::Duration;
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-use crate::ledger::State;
-
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// Installs the process-wide Prometheus recorder (once) and returns its handle.
@@ -69,8 +67,9 @@ pub fn request(route: &str, outcome: &'static str) {
 }
 
 /// An attempt's outcome was recorded.
-pub fn recorded(tenant: &str, route: &str, state: State) {
-    counter!("effectgate_operations_recorded_total", "tenant" => tenant.to_owned(), "route" => route.to_owned(), "state" => state.as_str())
+/// `state` is the ledger state's name (`COMPLETED`, …).
+pub fn recorded(tenant: &str, route: &str, state: &'static str) {
+    counter!("effectgate_operations_recorded_total", "tenant" => tenant.to_owned(), "route" => route.to_owned(), "state" => state)
         .increment(1);
 }
 

@@ -248,14 +248,14 @@ pub fn handshake_reason(e: &(dyn std::error::Error + 'static)) -> Option<String>
         return Some(describe(t));
     }
     refused_in_handshake(e).then(|| {
-        if crate::forward::chain_text(e).contains("CertificateRequired") {
+        if chain_text(e).contains("CertificateRequired") {
             describe(&rustls::Error::AlertReceived(
                 rustls::AlertDescription::CertificateRequired,
             ))
         } else {
             format!(
                 "TLS handshake failed: the provider refused the handshake ({})",
-                crate::forward::chain_text(e)
+                chain_text(e)
             )
         }
     })
@@ -347,4 +347,16 @@ fn describe(e: &rustls::Error) -> String {
         other => other.to_string(),
     };
     format!("TLS handshake failed: {what}")
+}
+
+/// `e` and its causes, `: `-separated.
+pub fn chain_text(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
 }

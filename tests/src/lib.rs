@@ -291,8 +291,10 @@ impl TestApp {
             .unwrap()
     }
     /// One reconciler scan, run here and now.
-    pub async fn tick(&self) -> Vec<(String, String, effectgate::reconcile::Step)> {
-        effectgate::reconcile::tick(&self.gw.state).await.unwrap()
+    pub async fn tick(&self) -> Vec<(String, String, effectgate::ops::reconcile::Step)> {
+        effectgate::workers::reconciler::tick(&self.gw.state)
+            .await
+            .unwrap()
     }
     /// POST JSON to an admin path with `key`.
     pub async fn admin_post(&self, key: &str, path: &str, body: &str) -> reqwest::Response {

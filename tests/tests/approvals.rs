@@ -482,7 +482,9 @@ async fn approval_events_reach_the_webhook_signed() {
         decide(&app, APPROVER_A, "a", &id, "approve").await.status(),
         200
     );
-    effectgate::outbox::relay_once(&app.gw.state).await.unwrap();
+    effectgate::workers::outbox::relay_once(&app.gw.state)
+        .await
+        .unwrap();
     let got = rx.got.lock().unwrap().clone();
     let types: Vec<String> = got
         .iter()
@@ -490,7 +492,7 @@ async fn approval_events_reach_the_webhook_signed() {
         .collect();
     assert_eq!(types, vec!["approval.created", "approval.approved"]);
     for d in &got {
-        let sig = effectgate::outbox::signature(b"whsec_test", &d.body);
+        let sig = effectgate::workers::outbox::signature(b"whsec_test", &d.body);
         assert_eq!(
             d.header("effectgate-signature"),
             Some(sig.as_str()),
@@ -503,7 +505,9 @@ async fn approval_events_reach_the_webhook_signed() {
         assert_eq!(d.json()["data"]["approval_id"], id.as_str());
     }
     // Delivered events are not sent again.
-    effectgate::outbox::relay_once(&app.gw.state).await.unwrap();
+    effectgate::workers::outbox::relay_once(&app.gw.state)
+        .await
+        .unwrap();
     assert_eq!(rx.got.lock().unwrap().len(), 2);
     assert_eq!(app.gw.state.ledger.pending_events().await.unwrap(), 0);
 }

@@ -517,7 +517,7 @@ async fn refused_calls_decisions_are_scoped_and_swept() {
             .status(),
         403
     );
-    effectgate::reconcile::sweep(&app.gw.state, 100, 10)
+    effectgate::workers::sweeper::sweep(&app.gw.state, 100, 10)
         .await
         .unwrap();
     assert_eq!(
@@ -526,7 +526,7 @@ async fn refused_calls_decisions_are_scoped_and_swept() {
         "young: kept"
     );
     clock.advance(2 * 3_600_000);
-    effectgate::reconcile::sweep(&app.gw.state, 100, 10)
+    effectgate::workers::sweeper::sweep(&app.gw.state, 100, 10)
         .await
         .unwrap();
     assert!(
@@ -608,7 +608,7 @@ async fn undeliverable_webhook_events_are_dead_lettered_and_delivered_ones_swept
     let big = r#"{"amount":5000,"currency":"eur"}"#;
     assert_eq!(app.charge("hook-a", big).await.status(), 202);
     assert_eq!(app.charge_as(KEY_B, "hook-b", big).await.status(), 202);
-    let relay = || effectgate::outbox::relay_once(&app.gw.state);
+    let relay = || effectgate::workers::outbox::relay_once(&app.gw.state);
     assert_eq!(relay().await.unwrap(), 1, "b's event delivered");
     assert_eq!(rx.got.lock().unwrap().len(), 1);
     let ledger = &app.gw.state.ledger;

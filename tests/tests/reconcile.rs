@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use effectgate::ledger::ManualClock;
-use effectgate::reconcile::Step;
+use effectgate::ops::reconcile::Step;
 use effectgate_tests::*;
 use mock_provider::Faults;
 use serde_json::Value;

@@ -340,13 +340,15 @@ async fn signed_webhooks_reach_an_https_receiver() {
         .await;
     assert_eq!(r.status(), 202);
     assert_eq!(
-        effectgate::outbox::relay_once(&app.gw.state).await.unwrap(),
+        effectgate::workers::outbox::relay_once(&app.gw.state)
+            .await
+            .unwrap(),
         1
     );
     let got = rx.got.lock().unwrap().clone();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].json()["type"], "approval.created");
-    let sig = effectgate::outbox::signature(b"whsec_test", &got[0].body);
+    let sig = effectgate::workers::outbox::signature(b"whsec_test", &got[0].body);
     assert_eq!(got[0].header("effectgate-signature"), Some(sig.as_str()));
     assert_eq!(app.gw.state.ledger.pending_events().await.unwrap(), 0);
 }

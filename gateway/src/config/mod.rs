@@ -140,14 +140,14 @@ impl TenantLimits {
     ///
     /// Errors: 429 `tenant-limited` with `Retry-After` (whole seconds, at
     /// least 1) when the bucket is empty.
-    pub fn check_rate(&self, tenant: &str) -> Result<(), crate::error::ApiError> {
+    pub fn check_rate(&self, tenant: &str) -> Result<(), TenantLimited> {
         let Some(r) = &self.rate else { return Ok(()) };
         r.check().map_err(|not_until| {
             crate::metrics::tenant_limited(tenant, "rate");
             let wait = not_until.wait_time_from(governor::clock::Clock::now(
                 &governor::clock::DefaultClock::default(),
             ));
-            crate::error::ApiError::TenantLimited {
+            TenantLimited {
                 limit: "rate",
                 retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64,
             }
@@ -160,18 +160,27 @@ impl TenantLimits {
     pub fn acquire_in_flight(
         &self,
         tenant: &str,
-    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, crate::error::ApiError> {
+    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, TenantLimited> {
         let Some((_, s)) = &self.in_flight else {
             return Ok(None);
         };
         s.clone().try_acquire_owned().map(Some).map_err(|_| {
             crate::metrics::tenant_limited(tenant, "in-flight");
-            crate::error::ApiError::TenantLimited {
+            TenantLimited {
                 limit: "in-flight",
                 retry_after_s: 1,
             }
         })
     }
+}
+
+/// A tenant's limit refused a call (answered 429 `tenant-limited`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TenantLimited {
+    /// Which limit: `rate` or `in-flight`.
+    pub limit: &'static str,
+    /// Suggested `Retry-After`, in seconds (at least 1).
+    pub retry_after_s: u64,
 }
 
 /// An authenticated caller.
@@ -289,6 +298,11 @@ impl Settings {
     /// The route whose prefix matches `path` (longest prefix wins), if any.
     pub fn match_route(&self, path: &str) -> Option<&Route> {
         self.routes.iter().find(|r| path.starts_with(&r.prefix))
+    }
+
+    /// The route named `name` (`routes[].name`), if it is still configured.
+    pub fn route_named(&self, name: &str) -> Option<&Route> {
+        self.routes.iter().find(|r| r.name == name)
     }
 }
 

@@ -271,6 +271,22 @@ pub enum EffectClass {
 }
 
 impl EffectClass {
+    /// Every class, in the order of the docs.
+    pub const ALL: [EffectClass; 6] = [
+        EffectClass::Derived,
+        EffectClass::Analytics,
+        EffectClass::Notification,
+        EffectClass::Payment,
+        EffectClass::Permission,
+        EffectClass::Irreversible,
+    ];
+
+    /// The class named `name` (lower case, as [`EffectClass::as_str`]
+    /// writes it), or `None` for any other text.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_str() == name)
+    }
+
     /// Lower-case name.
     pub fn as_str(self) -> &'static str {
         match self {

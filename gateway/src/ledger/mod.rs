@@ -511,13 +511,11 @@ impl From<sqlx::Error> for LedgerError {
     }
 }
 
-impl From<LedgerError> for crate::error::ApiError {
+impl From<LedgerError> for crate::ops::OpError {
     fn from(e: LedgerError) -> Self {
         match e {
-            LedgerError::IllegalTransition { .. } => {
-                crate::error::ApiError::Internal(e.to_string())
-            }
-            other => crate::error::ApiError::LedgerUnavailable(other.to_string()),
+            LedgerError::IllegalTransition { .. } => crate::ops::OpError::Internal(e.to_string()),
+            other => crate::ops::OpError::LedgerUnavailable(other.to_string()),
         }
     }
 }

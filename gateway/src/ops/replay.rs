@@ -1,67 +1,24 @@
 //! Replay: an operator's deliberate re-run or re-serve of an operation,
-//! governed by the tenant's replay verdict for its effect class
-//! (`POST /admin/tenants/{t}/operations/{id}/replay`, role operator, body
-//! `{"force": false, "reason": "…"}`).
+//! governed by the tenant's replay verdict for its effect class.
 
 use std::time::Duration;
 
-use axum::extract::{Path, State};
-use axum::response::{IntoResponse, Response};
-use http::{HeaderMap, StatusCode};
-use serde::Deserialize;
+use http::StatusCode;
 use serde_json::json;
 
-use crate::app::AppState;
-use crate::approvals::parse;
-use crate::config::{EffectClass, Role};
-use crate::error::ApiError;
+use crate::config::Role;
 use crate::ledger::{NewApproval, Operation, State as OpState};
+use crate::ops::OpError;
 use crate::policy::{ReplayVerdict, Verdict, verdict_name};
+use crate::state::AppState;
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReplayBody {
-    #[serde(default)]
-    force: bool,
-    #[serde(default)]
-    reason: Option<String>,
-}
-
-/// `POST …/operations/{id}/replay` (operator): runs the tenant's replay
-/// verdict for the operation's effect class.
-pub async fn replay(
-    State(app): State<AppState>,
-    Path((tenant, operation_id)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Result<Response, ApiError> {
-    let b: ReplayBody = parse(&body)?;
-    let (status, v) =
-        replay_operation(&app, &headers, &tenant, &operation_id, b.force, b.reason).await?;
-    Ok((status, axum::Json(v)).into_response())
-}
-
-/// The replay action shared by the API and the console. Returns the status
-/// and a JSON report with the verdict and what happened.
+/// Runs the tenant's replay verdict for operation `operation_id` as
+/// principal `p`. Returns the status and a JSON report with the verdict and
+/// what happened.
 ///
 /// Errors: 403 for roles other than operator (a client key can never
 /// replay), 404 for an unknown operation, 409 for a deny verdict or an
 /// operation in flight.
-pub async fn replay_operation(
-    app: &AppState,
-    headers: &HeaderMap,
-    tenant: &str,
-    operation_id: &str,
-    force: bool,
-    reason: Option<String>,
-) -> Result<(StatusCode, serde_json::Value), ApiError> {
-    let p = app.authorize_admin(headers, tenant, &[Role::Operator])?;
-    replay_as(app, &p, tenant, operation_id, force, reason).await
-}
-
-/// [`replay_operation`] for an already authenticated principal (the console).
-///
-/// Errors: as [`replay_operation`].
 pub async fn replay_as(
     app: &AppState,
     p: &crate::config::Principal,
@@ -69,12 +26,12 @@ pub async fn replay_as(
     operation_id: &str,
     force: bool,
     reason: Option<String>,
-) -> Result<(StatusCode, serde_json::Value), ApiError> {
+) -> Result<(StatusCode, serde_json::Value), OpError> {
     if p.tenant != tenant {
-        return Err(ApiError::NotFound(format!("no operation {operation_id:?}")));
+        return Err(OpError::NotFound(format!("no operation {operation_id:?}")));
     }
     if p.role != Role::Operator {
-        return Err(ApiError::Forbidden {
+        return Err(OpError::Forbidden {
             role: p.role.as_str(),
             action: "replay operations",
         });
@@ -83,22 +40,10 @@ pub async fn replay_as(
         .ledger
         .get(tenant, operation_id)
         .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no operation {operation_id:?}")))?;
-    let rt = app.settings();
-    let route = rt
-        .routes
-        .iter()
-        .find(|r| r.name == op.route)
-        .cloned()
-        .ok_or_else(|| {
-            ApiError::Conflict(format!("route {:?} is no longer configured", op.route))
-        })?;
-    let class = op
-        .effect_class
-        .as_deref()
-        .and_then(|c| serde_json::from_value::<EffectClass>(json!(c)).ok())
-        .unwrap_or(route.effect_class);
-    let verdict = crate::admin::replay_verdict_for(app, &op, class).await;
+        .ok_or_else(|| OpError::NotFound(format!("no operation {operation_id:?}")))?;
+    let route = crate::ops::route_of(&app.settings(), &op)?;
+    let class = crate::ops::effect_class(&op, Some(&route));
+    let verdict = replay_verdict_for(app, &op, class).await;
     let reason = reason.unwrap_or_else(|| "no reason given".into());
     tracing::info!(tenant, operation_id, verdict = verdict_name(verdict), force, by = %p.name, "replay requested");
     let report = |status: StatusCode, outcome: &str, extra: serde_json::Value| {
@@ -109,7 +54,7 @@ pub async fn replay_as(
         Ok((status, v))
     };
     match verdict {
-        ReplayVerdict::Deny => Err(ApiError::Conflict(format!(
+        ReplayVerdict::Deny => Err(OpError::Conflict(format!(
             "replay denied by the {} verdict for effect class {}",
             verdict_name(verdict),
             class.as_str()
@@ -150,23 +95,27 @@ pub async fn replay_as(
         }
         ReplayVerdict::Revalidate => {
             // Evaluate the stored request again with the current policies.
+            let rt = app.settings();
             let policies = rt.policies.for_route(tenant, &route.name);
             let principal = crate::config::Principal {
                 tenant: tenant.into(),
                 name: op.principal.clone(),
                 role: Role::Client,
             };
-            let request = crate::proxy::policy_request(
+            let headers = crate::forward::from_pairs(&op.request_headers);
+            let request = crate::ops::admit::policy_request(
                 &principal,
                 &route,
-                &op.method,
-                &op.path,
-                op.query.as_deref(),
-                &crate::forward::from_pairs(&op.request_headers),
-                &op.request_body,
-                &op.operation_id,
-                &op.fingerprint,
-                Some(op.state),
+                &crate::ops::admit::PolicyView {
+                    method: &op.method,
+                    path: &op.path,
+                    query: op.query.as_deref(),
+                    headers: &headers,
+                    body: &op.request_body,
+                    operation_id: &op.operation_id,
+                    fingerprint: &op.fingerprint,
+                    existing: Some(op.state),
+                },
             );
             let (v, _) = crate::policy::evaluate_chain_async(
                 app.engine.clone(),
@@ -189,14 +138,14 @@ pub async fn replay_as(
                     .await?;
                     report(StatusCode::OK, &outcome, extra)
                 }
-                Verdict::Deny { reason, policy, .. } => Err(ApiError::Conflict(format!(
+                Verdict::Deny { reason, policy, .. } => Err(OpError::Conflict(format!(
                     "revalidation denied the replay: policy {policy}: {reason}"
                 ))),
-                Verdict::RequireApproval { reasons, .. } => Err(ApiError::Conflict(format!(
+                Verdict::RequireApproval { reasons, .. } => Err(OpError::Conflict(format!(
                     "revalidation requires an approval: {}",
                     reasons.join("; ")
                 ))),
-                Verdict::Failed { policy, failure } => Err(ApiError::PolicyFailed {
+                Verdict::Failed { policy, failure } => Err(OpError::PolicyFailed {
                     policy,
                     detail: failure.to_string(),
                 }),
@@ -221,7 +170,7 @@ pub(crate) async fn run_replay(
     verdict: ReplayVerdict,
     force: bool,
     actor: &str,
-) -> Result<(String, serde_json::Value), ApiError> {
+) -> Result<(String, serde_json::Value), OpError> {
     match op.state {
         OpState::Completed if force && verdict == ReplayVerdict::Allow => {
             let state = forced_replay(app, route, &op, actor).await?;
@@ -251,8 +200,8 @@ pub(crate) async fn run_replay(
                     "replayed by operator",
                 )
                 .await?
-                .ok_or_else(|| ApiError::Conflict("the operation changed meanwhile".into()))?;
-            let lease = crate::execute::lease_ms(app);
+                .ok_or_else(|| OpError::Conflict("the operation changed meanwhile".into()))?;
+            let lease = crate::ops::execute::lease_ms(app);
             if target == OpState::Reserved {
                 if let Some(claim) = app
                     .ledger
@@ -272,7 +221,7 @@ pub(crate) async fn run_replay(
                         .get(&op.tenant_id, &op.operation_id)
                         .await?
                         .unwrap_or(op.clone());
-                    crate::execute::run_detached(app, route, fresh, claim, wait(app)).await;
+                    crate::ops::execute::run_detached(app, route, fresh, claim, wait(app)).await;
                 }
             } else if let Some(fresh) = app.ledger.get(&op.tenant_id, &op.operation_id).await? {
                 reconcile_detached(app, fresh).await;
@@ -295,7 +244,7 @@ pub(crate) async fn run_replay(
                 json!({"state": now.map(|o| o.state), "step": format!("{step:?}")}),
             ))
         }
-        _ => Err(ApiError::InFlight {
+        _ => Err(OpError::InFlight {
             operation_id: op.operation_id.clone(),
             retry_after_s: 1,
         }),
@@ -309,9 +258,9 @@ fn wait(app: &AppState) -> Duration {
 /// Reconciles `op` in a task of its own, waiting at most
 /// `reconcile.duplicate_wait_ms`; a new attempt it starts runs to its end
 /// even if this request gives up.
-async fn reconcile_detached(app: &AppState, op: Operation) -> Option<crate::reconcile::Step> {
+async fn reconcile_detached(app: &AppState, op: Operation) -> Option<crate::ops::reconcile::Step> {
     let app2 = app.clone();
-    let task = tokio::spawn(async move { crate::reconcile::reconcile_op(&app2, op).await });
+    let task = tokio::spawn(async move { crate::ops::reconcile::reconcile_op(&app2, op).await });
     match tokio::time::timeout(wait(app), task).await {
         Ok(Ok(Ok(step))) => Some(step),
         _ => None,
@@ -327,7 +276,7 @@ async fn forced_replay(
     route: &crate::config::Route,
     op: &Operation,
     actor: &str,
-) -> Result<OpState, ApiError> {
+) -> Result<OpState, OpError> {
     // The audit record is written first, as a compare-and-swap on the
     // version: of two concurrent forced replays only one calls the
     // provider, and no call goes unrecorded.
@@ -343,7 +292,7 @@ async fn forced_replay(
         )
         .await?
     {
-        return Err(ApiError::Conflict(
+        return Err(OpError::Conflict(
             "the operation changed meanwhile; reload and retry".into(),
         ));
     }
@@ -357,12 +306,12 @@ async fn forced_replay(
     let method: http::Method = op
         .method
         .parse()
-        .map_err(|_| ApiError::Internal("stored method".into()))?;
+        .map_err(|_| OpError::Internal("stored method".into()))?;
     let req = crate::forward::build_request(
         method,
         uri,
         headers,
-        axum::body::Body::from(op.request_body.clone()),
+        crate::forward::OutboundBody::from(op.request_body.clone()),
     );
     let status = match tokio::time::timeout(
         Duration::from_millis(route.response_timeout_ms),
@@ -376,7 +325,7 @@ async fn forced_replay(
     };
     // The provider was called: a ledger failure from here on must not read
     // as "nothing happened".
-    let after_call = |e: crate::ledger::LedgerError| ApiError::OutcomeUnknown {
+    let after_call = |e: crate::ledger::LedgerError| OpError::OutcomeUnknown {
         operation_id: op.operation_id.clone(),
         detail: format!(
             "the forced replay reached the provider (it answered {status}) but the ledger could not record the answer ({e}); the audit record of the attempt is in the ledger"
@@ -401,4 +350,34 @@ async fn forced_replay(
         .await
         .map_err(after_call)?;
     Ok(OpState::Completed)
+}
+
+/// The tenant's replay verdict for `op` (policies on its route, or the
+/// defaults of docs/design.md).
+pub async fn replay_verdict_for(
+    app: &AppState,
+    op: &Operation,
+    class: crate::config::EffectClass,
+) -> crate::policy::ReplayVerdict {
+    use crate::policy::bindings::{Operation as WitOp, OperationState as S};
+    let rt = app.settings();
+    let policies = rt.policies.for_route(&op.tenant_id, &op.route);
+    let wit = WitOp {
+        tenant: op.tenant_id.clone(),
+        operation_id: op.operation_id.clone(),
+        route: op.route.clone(),
+        effect_class: crate::policy::wit_class(class),
+        state: match op.state {
+            OpState::Reserved => S::Reserved,
+            OpState::AwaitingApproval => S::AwaitingApproval,
+            OpState::Executing => S::Executing,
+            OpState::Completed => S::Completed,
+            OpState::Failed => S::Failed,
+            OpState::Unknown => S::Unknown,
+            OpState::Compensated => S::Compensated,
+        },
+        attempts: u32::try_from(op.attempts).unwrap_or(u32::MAX),
+        fingerprint: op.fingerprint.clone(),
+    };
+    crate::policy::replay_verdict_async(app.engine.clone(), policies, &op.tenant_id, wit).await
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::app::AppState;
-use crate::error::ApiError;
+use crate::state::AppState;
+use crate::workers::WorkerError;
 
 /// The outbox relay: delivers approval events to tenants' webhooks, at
 /// least once, signed. Runs until `shutdown`.
@@ -40,7 +40,7 @@ const RELAY_MAX_EVENTS: usize = 48;
 /// One delivery pass over the due events, 8 at a time, so one tenant's
 /// slow receiver doesn't hold up the others' events. Each round claims
 /// only the 8 it delivers.
-pub async fn relay_once(app: &AppState) -> Result<usize, ApiError> {
+pub async fn relay_once(app: &AppState) -> Result<usize, WorkerError> {
     use futures_util::StreamExt;
     let rt = app.settings();
     let lease = i64::try_from(rt.reconcile.outbox_lease_ms).unwrap_or(i64::MAX);
@@ -55,7 +55,7 @@ pub async fn relay_once(app: &AppState) -> Result<usize, ApiError> {
             .claim_events(&app.instance_id, lease, RELAY_CONCURRENCY as u32)
             .await?;
         let claimed = events.len();
-        let results: Vec<Result<bool, ApiError>> = futures_util::stream::iter(events)
+        let results: Vec<Result<bool, WorkerError>> = futures_util::stream::iter(events)
             .map(|ev| {
                 let rt = rt.clone();
                 async move { deliver(app, &rt, ev, timeout).await }
@@ -79,10 +79,10 @@ pub async fn relay_once(app: &AppState) -> Result<usize, ApiError> {
 
 async fn deliver(
     app: &AppState,
-    rt: &crate::app::Runtime,
+    rt: &crate::state::Runtime,
     ev: crate::ledger::OutboxEvent,
     timeout: Duration,
-) -> Result<bool, ApiError> {
+) -> Result<bool, WorkerError> {
     let Some(hook) = rt.webhooks.get(&ev.tenant_id) else {
         // No webhook configured: nothing to deliver to; marked done.
         app.ledger
@@ -103,8 +103,8 @@ async fn deliver(
         .header("effectgate-event-id", &ev.event_id)
         .header("effectgate-event-type", &ev.event_type)
         .header("effectgate-signature", signature(&hook.secret, &body))
-        .body(axum::body::Body::from(body))
-        .map_err(|e| ApiError::Internal(e.to_string()))?;
+        .body(crate::forward::OutboundBody::from(body))
+        .map_err(|e| WorkerError::Request(e.to_string()))?;
     let result = tokio::time::timeout(timeout, hook.client.request(req)).await;
     let now = app.ledger.clock().now_ms();
     match result {
@@ -134,9 +134,14 @@ async fn deliver(
                     .await?;
                 return Ok(false);
             }
-            let backoff = 1_000i64
-                .saturating_mul(1 << ev.attempts.clamp(0, 10))
-                .min(300_000);
+            // 1 s, doubling per failed attempt, at most 5 min.
+            let attempt = u32::try_from(ev.attempts.clamp(0, 10)).unwrap_or(10) + 1;
+            let backoff = crate::ops::backoff::delay_ms(
+                1_000,
+                300_000,
+                attempt,
+                crate::ops::backoff::Jitter::None,
+            ) as i64;
             app.ledger
                 .event_attempted(
                     &ev.event_id,

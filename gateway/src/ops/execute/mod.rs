@@ -21,23 +21,20 @@
 
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
-use futures_util::StreamExt;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::sync::oneshot;
 
-use crate::app::AppState;
 use crate::config::{RetryMode, Route};
-use crate::error::ApiError;
 use crate::forward::{
     add_route_headers, build_request, from_pairs, strip_hop_by_hop, upstream_uri,
 };
 use crate::ledger::{Claim, DeadLetter, Operation, Outcome, State as OpState};
+use crate::ops::{Answer, OpError, Reply};
 use crate::policy::FailureClass;
+use crate::state::AppState;
 
 mod classify;
 use classify::{classify, classify_by_policy};
@@ -87,19 +84,19 @@ pub async fn execute_for_caller(
     route: &Route,
     op: Operation,
     claim: Claim,
-) -> Response {
+) -> Answer {
     let (tx, rx) = oneshot::channel();
     let operation_id = op.operation_id.clone();
     tokio::spawn(run(app.clone(), route.clone(), op, claim, Some(tx)));
     match tokio::time::timeout(Duration::from_millis(route.retry.max_wait_ms), rx).await {
         Ok(Ok(resp)) => resp,
-        Ok(Err(_)) => {
-            ApiError::Internal("the execution task ended without an answer".into()).into_response()
-        }
-        Err(_) => accepted(
+        Ok(Err(_)) => Err(OpError::Internal(
+            "the execution task ended without an answer".into(),
+        )),
+        Err(_) => Ok(accepted(
             &operation_id,
             "the provider has not answered within the route's wait bound",
-        ),
+        )),
     }
 }
 
@@ -122,17 +119,15 @@ pub async fn run_detached(
 }
 
 /// 202 for an operation whose attempts go on in the background.
-fn accepted(operation_id: &str, why: &str) -> Response {
+fn accepted(operation_id: &str, why: &str) -> Reply {
     let body = serde_json::json!({
         "operation_id": operation_id,
         "state": "EXECUTING",
         "detail": format!("{why}; attempts go on in the background with the same provider key. \
                            Re-send the same request (same Idempotency-Key) to get the result."),
     });
-    let mut r = (StatusCode::ACCEPTED, axum::Json(body)).into_response();
-    r.headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    r
+    Reply::json(StatusCode::ACCEPTED, &body)
+        .with_header(header::RETRY_AFTER, HeaderValue::from_static("1"))
 }
 
 /// Runs the attempts of a claimed operation to an outcome and records it.
@@ -144,9 +139,9 @@ pub async fn run(
     route: Route,
     op: Operation,
     claim: Claim,
-    mut reply: Option<oneshot::Sender<Response>>,
+    mut reply: Option<oneshot::Sender<Answer>>,
 ) -> Option<OpState> {
-    let send = |reply: &mut Option<oneshot::Sender<Response>>, r: Response| {
+    let send = |reply: &mut Option<oneshot::Sender<Answer>>, r: Answer| {
         if let Some(tx) = reply.take() {
             let _ = tx.send(r);
         }
@@ -158,7 +153,7 @@ pub async fn run(
         }
         Err(e) => {
             tracing::error!(operation_id = %op.operation_id, error = %e, "execution failed");
-            send(&mut reply, e.into_response());
+            send(&mut reply, Err(e));
             None
         }
     }
@@ -169,8 +164,8 @@ async fn run_inner(
     route: &Route,
     op: &Operation,
     claim: &Claim,
-    reply: &mut Option<oneshot::Sender<Response>>,
-) -> Result<(Option<OpState>, Response), ApiError> {
+    reply: &mut Option<oneshot::Sender<Answer>>,
+) -> Result<(Option<OpState>, Answer), OpError> {
     let ledger = &app.ledger;
     let owner: &str = &app.instance_id;
     let lease_ms = lease_ms(app);
@@ -183,7 +178,7 @@ async fn run_inner(
     // after a read-back, an approved request, a requeue) runs in a session
     // of the gateway's own.
     if route.mcp.is_some() && !(claim.attempt == 1 && op.state == OpState::Reserved) {
-        match crate::mcp::open_session(route, &op.path).await {
+        match crate::ops::mcp::open_session(route, &op.path).await {
             Ok(Some(s)) => {
                 if let Ok(v) = HeaderValue::from_str(&s) {
                     headers.insert("mcp-session-id", v);
@@ -204,7 +199,7 @@ async fn run_inner(
     let method: http::Method = op
         .method
         .parse()
-        .map_err(|_| ApiError::Internal("stored method".into()))?;
+        .map_err(|_| OpError::Internal("stored method".into()))?;
     let body = Bytes::from(op.request_body.clone());
     let budget = attempt_budget(route, op);
 
@@ -216,7 +211,7 @@ async fn run_inner(
             && retry_no > 1
             && last_status == Some(StatusCode::NOT_FOUND.as_u16())
         {
-            match crate::mcp::open_session(route, &op.path).await {
+            match crate::ops::mcp::open_session(route, &op.path).await {
                 Ok(Some(s)) => {
                     if let Ok(v) = HeaderValue::from_str(&s) {
                         headers.insert("mcp-session-id", v);
@@ -234,7 +229,7 @@ async fn run_inner(
             method.clone(),
             uri.clone(),
             headers.clone(),
-            Body::from(body.clone()),
+            crate::forward::OutboundBody::from(body.clone()),
         );
         crate::failpoint::hit("before-send");
         // A claim that took long to land (a wait for a connection or a row
@@ -247,7 +242,7 @@ async fn run_inner(
                 .extend_lease(&op.tenant_id, &op.operation_id, claim.fence, lease_ms)
                 .await?
         {
-            return Ok((None, fenced_off(&op.operation_id)));
+            return Ok((None, Err(fenced_off(&op.operation_id))));
         }
         let result = attempt(app, client, req, route, op, claim.fence, lease_ms).await;
 
@@ -298,17 +293,17 @@ async fn run_inner(
                 .await
                 .map_err(|e| unrecorded(&op.operation_id, &e))?;
             if !ok {
-                return Ok((None, fenced_off(&op.operation_id)));
+                return Ok((None, Err(fenced_off(&op.operation_id))));
             }
             crate::metrics::retry(&route.name);
             tracing::info!(operation_id = %op.operation_id, attempt = attempt_no, delay_ms = delay, %detail, "transient failure; retrying");
             if route.retry.mode == RetryMode::Background
                 && let Some(tx) = reply.take()
             {
-                let _ = tx.send(accepted(
+                let _ = tx.send(Ok(accepted(
                     &op.operation_id,
                     &format!("attempt {attempt_no} failed ({kind})"),
-                ));
+                )));
             }
             tokio::time::sleep(Duration::from_millis(delay)).await;
             retry_no += 1;
@@ -331,10 +326,10 @@ async fn run_inner(
             .await
             .map_err(|e| unrecorded(&op.operation_id, &e))?;
         if !recorded {
-            return Ok((None, fenced_off(&op.operation_id)));
+            return Ok((None, Err(fenced_off(&op.operation_id))));
         }
         crate::failpoint::hit("after-record");
-        crate::metrics::recorded(&op.tenant_id, &route.name, outcome.state);
+        crate::metrics::recorded(&op.tenant_id, &route.name, outcome.state.as_str());
         tracing::info!(
             tenant = %op.tenant_id, operation_id = %op.operation_id, route = %route.name,
             state = %outcome.state, attempts = attempt_no, outcome = outcome.attempt_outcome.as_deref().unwrap_or("-"),
@@ -349,27 +344,26 @@ async fn run_inner(
 /// to the caller, not "nothing happened". The operation stays EXECUTING
 /// under this instance's lease; when the lease expires the reconciler
 /// reads it back, so a retry with the same key gets the one result.
-fn unrecorded(operation_id: &str, e: &crate::ledger::LedgerError) -> ApiError {
+fn unrecorded(operation_id: &str, e: &crate::ledger::LedgerError) -> OpError {
     tracing::error!(operation_id, error = %e, "the provider was called but the outcome could not be recorded");
-    ApiError::OutcomeUnknown {
+    OpError::OutcomeUnknown {
         operation_id: operation_id.to_owned(),
         detail: format!(
-            "the provider was called but the effect ledger could not record the outcome ({e}); \
+            "the provider was called but the effect ledger could not record the outcome; \
              it will be reconciled: retry with the same Idempotency-Key, never a new one"
         ),
         status: StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 
-fn fenced_off(operation_id: &str) -> Response {
-    ApiError::OutcomeUnknown {
+fn fenced_off(operation_id: &str) -> OpError {
+    OpError::OutcomeUnknown {
         operation_id: operation_id.to_owned(),
         detail:
             "a newer claim took over this operation; its outcome will be recorded by that owner"
                 .into(),
         status: StatusCode::CONFLICT,
     }
-    .into_response()
 }
 
 /// One provider call, bounded by the route's response timeout. While it
@@ -378,7 +372,7 @@ fn fenced_off(operation_id: &str) -> Response {
 async fn attempt(
     app: &AppState,
     client: &crate::forward::HttpClient,
-    req: http::Request<Body>,
+    req: http::Request<crate::forward::OutboundBody>,
     route: &Route,
     op: &Operation,
     fence: i64,
@@ -485,7 +479,8 @@ async fn read_bounded(
                         let from = events_end.max(buf.len() - data.len()).saturating_sub(3);
                         let end = from + complete_events(&buf[from..]).len();
                         if end > events_end {
-                            let found = crate::mcp::rpc_message(h, &buf[events_end..end]).is_some();
+                            let found =
+                                crate::ops::mcp::rpc_message(h, &buf[events_end..end]).is_some();
                             events_end = end;
                             if found {
                                 return ReadBody::Whole(buf.freeze());
@@ -535,15 +530,12 @@ fn retry_after_ms(headers: &HeaderMap) -> Option<u64> {
 /// `max_retry_after_ms`.
 pub fn backoff_ms(route: &Route, n: u32, retry_after: Option<u64>) -> Option<u64> {
     let r = &route.retry;
-    let exp = r
-        .base_delay_ms
-        .saturating_mul(1u64 << (n.max(1) - 1).min(30))
-        .min(r.max_delay_ms);
-    let jitter = if exp == 0 {
-        0
-    } else {
-        rand::random_range(0..=exp)
-    };
+    let jitter = crate::ops::backoff::delay_ms(
+        r.base_delay_ms,
+        r.max_delay_ms,
+        n,
+        crate::ops::backoff::Jitter::Full,
+    );
     match retry_after {
         Some(ra) if ra > r.max_retry_after_ms => None,
         Some(ra) => Some(jitter.max(ra)),

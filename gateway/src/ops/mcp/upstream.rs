@@ -2,18 +2,13 @@
 //! and for new attempts of reconciled tool calls) and the read-back tool
 //! call.
 
-use axum::body::Body;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 
-use super::rpc_message;
 use crate::config::Route;
-
-/// MCP protocol version the gateway speaks when it opens a session itself
-/// (read-back, new attempts of reconciled calls).
-pub const PROTOCOL_VERSION: &str = "2025-06-18";
+use crate::mcp::protocol::rpc_message;
 
 async fn post_rpc(
     route: &Route,
@@ -35,13 +30,18 @@ async fn post_rpc(
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
     h.insert(
         "mcp-protocol-version",
-        HeaderValue::from_static(PROTOCOL_VERSION),
+        HeaderValue::from_static(crate::mcp::protocol::PROTOCOL_VERSION),
     );
     if let Some(s) = session.and_then(|s| HeaderValue::from_str(s).ok()) {
         h.insert("mcp-session-id", s);
     }
     crate::forward::add_route_headers(route, &mut h, None);
-    let req = crate::forward::build_request(http::Method::POST, uri, h, Body::from(body));
+    let req = crate::forward::build_request(
+        http::Method::POST,
+        uri,
+        h,
+        crate::forward::OutboundBody::from(body),
+    );
     let resp = route.client.request(req).await.map_err(|e| e.to_string())?;
     let (parts, body) = resp.into_parts();
     let bytes = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
@@ -52,7 +52,7 @@ async fn post_rpc(
 /// and returns its id, if the server uses sessions.
 pub async fn open_session(route: &Route, path: &str) -> Result<Option<String>, String> {
     let init = json!({"jsonrpc": "2.0", "id": "effectgate-init", "method": "initialize", "params": {
-        "protocolVersion": PROTOCOL_VERSION, "capabilities": {},
+        "protocolVersion": crate::mcp::protocol::PROTOCOL_VERSION, "capabilities": {},
         "clientInfo": {"name": "effectgate", "version": env!("CARGO_PKG_VERSION")}}});
     let (status, headers, _) = post_rpc(route, path, None, &init).await?;
     if !status.is_success() {
@@ -75,8 +75,8 @@ pub async fn read_back(
     route: &Route,
     rb: &crate::config::ReadBack,
     op: &crate::ledger::Operation,
-) -> crate::reconcile::ReadBackResult {
-    use crate::reconcile::ReadBackResult;
+) -> crate::ops::reconcile::ReadBackResult {
+    use crate::ops::reconcile::ReadBackResult;
     let Some(tool) = &rb.tool else {
         return ReadBackResult::Error("no read-back tool".into());
     };
@@ -93,7 +93,7 @@ pub async fn read_back(
         .iter()
         .map(|(k, t)| (k.clone(), Value::String(t.render(&vars, |s| s.to_owned()))))
         .collect();
-    let expected = crate::reconcile::expected(rb, &vars);
+    let expected = crate::ops::reconcile::expected(rb, &vars);
     let work = async {
         let session = open_session(route, &path).await?;
         let call = json!({"jsonrpc": "2.0", "id": "effectgate-read-back", "method": "tools/call",
@@ -123,7 +123,7 @@ pub async fn read_back(
             .and_then(|t| serde_json::from_str(t).ok())
             .unwrap_or(Value::Null),
     };
-    crate::reconcile::judge(rb, &value, &expected)
+    crate::ops::reconcile::judge(rb, &value, &expected)
 }
 
 /// The stored answer of a tool call whose effect a read-back confirmed

@@ -25,17 +25,16 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use http::{HeaderValue, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::Value;
 
-use crate::app::AppState;
 use crate::config::{ReadBack, Route};
-use crate::error::ApiError;
-use crate::execute;
 use crate::forward::{add_route_headers, build_request};
 use crate::ledger::{DeadLetter, LedgerError, Operation, Outcome, State};
+use crate::ops::OpError;
+use crate::ops::execute;
+use crate::state::AppState;
 use crate::template::{Vars, url_encode};
 
 /// What a read-back said.
@@ -75,119 +74,6 @@ pub enum Step {
     Skipped(&'static str),
 }
 
-/// Orders a scan's operations fairly between tenants: every tenant's
-/// oldest first, then every tenant's second, and so on (oldest first within
-/// a rank). Steps start in this order, 8 at a time, so one tenant's backlog
-/// of slow operations can't hold another tenant's behind it in the scan.
-pub fn fair_order(mut ops: Vec<Operation>) -> Vec<Operation> {
-    ops.sort_by_key(|o| o.updated_at);
-    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-    let mut ranked: Vec<(usize, Operation)> = ops
-        .into_iter()
-        .map(|o| {
-            let rank = seen.entry(o.tenant_id.clone()).or_insert(0);
-            *rank += 1;
-            (*rank, o)
-        })
-        .collect();
-    ranked.sort_by_key(|(rank, o)| (*rank, o.updated_at));
-    ranked.into_iter().map(|(_, o)| o).collect()
-}
-
-/// Runs one scan: handles every due operation (up to `reconcile.batch`),
-/// 8 at a time, in [`fair_order`]. Returns what each step did.
-///
-/// Errors: the ledger could not be read.
-pub async fn tick(app: &AppState) -> Result<Vec<(String, String, Step)>, LedgerError> {
-    let settings = app.settings();
-    let cfg = &settings.reconcile;
-    // Approvals past their expiry can never authorise anything: expire them.
-    let expired = app.ledger.expire_approvals(cfg.batch).await?;
-    if expired > 0 {
-        tracing::info!(expired, "approvals expired");
-    }
-    // Rows this scan picked are claimed for it (FOR UPDATE SKIP LOCKED on
-    // PostgreSQL), so the instances' scans never hand out the same one.
-    let due = app
-        .ledger
-        .due_for_reconciliation(
-            &app.instance_id,
-            cfg.reserved_grace_ms as i64,
-            cfg.lease_ms as i64,
-            cfg.batch,
-        )
-        .await?;
-    let claimed = !due.is_empty();
-    let steps = futures_util::stream::iter(fair_order(due))
-        .map(|op| async move {
-            let (t, id) = (op.tenant_id.clone(), op.operation_id.clone());
-            match reconcile_op(app, op).await {
-                Ok(step) => Some((t, id, step)),
-                Err(e) => {
-                    tracing::warn!(tenant = %t, operation_id = %id, error = %e, "reconciliation step failed");
-                    None
-                }
-            }
-        })
-        .buffer_unordered(8)
-        .filter_map(|x| async move { x })
-        .collect()
-        .await;
-    if claimed {
-        app.ledger.release_scan(&app.instance_id).await?;
-    }
-    sweep(app, cfg.sweep_batch, cfg.sweep_max_batches).await?;
-    Ok(steps)
-}
-
-/// The retention sweeper: deletes terminal operations past their key
-/// retention, `batch` at a time, until a batch comes back short or
-/// `max_batches` ran. Returns how many it deleted.
-///
-/// Errors: the ledger failed (what was deleted so far stays deleted).
-pub async fn sweep(app: &AppState, batch: u32, max_batches: u32) -> Result<u64, LedgerError> {
-    // Every route keeps keys at least an hour (`key_retention_hours` ≥ 1).
-    let min_retention = app
-        .settings()
-        .routes
-        .iter()
-        .map(|r| r.key_retention_ms)
-        .min()
-        .unwrap_or(3_600_000)
-        .min(i64::MAX as u64) as i64;
-    let mut total = 0;
-    for _ in 0..max_batches {
-        let n = app
-            .ledger
-            .sweep_expired(batch.max(1), min_retention)
-            .await?;
-        total += n;
-        crate::metrics::swept(n);
-        if n < u64::from(batch.max(1)) {
-            break;
-        }
-    }
-    if total > 0 {
-        tracing::info!(deleted = total, "retention sweeper");
-    }
-    Ok(total)
-}
-
-/// Runs the reconciler until `shutdown` turns true.
-pub async fn run(app: AppState, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    loop {
-        if let Err(e) = tick(&app).await {
-            tracing::warn!(error = %e, "reconciler scan failed");
-        }
-        // Read each time, so a reload's new interval applies.
-        let period = Duration::from_millis(app.settings().reconcile.interval_ms);
-        tokio::select! {
-            _ = tokio::time::sleep(period) => {}
-            _ = shutdown.wait_for(|s| *s) => return,
-        }
-    }
-}
-
 /// One reconciliation step for `op` (as last read). Every write is a
 /// compare-and-swap: if another instance got there first, the step is
 /// [`Step::Busy`].
@@ -195,7 +81,7 @@ pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, Led
     let ledger = &app.ledger;
     let owner: &str = &app.instance_id;
     let settings = app.settings();
-    let Some(route) = settings.routes.iter().find(|r| r.name == op.route) else {
+    let Some(route) = settings.route_named(&op.route) else {
         // Off the schedule, so it can't hold up the scan; an operator decides.
         if op.state == State::Unknown {
             ledger
@@ -297,7 +183,7 @@ pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, Led
     match result {
         ReadBackResult::Found { matched, reference } => {
             let body = if route.mcp.is_some() {
-                crate::mcp::reconciled_result(&matched)
+                crate::ops::mcp::reconciled_result(&matched)
             } else {
                 serde_json::to_vec(&matched).unwrap_or_default()
             };
@@ -404,12 +290,13 @@ pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, Led
                 });
                 Step::DeadLettered
             } else {
-                let exp = cfg
-                    .backoff_base_ms
-                    .saturating_mul(1u64 << (n - 1).clamp(0, 30))
-                    .min(cfg.backoff_max_ms);
-                o.next_reconcile_at =
-                    Some(now.saturating_add(rand::random_range(exp / 2..=exp.max(1)) as i64));
+                let delay = crate::ops::backoff::delay_ms(
+                    cfg.backoff_base_ms,
+                    cfg.backoff_max_ms,
+                    u32::try_from(n).unwrap_or(u32::MAX),
+                    crate::ops::backoff::Jitter::Equal,
+                );
+                o.next_reconcile_at = Some(now.saturating_add(delay as i64));
                 Step::ReadBackError
             };
             if !record(o).await? {
@@ -431,7 +318,7 @@ pub const READ_BACK_MAX_BYTES: usize = 16 << 20;
 /// Asks the provider whether `op`'s effect exists.
 pub async fn read_back(route: &Route, rb: &ReadBack, op: &Operation) -> ReadBackResult {
     if rb.tool.is_some() {
-        return crate::mcp::read_back(route, rb, op).await;
+        return crate::ops::mcp::read_back(route, rb, op).await;
     }
     let body: Value = serde_json::from_slice(&op.request_body).unwrap_or(Value::Null);
     let vars = Vars {
@@ -454,7 +341,12 @@ pub async fn read_back(route: &Route, rb: &ReadBack, op: &Operation) -> ReadBack
     }
     add_route_headers(route, &mut headers, None);
     let client = &route.client;
-    let req = build_request(rb.method.clone(), uri, headers, axum::body::Body::empty());
+    let req = build_request(
+        rb.method.clone(),
+        uri,
+        headers,
+        crate::forward::OutboundBody::empty(),
+    );
     let call = async {
         let resp = client
             .request(req)
@@ -578,7 +470,7 @@ pub fn judge(rb: &ReadBack, v: &Value, expected: &[(String, String)]) -> ReadBac
 /// `reconcile.duplicate_wait_ms`, then replays the result if it resolved.
 ///
 /// Errors: 409 `operation-outcome-unknown` when it is still unresolved.
-pub async fn for_duplicate(app: &AppState, op: Operation) -> Result<Operation, ApiError> {
+pub async fn for_duplicate(app: &AppState, op: Operation) -> Result<Operation, OpError> {
     let wait = Duration::from_millis(app.settings().reconcile.duplicate_wait_ms);
     let (tenant, id) = (op.tenant_id.clone(), op.operation_id.clone());
     let deadline = tokio::time::Instant::now() + wait;
@@ -587,7 +479,7 @@ pub async fn for_duplicate(app: &AppState, op: Operation) -> Result<Operation, A
     if current.state == State::Unknown && current.next_reconcile_at.is_some_and(|t| t > now) {
         // Backing off after a failed read-back: a duplicate doesn't get to
         // hammer the provider's read-back API, nor spend the read-back budget.
-        return Err(ApiError::OutcomeUnknown {
+        return Err(OpError::OutcomeUnknown {
             operation_id: id,
             detail: "the outcome is unknown; the last read-back failed and reconciliation is backing off".into(),
             status: StatusCode::CONFLICT,
@@ -603,7 +495,7 @@ pub async fn for_duplicate(app: &AppState, op: Operation) -> Result<Operation, A
         let step = match tokio::time::timeout_at(deadline, task).await {
             Ok(Ok(r)) => r?,
             Ok(Err(e)) => {
-                return Err(ApiError::Internal(format!(
+                return Err(OpError::Internal(format!(
                     "reconciliation task failed: {e}"
                 )));
             }
@@ -613,11 +505,11 @@ pub async fn for_duplicate(app: &AppState, op: Operation) -> Result<Operation, A
             .ledger
             .get(&tenant, &id)
             .await?
-            .ok_or_else(|| ApiError::NotFound(format!("no operation {id:?}")))?;
+            .ok_or_else(|| OpError::NotFound(format!("no operation {id:?}")))?;
         if current.state.is_terminal() {
             return Ok(current);
         }
-        let unresolved = |detail: String| ApiError::OutcomeUnknown {
+        let unresolved = |detail: String| OpError::OutcomeUnknown {
             operation_id: id.clone(),
             detail,
             status: StatusCode::CONFLICT,

@@ -17,7 +17,7 @@
 //! | `/console/operations/{id}` | the transition timeline, attempts, policy decisions, replay |
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use axum::Form;
 use axum::Router;
@@ -28,32 +28,17 @@ use http::{HeaderMap, HeaderValue, StatusCode, header};
 use minijinja::{Environment, context};
 use serde::Deserialize;
 
-use crate::app::AppState;
-use crate::config::{Principal, Role};
-use crate::error::ApiError;
+use crate::config::Role;
+use crate::http::auth::Authenticate;
 use crate::ledger::{ApprovalDecision, State as OpState};
+use crate::ops::OpError;
+use crate::state::{AppState, Session};
 
 const COOKIE: &str = "eg_session";
 const SESSION_MS: i64 = 8 * 3600 * 1000;
 /// The login-form token's cookie and its lifetime (ms).
 const LOGIN_COOKIE: &str = "eg_login";
 const LOGIN_FORM_MS: i64 = 30 * 60 * 1000;
-
-/// A logged-in console session.
-#[derive(Debug, Clone)]
-pub struct Session {
-    principal: Principal,
-    /// sha256 of the key the session was opened with: checked against the
-    /// current key table on every request, so a revoked key or a changed
-    /// role ends the session at the next reload.
-    key_digest: [u8; 32],
-    csrf: String,
-    expires_at: i64,
-}
-
-/// Console sessions, by id.
-#[derive(Debug, Default, Clone)]
-pub struct Sessions(Arc<Mutex<HashMap<String, Session>>>);
 
 /// The `segment` filter: `value` as one URL path segment. Every byte but
 /// the unreserved letters, digits, `-`, `_` and `~` is percent-encoded
@@ -111,7 +96,7 @@ fn render(name: &str, ctx: minijinja::Value) -> Response {
                 .insert("x-frame-options", HeaderValue::from_static("DENY"));
             r
         }
-        Err(e) => ApiError::Internal(format!("template {name}: {e}")).into_response(),
+        Err(e) => OpError::Internal(format!("template {name}: {e}")).into_response(),
     }
 }
 
@@ -132,7 +117,7 @@ pub fn routes() -> Router<AppState> {
 /// On a TLS admin listener every cookie the console sets is `Secure`
 /// (RFC 6265 §4.1.2.5), so a browser never sends the session over plain HTTP.
 async fn secure_cookies(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    let https = crate::listener::ListenerScheme::of(req.extensions()) == "https";
+    let https = crate::forward::ListenerScheme::of(req.extensions()) == "https";
     let mut r = next.run(req).await;
     if https {
         let cookies: Vec<HeaderValue> = r
@@ -287,7 +272,7 @@ struct CsrfForm {
 fn csrf_refused(s: &Session, token: &str) -> Option<Response> {
     use subtle_eq as eq;
     (!eq(s.csrf.as_bytes(), token.as_bytes())).then(|| {
-        ApiError::Forbidden {
+        OpError::Forbidden {
             role: "console session",
             action: "post a form without its CSRF token",
         }
@@ -345,7 +330,7 @@ async fn overview(State(app): State<AppState>, headers: HeaderMap) -> Response {
             .unwrap_or((0, 0, None));
         let now = app.ledger.clock().now_ms();
         let dead_events = app.ledger.dead_events(tenant, 50).await?;
-        Ok::<_, ApiError>(context! {
+        Ok::<_, OpError>(context! {
             pending => pending, unknown => unknown, dead => dead,
             oldest_age_s => oldest.map(|t| (now - t).max(0) / 1000),
             dead_events => dead_events,
@@ -366,7 +351,7 @@ async fn approvals(State(app): State<AppState>, headers: HeaderMap) -> Response 
     let result = async {
         let mut items = Vec::new();
         for a in app.ledger.approvals(&tenant, Some("pending"), 200).await? {
-            let mut v = crate::approvals::approval_view(&app, &tenant, &a.id).await?;
+            let mut v = crate::ops::approvals::approval_view(&app, &tenant, &a.id).await?;
             let body = v["request"]["body"].as_str().unwrap_or("").to_owned();
             let pretty = serde_json::from_str::<serde_json::Value>(&body)
                 .ok()
@@ -376,7 +361,7 @@ async fn approvals(State(app): State<AppState>, headers: HeaderMap) -> Response 
             v["approval_id"] = serde_json::json!(a.id);
             items.push(v);
         }
-        Ok::<_, ApiError>(items)
+        Ok::<_, OpError>(items)
     }
     .await;
     match result {
@@ -416,7 +401,7 @@ async fn decide(
         "approve" => ApprovalDecision::Approve,
         "reject" => ApprovalDecision::Reject,
         other => {
-            return ApiError::BadRequest {
+            return OpError::BadRequest {
                 field: "form:decision".into(),
                 message: format!("unknown decision {other:?}"),
             }
@@ -424,7 +409,7 @@ async fn decide(
         }
     };
     let comment = Some(f.comment).filter(|c| !c.trim().is_empty());
-    match crate::approvals::decide_as(
+    match crate::ops::approvals::decide_as(
         &app,
         &s.principal,
         &s.principal.tenant.clone(),
@@ -461,14 +446,14 @@ async fn operations(
             "DEAD" => app.ledger.dead_letters(Some(&tenant), 200).await?,
             "all" => app.ledger.list(Some(&tenant), None, 200).await?,
             other => {
-                let st = other.parse::<OpState>().map_err(|e| ApiError::BadRequest {
+                let st = other.parse::<OpState>().map_err(|e| OpError::BadRequest {
                     field: "query:state".into(),
                     message: e.to_string(),
                 })?;
                 app.ledger.list(Some(&tenant), Some(st), 200).await?
             }
         };
-        Ok::<_, ApiError>(ops)
+        Ok::<_, OpError>(ops)
     }
     .await;
     match result {
@@ -487,10 +472,10 @@ async fn operation_page(app: &AppState, s: &Session, id: &str, result: Option<St
     let tenant = s.principal.tenant.clone();
     let op = match app.ledger.get(&tenant, id).await {
         Ok(Some(op)) => op,
-        Ok(None) => return ApiError::NotFound(format!("no operation {id:?}")).into_response(),
-        Err(e) => return ApiError::from(e).into_response(),
+        Ok(None) => return OpError::NotFound(format!("no operation {id:?}")).into_response(),
+        Err(e) => return OpError::from(e).into_response(),
     };
-    match crate::admin::operation_json(app, &op).await {
+    match crate::ops::operator::operation_json(app, &op).await {
         Ok(v) => render(
             "operation.html",
             merge(
@@ -536,7 +521,7 @@ async fn replay(
         return r;
     }
     let reason = Some(f.reason).filter(|r| !r.trim().is_empty());
-    let result = match crate::replay::replay_as(
+    let result = match crate::ops::replay::replay_as(
         &app,
         &s.principal,
         &s.principal.tenant.clone(),
@@ -547,7 +532,8 @@ async fn replay(
     .await
     {
         Ok((_, v)) => serde_json::to_string_pretty(&v).unwrap_or_default(),
-        Err(e) => serde_json::to_string_pretty(&e.problem()).unwrap_or_default(),
+        Err(e) => serde_json::to_string_pretty(&crate::http::error::Problem::problem(&e))
+            .unwrap_or_default(),
     };
     operation_page(&app, &s, &id, Some(result)).await
 }

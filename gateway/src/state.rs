@@ -1,18 +1,13 @@
-//! Assembling and running the gateway: shared state, both listeners,
-//! graceful shutdown.
+//! The state every request and worker shares: the settings snapshot and
+//! policy set (swapped as one on reload), the ledger and the policy engine.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
-use http::HeaderMap;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
-
-use crate::config::{Principal, Role, Settings};
-use crate::error::ApiError;
+use crate::config::{Principal, Settings};
 use arc_swap::ArcSwap;
 
-use crate::ledger::{Clock, Ledger, SystemClock};
+use crate::ledger::{Clock, Ledger};
 use crate::policy::{PolicyEngine, PolicySet};
 
 /// What a reload swaps as one: the settings and the policy set built
@@ -47,12 +42,28 @@ pub struct AppState {
     pub instance_id: Arc<str>,
     reload_lock: Arc<tokio::sync::Mutex<()>>,
     /// Operator console sessions.
-    pub sessions: crate::console::Sessions,
+    pub sessions: Sessions,
     /// MCP tool annotations seen in `tools/list` answers.
-    pub mcp_tools: crate::mcp::ToolCache,
+    pub mcp_tools: crate::mcp::protocol::ToolCache,
     /// Certificates of the TLS listeners, re-read on reload.
     pub listener_certs: Arc<ListenerCerts>,
 }
+
+/// A logged-in operator console session.
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub(crate) principal: Principal,
+    /// sha256 of the key the session was opened with: checked against the
+    /// current key table on every request, so a revoked key or a changed
+    /// role ends the session at the next reload.
+    pub(crate) key_digest: [u8; 32],
+    pub(crate) csrf: String,
+    pub(crate) expires_at: i64,
+}
+
+/// Console sessions, by id.
+#[derive(Debug, Default, Clone)]
+pub struct Sessions(pub(crate) Arc<Mutex<HashMap<String, Session>>>);
 
 /// The certificates of the gateway's TLS listeners (`None`: plain HTTP).
 #[derive(Debug, Default)]
@@ -201,55 +212,6 @@ impl AppState {
         tracing::info!(%summary, "configuration reloaded");
         Ok(summary)
     }
-
-    /// Authenticates `Authorization: Bearer <key>` against the key table.
-    ///
-    /// Errors: 401 when the header is missing, malformed or unknown.
-    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
-        let value = headers
-            .get(http::header::AUTHORIZATION)
-            .ok_or(ApiError::Unauthenticated)?;
-        let value = value.to_str().map_err(|_| ApiError::Unauthenticated)?;
-        let (scheme, key) = value.split_once(' ').ok_or(ApiError::Unauthenticated)?;
-        if !scheme.eq_ignore_ascii_case("bearer") {
-            return Err(ApiError::Unauthenticated);
-        }
-        self.settings()
-            .keys
-            .get(&crate::config::key_digest(key.trim()))
-            .cloned()
-            .ok_or(ApiError::Unauthenticated)
-    }
-
-    /// Authenticates an admin-listener caller for tenant `tenant`.
-    ///
-    /// Errors: 401 for a bad key; 403 for a `client` key or a role not in
-    /// `roles`; 404 when the key belongs to another tenant (another tenant's
-    /// data is answered as not found, never as forbidden).
-    pub fn authorize_admin(
-        &self,
-        headers: &HeaderMap,
-        tenant: &str,
-        roles: &[Role],
-    ) -> Result<Principal, ApiError> {
-        let p = self.authenticate(headers)?;
-        if p.role == Role::Client {
-            return Err(ApiError::Forbidden {
-                role: "client",
-                action: "use the admin API",
-            });
-        }
-        if p.tenant != tenant {
-            return Err(ApiError::NotFound(format!("no tenant {tenant:?}")));
-        }
-        if !roles.contains(&p.role) {
-            return Err(ApiError::Forbidden {
-                role: p.role.as_str(),
-                action: "do this",
-            });
-        }
-        Ok(p)
-    }
 }
 
 fn hostname() -> String {
@@ -258,144 +220,4 @@ fn hostname() -> String {
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "effectgate".into())
-}
-
-/// A running gateway: both listeners bound, serving until shut down.
-pub struct Gateway {
-    /// Address the proxy listener is bound to.
-    pub proxy_addr: SocketAddr,
-    /// Address the admin listener is bound to.
-    pub admin_addr: SocketAddr,
-    /// The shared state (tests read the ledger through it).
-    pub state: AppState,
-    shutdown: watch::Sender<bool>,
-    tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
-}
-
-impl Gateway {
-    /// Opens the ledger, binds both listeners (port 0 picks a free port) and
-    /// starts serving in the background.
-    ///
-    /// Errors: the ledger can't be opened, or an address can't be bound.
-    pub async fn start(settings: Settings) -> anyhow::Result<Self> {
-        Self::start_with_clock(settings, Arc::new(SystemClock)).await
-    }
-
-    /// [`Gateway::start`] with an injected clock.
-    pub async fn start_with_clock(
-        settings: Settings,
-        clock: Arc<dyn Clock>,
-    ) -> anyhow::Result<Self> {
-        let proxy_listener = TcpListener::bind(settings.proxy_addr).await?;
-        let admin_listener = TcpListener::bind(settings.admin_addr).await?;
-        let state = AppState::new(settings, clock).await?;
-        let proxy_addr = proxy_listener.local_addr()?;
-        let admin_addr = admin_listener.local_addr()?;
-        let (shutdown, rx) = watch::channel(false);
-        let proxy_app = crate::proxy::router(state.clone());
-        let admin_app = crate::admin::router(state.clone());
-        let mut tasks = Vec::new();
-        let certs = state.listener_certs.clone();
-        let (proxy_limits, admin_limits) = {
-            let l = &state.settings().settings.limits;
-            let nofile = crate::listener::raise_nofile_limit();
-            let limits = |max_connections| crate::listener::ConnLimits {
-                max_connections,
-                header_read_timeout_ms: l.header_read_timeout_ms,
-                idle_timeout_ms: l.idle_timeout_ms,
-            };
-            (
-                limits(
-                    l.max_connections
-                        .unwrap_or_else(|| crate::listener::default_max_connections(nofile)),
-                ),
-                limits(l.max_admin_connections),
-            )
-        };
-        for (listener, app, cert, limits, name) in [
-            (
-                proxy_listener,
-                proxy_app,
-                certs.proxy.clone(),
-                proxy_limits,
-                "proxy",
-            ),
-            (
-                admin_listener,
-                admin_app,
-                certs.admin.clone(),
-                admin_limits,
-                "admin",
-            ),
-        ] {
-            tasks.push(tokio::spawn(crate::listener::serve(
-                listener,
-                cert,
-                app,
-                limits,
-                name,
-                rx.clone(),
-            )));
-        }
-        {
-            let (app, rx) = (state.clone(), rx.clone());
-            tasks.push(tokio::spawn(async move {
-                crate::outbox::relay(app, rx).await;
-                Ok(())
-            }));
-        }
-        if state.settings().reconcile.enabled {
-            let (app, rx) = (state.clone(), rx.clone());
-            tasks.push(tokio::spawn(async move {
-                crate::reconcile::run(app, rx).await;
-                Ok(())
-            }));
-        }
-        tracing::info!(
-            %proxy_addr, %admin_addr, instance = %state.instance_id,
-            proxy_tls = certs.proxy.is_some(), admin_tls = certs.admin.is_some(),
-            max_connections = proxy_limits.max_connections,
-            ledger = %state.settings().settings.storage.display_name(),
-            backend = state.ledger.backend_name(),
-            "effectgate serving"
-        );
-        Ok(Self {
-            proxy_addr,
-            admin_addr,
-            state,
-            shutdown,
-            tasks,
-        })
-    }
-
-    /// Stops accepting connections, lets in-flight requests finish, and
-    /// waits for both listeners to close.
-    pub async fn shutdown(self) {
-        let _ = self.shutdown.send(true);
-        for t in self.tasks {
-            let _ = t.await;
-        }
-    }
-
-    /// Serves until SIGINT or SIGTERM, then shuts down gracefully. SIGHUP
-    /// reloads the configuration and policies.
-    pub async fn run_until_signal(self) -> anyhow::Result<()> {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate())?;
-        let mut hup = signal(SignalKind::hangup())?;
-        let mut int = signal(SignalKind::interrupt())?;
-        loop {
-            tokio::select! {
-                _ = int.recv() => break,
-                _ = term.recv() => break,
-                _ = hup.recv() => match self.state.reload(None).await {
-                    Ok(s) => tracing::info!(summary = %s, "SIGHUP: reloaded"),
-                    Err(e) => tracing::error!(error = %e, "SIGHUP: reload refused; the old configuration stays"),
-                },
-            }
-        }
-        tracing::info!("shutting down");
-        self.shutdown().await;
-        Ok(())
-    }
 }

@@ -3,6 +3,7 @@
 //! `classify-failure` policies consulted for failed attempts.
 
 use super::*;
+use crate::ops::reply::ReplyBody;
 
 fn stored_headers(route: &Route, headers: &HeaderMap) -> Vec<(String, String)> {
     route
@@ -90,7 +91,7 @@ pub(super) fn classify(
     route: &Route,
     op: &Operation,
     now: i64,
-) -> (Outcome, Response) {
+) -> (Outcome, Answer) {
     let settle = now.saturating_add(
         route
             .read_back
@@ -106,7 +107,7 @@ pub(super) fn classify(
             o.error_detail = Some(detail.clone());
             o.attempt_outcome = Some("connect-failed".into());
             o.dead_letter = Some(exhausted(op, "connect failed"));
-            (o, ApiError::ProviderUnreachable(detail).into_response())
+            (o, Err(OpError::ProviderUnreachable(detail)))
         }
         Attempt::Lost { kind, detail } => {
             let mut o = Outcome::new(
@@ -125,12 +126,11 @@ pub(super) fn classify(
             };
             (
                 o,
-                ApiError::OutcomeUnknown {
+                Err(OpError::OutcomeUnknown {
                     operation_id: op.operation_id.clone(),
                     detail,
                     status,
-                }
-                .into_response(),
+                }),
             )
         }
         Attempt::Response { head, body } => {
@@ -178,16 +178,11 @@ pub(super) fn classify(
                 ReadBody::Whole(b) => {
                     o.response_body_bytes = Some(b.len() as i64);
                     o.response_body = Some(b.to_vec());
-                    Body::from(b)
+                    ReplyBody::Full(b)
                 }
                 ReadBody::Overflow(prefix, rest) => {
                     o.response_body_omitted = true;
-                    let rest = http_body_util::BodyStream::new(rest)
-                        .filter_map(|f| async move { f.map(|f| f.into_data().ok()).transpose() });
-                    Body::from_stream(
-                        futures_util::stream::once(async move { Ok::<_, hyper::Error>(prefix) })
-                            .chain(rest),
-                    )
+                    ReplyBody::Streamed(prefix, rest)
                 }
                 ReadBody::Broken(prefix, err) => {
                     o.response_body_omitted = true;
@@ -195,16 +190,16 @@ pub(super) fn classify(
                     if o.state == OpState::Completed {
                         o.error_kind = Some("response-body-lost".into());
                     }
-                    Body::from(prefix)
+                    ReplyBody::Full(prefix)
                 }
             };
             if o.state == OpState::Unknown {
-                let reply = ApiError::OutcomeUnknown {
+                let reply = OpError::OutcomeUnknown {
                     operation_id: op.operation_id.clone(),
                     detail: o.reason.clone(),
                     status: StatusCode::BAD_GATEWAY,
                 };
-                return (o, reply.into_response());
+                return (o, Err(reply));
             }
             let mut parts = head;
             strip_hop_by_hop(&mut parts.headers);
@@ -221,7 +216,7 @@ pub(super) fn classify(
                 } else {
                     o.response_body
                         .as_deref()
-                        .and_then(|b| crate::mcp::rpc_message(&parts.headers, b))
+                        .and_then(|b| crate::ops::mcp::rpc_message(&parts.headers, b))
                 };
                 let Some(msg) = msg else {
                     let mut u = Outcome::new(
@@ -234,14 +229,14 @@ pub(super) fn classify(
                     u.response_status = o.response_status;
                     u.next_reconcile_at = route.read_back.as_ref().map(|_| now);
                     u.settle_until = Some(settle);
-                    let reply = ApiError::OutcomeUnknown {
+                    let reply = OpError::OutcomeUnknown {
                         operation_id: op.operation_id.clone(),
                         detail: u.reason.clone(),
                         status: StatusCode::GATEWAY_TIMEOUT,
                     };
-                    return (u, reply.into_response());
+                    return (u, Err(reply));
                 };
-                let (state, kind) = crate::mcp::tool_outcome(&msg);
+                let (state, kind) = crate::ops::mcp::tool_outcome(&msg);
                 let bytes = msg.to_string().into_bytes();
                 o.state = state;
                 o.error_kind = kind.map(str::to_owned);
@@ -269,10 +264,16 @@ pub(super) fn classify(
                     HeaderValue::from_static("application/json"),
                 );
                 parts.headers.remove(header::CONTENT_LENGTH);
-                reply_body = Body::from(bytes);
+                reply_body = ReplyBody::Full(bytes.into());
                 crate::metrics::mcp_tool_call(&route.name, kind.unwrap_or("ok"));
             }
-            (o, Response::from_parts(parts, reply_body))
+            let reply = Reply {
+                status: parts.status,
+                headers: parts.headers,
+                body: reply_body,
+                stored_replay: false,
+            };
+            (o, Ok(reply))
         }
     }
 }

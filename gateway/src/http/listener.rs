@@ -1,7 +1,7 @@
 //! Serving a router on one listener, in plain HTTP or over TLS: HTTP/1.1,
 //! and HTTP/2 (negotiated by ALPN on TLS listeners, RFC 7301; by the
 //! connection preface otherwise). Each request carries the peer address
-//! (`ConnectInfo`) and the scheme the caller used ([`ListenerScheme`]).
+//! (`ConnectInfo`) and the scheme the caller used ([`crate::forward::ListenerScheme`]).
 //! Shutdown is graceful: the listener stops accepting, idle connections
 //! close, and in-flight requests finish.
 //!
@@ -31,21 +31,8 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
 
+use crate::forward::ListenerScheme;
 use crate::tls::ListenerCert;
-
-/// The scheme a caller reached a listener with: `"http"` or `"https"`.
-/// Set on every request as an extension; it feeds `X-Forwarded-Proto` and
-/// the console cookie's `Secure` attribute.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ListenerScheme(pub &'static str);
-
-impl ListenerScheme {
-    /// The scheme of the listener a request came in on (`"http"` when the
-    /// request didn't come through [`serve`], as in unit tests).
-    pub fn of(ext: &http::Extensions) -> &'static str {
-        ext.get::<ListenerScheme>().map_or("http", |s| s.0)
-    }
-}
 
 /// Connection limits of one listener (from `[limits]`).
 #[derive(Debug, Clone, Copy)]

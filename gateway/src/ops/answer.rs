@@ -2,16 +2,15 @@
 //! step 6): replays of finished operations, 409s while one is in flight,
 //! reconciliation of UNKNOWN ones, and the approval flow.
 
-use axum::body::Body;
-use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode, header};
 
-use crate::app::AppState;
 use crate::config::Route;
-use crate::error::ApiError;
 use crate::idempotency::IDEMPOTENT_REPLAYED;
 use crate::ledger::{Operation, State as OpState};
+use crate::ops::reply::ReplyBody;
+use crate::ops::{Answer, OpError, Reply};
+use crate::state::AppState;
 
 /// Answers a request whose key already names an operation (DESIGN.md step 6).
 pub(crate) async fn answer_existing(
@@ -19,35 +18,35 @@ pub(crate) async fn answer_existing(
     route: &Route,
     op: Operation,
     fp: &str,
-) -> Result<Response, ApiError> {
+) -> Answer {
     let key = op.operation_id.clone();
     if op.fingerprint != fp {
         crate::metrics::request(&route.name, "fingerprint-mismatch");
-        return Err(ApiError::FingerprintMismatch { key });
+        return Err(OpError::FingerprintMismatch { key });
     }
     let now = app.ledger.clock().now_ms();
     match op.state {
         OpState::Completed | OpState::Failed | OpState::Compensated => {
-            Ok(replay_or_dead_letter(route, &op))
+            replay_or_dead_letter(route, &op)
         }
         OpState::Executing if op.lease_expires_at.is_some_and(|t| t > now) => {
             crate::metrics::request(&route.name, "in-flight");
             let left_ms = op.lease_expires_at.unwrap_or(now) - now;
-            Err(ApiError::InFlight {
+            Err(OpError::InFlight {
                 operation_id: key,
                 retry_after_s: (left_ms as u64).div_ceil(1000).max(1),
             })
         }
         OpState::Reserved => {
             crate::metrics::request(&route.name, "in-flight");
-            Err(ApiError::InFlight {
+            Err(OpError::InFlight {
                 operation_id: key,
                 retry_after_s: 1,
             })
         }
         OpState::Executing | OpState::Unknown => {
-            match crate::reconcile::for_duplicate(app, op).await {
-                Ok(resolved) => Ok(replay_or_dead_letter(route, &resolved)),
+            match crate::ops::reconcile::for_duplicate(app, op).await {
+                Ok(resolved) => replay_or_dead_letter(route, &resolved),
                 Err(e) => {
                     crate::metrics::request(&route.name, "outcome-unknown");
                     Err(e)
@@ -58,22 +57,25 @@ pub(crate) async fn answer_existing(
     }
 }
 
-pub(crate) fn replay_or_dead_letter(route: &Route, op: &Operation) -> Response {
+/// The stored answer of a terminal operation, or 409 for a dead letter
+/// (an operator decides; the caller is not served a failure as final).
+pub(crate) fn replay_or_dead_letter(route: &Route, op: &Operation) -> Answer {
     if op.dead_letter {
         crate::metrics::request(&route.name, "rejected");
-        return ApiError::DeadLettered {
+        return Err(OpError::DeadLettered {
             operation_id: op.operation_id.clone(),
             reason: op.dead_letter_reason.clone().unwrap_or_default(),
-        }
-        .into_response();
+        });
     }
     crate::metrics::request(&route.name, "replayed");
-    replay(op)
+    Ok(replay(op))
 }
 
 /// Replays a terminal operation's stored response with
-/// `Idempotent-Replayed: true`, without calling the provider.
-pub fn replay(op: &Operation) -> Response {
+/// `Idempotent-Replayed: true`, without calling the provider. An
+/// operation that never got an answer (the provider was unreachable) is
+/// replayed as its 502 problem.
+pub fn replay(op: &Operation) -> Reply {
     let mut resp = match op
         .response_status
         .and_then(|s| StatusCode::from_u16(s as u16).ok())
@@ -84,35 +86,41 @@ pub fn replay(op: &Operation) -> Response {
                 .clone()
                 .map(Bytes::from)
                 .unwrap_or_default();
-            let mut r = Response::new(Body::from(body));
-            *r.status_mut() = status;
+            let mut r = Reply::new(status, body);
             for (name, value) in &op.response_headers {
                 if let (Ok(n), Some(v)) = (
                     header::HeaderName::from_bytes(name.as_bytes()),
                     crate::forward::text_value(value),
                 ) {
-                    r.headers_mut().append(n, v);
+                    r.headers.append(n, v);
                 }
             }
             if op.response_body_omitted {
                 let v = format!("omitted; size={}", op.response_body_bytes.unwrap_or(-1));
                 if let Ok(v) = HeaderValue::from_str(&v) {
-                    r.headers_mut().insert("effectgate-stored-body", v);
+                    r.headers.insert("effectgate-stored-body", v);
                 }
-                r.headers_mut().remove(header::CONTENT_TYPE);
+                r.headers.remove(header::CONTENT_TYPE);
             }
             r
         }
-        None => ApiError::ProviderUnreachable(
-            op.error_detail
-                .clone()
-                .unwrap_or_else(|| "the provider could not be reached".into()),
-        )
-        .into_response(),
+        None => {
+            let e = OpError::ProviderUnreachable(
+                op.error_detail
+                    .clone()
+                    .unwrap_or_else(|| "the provider could not be reached".into()),
+            );
+            Reply {
+                status: StatusCode::BAD_GATEWAY,
+                headers: Default::default(),
+                body: ReplyBody::Problem(Box::new(e)),
+                stored_replay: false,
+            }
+        }
     };
-    resp.headers_mut()
+    resp.headers
         .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    resp.extensions_mut().insert(crate::encoding::StoredReplay);
+    resp.stored_replay = true;
     resp
 }
 
@@ -120,21 +128,17 @@ pub fn replay(op: &Operation) -> Response {
 /// approval is pending; once approved, this (identical) request spends the
 /// approval and executes, exactly once; a refused approval has already
 /// failed the operation, which is replayed.
-pub(crate) async fn resume_awaiting(
-    app: &AppState,
-    route: &Route,
-    op: Operation,
-) -> Result<Response, ApiError> {
+pub(crate) async fn resume_awaiting(app: &AppState, route: &Route, op: Operation) -> Answer {
     let approval = app
         .ledger
         .approval_for(&op.tenant_id, &op.operation_id, "request")
         .await?;
     let Some(a) = approval else {
-        return Ok(awaiting_approval_response(&op, None));
+        return Ok(awaiting_approval_reply(&op, None));
     };
     match a.status.as_str() {
         "approved" => {
-            let lease = crate::execute::lease_ms(app);
+            let lease = crate::ops::execute::lease_ms(app);
             match app
                 .ledger
                 .use_approval(
@@ -153,32 +157,32 @@ pub(crate) async fn resume_awaiting(
                         .get(&op.tenant_id, &op.operation_id)
                         .await?
                         .unwrap_or(op);
-                    Ok(crate::execute::execute_for_caller(app, route, op, claim).await)
+                    crate::ops::execute::execute_for_caller(app, route, op, claim).await
                 }
-                None => Err(ApiError::InFlight {
+                None => Err(OpError::InFlight {
                     operation_id: op.operation_id,
                     retry_after_s: 1,
                 }),
             }
         }
         "rejected" | "expired" => match app.ledger.get(&op.tenant_id, &op.operation_id).await? {
-            Some(now) if now.state.is_terminal() => Ok(replay_or_dead_letter(route, &now)),
-            _ => Ok(awaiting_approval_response(&op, Some(&a))),
+            Some(now) if now.state.is_terminal() => replay_or_dead_letter(route, &now),
+            _ => Ok(awaiting_approval_reply(&op, Some(&a))),
         },
-        "used" => Err(ApiError::InFlight {
+        "used" => Err(OpError::InFlight {
             operation_id: op.operation_id,
             retry_after_s: 1,
         }),
-        _ => Ok(awaiting_approval_response(&op, Some(&a))),
+        _ => Ok(awaiting_approval_reply(&op, Some(&a))),
     }
 }
 
 /// 202 for an operation waiting on a human decision, with
 /// `Location: /approvals/{id}` to poll.
-pub(crate) fn awaiting_approval_response(
+pub(crate) fn awaiting_approval_reply(
     op: &Operation,
     approval: Option<&crate::ledger::Approval>,
-) -> Response {
+) -> Reply {
     let body = serde_json::json!({
         "operation_id": op.operation_id,
         "state": op.state,
@@ -188,11 +192,11 @@ pub(crate) fn awaiting_approval_response(
         "detail": "the operation awaits approval; nothing has been sent to the provider. Poll the Location, \
                    then re-send this same request once it is approved.",
     });
-    let mut r = (StatusCode::ACCEPTED, axum::Json(body)).into_response();
+    let mut r = Reply::json(StatusCode::ACCEPTED, &body);
     if let Some(a) = approval
         && let Ok(v) = HeaderValue::from_str(&format!("/approvals/{}", a.id))
     {
-        r.headers_mut().insert(header::LOCATION, v);
+        r.headers.insert(header::LOCATION, v);
     }
     r
 }

@@ -1,0 +1,307 @@
+//! The admin listener: health, readiness, metrics and the ledger's operator API.
+//!
+//! | route | roles |
+//! |---|---|
+//! | `GET /healthz` | none (liveness) |
+//! | `GET /readyz` | none (the ledger answers) |
+//! | `GET /metrics` | none (Prometheus text format) |
+//! | `GET /admin/tenants/{t}/operations/{id}` | admin, operator, approver of `t` |
+//! | `GET /admin/tenants/{t}/operations?state=S&limit=N` | admin, operator, approver of `t` |
+//! | `GET /admin/tenants/{t}/dead-letters?limit=N` | admin, operator of `t` |
+//! | `POST /admin/tenants/{t}/operations/{id}/requeue` | admin, operator of `t` |
+//! | `POST /admin/tenants/{t}/operations/{id}/resolve` | admin, operator of `t` |
+//! | `POST /admin/reload` | any tenant's admin |
+//!
+//! A key of another tenant gets 404, never 403: it must not learn whether
+//! the tenant or operation exists. Every operator action is recorded as a
+//! ledger transition with the principal as actor.
+
+use std::collections::HashMap;
+
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use http::{HeaderMap, StatusCode};
+use serde_json::json;
+
+use crate::config::Role;
+use crate::http::approvals::parse;
+use crate::http::auth::Authenticate;
+use crate::ledger::State as OpState;
+use crate::ops::OpError;
+pub use crate::ops::operator::{self, dead_letter_json, load, operation_json};
+use crate::state::AppState;
+
+const READERS: &[Role] = &[Role::Admin, Role::Operator, Role::Approver];
+const OPERATORS: &[Role] = &[Role::Admin, Role::Operator];
+
+/// The admin router.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route(
+            "/healthz",
+            get(|| async { axum::Json(json!({"status": "ok"})) }),
+        )
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/admin/tenants/{tenant}/operations", get(list_operations))
+        .route(
+            "/admin/tenants/{tenant}/operations/{operation_id}",
+            get(get_operation),
+        )
+        .route("/admin/tenants/{tenant}/dead-letters", get(dead_letters))
+        .route(
+            "/admin/tenants/{tenant}/events/dead-letters",
+            get(dead_events),
+        )
+        .route(
+            "/admin/tenants/{tenant}/operations/{operation_id}/requeue",
+            post(requeue),
+        )
+        .route(
+            "/admin/tenants/{tenant}/operations/{operation_id}/resolve",
+            post(resolve),
+        )
+        .route("/admin/reload", post(reload))
+        .route(
+            "/admin/tenants/{tenant}/approvals",
+            get(crate::http::approvals::list),
+        )
+        .route(
+            "/admin/tenants/{tenant}/approvals/{id}",
+            get(crate::http::approvals::get),
+        )
+        .route(
+            "/admin/tenants/{tenant}/approvals/{id}/approve",
+            post(crate::http::approvals::approve),
+        )
+        .route(
+            "/admin/tenants/{tenant}/approvals/{id}/reject",
+            post(crate::http::approvals::reject),
+        )
+        .route(
+            "/admin/tenants/{tenant}/operations/{operation_id}/replay",
+            post(crate::http::replay::replay),
+        )
+        .merge(crate::http::console::routes())
+        .fallback(|| async { OpError::NotFound("no such admin endpoint".into()) })
+        .method_not_allowed_fallback(|| async {
+            (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed on this admin endpoint",
+            )
+        })
+        .layer(axum::middleware::map_response(as_problem))
+        .with_state(state)
+}
+
+/// Turns the framework's plain-text rejections (a malformed path segment,
+/// an oversized body, a bad form) into RFC 9457 problem+json, so every
+/// admin error has the same shape. Console pages (HTML) pass unchanged.
+async fn as_problem(resp: Response) -> Response {
+    let status = resp.status();
+    let ct = resp
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    if status.as_u16() < 400
+        || ct.starts_with(crate::http::error::PROBLEM_JSON)
+        || ct.starts_with("text/html")
+    {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let detail = match axum::body::to_bytes(body, 64 * 1024).await {
+        Ok(b) if !b.is_empty() => String::from_utf8_lossy(&b).into_owned(),
+        _ => status.canonical_reason().unwrap_or("error").to_owned(),
+    };
+    let problem = json!({
+        "type": "urn:effectgate:problem:bad-request",
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut r = (parts.status, problem.to_string()).into_response();
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(crate::http::error::PROBLEM_JSON),
+    );
+    r
+}
+
+async fn readyz(State(app): State<AppState>) -> Response {
+    match app.ledger.ping().await {
+        Ok(()) => axum::Json(json!({"status": "ready"})).into_response(),
+        Err(e) => OpError::LedgerUnavailable(e.to_string()).into_response(),
+    }
+}
+
+async fn metrics(State(app): State<AppState>) -> Response {
+    let settings = app.settings();
+    if let Ok(counts) = app.ledger.tenant_counts().await {
+        let now = app.ledger.clock().now_ms();
+        let mut seen = std::collections::BTreeSet::new();
+        for (tenant, unknown, dead, oldest) in counts {
+            let label = if settings.tenants.contains(&tenant) {
+                tenant
+            } else {
+                "_other".to_owned()
+            };
+            let age = oldest.map_or(0.0, |t| (now - t).max(0) as f64 / 1000.0);
+            crate::metrics::tenant_gauges(&label, unknown, dead, age);
+            seen.insert(label);
+        }
+        for t in settings.tenants.iter().filter(|t| !seen.contains(*t)) {
+            crate::metrics::tenant_gauges(t, 0, 0, 0.0);
+        }
+    }
+    (
+        [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        crate::metrics::handle().render(),
+    )
+        .into_response()
+}
+
+async fn get_operation(
+    State(app): State<AppState>,
+    Path((tenant, operation_id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, OpError> {
+    app.authorize_admin(&headers, &tenant, READERS)?;
+    let op = load(&app, &tenant, &operation_id).await?;
+    Ok((StatusCode::OK, axum::Json(operation_json(&app, &op).await?)).into_response())
+}
+
+fn limit_param(
+    app: &AppState,
+    q: &HashMap<String, String>,
+    allowed: &[&str],
+) -> Result<u32, OpError> {
+    for k in q.keys() {
+        if !allowed.contains(&k.as_str()) {
+            return Err(OpError::BadRequest {
+                field: format!("query:{k}"),
+                message: format!("unknown query parameter {k:?}"),
+            });
+        }
+    }
+    let max = app.settings().limits.max_list_limit;
+    match q.get("limit") {
+        None => Ok(100.min(max)),
+        Some(l) => l
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=max).contains(n))
+            .ok_or_else(|| OpError::BadRequest {
+                field: "query:limit".into(),
+                message: format!("limit must be an integer in 1..={max}"),
+            }),
+    }
+}
+
+async fn list_operations(
+    State(app): State<AppState>,
+    Path(tenant): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Result<Response, OpError> {
+    app.authorize_admin(&headers, &tenant, READERS)?;
+    let limit = limit_param(&app, &q, &["state", "limit"])?;
+    let state = match q.get("state") {
+        None => None,
+        Some(s) => Some(s.parse::<OpState>().map_err(|e| OpError::BadRequest {
+            field: "query:state".into(),
+            message: e.to_string(),
+        })?),
+    };
+    let ops = app.ledger.list(Some(&tenant), state, limit).await?;
+    let mut body = json!({ "operations": ops });
+    crate::times::annotate(&mut body);
+    Ok(axum::Json(body).into_response())
+}
+
+async fn dead_letters(
+    State(app): State<AppState>,
+    Path(tenant): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Result<Response, OpError> {
+    app.authorize_admin(&headers, &tenant, OPERATORS)?;
+    let limit = limit_param(&app, &q, &["limit"])?;
+    let ops = app.ledger.dead_letters(Some(&tenant), limit).await?;
+    let items: Vec<_> = ops.iter().map(dead_letter_json).collect();
+    let mut body = json!({ "dead_letters": items });
+    crate::times::annotate(&mut body);
+    Ok(axum::Json(body).into_response())
+}
+
+/// `GET /admin/tenants/{t}/events/dead-letters`: the tenant's webhook
+/// events whose delivery gave up (retry budget spent), newest first:
+/// `{"dead_events": [{event_id, event_type, attempts, last_error,
+/// created_at, dead_lettered_at, …_rfc3339}]}`. Roles: operator, admin.
+async fn dead_events(
+    State(app): State<AppState>,
+    Path(tenant): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Result<Response, OpError> {
+    app.authorize_admin(&headers, &tenant, OPERATORS)?;
+    let limit = limit_param(&app, &q, &["limit"])?;
+    let events = app.ledger.dead_events(&tenant, limit).await?;
+    let mut body = json!({ "dead_events": events });
+    crate::times::annotate(&mut body);
+    Ok(axum::Json(body).into_response())
+}
+
+/// Reloads the configuration and policies (admin role of any tenant):
+/// compiled in the background, swapped atomically; on error the old set
+/// stays and the answer says why (422).
+async fn reload(State(app): State<AppState>, headers: HeaderMap) -> Result<Response, OpError> {
+    let p = app.authenticate(&headers)?;
+    if p.role != Role::Admin {
+        return Err(OpError::Forbidden {
+            role: p.role.as_str(),
+            action: "reload the configuration",
+        });
+    }
+    match app.reload(None).await {
+        Ok(summary) => Ok(axum::Json(json!({"status": "reloaded", "summary": summary})).into_response()),
+        Err(e) => Ok((
+            StatusCode::UNPROCESSABLE_ENTITY,
+            [(http::header::CONTENT_TYPE, crate::http::error::PROBLEM_JSON)],
+            json!({"type": "urn:effectgate:problem:reload-refused", "title": "Unprocessable Entity", "status": 422,
+                   "detail": format!("the reload was refused and the old configuration stays: {e}")})
+            .to_string(),
+        )
+            .into_response()),
+    }
+}
+
+/// `POST …/operations/{id}/requeue` (operator): see [`operator::requeue`].
+async fn requeue(
+    State(app): State<AppState>,
+    Path((tenant, operation_id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, OpError> {
+    let principal = app.authorize_admin(&headers, &tenant, OPERATORS)?;
+    let action: operator::Resolution = parse(&body)?;
+    let op = operator::requeue(&app, &principal, &operation_id, action.reason.as_deref()).await?;
+    Ok((StatusCode::ACCEPTED, axum::Json(op)).into_response())
+}
+
+/// `POST …/operations/{id}/resolve` (operator): see [`operator::resolve`].
+async fn resolve(
+    State(app): State<AppState>,
+    Path((tenant, operation_id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, OpError> {
+    let principal = app.authorize_admin(&headers, &tenant, OPERATORS)?;
+    let action: operator::Resolution = parse(&body)?;
+    let op = operator::resolve(&app, &principal, &operation_id, &action).await?;
+    Ok(axum::Json(op).into_response())
+}

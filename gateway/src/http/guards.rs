@@ -1,0 +1,122 @@
+//! Request guards of the proxy listener, one concern per layer, applied
+//! before any handler runs (see [`crate::http::proxy::router`]):
+//!
+//! - [`refuse_methods`]: TRACE would echo injected credentials back and
+//!   CONNECT would tunnel; both are 405 (RFC 9110 §9.3.6, §9.3.8);
+//! - [`limit_header_bytes`]: the request head is bounded by
+//!   `limits.max_header_bytes` (431, RFC 6585 §5);
+//! - [`refuse_dot_segments`]: dot segments and encoded separators would walk
+//!   out of an upstream's base path (400 naming `path`; RFC 3986 §5.2.4).
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderMap, Method};
+
+use crate::ops::OpError;
+use crate::state::AppState;
+
+/// 405 for TRACE and CONNECT; every other method passes.
+pub async fn refuse_methods(req: Request, next: Next) -> Response {
+    match method_refusal(req.method()) {
+        Some(e) => e.into_response(),
+        None => next.run(req).await,
+    }
+}
+
+/// The refusal of `method`, if it is never forwarded.
+pub fn method_refusal(method: &Method) -> Option<OpError> {
+    (method == Method::TRACE || method == Method::CONNECT)
+        .then(|| OpError::MethodNotAllowed(format!("{method} is never forwarded")))
+}
+
+/// 431 when the request's headers (names, values and 4 bytes of framing
+/// each) exceed `limits.max_header_bytes`.
+pub async fn limit_header_bytes(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let limit = app.settings().limits.max_header_bytes;
+    match header_refusal(req.headers(), limit) {
+        Some(e) => e.into_response(),
+        None => next.run(req).await,
+    }
+}
+
+/// The refusal of `headers` past `limit` bytes, if any.
+pub fn header_refusal(headers: &HeaderMap, limit: usize) -> Option<OpError> {
+    let bytes: usize = headers
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len() + 4)
+        .sum();
+    (bytes > limit).then_some(OpError::HeadersTooLarge { limit })
+}
+
+/// 400 naming `path` for a path with a `.` or `..` segment, or an encoded
+/// dot, slash or backslash, or a backslash.
+pub async fn refuse_dot_segments(req: Request, next: Next) -> Response {
+    match path_refusal(req.uri().path()) {
+        Some(e) => e.into_response(),
+        None => next.run(req).await,
+    }
+}
+
+/// The refusal of `path`, if it could leave the route's base path.
+pub fn path_refusal(path: &str) -> Option<OpError> {
+    path.split('/')
+        .any(|seg| {
+            let s = seg.to_ascii_lowercase();
+            s == "."
+                || s == ".."
+                || s.contains("%2e")
+                || s.contains("%2f")
+                || s.contains("%5c")
+                || s.contains('\\')
+        })
+        .then(|| OpError::BadRequest {
+            field: "path".into(),
+            message: "dot segments and encoded separators are not allowed in paths".into(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    #[test]
+    fn trace_and_connect_are_refused_others_pass() {
+        for m in [Method::TRACE, Method::CONNECT] {
+            let e = method_refusal(&m).expect("refused");
+            assert_eq!(e.kind(), "method-not-allowed");
+        }
+        for m in [Method::GET, Method::POST, Method::DELETE, Method::PATCH] {
+            assert!(method_refusal(&m).is_none(), "{m}");
+        }
+    }
+
+    #[test]
+    fn header_bytes_count_names_values_and_framing() {
+        let mut h = HeaderMap::new();
+        h.insert("x-a", HeaderValue::from_static("12345")); // 3 + 5 + 4 = 12
+        assert!(header_refusal(&h, 12).is_none());
+        let e = header_refusal(&h, 11).expect("refused");
+        assert!(matches!(e, OpError::HeadersTooLarge { limit: 11 }));
+    }
+
+    #[test]
+    fn dot_segments_and_encoded_separators_are_refused() {
+        for p in [
+            "/pay/../admin",
+            "/pay/./x",
+            "/pay/v1/%2e%2e/x",
+            "/pay/v1/%2E/x",
+            "/pay/v1/a%2Fb",
+            "/pay/v1/a%5cb",
+            "/pay/v1/a\\b",
+        ] {
+            let e = path_refusal(p).unwrap_or_else(|| panic!("{p} passed"));
+            assert!(matches!(e, OpError::BadRequest { ref field, .. } if field == "path"));
+        }
+        for p in ["/pay/v1/charges", "/pay/v1/a.b/c", "/pay/v1/..x", "/"] {
+            assert!(path_refusal(p).is_none(), "{p}");
+        }
+    }
+}

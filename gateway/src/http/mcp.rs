@@ -1,0 +1,82 @@
+//! The MCP transport: the effectful flow's answer re-addressed as a
+//! JSON-RPC answer to the caller's id.
+
+use axum::response::Response;
+use http::StatusCode;
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+
+use crate::http::error::Problem;
+use crate::http::reply_response;
+use crate::ops::Answer;
+use crate::ops::mcp::{json_response, rpc_error};
+
+/// Turns the effectful flow's answer into an MCP answer addressed to
+/// `rpc_id`: stored JSON-RPC answers are re-addressed; a pending approval
+/// becomes a tool result with `isError: true` and `structuredContent`
+/// naming it; any gateway error becomes a JSON-RPC error (HTTP 200, so the
+/// agent's loop keeps working).
+pub async fn readdress(result: Answer, rpc_id: &Value) -> Response {
+    let resp = match result {
+        Ok(r) => reply_response(r),
+        Err(e) => return reply_response(rpc_error(rpc_id, -32000, &e.to_string(), e.problem())),
+    };
+    let (parts, body) = resp.into_parts();
+    let replayed = parts
+        .headers
+        .get(crate::idempotency::IDEMPOTENT_REPLAYED)
+        .cloned();
+    let bytes = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let out = if v.get("jsonrpc").is_some() {
+        let mut v = v;
+        v["id"] = rpc_id.clone();
+        json_response(StatusCode::OK, &v)
+    } else if parts.status == StatusCode::ACCEPTED {
+        let (status, text) = match v["approval_id"].as_str() {
+            Some(a) => (
+                "approval-pending",
+                format!(
+                    "This call needs a human approval before it runs (approval {a}: {}). Nothing was done yet. \
+                     Poll /approvals/{a} on the gateway, then call the tool again with the same arguments and intent.",
+                    v["reason"].as_str().unwrap_or("")
+                ),
+            ),
+            None => (
+                "in-progress",
+                "The call is still running; call the tool again with the same intent later."
+                    .to_owned(),
+            ),
+        };
+        let structured = json!({
+            "status": status,
+            "approval_id": v["approval_id"],
+            "operation_id": v["operation_id"],
+            "poll": v["approval_id"].as_str().map(|a| format!("/approvals/{a}")),
+        });
+        let result = json!({"content": [{"type": "text", "text": text}], "structuredContent": structured, "isError": true});
+        json_response(
+            StatusCode::OK,
+            &json!({"jsonrpc": "2.0", "id": rpc_id, "result": result}),
+        )
+    } else {
+        let detail = v["detail"].as_str().map(str::to_owned).unwrap_or_else(|| {
+            format!(
+                "the gateway answered {}: {}",
+                parts.status,
+                String::from_utf8_lossy(&bytes)
+            )
+        });
+        rpc_error(rpc_id, -32000, &detail, v)
+    };
+    let mut out = reply_response(out);
+    if let Some(r) = replayed {
+        out.headers_mut()
+            .insert(crate::idempotency::IDEMPOTENT_REPLAYED, r);
+    }
+    out
+}

@@ -1,0 +1,64 @@
+//! The HTTP surfaces: thin handlers that parse a request, call a use case
+//! in [`crate::ops`] and render its answer or its [`crate::ops::OpError`]
+//! (RFC 9457 problem details, [`error`]).
+
+pub mod admin;
+pub mod approvals;
+pub mod auth;
+pub mod console;
+pub mod encoding;
+pub mod error;
+pub mod guards;
+pub mod listener;
+pub mod mcp;
+pub mod proxy;
+pub mod replay;
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+
+use crate::ops::reply::ReplyBody;
+use crate::ops::{Answer, Reply};
+
+/// A use case's reply as an HTTP response: a streamed provider body stays
+/// streamed; a stored replay is marked for [`encoding::decode_replays`].
+pub fn reply_response(r: Reply) -> Response {
+    let problem = matches!(r.body, ReplyBody::Problem(_));
+    let mut resp = match r.body {
+        ReplyBody::Full(b) => Response::new(Body::from(b)),
+        ReplyBody::Streamed(prefix, rest) => {
+            let rest = http_body_util::BodyStream::new(rest)
+                .filter_map(|f| async move { f.map(|f| f.into_data().ok()).transpose() });
+            Response::new(Body::from_stream(
+                futures_util::stream::once(async move { Ok::<_, hyper::Error>(prefix) })
+                    .chain(rest),
+            ))
+        }
+        ReplyBody::Problem(e) => e.into_response(),
+    };
+    if !problem {
+        *resp.status_mut() = r.status;
+    }
+    for (name, value) in r.headers.iter() {
+        resp.headers_mut().append(name.clone(), value.clone());
+    }
+    if r.stored_replay {
+        resp.extensions_mut().insert(encoding::StoredReplay);
+    }
+    resp
+}
+
+/// [`reply_response`], or the error's problem document.
+pub fn answer_response(a: Answer) -> Response {
+    match a {
+        Ok(r) => reply_response(r),
+        Err(e) => e.into_response(),
+    }
+}
+
+impl IntoResponse for Reply {
+    fn into_response(self) -> Response {
+        reply_response(self)
+    }
+}

@@ -1,0 +1,345 @@
+//! The proxy listener: authentication, route matching, pass-through
+//! streaming, and the hand-over of effectful calls to [`crate::ops::admit`]
+//! (docs/design.md "Request flow", steps 1–4).
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::header;
+
+use crate::config::{Principal, Role, Route};
+use crate::forward::{
+    ListenerScheme, add_route_headers, build_request, caller_headers, strip_hop_by_hop,
+    upstream_uri,
+};
+use crate::http::auth::Authenticate;
+use crate::http::guards;
+use crate::http::{answer_response, reply_response};
+use crate::idempotency::{fingerprint, parse_key};
+use crate::ops::OpError;
+use crate::ops::admit::{Flow, PolicyView, policy_request, refusal};
+use crate::ops::mcp::Prepared;
+use crate::policy::evaluate_chain_async;
+use crate::state::{AppState, Runtime};
+
+/// The proxy router: every path goes to [`handle`].
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route(
+            "/approvals/{id}",
+            axum::routing::get(approval_status).fallback(|| async {
+                OpError::MethodNotAllowed("only GET on /approvals/{id}".into())
+            }),
+        )
+        .fallback(handle)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::http::encoding::decode_replays,
+        ))
+        .layer(axum::middleware::from_fn(guards::refuse_dot_segments))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guards::limit_header_bytes,
+        ))
+        .layer(axum::middleware::from_fn(guards::refuse_methods))
+        .with_state(state)
+}
+
+/// `GET /approvals/{id}`: the caller polls its approval with its own key.
+/// Another tenant's approval is 404.
+async fn approval_status(
+    State(app): State<AppState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    headers: http::HeaderMap,
+) -> Response {
+    let result = async {
+        let principal = app.authenticate(&headers)?;
+        let a = app
+            .ledger
+            .approval(&principal.tenant, &id)
+            .await?
+            .ok_or_else(|| OpError::NotFound(format!("no approval {id:?}")))?;
+        let op = app.ledger.get(&principal.tenant, &a.operation_id).await?;
+        let mut body = serde_json::json!({
+            "approval_id": a.id,
+            "status": a.status,
+            "operation_id": a.operation_id,
+            "operation_state": op.map(|o| o.state),
+            "reason": a.reason,
+            "expires_at": a.expires_at,
+            "decided_by": a.decided_by,
+            "comment": a.comment,
+        });
+        crate::times::annotate(&mut body);
+        Ok::<_, OpError>(axum::Json(body))
+    }
+    .await;
+    match result {
+        Ok(r) => r.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn handle(
+    State(app): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    req: Request,
+) -> Response {
+    match handle_inner(&app, peer, req).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The proxy path, in the README's order: 1. authenticate the principal;
+/// 2. match the route (never an open proxy) and take one settings
+/// snapshot; the tenant's limits; pass-through for calls that change
+/// nothing; 3. the identity (Idempotency-Key, or the MCP tool call);
+/// 4. the bounded body and the fingerprint; then the effectful flow of
+/// [`Flow`].
+async fn handle_inner(app: &AppState, peer: SocketAddr, req: Request) -> Result<Response, OpError> {
+    let principal = authenticate_client(app, req.headers())?;
+    let rt = app.settings();
+    let path = req.uri().path().to_owned();
+    let route = rt
+        .match_route(&path)
+        .filter(|r| r.allows_tenant(&principal.tenant))
+        .ok_or_else(|| OpError::NotFound(format!("no route for {path}")))?;
+    let rest = &path[route.prefix.len() - 1..];
+    let query = req.uri().query().map(str::to_owned);
+    let mcp_post = route.mcp.is_some() && req.method() == http::Method::POST;
+    let effectful = mcp_post || route.is_effectful(req.method());
+    // The tenant's rate limit covers every call; its in-flight limit the
+    // effectful ones (held until this caller is answered).
+    let limits = rt.tenant_limits.get(&principal.tenant);
+    if let Some(l) = limits {
+        l.check_rate(&principal.tenant).map_err(OpError::from)?;
+    }
+    let _in_flight = match limits {
+        Some(l) if effectful => l
+            .acquire_in_flight(&principal.tenant)
+            .map_err(OpError::from)?,
+        _ => None,
+    };
+    if !effectful {
+        let uri = upstream_uri(route, rest, query.as_deref())?;
+        // On an MCP route policies decide tool calls; the session's other
+        // traffic (GET streams, DELETE) passes.
+        if route.mcp.is_none() {
+            let head = (req.method(), req.headers());
+            pass_through_policies(app, &rt, route, &principal, head, rest, query.as_deref())
+                .await?;
+        }
+        return pass_through(route, peer, req, uri).await;
+    }
+    let key = if mcp_post {
+        None
+    } else {
+        Some(
+            parse_key(req.headers(), rt.limits.max_idempotency_key_len)?.ok_or_else(|| {
+                OpError::IdempotencyKeyMissing {
+                    method: req.method().to_string(),
+                    route: route.name.clone(),
+                }
+            })?,
+        )
+    };
+    let (parts, body) = req.into_parts();
+    let body = read_body(
+        &parts.headers,
+        body,
+        route.max_body_bytes,
+        rt.limits.body_read_timeout_ms,
+    )
+    .await?;
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let scheme = ListenerScheme::of(&parts.extensions);
+    let (key, fp, mcp_call) = match key {
+        Some(k) => {
+            let fp = fingerprint(
+                parts.method.as_str(),
+                &route.name,
+                rest,
+                query.as_deref(),
+                content_type.as_deref(),
+                &body,
+            );
+            (k, fp, None)
+        }
+        None => {
+            let uri = upstream_uri(route, rest, query.as_deref())?;
+            match crate::ops::mcp::prepare(
+                app,
+                route,
+                &principal,
+                &parts.headers,
+                &body,
+                &uri,
+                (peer, scheme),
+            )
+            .await?
+            {
+                Prepared::Respond(r) => return Ok(reply_response(r)),
+                Prepared::Forward => {
+                    let (status, headers, bytes) = crate::ops::mcp::forward_buffered(
+                        route,
+                        &parts.headers,
+                        body,
+                        &uri,
+                        (peer, scheme),
+                    )
+                    .await?;
+                    let mut r = Response::new(Body::from(bytes));
+                    *r.status_mut() = status;
+                    *r.headers_mut() = headers;
+                    return Ok(r);
+                }
+                Prepared::Call(c) => (c.key.clone(), c.fingerprint.clone(), Some(c)),
+            }
+        }
+    };
+    let flow = Flow {
+        app,
+        rt: &rt,
+        route,
+        principal: &principal,
+        peer,
+        scheme,
+        method: &parts.method,
+        headers: &parts.headers,
+        rest,
+        query: query.as_deref(),
+        mcp: mcp_call.as_ref(),
+    };
+    let answer = flow.run(body, content_type, key, fp).await;
+    Ok(match &mcp_call {
+        Some(c) => crate::http::mcp::readdress(answer, &c.rpc_id).await,
+        None => answer_response(answer),
+    })
+}
+
+/// Step 1: the caller's principal, which must hold the `client` role.
+///
+/// Errors: 401 without a valid key; 403 for any other role.
+fn authenticate_client(app: &AppState, headers: &http::HeaderMap) -> Result<Principal, OpError> {
+    let principal = app.authenticate(headers)?;
+    if principal.role != Role::Client {
+        return Err(OpError::Forbidden {
+            role: principal.role.as_str(),
+            action: "send calls through the proxy",
+        });
+    }
+    Ok(principal)
+}
+
+/// The tenant's policies on a call that changes nothing: they see the
+/// head only (the body streams through unread), and a refusal is final.
+async fn pass_through_policies(
+    app: &AppState,
+    rt: &Runtime,
+    route: &Route,
+    principal: &Principal,
+    (method, headers): (&http::Method, &http::HeaderMap),
+    rest: &str,
+    query: Option<&str>,
+) -> Result<(), OpError> {
+    let policies = rt.policies.for_route(&principal.tenant, &route.name);
+    if policies.is_empty() {
+        return Ok(());
+    }
+    let request = policy_request(
+        principal,
+        route,
+        &PolicyView {
+            method: method.as_str(),
+            path: rest,
+            query,
+            headers,
+            body: &[],
+            operation_id: "",
+            fingerprint: "",
+            existing: None,
+        },
+    );
+    let (verdict, _) = evaluate_chain_async(
+        app.engine.clone(),
+        policies,
+        route,
+        &principal.tenant,
+        request,
+    )
+    .await;
+    match refusal(verdict) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Step 4: the whole body, at most `max_bytes`, within `timeout_ms`.
+///
+/// Errors: 413 `payload-too-large` (by `Content-Length` at once, or while
+/// reading); 408 `request-timeout` when the body stalls.
+async fn read_body(
+    headers: &http::HeaderMap,
+    body: Body,
+    max_bytes: usize,
+    timeout_ms: u64,
+) -> Result<Bytes, OpError> {
+    if let Some(len) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+        && len > max_bytes
+    {
+        return Err(OpError::PayloadTooLarge { limit: max_bytes });
+    }
+    tokio::time::timeout(
+        std::time::Duration::from_millis(timeout_ms),
+        axum::body::to_bytes(body, max_bytes),
+    )
+    .await
+    .map_err(|_| OpError::RequestTimeout {
+        limit_ms: timeout_ms,
+    })?
+    .map_err(|_| OpError::PayloadTooLarge { limit: max_bytes })
+}
+
+/// Streams a non-effectful request through without buffering either body.
+async fn pass_through(
+    route: &Route,
+    peer: SocketAddr,
+    req: Request,
+    uri: http::Uri,
+) -> Result<Response, OpError> {
+    let client = &route.client;
+    let (parts, body) = req.into_parts();
+    let proto = ListenerScheme::of(&parts.extensions);
+    let mut headers = caller_headers(route, &parts.headers, Some(peer), proto);
+    add_route_headers(route, &mut headers, None);
+    let out = build_request(parts.method, uri, headers, body);
+    let timeout = std::time::Duration::from_millis(route.response_timeout_ms);
+    let resp = match tokio::time::timeout(timeout, client.request(out)).await {
+        Err(_) => {
+            return Err(OpError::ProviderUnreachable(format!(
+                "no response head within {} ms",
+                route.response_timeout_ms
+            )));
+        }
+        Ok(Err(e)) => {
+            return Err(OpError::ProviderUnreachable(crate::forward::error_detail(
+                &e,
+            )));
+        }
+        Ok(Ok(r)) => r,
+    };
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Ok(Response::from_parts(parts, Body::new(body)))
+}

@@ -1,0 +1,92 @@
+//! The Model Context Protocol's wire pieces the gateway reads, free of
+//! I/O: JSON-RPC messages out of JSON or SSE answers, what a tool result
+//! means for the ledger, and the cache of tools' annotations.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use http::{HeaderMap, header};
+use serde_json::Value;
+
+use crate::ledger::State as OpState;
+
+/// The MCP protocol revision the gateway speaks to servers.
+pub const PROTOCOL_VERSION: &str = "2025-06-18";
+
+/// Tool annotations seen in `tools/list` answers, per route and tool.
+#[derive(Debug, Default, Clone)]
+pub struct ToolCache(Arc<Mutex<HashMap<String, HashMap<String, Value>>>>);
+
+impl ToolCache {
+    /// The annotations of `tool` on the route cached under `route`
+    /// (`null` when never listed).
+    pub fn annotations(&self, route: &str, tool: &str) -> Value {
+        self.0
+            .lock()
+            .unwrap()
+            .get(route)
+            .and_then(|m| m.get(tool))
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+    /// Merges a page of tools (pages of a paginated list add up).
+    pub fn store(&self, route: &str, tools: &[Value]) {
+        let mut all = self.0.lock().unwrap();
+        let map = all.entry(route.to_owned()).or_default();
+        for t in tools {
+            if let Some(name) = t["name"].as_str() {
+                map.insert(
+                    name.to_owned(),
+                    t.get("annotations").cloned().unwrap_or(Value::Null),
+                );
+            }
+        }
+    }
+}
+
+/// Reads one JSON-RPC message out of an upstream answer, JSON or SSE
+/// (`text/event-stream`, the last `data:` event carrying a result or error).
+pub fn rpc_message(headers: &HeaderMap, body: &[u8]) -> Option<Value> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if ct.starts_with("text/event-stream") {
+        // SSE lines end in CRLF, LF or CR (and events in a blank line).
+        let text = String::from_utf8_lossy(body)
+            .replace("\r\n", "\n")
+            .replace('\r', "\n");
+        let mut found = None;
+        for event in text.split("\n\n") {
+            let data: String = event
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                .collect::<Vec<_>>()
+                .join("\n");
+            // Notifications (logs, progress) come first; the answer is the
+            // message with an id and a result or error.
+            if let Ok(v) = serde_json::from_str::<Value>(&data)
+                && v.get("id").is_some()
+                && (v.get("result").is_some() || v.get("error").is_some())
+            {
+                found = Some(v);
+            }
+        }
+        found
+    } else {
+        serde_json::from_slice(body).ok()
+    }
+}
+
+/// The ledger state a tool call's answer means: `isError: true` or a
+/// JSON-RPC error is FAILED, a result COMPLETED.
+pub fn tool_outcome(msg: &Value) -> (OpState, Option<&'static str>) {
+    if msg.get("error").is_some() {
+        (OpState::Failed, Some("jsonrpc-error"))
+    } else if msg["result"]["isError"].as_bool() == Some(true) {
+        (OpState::Failed, Some("tool-error"))
+    } else {
+        (OpState::Completed, None)
+    }
+}

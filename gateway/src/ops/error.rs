@@ -1,0 +1,219 @@
+//! The use cases' error type. [`crate::http::error`] renders it as RFC 9457
+//! `application/problem+json`; workers log it.
+//!
+//! Every kind has a stable `type` URI of the form
+//! `urn:effectgate:problem:<kind>` (see [`OpError::kind`]); the README's
+//! status table lists them all. `Internal` and `LedgerUnavailable` carry
+//! text for the log only: callers get an error id, never that text.
+
+use http::StatusCode;
+
+/// An error of a use case, answered to a caller by the HTTP surface.
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    /// 401: no or unknown `Authorization: Bearer` key.
+    #[error("a valid gateway API key is required (Authorization: Bearer <key>)")]
+    Unauthenticated,
+    /// 403: the key is valid but its role may not do this.
+    #[error("the {role} role may not {action}")]
+    Forbidden {
+        /// The principal's role.
+        role: &'static str,
+        /// What was attempted.
+        action: &'static str,
+    },
+    /// 404: no route (or resource) by that name for this principal.
+    #[error("{0}")]
+    NotFound(String),
+    /// 400: the `Idempotency-Key` header is missing on an effectful route
+    /// (draft-ietf-httpapi-idempotency-key-header §2.7).
+    #[error("the Idempotency-Key header is required for {method} on route {route}")]
+    IdempotencyKeyMissing {
+        /// Request method.
+        method: String,
+        /// Route name.
+        route: String,
+    },
+    /// 400: the `Idempotency-Key` header is malformed, too long or repeated (§2.1).
+    #[error("invalid Idempotency-Key header: {0}")]
+    IdempotencyKeyInvalid(String),
+    /// 422: the key was already used with a different request (§2.7).
+    #[error(
+        "idempotency key {key:?} was already used for a different request (fingerprint mismatch)"
+    )]
+    FingerprintMismatch {
+        /// The key.
+        key: String,
+    },
+    /// 409: the operation is being executed right now (§2.7).
+    #[error("operation {operation_id:?} is in flight; retry after {retry_after_s} s")]
+    InFlight {
+        /// The operation.
+        operation_id: String,
+        /// Suggested `Retry-After`, in seconds.
+        retry_after_s: u64,
+    },
+    /// 409 (duplicate) or 502/504 (first call): the provider may or may not
+    /// have applied the effect. Never retried blindly.
+    #[error("the outcome of operation {operation_id:?} is unknown: {detail}")]
+    OutcomeUnknown {
+        /// The operation.
+        operation_id: String,
+        /// What happened.
+        detail: String,
+        /// HTTP status to answer with.
+        status: StatusCode,
+    },
+    /// 409: the operation stopped running automatically (dead letter) and
+    /// waits for an operator.
+    #[error(
+        "operation {operation_id:?} is on the terminal route ({reason}); an operator must requeue or resolve it"
+    )]
+    DeadLettered {
+        /// The operation.
+        operation_id: String,
+        /// Why it was dead-lettered.
+        reason: String,
+    },
+    /// 409: the requested action is not allowed in the operation's state or by policy.
+    #[error("{0}")]
+    Conflict(String),
+    /// 4xx chosen by a policy: the request was denied.
+    #[error("denied by policy {policy}: {reason}")]
+    PolicyDenied {
+        /// The 4xx status the policy chose.
+        status: StatusCode,
+        /// The policy.
+        policy: String,
+        /// Its reason.
+        reason: String,
+    },
+    /// 503: a policy trapped, timed out or ran out of memory, and the route
+    /// fails closed. Nothing was forwarded.
+    #[error("policy {policy} failed: {detail}")]
+    PolicyFailed {
+        /// The policy.
+        policy: String,
+        /// What happened.
+        detail: String,
+    },
+    /// 422: the body does not satisfy the route's request contract (JSON Schema).
+    #[error("the request body does not satisfy the route's contract")]
+    ContractViolation {
+        /// `[{pointer, message}]`.
+        errors: Vec<(String, String)>,
+    },
+    /// 405: a method the gateway never forwards (TRACE, CONNECT).
+    #[error("method not allowed: {0}")]
+    MethodNotAllowed(String),
+    /// 431: the request headers exceed `limits.max_header_bytes`.
+    #[error("request headers exceed the limit of {limit} bytes")]
+    HeadersTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// 413: the request body exceeds the route's `max_body_bytes`.
+    #[error("request body exceeds the route's limit of {limit} bytes")]
+    PayloadTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// 408: the request body did not arrive within
+    /// `limits.body_read_timeout_ms`; nothing was reserved or sent.
+    #[error("the request body did not arrive within {limit_ms} ms; nothing was recorded or sent")]
+    RequestTimeout {
+        /// The limit in ms.
+        limit_ms: u64,
+    },
+    /// 429: the tenant's rate limit or in-flight limit refused the call
+    /// (nothing was recorded or sent); retry after `retry_after_s`.
+    #[error("the tenant's {limit} limit is reached; nothing was recorded or sent, retry later")]
+    TenantLimited {
+        /// `rate` or `in-flight`.
+        limit: &'static str,
+        /// Seconds to wait (`Retry-After`, RFC 9110 §10.2.3).
+        retry_after_s: u64,
+    },
+    /// 400: some other malformed input; `field` names it.
+    #[error("{message}")]
+    BadRequest {
+        /// The offending field, parameter or header.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// 502: the provider could not be reached and nothing was sent.
+    #[error("the provider could not be reached: {0}")]
+    ProviderUnreachable(String),
+    /// 503: the effect ledger is not available, so the request was not
+    /// forwarded. A ledger write that timed out may still have committed
+    /// (the operation is then reserved and the reconciler finishes it), so
+    /// the caller retries with the same `Idempotency-Key`.
+    #[error(
+        "the effect ledger is unavailable: {0}; the request was not forwarded; retry with the same Idempotency-Key"
+    )]
+    LedgerUnavailable(String),
+    /// 500: a bug or an unexpected condition.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl OpError {
+    /// The stable problem kind (last segment of the `type` URI).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            OpError::Unauthenticated => "unauthenticated",
+            OpError::Forbidden { .. } => "forbidden",
+            OpError::NotFound(_) => "not-found",
+            OpError::IdempotencyKeyMissing { .. } => "idempotency-key-missing",
+            OpError::IdempotencyKeyInvalid(_) => "idempotency-key-invalid",
+            OpError::FingerprintMismatch { .. } => "idempotency-key-reused",
+            OpError::InFlight { .. } => "operation-in-flight",
+            OpError::OutcomeUnknown { .. } => "operation-outcome-unknown",
+            OpError::DeadLettered { .. } => "operation-dead-lettered",
+            OpError::PolicyDenied { .. } => "policy-denied",
+            OpError::MethodNotAllowed(_) => "method-not-allowed",
+            OpError::HeadersTooLarge { .. } => "headers-too-large",
+            OpError::PolicyFailed { .. } => "policy-failed",
+            OpError::ContractViolation { .. } => "contract-violation",
+            OpError::Conflict(_) => "conflict",
+            OpError::PayloadTooLarge { .. } => "payload-too-large",
+            OpError::RequestTimeout { .. } => "request-timeout",
+            OpError::TenantLimited { .. } => "tenant-limited",
+            OpError::BadRequest { .. } => "bad-request",
+            OpError::ProviderUnreachable(_) => "provider-unreachable",
+            OpError::LedgerUnavailable(_) => "ledger-unavailable",
+            OpError::Internal(_) => "internal",
+        }
+    }
+}
+
+impl From<sqlx::Error> for OpError {
+    fn from(e: sqlx::Error) -> Self {
+        OpError::LedgerUnavailable(e.to_string())
+    }
+}
+
+impl From<crate::config::TenantLimited> for OpError {
+    fn from(e: crate::config::TenantLimited) -> Self {
+        OpError::TenantLimited {
+            limit: e.limit,
+            retry_after_s: e.retry_after_s,
+        }
+    }
+}
+
+impl From<crate::idempotency::InvalidKey> for OpError {
+    fn from(e: crate::idempotency::InvalidKey) -> Self {
+        OpError::IdempotencyKeyInvalid(e.0)
+    }
+}
+
+impl From<crate::forward::BadUri> for OpError {
+    fn from(e: crate::forward::BadUri) -> Self {
+        OpError::BadRequest {
+            field: "path".into(),
+            message: e.to_string(),
+        }
+    }
+}

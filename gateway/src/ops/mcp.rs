@@ -1,0 +1,494 @@
+//! Model Context Protocol routes (`mode = "mcp"`, streamable HTTP
+//! transport): each `tools/call` of a tool that changes the world becomes
+//! one identifiable business operation in the effect ledger.
+//!
+//! - Identity, in this order: the `Idempotency-Key` header; the intent id in
+//!   `params._meta["effectgate/operation-id"]` (configurable); a derived id
+//!   (tenant + principal + scope header + tool + canonical-JSON hash of the
+//!   arguments) when the route opts in. The JSON-RPC `id` never identifies
+//!   an operation.
+//! - Fingerprint: the tool name and the canonical arguments, so a
+//!   regenerated call with a new JSON-RPC id is the same request.
+//! - Read-only tools (the server's `readOnlyHint`, or the route's override)
+//!   pass through without the ledger; `tools/list` answers are cached per
+//!   route and filtered by the tenant's policies.
+//! - Results: `isError: true` → FAILED; a JSON-RPC error → FAILED
+//!   (permanent); transport failure or timeout → UNKNOWN. Replays are
+//!   re-addressed to the new JSON-RPC id.
+//! - Policies decide on the body. Their request has path `/tools/<name>`
+//!   and a gateway-made header `effectgate-tool-annotations` (the tool's
+//!   annotations as JSON, after overrides).
+//! - While an approval is pending, the agent gets a well-formed tool result
+//!   with `isError: true`, a text and `structuredContent` naming the
+//!   approval and how to poll it.
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode, header};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::config::{EffectClass, Principal, Route};
+use crate::ops::{OpError, Reply};
+use crate::policy::{Verdict, evaluate_chain_async};
+use crate::state::AppState;
+
+mod upstream;
+pub use crate::mcp::protocol::{PROTOCOL_VERSION, ToolCache, rpc_message, tool_outcome};
+pub use upstream::{open_session, read_back, reconciled_result};
+
+/// A `tools/call` that goes through the ledger.
+#[derive(Debug, Clone)]
+pub struct McpCall {
+    /// The request's JSON-RPC id (answers are addressed to it).
+    pub rpc_id: Value,
+    /// Tool name.
+    pub tool: String,
+    /// Operation id.
+    pub key: String,
+    /// Fingerprint: tool + canonical arguments.
+    pub fingerprint: String,
+    /// Effect class of the tool, if overridden.
+    pub effect_class: Option<EffectClass>,
+    /// Annotations after overrides (for the policy).
+    pub annotations: Value,
+}
+
+/// What to do with an MCP request.
+pub enum Prepared {
+    /// Answer now.
+    Respond(Reply),
+    /// Forward as is, without the ledger.
+    Forward,
+    /// A world-changing tool call: run the effectful flow.
+    Call(McpCall),
+}
+
+/// A JSON-RPC error answer (HTTP 200) addressed to `id`.
+pub fn rpc_error(id: &Value, code: i64, message: &str, data: Value) -> Reply {
+    let body = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message, "data": data}});
+    json_response(StatusCode::OK, &body)
+}
+
+/// `body` as `application/json` with `status`.
+pub fn json_response(status: StatusCode, body: &Value) -> Reply {
+    Reply::json(status, body)
+}
+
+/// The effective annotations of a tool: the server's, with the route's overrides.
+fn effective(
+    route: &Route,
+    app: &AppState,
+    cache_key: &str,
+    tenant: &str,
+    tool: &str,
+) -> (Value, bool, Option<EffectClass>) {
+    let mut ann = app.mcp_tools.annotations(cache_key, tool);
+    let rt = app.settings();
+    // The server's hints, then the route's overrides, then the tenant's.
+    let overrides = [
+        route.mcp.as_ref().and_then(|m| m.tools.get(tool)).cloned(),
+        rt.mcp_tools.get(tenant).and_then(|m| m.get(tool)).cloned(),
+    ];
+    let mut class = None;
+    for ov in overrides.into_iter().flatten() {
+        if let Some(ro) = ov.read_only {
+            if !ann.is_object() {
+                ann = json!({});
+            }
+            ann["readOnlyHint"] = json!(ro);
+        }
+        if ov.effect_class.is_some() {
+            class = ov.effect_class;
+        }
+    }
+    let read_only = ann["readOnlyHint"].as_bool().unwrap_or(false);
+    (ann, read_only, class)
+}
+
+/// The policy request for a tool call: path `/tools/<name>`, the JSON-RPC
+/// body, and the tool's annotations in `effectgate-tool-annotations`.
+fn policy_request(
+    principal: &Principal,
+    route: &Route,
+    headers: &HeaderMap,
+    body: &[u8],
+    tool: &str,
+    annotations: &Value,
+    key: &str,
+    fp: &str,
+) -> crate::policy::Request {
+    let mut h = headers.clone();
+    if let Ok(v) = HeaderValue::from_str(&annotations.to_string()) {
+        h.insert("effectgate-tool-annotations", v);
+    }
+    crate::ops::admit::policy_request(
+        principal,
+        route,
+        &crate::ops::admit::PolicyView {
+            method: "POST",
+            path: &format!("/tools/{tool}"),
+            query: None,
+            headers: &h,
+            body,
+            operation_id: key,
+            fingerprint: fp,
+            existing: None,
+        },
+    )
+}
+
+/// Decides what an MCP POST is. Errors become JSON-RPC error answers.
+pub async fn prepare(
+    app: &AppState,
+    route: &Route,
+    principal: &Principal,
+    headers: &HeaderMap,
+    body: &Bytes,
+    uri: &http::Uri,
+    peer: (std::net::SocketAddr, &'static str),
+) -> Result<Prepared, OpError> {
+    // Fail closed: what the gateway can't read, it doesn't forward. A
+    // server's parser may accept what this one refuses (NaN, 1e400, deep
+    // nesting), and a call the gateway didn't see would run unrecorded.
+    let Ok(msg) = serde_json::from_slice::<Value>(body) else {
+        return Ok(Prepared::Respond(rpc_error(
+            &Value::Null,
+            -32700,
+            "parse error: the gateway forwards only JSON it can read",
+            Value::Null,
+        )));
+    };
+    // A repeated key reads differently to different parsers (two `params`,
+    // two `method`s): the gateway would judge one message and a first-wins
+    // server run another. Refused on every path, before any decision.
+    if crate::idempotency::has_duplicate_keys(body) {
+        return Ok(Prepared::Respond(rpc_error(
+            &Value::Null,
+            -32600,
+            "a JSON object in the message repeats a key (RFC 7493 §2.3)",
+            Value::Null,
+        )));
+    }
+    if !msg.is_object() {
+        return Ok(Prepared::Respond(rpc_error(
+            &Value::Null,
+            -32600,
+            "a POST must carry one JSON-RPC message (no batches)",
+            Value::Null,
+        )));
+    }
+    let Some(method) = msg.get("method") else {
+        // A response to a server-initiated request (sampling, elicitation).
+        if msg.get("result").is_some() || msg.get("error").is_some() {
+            return Ok(Prepared::Forward);
+        }
+        return Ok(Prepared::Respond(rpc_error(
+            &Value::Null,
+            -32600,
+            "not a JSON-RPC request, notification or response",
+            Value::Null,
+        )));
+    };
+    let Some(method) = method.as_str() else {
+        return Ok(Prepared::Respond(rpc_error(
+            &Value::Null,
+            -32600,
+            "method must be a string",
+            Value::Null,
+        )));
+    };
+    let id = msg.get("id").cloned().unwrap_or(Value::Null);
+    if method == "tools/call" && !(id.is_string() || id.is_number()) {
+        return Ok(Prepared::Respond(rpc_error(
+            &Value::Null,
+            -32600,
+            "tools/call must be a request with a string or number id",
+            Value::Null,
+        )));
+    }
+    // The routing headers of the current spec must agree with the body: the
+    // gateway (and its policies) decide on the body, and a header that says
+    // otherwise could steer something in between.
+    let header = |n: &str| {
+        headers
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    if let Some(m) = header("mcp-method")
+        && m != method
+    {
+        return Ok(Prepared::Respond(rpc_error(
+            &id,
+            -32600,
+            "the Mcp-Method header does not match the body",
+            json!({"header": m, "body": method}),
+        )));
+    }
+    if method == "tools/call"
+        && let Some(n) = header("mcp-name")
+        && Some(n.as_str()) != msg["params"]["name"].as_str()
+    {
+        return Ok(Prepared::Respond(rpc_error(
+            &id,
+            -32600,
+            "the Mcp-Name header does not match params.name",
+            Value::Null,
+        )));
+    }
+    // Annotations are cached per route and upstream endpoint.
+    let cache_key = format!("{}{}", route.name, uri.path());
+    let rt = app.settings();
+    let policies = rt.policies.for_route(&principal.tenant, &route.name);
+    match method {
+        "tools/list" => {
+            let (status, head, bytes) =
+                forward_buffered(route, headers, body.clone(), uri, peer).await?;
+            let Some(mut answer) = rpc_message(&head, &bytes) else {
+                return Ok(Prepared::Respond(raw(status, head, bytes)));
+            };
+            if let Some(tools) = answer["result"]["tools"].as_array().cloned() {
+                app.mcp_tools.store(&cache_key, &tools);
+                // Offer only the tools this tenant's policies would let run.
+                let mut kept = Vec::new();
+                for t in tools {
+                    let name = t["name"].as_str().unwrap_or_default().to_owned();
+                    let probe = json!({"jsonrpc": "2.0", "id": 0, "method": "tools/call", "params": {"name": name, "arguments": {}}});
+                    let (ann, _, _) = effective(route, app, &cache_key, &principal.tenant, &name);
+                    let req = policy_request(
+                        principal,
+                        route,
+                        headers,
+                        probe.to_string().as_bytes(),
+                        &name,
+                        &ann,
+                        "",
+                        "",
+                    );
+                    let verdict = evaluate_chain_async(
+                        app.engine.clone(),
+                        policies,
+                        route,
+                        &principal.tenant,
+                        req,
+                    )
+                    .await
+                    .0;
+                    if !matches!(verdict, Verdict::Deny { .. }) {
+                        kept.push(t);
+                    }
+                }
+                answer["result"]["tools"] = Value::Array(kept);
+            }
+            Ok(Prepared::Respond(json_response(StatusCode::OK, &answer)))
+        }
+        "tools/call" => {
+            let Some(tool) = msg["params"]["name"].as_str().map(str::to_owned) else {
+                return Ok(Prepared::Respond(rpc_error(
+                    &id,
+                    -32602,
+                    "tools/call needs params.name",
+                    Value::Null,
+                )));
+            };
+            let args = msg["params"]
+                .get("arguments")
+                .cloned()
+                .unwrap_or_else(|| json!({}));
+            let (annotations, read_only, class) =
+                effective(route, app, &cache_key, &principal.tenant, &tool);
+            if read_only {
+                if !policies.is_empty() {
+                    let req = policy_request(
+                        principal,
+                        route,
+                        headers,
+                        body,
+                        &tool,
+                        &annotations,
+                        "",
+                        "",
+                    );
+                    match evaluate_chain_async(
+                        app.engine.clone(),
+                        policies,
+                        route,
+                        &principal.tenant,
+                        req,
+                    )
+                    .await
+                    .0
+                    {
+                        Verdict::Allow { .. } => {}
+                        Verdict::Deny { reason, policy, .. } => {
+                            return Ok(Prepared::Respond(rpc_error(
+                                &id,
+                                -32003,
+                                &format!("denied by policy {policy}: {reason}"),
+                                Value::Null,
+                            )));
+                        }
+                        Verdict::RequireApproval { .. } => {
+                            return Ok(Prepared::Respond(rpc_error(
+                                &id,
+                                -32003,
+                                "approval is only possible for tools that change the world",
+                                Value::Null,
+                            )));
+                        }
+                        Verdict::Failed { policy, failure } => {
+                            return Ok(Prepared::Respond(rpc_error(
+                                &id,
+                                -32004,
+                                &format!("policy {policy} failed: {failure}"),
+                                Value::Null,
+                            )));
+                        }
+                    }
+                }
+                return Ok(Prepared::Forward);
+            }
+            let canonical = serde_json_canonicalizer::to_vec(&args).unwrap_or_default();
+            let fingerprint = crate::idempotency::fingerprint(
+                "MCP",
+                &route.name,
+                &format!("/tools/{tool}"),
+                None,
+                Some("application/json"),
+                &canonical,
+            );
+            let spec = route.mcp.clone().unwrap_or_default();
+            let key = match crate::idempotency::parse_key(
+                headers,
+                rt.limits.max_idempotency_key_len,
+            )? {
+                Some(k) => k,
+                None => match msg["params"]["_meta"][spec.intent_meta_field.as_str()].as_str() {
+                    Some(k)
+                        if !k.is_empty()
+                            && k.len() <= rt.limits.max_idempotency_key_len
+                            && k.bytes().all(|b| (0x20..0x7f).contains(&b)) =>
+                    {
+                        k.to_owned()
+                    }
+                    Some(_) => {
+                        return Ok(Prepared::Respond(rpc_error(
+                            &id,
+                            -32602,
+                            "the intent id in _meta must be 1 to max_idempotency_key_len printable ASCII characters",
+                            Value::Null,
+                        )));
+                    }
+                    None if spec.derived_identity => {
+                        let scope = headers
+                            .get(spec.scope_header.as_str())
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("");
+                        let mut h = Sha256::new();
+                        for part in [
+                            principal.tenant.as_bytes(),
+                            principal.name.as_bytes(),
+                            scope.as_bytes(),
+                            tool.as_bytes(),
+                            &canonical,
+                        ] {
+                            h.update((part.len() as u64).to_be_bytes());
+                            h.update(part);
+                        }
+                        format!("mcp-{}", &hex::encode(h.finalize())[..40])
+                    }
+                    None => {
+                        return Ok(Prepared::Respond(rpc_error(
+                            &id,
+                            -32602,
+                            &format!(
+                                "tool {tool:?} changes the world: pass an intent id (Idempotency-Key header or params._meta[\"{}\"])",
+                                spec.intent_meta_field
+                            ),
+                            Value::Null,
+                        )));
+                    }
+                },
+            };
+            Ok(Prepared::Call(McpCall {
+                rpc_id: id,
+                tool,
+                key,
+                fingerprint,
+                effect_class: class,
+                annotations,
+            }))
+        }
+        _ => Ok(Prepared::Forward),
+    }
+}
+
+/// The policy request for a world-changing call (see the module docs).
+pub fn call_policy_request(
+    call: &McpCall,
+    principal: &Principal,
+    route: &Route,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> crate::policy::Request {
+    policy_request(
+        principal,
+        route,
+        headers,
+        body,
+        &call.tool,
+        &call.annotations,
+        &call.key,
+        &call.fingerprint,
+    )
+}
+
+fn raw(status: StatusCode, head: HeaderMap, bytes: Bytes) -> Reply {
+    let mut r = Reply::new(status, bytes);
+    r.headers = head;
+    r
+}
+
+/// Sends an (already read) MCP request upstream as is and reads the answer.
+pub async fn forward_buffered(
+    route: &Route,
+    headers: &HeaderMap,
+    body: Bytes,
+    uri: &http::Uri,
+    (peer, proto): (std::net::SocketAddr, &'static str),
+) -> Result<(StatusCode, HeaderMap, Bytes), OpError> {
+    let mut h = crate::forward::caller_headers(route, headers, Some(peer), proto);
+    crate::forward::add_route_headers(route, &mut h, None);
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    let req = crate::forward::build_request(
+        http::Method::POST,
+        uri.clone(),
+        h,
+        crate::forward::OutboundBody::from(body),
+    );
+    let timeout = std::time::Duration::from_millis(route.response_timeout_ms);
+    let resp = match tokio::time::timeout(timeout, route.client.request(req)).await {
+        Err(_) => {
+            return Err(OpError::ProviderUnreachable(format!(
+                "no answer within {} ms",
+                route.response_timeout_ms
+            )));
+        }
+        Ok(Err(e)) => {
+            return Err(OpError::ProviderUnreachable(crate::forward::error_detail(
+                &e,
+            )));
+        }
+        Ok(Ok(r)) => r,
+    };
+    let (mut parts, body) = resp.into_parts();
+    crate::forward::strip_hop_by_hop(&mut parts.headers);
+    let bytes = tokio::time::timeout(timeout, body.collect())
+        .await
+        .map_err(|_| OpError::ProviderUnreachable("the answer did not complete in time".into()))?
+        .map_err(|e| OpError::ProviderUnreachable(e.to_string()))?
+        .to_bytes();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Ok((parts.status, parts.headers, bytes))
+}

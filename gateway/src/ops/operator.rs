@@ -1,0 +1,344 @@
+//! The operator's actions on operations: requeue a dead letter, resolve
+//! an UNKNOWN operation by the operator's own read-back, and the views of
+//! an operation and a dead letter they work from.
+
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::config::Principal;
+use crate::ledger::{Operation, Outcome, State as OpState};
+use crate::ops::{OpError, effect_class, route_of};
+use crate::state::AppState;
+
+pub use crate::ops::replay::replay_verdict_for;
+
+/// An operator's resolution of an UNKNOWN operation (the body of
+/// `POST …/resolve`; `reason` also serves requeue).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resolution {
+    /// Why, for the transition row.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// `completed` (the effect exists) or `absent` (it does not).
+    #[serde(default)]
+    pub outcome: Option<String>,
+    /// The provider's reference of the effect, for `completed`.
+    #[serde(default)]
+    pub provider_reference: Option<String>,
+}
+
+/// The operation with its history, as the admin API and the CLI show it.
+pub async fn operation_json(app: &AppState, op: &Operation) -> Result<serde_json::Value, OpError> {
+    let transitions = app
+        .ledger
+        .transitions(&op.tenant_id, &op.operation_id)
+        .await?;
+    let attempts = app.ledger.attempts(&op.tenant_id, &op.operation_id).await?;
+    let mut body = serde_json::to_value(op).map_err(|e| OpError::Internal(e.to_string()))?;
+    body["response_body"] = json!(op.response_body.as_deref().map(String::from_utf8_lossy));
+    body["transitions"] = json!(transitions);
+    body["attempts_log"] = json!(attempts);
+    body["policy_decisions"] = json!(
+        app.ledger
+            .decisions(&op.tenant_id, &op.operation_id)
+            .await?
+    );
+    crate::times::annotate(&mut body);
+    Ok(body)
+}
+
+/// The operation `operation_id` of `tenant`.
+///
+/// Errors: 404 when there is none.
+pub async fn load(app: &AppState, tenant: &str, operation_id: &str) -> Result<Operation, OpError> {
+    app.ledger
+        .get(tenant, operation_id)
+        .await?
+        .ok_or_else(|| OpError::NotFound(format!("no operation {operation_id:?}")))
+}
+
+/// The fields an operator needs to decide on a dead letter.
+pub fn dead_letter_json(op: &Operation) -> serde_json::Value {
+    json!({
+        "operation_id": op.operation_id,
+        "idempotency_key": op.operation_id,
+        "provider_key": op.provider_key,
+        "route": op.route,
+        "effect_class": op.effect_class,
+        "attempts": op.attempts,
+        "read_backs": op.reconcile_attempts,
+        "last_error": { "kind": op.error_kind, "detail": op.error_detail, "status": op.response_status },
+        "reason": op.dead_letter_reason,
+        "operator_check": op.operator_check,
+        "since": op.updated_at,
+    })
+}
+
+/// Requeues a dead letter with the same operation id and provider key.
+/// Only effect classes whose replay default is allow or
+/// same-operation-only may be requeued (409 otherwise). With a read-back,
+/// the operation goes back to UNKNOWN so the provider is read first; without
+/// one it is executed again at once.
+///
+/// Returns the operation as [`operation_json`] shows it, after waiting at
+/// most `reconcile.duplicate_wait_ms` for the new attempt or read-back.
+///
+/// Errors: 404 for an unknown operation; 409 when it isn't a dead letter,
+/// its route is gone, its replay verdict doesn't allow a requeue, or it
+/// changed meanwhile.
+pub async fn requeue(
+    app: &AppState,
+    principal: &Principal,
+    operation_id: &str,
+    reason: Option<&str>,
+) -> Result<serde_json::Value, OpError> {
+    let tenant = principal.tenant.as_str();
+    let op = load(app, tenant, operation_id).await?;
+    if !op.dead_letter {
+        return Err(OpError::Conflict(format!(
+            "operation {operation_id:?} is {} and not a dead letter",
+            op.state
+        )));
+    }
+    let route = route_of(&app.settings(), &op)?;
+    let class = effect_class(&op, Some(&route));
+    let verdict = replay_verdict_for(app, &op, class).await;
+    if !matches!(
+        verdict,
+        crate::policy::ReplayVerdict::Allow | crate::policy::ReplayVerdict::SameOperationOnly
+    ) {
+        return Err(OpError::Conflict(format!(
+            "the replay verdict for effect class {} is {}, not allow or same-operation-only; requeue needs an approval",
+            class.as_str(),
+            crate::policy::verdict_name(verdict)
+        )));
+    }
+    let target = if route.read_back.is_some() {
+        OpState::Unknown
+    } else {
+        OpState::Reserved
+    };
+    let reason = format!(
+        "requeued by operator: {}",
+        reason.unwrap_or("no reason given")
+    );
+    let Some(version) = app
+        .ledger
+        .requeue(
+            tenant,
+            operation_id,
+            op.version,
+            target,
+            &principal.name,
+            &reason,
+        )
+        .await?
+    else {
+        return Err(OpError::Conflict(
+            "the operation changed meanwhile; reload and retry".into(),
+        ));
+    };
+    // Run it now (read back first when the route can), in a task of its
+    // own so it finishes even if this request gives up waiting.
+    let task = if target == OpState::Reserved {
+        let lease = crate::ops::execute::lease_ms(app);
+        match app
+            .ledger
+            .claim(
+                tenant,
+                operation_id,
+                OpState::Reserved,
+                version,
+                &app.instance_id,
+                lease,
+                "requeued: new attempt",
+            )
+            .await?
+        {
+            Some(claim) => {
+                let op = load(app, tenant, operation_id).await?;
+                let app2 = app.clone();
+                Some(tokio::spawn(async move {
+                    crate::ops::execute::run(app2, route, op, claim, None).await;
+                }))
+            }
+            None => None,
+        }
+    } else {
+        let op = load(app, tenant, operation_id).await?;
+        let app2 = app.clone();
+        Some(tokio::spawn(async move {
+            let _ = crate::ops::reconcile::reconcile_op(&app2, op).await;
+        }))
+    };
+    if let Some(task) = task {
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_millis(app.settings().reconcile.duplicate_wait_ms),
+            task,
+        )
+        .await;
+    }
+    let op = load(app, tenant, operation_id).await?;
+    operation_json(app, &op).await
+}
+
+/// Resolves an UNKNOWN operation by an operator's own read-back:
+/// `{"outcome": "completed", "provider_reference": "…", "reason": "…"}`
+/// (the effect exists) or `{"outcome": "absent", …}` (it does not: a new
+/// attempt with the same provider key runs now).
+///
+/// Returns the operation as [`operation_json`] shows it.
+///
+/// Errors: 400 naming `body.outcome` for a missing or unknown outcome; 404
+/// for an unknown operation; 409 when the operation isn't UNKNOWN (or a
+/// dead letter out of reconciliation bounds), is being reconciled, changed
+/// meanwhile, or its replay verdict forbids a new attempt.
+pub async fn resolve(
+    app: &AppState,
+    principal: &Principal,
+    operation_id: &str,
+    action: &Resolution,
+) -> Result<serde_json::Value, OpError> {
+    let tenant = principal.tenant.as_str();
+    let outcome = action
+        .outcome
+        .as_deref()
+        .ok_or_else(|| OpError::BadRequest {
+            field: "body.outcome".into(),
+            message: "outcome is required: \"completed\" or \"absent\"".into(),
+        })?;
+    if !matches!(outcome, "completed" | "absent") {
+        return Err(OpError::BadRequest {
+            field: "body.outcome".into(),
+            message: format!("unknown outcome {outcome:?}: expected \"completed\" or \"absent\""),
+        });
+    }
+    let mut op = load(app, tenant, operation_id).await?;
+    if op.dead_letter && op.dead_letter_reason.as_deref() != Some("reconciliation-out-of-bounds") {
+        return Err(OpError::Conflict(format!(
+            "dead letter {operation_id:?} ({}) did not lose track of an effect; use requeue or replay",
+            op.dead_letter_reason.as_deref().unwrap_or("unknown reason")
+        )));
+    }
+    if outcome == "absent" {
+        // "Absent" means a new attempt: it passes the replay verdict like
+        // any other re-execution (manual or deny classes need an approval).
+        let class = effect_class(&op, app.settings().route_named(&op.route));
+        let verdict = replay_verdict_for(app, &op, class).await;
+        if !matches!(
+            verdict,
+            crate::policy::ReplayVerdict::Allow | crate::policy::ReplayVerdict::SameOperationOnly
+        ) {
+            return Err(OpError::Conflict(format!(
+                "resolving as absent runs the operation again; the replay verdict for {} is {}: use POST …/replay",
+                class.as_str(),
+                crate::policy::verdict_name(verdict)
+            )));
+        }
+    }
+    if op.dead_letter && op.state == OpState::Failed {
+        // A dead letter whose effect may exist (reconciliation out of
+        // bounds) is resolved like an UNKNOWN operation: back to UNKNOWN
+        // first (recorded), then the operator's verdict.
+        app.ledger
+            .requeue(
+                tenant,
+                operation_id,
+                op.version,
+                OpState::Unknown,
+                &principal.name,
+                "taken up for operator resolution",
+            )
+            .await?
+            .ok_or_else(|| OpError::Conflict("the operation changed meanwhile".into()))?;
+        app.ledger
+            .unschedule(
+                tenant,
+                operation_id,
+                load(app, tenant, operation_id).await?.version,
+            )
+            .await?;
+        op = load(app, tenant, operation_id).await?;
+    }
+    if op.state != OpState::Unknown {
+        return Err(OpError::Conflict(format!(
+            "operation {operation_id:?} is {}, not UNKNOWN or a dead letter",
+            op.state
+        )));
+    }
+    let reason = action
+        .reason
+        .clone()
+        .unwrap_or_else(|| "no reason given".into());
+    let Some(lease) = app
+        .ledger
+        .lease_for_reconcile(
+            tenant,
+            operation_id,
+            op.version,
+            &principal.name,
+            app.settings().reconcile.lease_ms as i64,
+            "operator resolution",
+        )
+        .await?
+    else {
+        return Err(OpError::Conflict(
+            "the operation is being reconciled right now; retry shortly".into(),
+        ));
+    };
+    match outcome {
+        "completed" => {
+            let mut o = Outcome::new(
+                OpState::Completed,
+                format!("resolved by operator: the effect exists ({reason})"),
+            );
+            let body = json!({"operation_id": operation_id, "state": "COMPLETED", "provider_reference": action.provider_reference,
+                               "detail": "resolved by an operator"});
+            let bytes = serde_json::to_vec(&body).unwrap_or_default();
+            o.response_status = Some(200);
+            o.response_headers = vec![("content-type".into(), "application/json".into())];
+            o.response_body_bytes = Some(bytes.len() as i64);
+            o.response_body = Some(bytes);
+            o.provider_reference = action.provider_reference.clone();
+            if !app
+                .ledger
+                .record_outcome(
+                    tenant,
+                    operation_id,
+                    lease.fence,
+                    OpState::Unknown,
+                    &principal.name,
+                    &o,
+                )
+                .await?
+            {
+                return Err(OpError::Conflict("the operation changed meanwhile".into()));
+            }
+        }
+        "absent" => {
+            let route = route_of(&app.settings(), &op)?;
+            let lease_ms = crate::ops::execute::lease_ms(app);
+            let Some(claim) = app
+                .ledger
+                .reattempt(
+                    tenant,
+                    operation_id,
+                    lease.fence,
+                    &principal.name,
+                    lease_ms,
+                    &format!("resolved by operator: absent ({reason}); new attempt"),
+                )
+                .await?
+            else {
+                return Err(OpError::Conflict("the operation changed meanwhile".into()));
+            };
+            let op = load(app, tenant, operation_id).await?;
+            let wait = std::time::Duration::from_millis(app.settings().reconcile.duplicate_wait_ms);
+            crate::ops::execute::run_detached(app, &route, op, claim, wait).await;
+        }
+        _ => unreachable!("outcome validated above"),
+    }
+    let op = load(app, tenant, operation_id).await?;
+    operation_json(app, &op).await
+}

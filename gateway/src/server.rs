@@ -1,0 +1,153 @@
+//! Assembling and running the gateway: binds both listeners, builds the
+//! routers with their layers, starts the background workers, and shuts
+//! all of it down gracefully. The only module that names every layer.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::config::Settings;
+use crate::ledger::{Clock, SystemClock};
+use crate::state::AppState;
+
+/// A running gateway: both listeners bound, serving until shut down.
+pub struct Gateway {
+    /// Address the proxy listener is bound to.
+    pub proxy_addr: SocketAddr,
+    /// Address the admin listener is bound to.
+    pub admin_addr: SocketAddr,
+    /// The shared state (tests read the ledger through it).
+    pub state: AppState,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Gateway {
+    /// Opens the ledger, binds both listeners (port 0 picks a free port) and
+    /// starts serving in the background.
+    ///
+    /// Errors: the ledger can't be opened, or an address can't be bound.
+    pub async fn start(settings: Settings) -> anyhow::Result<Self> {
+        Self::start_with_clock(settings, Arc::new(SystemClock)).await
+    }
+
+    /// [`Gateway::start`] with an injected clock.
+    pub async fn start_with_clock(
+        settings: Settings,
+        clock: Arc<dyn Clock>,
+    ) -> anyhow::Result<Self> {
+        let proxy_listener = TcpListener::bind(settings.proxy_addr).await?;
+        let admin_listener = TcpListener::bind(settings.admin_addr).await?;
+        let state = AppState::new(settings, clock).await?;
+        let proxy_addr = proxy_listener.local_addr()?;
+        let admin_addr = admin_listener.local_addr()?;
+        let (shutdown, rx) = watch::channel(false);
+        let proxy_app = crate::http::proxy::router(state.clone());
+        let admin_app = crate::http::admin::router(state.clone());
+        let mut tasks = Vec::new();
+        let certs = state.listener_certs.clone();
+        let (proxy_limits, admin_limits) = {
+            let l = &state.settings().settings.limits;
+            let nofile = crate::http::listener::raise_nofile_limit();
+            let limits = |max_connections| crate::http::listener::ConnLimits {
+                max_connections,
+                header_read_timeout_ms: l.header_read_timeout_ms,
+                idle_timeout_ms: l.idle_timeout_ms,
+            };
+            (
+                limits(
+                    l.max_connections
+                        .unwrap_or_else(|| crate::http::listener::default_max_connections(nofile)),
+                ),
+                limits(l.max_admin_connections),
+            )
+        };
+        for (listener, app, cert, limits, name) in [
+            (
+                proxy_listener,
+                proxy_app,
+                certs.proxy.clone(),
+                proxy_limits,
+                "proxy",
+            ),
+            (
+                admin_listener,
+                admin_app,
+                certs.admin.clone(),
+                admin_limits,
+                "admin",
+            ),
+        ] {
+            tasks.push(tokio::spawn(crate::http::listener::serve(
+                listener,
+                cert,
+                app,
+                limits,
+                name,
+                rx.clone(),
+            )));
+        }
+        {
+            let (app, rx) = (state.clone(), rx.clone());
+            tasks.push(tokio::spawn(async move {
+                crate::workers::outbox::relay(app, rx).await;
+                Ok(())
+            }));
+        }
+        if state.settings().reconcile.enabled {
+            let (app, rx) = (state.clone(), rx.clone());
+            tasks.push(tokio::spawn(async move {
+                crate::workers::reconciler::run(app, rx).await;
+                Ok(())
+            }));
+        }
+        tracing::info!(
+            %proxy_addr, %admin_addr, instance = %state.instance_id,
+            proxy_tls = certs.proxy.is_some(), admin_tls = certs.admin.is_some(),
+            max_connections = proxy_limits.max_connections,
+            ledger = %state.settings().settings.storage.display_name(),
+            backend = state.ledger.backend_name(),
+            "effectgate serving"
+        );
+        Ok(Self {
+            proxy_addr,
+            admin_addr,
+            state,
+            shutdown,
+            tasks,
+        })
+    }
+
+    /// Stops accepting connections, lets in-flight requests finish, and
+    /// waits for both listeners to close.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+
+    /// Serves until SIGINT or SIGTERM, then shuts down gracefully. SIGHUP
+    /// reloads the configuration and policies.
+    pub async fn run_until_signal(self) -> anyhow::Result<()> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut hup = signal(SignalKind::hangup())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        loop {
+            tokio::select! {
+                _ = int.recv() => break,
+                _ = term.recv() => break,
+                _ = hup.recv() => match self.state.reload(None).await {
+                    Ok(s) => tracing::info!(summary = %s, "SIGHUP: reloaded"),
+                    Err(e) => tracing::error!(error = %e, "SIGHUP: reload refused; the old configuration stays"),
+                },
+            }
+        }
+        tracing::info!("shutting down");
+        self.shutdown().await;
+        Ok(())
+    }
+}

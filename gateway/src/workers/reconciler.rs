@@ -1,0 +1,94 @@
+//! The reconciler loop: every `reconcile.interval_ms` it expires
+//! approvals past their time, takes the due operations (UNKNOWN ones, and
+//! EXECUTING or RESERVED ones whose lease or grace ran out), runs a
+//! [`reconcile_op`] step for each in [`fair_order`], then runs the
+//! retention [`sweep`].
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+
+use crate::ledger::{LedgerError, Operation};
+use crate::ops::reconcile::{Step, reconcile_op};
+use crate::state::AppState;
+use crate::workers::sweeper::sweep;
+
+/// Orders a scan's operations fairly between tenants: every tenant's
+/// oldest first, then every tenant's second, and so on (oldest first within
+/// a rank). Steps start in this order, 8 at a time, so one tenant's backlog
+/// of slow operations can't hold another tenant's behind it in the scan.
+pub fn fair_order(mut ops: Vec<Operation>) -> Vec<Operation> {
+    ops.sort_by_key(|o| o.updated_at);
+    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut ranked: Vec<(usize, Operation)> = ops
+        .into_iter()
+        .map(|o| {
+            let rank = seen.entry(o.tenant_id.clone()).or_insert(0);
+            *rank += 1;
+            (*rank, o)
+        })
+        .collect();
+    ranked.sort_by_key(|(rank, o)| (*rank, o.updated_at));
+    ranked.into_iter().map(|(_, o)| o).collect()
+}
+
+/// Runs one scan: handles every due operation (up to `reconcile.batch`),
+/// 8 at a time, in [`fair_order`]. Returns what each step did.
+///
+/// Errors: the ledger could not be read.
+pub async fn tick(app: &AppState) -> Result<Vec<(String, String, Step)>, LedgerError> {
+    let settings = app.settings();
+    let cfg = &settings.reconcile;
+    // Approvals past their expiry can never authorise anything: expire them.
+    let expired = app.ledger.expire_approvals(cfg.batch).await?;
+    if expired > 0 {
+        tracing::info!(expired, "approvals expired");
+    }
+    // Rows this scan picked are claimed for it (FOR UPDATE SKIP LOCKED on
+    // PostgreSQL), so the instances' scans never hand out the same one.
+    let due = app
+        .ledger
+        .due_for_reconciliation(
+            &app.instance_id,
+            cfg.reserved_grace_ms as i64,
+            cfg.lease_ms as i64,
+            cfg.batch,
+        )
+        .await?;
+    let claimed = !due.is_empty();
+    let steps = futures_util::stream::iter(fair_order(due))
+        .map(|op| async move {
+            let (t, id) = (op.tenant_id.clone(), op.operation_id.clone());
+            match reconcile_op(app, op).await {
+                Ok(step) => Some((t, id, step)),
+                Err(e) => {
+                    tracing::warn!(tenant = %t, operation_id = %id, error = %e, "reconciliation step failed");
+                    None
+                }
+            }
+        })
+        .buffer_unordered(8)
+        .filter_map(|x| async move { x })
+        .collect()
+        .await;
+    if claimed {
+        app.ledger.release_scan(&app.instance_id).await?;
+    }
+    sweep(app, cfg.sweep_batch, cfg.sweep_max_batches).await?;
+    Ok(steps)
+}
+
+/// Runs the reconciler until `shutdown` turns true.
+pub async fn run(app: AppState, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    loop {
+        if let Err(e) = tick(&app).await {
+            tracing::warn!(error = %e, "reconciler scan failed");
+        }
+        // Read each time, so a reload's new interval applies.
+        let period = Duration::from_millis(app.settings().reconcile.interval_ms);
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+    }
+}
