@@ -443,7 +443,13 @@ async fn a_bad_reload_keeps_the_old_set() {
 
 #[tokio::test]
 async fn policy_test_runs_the_example_case_files_and_fails_on_a_wrong_expectation() {
-    let engine = effectgate::policy::PolicyEngine::new(&Default::default()).unwrap();
+    // The case files check decisions, not speed (the bench measures that):
+    // a deadline a loaded debug build can't miss.
+    let engine = effectgate::policy::PolicyEngine::new(&effectgate::config::PolicyLimitsSpec {
+        deadline_ms: 1000,
+        ..Default::default()
+    })
+    .unwrap();
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
     for (crate_dir, module) in [
         ("amount-threshold", "amount_threshold"),

@@ -57,11 +57,13 @@ impl ConfigError {
 mod convert;
 mod egress;
 mod read_back;
+mod route_spec;
 mod spec;
 mod storage;
 
 use read_back::read_back;
 
+pub use route_spec::*;
 pub use spec::*;
 pub use storage::*;
 

@@ -1,4 +1,4 @@
-//! Answers for a request whose key already names an operation (DESIGN.md
+//! Answers for a request whose key already names an operation (docs/design.md
 //! step 6): replays of finished operations, 409s while one is in flight,
 //! reconciliation of UNKNOWN ones, and the approval flow.
 
@@ -12,7 +12,7 @@ use crate::ops::reply::ReplyBody;
 use crate::ops::{Answer, OpError, Reply};
 use crate::state::AppState;
 
-/// Answers a request whose key already names an operation (DESIGN.md step 6).
+/// Answers a request whose key already names an operation (docs/design.md step 6).
 pub(crate) async fn answer_existing(
     app: &AppState,
     route: &Route,

@@ -116,6 +116,7 @@ impl DiskCache {
 
     /// The compiled component of the module with content hash `hash`, if
     /// a sound entry exists. A corrupt or refused entry is removed.
+    #[allow(unsafe_code)] // wasmtime deserialisation of our own, digest-checked artifact
     pub fn get(&self, engine: &Engine, hash: &[u8; 32]) -> Result<Component, CacheMiss> {
         let path = self.entry_path(hash);
         let shown = || path.display().to_string();

@@ -18,6 +18,7 @@ pub mod bindings;
 pub mod cases;
 pub mod disk_cache;
 pub mod engine;
+mod inspect;
 pub mod scaffold;
 
 use std::collections::HashMap;
@@ -498,7 +499,7 @@ pub fn classify_failure(
 
 /// The chain's replay verdict: the most restrictive answer wins (deny >
 /// manual > revalidate > same-operation-only > allow). Without policies, or
-/// when a policy fails, the DESIGN.md default for the effect class applies.
+/// when a policy fails, the docs/design.md default for the effect class applies.
 pub fn replay_verdict(
     engine: &PolicyEngine,
     policies: &[BoundPolicy],
@@ -533,7 +534,7 @@ pub fn replay_verdict(
     verdict.unwrap_or(default)
 }
 
-/// DESIGN.md's replay defaults by effect class.
+/// docs/design.md's replay defaults by effect class.
 pub fn default_replay(c: EffectClass) -> ReplayVerdict {
     match c {
         EffectClass::Derived | EffectClass::Analytics => ReplayVerdict::Allow,

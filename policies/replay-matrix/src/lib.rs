@@ -1,4 +1,4 @@
-//! `replay-matrix`: the replay defaults table of DESIGN.md, with per-tenant
+//! `replay-matrix`: the replay defaults table of docs/design.md, with per-tenant
 //! overrides by effect class.
 //!
 //! | effect class | default |

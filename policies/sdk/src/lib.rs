@@ -89,7 +89,7 @@ pub fn require_approval(reason: impl Into<String>) -> Decision {
     Decision::RequireApproval(reason.into())
 }
 
-/// The replay defaults of DESIGN.md: derived and analytics → allow;
+/// The replay defaults of docs/design.md: derived and analytics → allow;
 /// notification and payment → same operation only; permission →
 /// revalidate; irreversible → manual.
 pub fn default_replay(class: EffectClass) -> ReplayVerdict {
