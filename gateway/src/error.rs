@@ -335,3 +335,14 @@ impl From<sqlx::Error> for ApiError {
         ApiError::LedgerUnavailable(e.to_string())
     }
 }
+
+impl From<crate::ledger::LedgerError> for crate::error::ApiError {
+    fn from(e: crate::ledger::LedgerError) -> Self {
+        match e {
+            crate::ledger::LedgerError::IllegalTransition { .. } => {
+                crate::error::ApiError::Internal(e.to_string())
+            }
+            other => crate::error::ApiError::LedgerUnavailable(other.to_string()),
+        }
+    }
+}

@@ -407,7 +407,7 @@ impl Ledger {
         tenant: &str,
         operation_id: &str,
         fingerprint: &str,
-        decisions: &[crate::policy::DecisionRecord],
+        decisions: &[super::DecisionRecord],
     ) -> Result<(), LedgerError> {
         dispatch!(
             self,

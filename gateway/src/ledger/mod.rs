@@ -354,9 +354,25 @@ pub struct NewOperation {
     /// approval).
     pub awaiting_approval: bool,
     /// Policy decisions to record with the reservation.
-    pub decisions: Vec<crate::policy::DecisionRecord>,
+    pub decisions: Vec<DecisionRecord>,
     /// The approval to create with it (when `awaiting_approval`).
     pub approval: Option<NewApproval>,
+}
+
+/// One policy's decision, as recorded with the operation (policy_decisions
+/// rows).
+#[derive(Debug, Clone, Serialize)]
+pub struct DecisionRecord {
+    /// Policy name.
+    pub policy: String,
+    /// sha256 of the module.
+    pub content_hash: String,
+    /// `allow`, `deny`, `require-approval`, `failed-closed`, `failed-open`.
+    pub decision: String,
+    /// Reason or failure detail.
+    pub reason: Option<String>,
+    /// Time the call took, µs.
+    pub duration_us: i64,
 }
 
 /// Result of [`Ledger::reserve`].
@@ -508,17 +524,6 @@ pub enum LedgerError {
 impl From<sqlx::Error> for LedgerError {
     fn from(e: sqlx::Error) -> Self {
         LedgerError::Db(e)
-    }
-}
-
-impl From<LedgerError> for crate::error::ApiError {
-    fn from(e: LedgerError) -> Self {
-        match e {
-            LedgerError::IllegalTransition { .. } => {
-                crate::error::ApiError::Internal(e.to_string())
-            }
-            other => crate::error::ApiError::LedgerUnavailable(other.to_string()),
-        }
     }
 }
 

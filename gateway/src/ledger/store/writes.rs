@@ -396,7 +396,7 @@ async fn insert_decisions(
     tenant: &str,
     operation_id: &str,
     fingerprint: &str,
-    decisions: &[crate::policy::DecisionRecord],
+    decisions: &[super::DecisionRecord],
     at: i64,
 ) -> Result<(), sqlx::Error> {
     for d in decisions {
@@ -423,7 +423,7 @@ impl Store {
         tenant: &str,
         operation_id: &str,
         fingerprint: &str,
-        decisions: &[crate::policy::DecisionRecord],
+        decisions: &[super::DecisionRecord],
     ) -> Result<(), LedgerError> {
         if decisions.is_empty() {
             return Ok(());
