@@ -411,3 +411,151 @@ async fn insert_transition<D: Dialect>(
     Ok(())
 }
 
+#[cfg(test)]
+mod tests {
+    use sqlx::Connection;
+
+    use super::*;
+    use crate::ledger::Outcome;
+    use crate::ledger::sqlite::SqliteDialect;
+    use State::{AwaitingApproval, Completed, Executing, Failed, Reserved, Unknown};
+
+    fn op() -> OpRef<'static> {
+        OpRef::new("tenant", "op-1")
+    }
+
+    fn lease() -> Lease<'static> {
+        Lease {
+            owner: "gw-1",
+            ms: 1_000,
+        }
+    }
+
+    fn claim(from: State) -> ClaimLease<'static> {
+        ClaimLease {
+            op: op(),
+            from,
+            version: 1,
+            lease: lease(),
+            reason: "test",
+        }
+    }
+
+    /// Every source of `C` reaches one of its targets, and every target is
+    /// reached from one of its sources (or is the way in).
+    fn stays_inside<C: Command>() -> bool {
+        let sources_lead_somewhere = C::SOURCES
+            .iter()
+            .all(|s| C::TARGETS.iter().any(|t| s.can_transition_to(*t)));
+        let targets_are_reached = C::TARGETS.iter().all(|t| {
+            (C::SOURCES.is_empty() && can_enter(*t))
+                || C::SOURCES.iter().any(|s| s.can_transition_to(*t))
+        });
+        sources_lead_somewhere && targets_are_reached
+    }
+
+    #[test]
+    fn every_command_stays_inside_the_state_machine() {
+        assert!(stays_inside::<Reserve>());
+        assert!(stays_inside::<AwaitApproval>());
+        assert!(stays_inside::<ClaimLease>());
+        assert!(stays_inside::<RecordOutcome>());
+        assert!(stays_inside::<NoteRetry>());
+        assert!(stays_inside::<ExtendLease>());
+        assert!(stays_inside::<ExpireLease>());
+        assert!(stays_inside::<LeaseForReconcile>());
+        assert!(stays_inside::<Reattempt>());
+        assert!(stays_inside::<Unschedule>());
+        assert!(stays_inside::<Requeue>());
+        assert!(stays_inside::<NoteApproval>());
+        assert!(stays_inside::<RefuseApproval>());
+        assert!(stays_inside::<UseApproval>());
+        // SelfAudit names every state; the state machine picks the ones
+        // that may stay.
+        assert!(SelfAudit::SOURCES.iter().any(|s| s.can_transition_to(*s)));
+    }
+
+    #[test]
+    fn claims_leave_only_claimable_states() {
+        for from in State::ALL {
+            let ok = matches!(from, Reserved | AwaitingApproval | Executing | Unknown);
+            assert_eq!(check(&claim(from)).is_ok(), ok, "{from} → EXECUTING");
+        }
+    }
+
+    #[test]
+    fn outcomes_end_in_completed_failed_or_unknown() {
+        for from in State::ALL {
+            for to in State::ALL {
+                let outcome = Outcome::new(to, "test");
+                let cmd = RecordOutcome {
+                    op: op(),
+                    from,
+                    fence: 1,
+                    actor: "gw-1",
+                    outcome: &outcome,
+                };
+                let ok = matches!(from, Executing | Unknown)
+                    && matches!(to, Completed | Failed | Unknown)
+                    && from.can_transition_to(to);
+                assert_eq!(check(&cmd).is_ok(), ok, "{from} → {to}");
+            }
+        }
+    }
+
+    #[test]
+    fn audits_only_where_the_state_may_stay() {
+        for state in State::ALL {
+            let cmd = SelfAudit {
+                op: op(),
+                version: 1,
+                state,
+                actor: "operator",
+                reason: "test",
+            };
+            assert_eq!(
+                check(&cmd).is_ok(),
+                state.can_transition_to(state),
+                "{state}"
+            );
+        }
+    }
+
+    #[test]
+    fn requeues_go_to_unknown_or_reserved() {
+        for to in State::ALL {
+            let cmd = Requeue {
+                op: op(),
+                version: 1,
+                to,
+                actor: "operator",
+                reason: "test",
+            };
+            let ok = matches!(to, Unknown | Reserved);
+            assert_eq!(check(&cmd).is_ok(), ok, "FAILED → {to}");
+        }
+    }
+
+    /// An illegal command is refused before the database sees it: on a
+    /// database without the ledger's tables, it fails as illegal, while a
+    /// legal one reaches the database (and fails there).
+    #[tokio::test]
+    async fn an_illegal_command_writes_nothing() {
+        let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:")
+            .await
+            .expect("an in-memory database");
+        let refused = apply::<SqliteDialect, _>(&mut conn, &claim(Failed), 0).await;
+        assert!(
+            matches!(
+                refused,
+                Err(LedgerError::IllegalTransition {
+                    from: Failed,
+                    to: Executing
+                })
+            ),
+            "{refused:?}"
+        );
+        let reached = apply::<SqliteDialect, _>(&mut conn, &claim(Reserved), 0).await;
+        assert!(matches!(reached, Err(LedgerError::Db(_))), "{reached:?}");
+    }
+}
