@@ -1,10 +1,375 @@
-//! SQL text per dialect. The ledger's statements are written once, with
-//! SQLite's `?` / `?N` placeholders; PostgreSQL gets them as `$N`. Each
-//! distinct statement is converted once and kept for the process's life
-//! (the set of statements is fixed, so this is bounded).
+//! The SQL layer under the ledger's statements, generic over the backend.
+//!
+//! Every statement is written once, with SQLite's `?` / `?N` placeholders,
+//! and runs on both backends: [`Dialect::q`] gives SQLite the text as
+//! written and PostgreSQL the same text with `$N`. Each distinct statement
+//! is converted once and kept for the process's life (the set of
+//! statements is fixed, so this is bounded).
+//!
+//! The store (`store/`) and the commands (`command/`) are generic over
+//! [`Dialect`]. They bind values as [`Arg`]s through [`Stmt`] and read
+//! columns through [`LedgerRow`], so they need no sqlx trait bounds of
+//! their own; `sqlite.rs` and `postgres.rs` implement the trait with the
+//! concrete sqlx types.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
 use std::sync::{LazyLock, RwLock};
+
+use super::{LedgerClock, State};
+
+/// A statement with its binds so far, on dialect `D`'s database.
+pub(super) type Query<D> = sqlx::query::Query<
+    'static,
+    <D as Dialect>::Db,
+    <<D as Dialect>::Db as sqlx::Database>::Arguments,
+>;
+/// One connection of dialect `D`'s database (a pooled connection or a
+/// transaction dereferences to it).
+pub(super) type Conn<D> = <<D as Dialect>::Db as sqlx::Database>::Connection;
+/// A connection pool of dialect `D`'s database.
+pub(super) type Pool<D> = sqlx::Pool<<D as Dialect>::Db>;
+/// An open transaction of dialect `D`'s database.
+pub(super) type Tx<D> = sqlx::Transaction<'static, <D as Dialect>::Db>;
+
+/// What differs between the ledger's backends: the sqlx database, the
+/// statement text, where time comes from and how work claims lock rows.
+pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
+    /// The sqlx database.
+    type Db: sqlx::Database;
+    /// Its row type.
+    type Row: LedgerRow;
+    /// `sqlite` or `postgres`.
+    const NAME: &'static str;
+    /// The column that orders rows of one table by insertion.
+    const ROW_ORDER: &'static str;
+    /// Appended to a work claim's inner `SELECT`: skips rows another
+    /// instance is claiming right now (empty where one writer is all
+    /// there is).
+    const SKIP_LOCKED: &'static str;
+
+    /// `sql` as this backend takes it (converted once, then cached).
+    fn q(sql: &str) -> &'static str;
+
+    /// Adds one bind to `query`.
+    fn bind(query: Query<Self>, arg: Arg<'_>) -> Query<Self>;
+
+    /// Runs `query` on `conn`; returns the number of rows it changed.
+    fn execute(
+        query: Query<Self>,
+        conn: &mut Conn<Self>,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// Runs `query` on `conn`; returns its first row, if any.
+    fn fetch_optional(
+        query: Query<Self>,
+        conn: &mut Conn<Self>,
+    ) -> impl Future<Output = Result<Option<Self::Row>, sqlx::Error>> + Send;
+
+    /// Runs `query` on `conn`; returns all its rows.
+    fn fetch_all(
+        query: Query<Self>,
+        conn: &mut Conn<Self>,
+    ) -> impl Future<Output = Result<Vec<Self::Row>, sqlx::Error>> + Send;
+
+    /// Now, in ms since the Unix epoch (SQLite: the gateway's clock;
+    /// PostgreSQL: the database clock, which `clock` then follows).
+    fn now(
+        pool: &Pool<Self>,
+        clock: &LedgerClock,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+
+    /// Now, read on `conn` (inside a transaction, after it got its
+    /// connection, so a wait for one doesn't shorten the leases it stamps).
+    fn now_in(
+        conn: &mut Conn<Self>,
+        clock: &LedgerClock,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+
+    /// Moves the ledger's clock forward by `ms` (PostgreSQL: the database
+    /// clock, for every instance sharing it).
+    fn shift_clock(
+        pool: &Pool<Self>,
+        clock: &LedgerClock,
+        ms: i64,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+}
+
+/// One bound value. The variant fixes the SQL type, so a NULL is typed
+/// too (PostgreSQL infers parameter types from it).
+#[derive(Debug, Clone)]
+pub(super) enum Arg<'a> {
+    /// `INTEGER` / `BIGINT`.
+    Int(Option<i64>),
+    /// `BOOLEAN` (an integer on SQLite).
+    Bool(bool),
+    /// `TEXT`.
+    Text(Option<Cow<'a, str>>),
+    /// `BLOB` / `BYTEA`.
+    Bytes(Option<&'a [u8]>),
+}
+
+impl From<i64> for Arg<'_> {
+    fn from(v: i64) -> Self {
+        Arg::Int(Some(v))
+    }
+}
+impl From<Option<i64>> for Arg<'_> {
+    fn from(v: Option<i64>) -> Self {
+        Arg::Int(v)
+    }
+}
+impl From<bool> for Arg<'_> {
+    fn from(v: bool) -> Self {
+        Arg::Bool(v)
+    }
+}
+impl<'a> From<&'a str> for Arg<'a> {
+    fn from(v: &'a str) -> Self {
+        Arg::Text(Some(Cow::Borrowed(v)))
+    }
+}
+impl<'a> From<Option<&'a str>> for Arg<'a> {
+    fn from(v: Option<&'a str>) -> Self {
+        Arg::Text(v.map(Cow::Borrowed))
+    }
+}
+impl<'a> From<&'a String> for Arg<'a> {
+    fn from(v: &'a String) -> Self {
+        Arg::Text(Some(Cow::Borrowed(v)))
+    }
+}
+impl<'a> From<&'a Option<String>> for Arg<'a> {
+    fn from(v: &'a Option<String>) -> Self {
+        Arg::Text(v.as_deref().map(Cow::Borrowed))
+    }
+}
+impl From<String> for Arg<'_> {
+    fn from(v: String) -> Self {
+        Arg::Text(Some(Cow::Owned(v)))
+    }
+}
+impl<'a> From<Cow<'a, str>> for Arg<'a> {
+    fn from(v: Cow<'a, str>) -> Self {
+        Arg::Text(Some(v))
+    }
+}
+impl<'a> From<Option<Cow<'a, str>>> for Arg<'a> {
+    fn from(v: Option<Cow<'a, str>>) -> Self {
+        Arg::Text(v)
+    }
+}
+impl<'a> From<&'a [u8]> for Arg<'a> {
+    fn from(v: &'a [u8]) -> Self {
+        Arg::Bytes(Some(v))
+    }
+}
+impl<'a> From<&'a Vec<u8>> for Arg<'a> {
+    fn from(v: &'a Vec<u8>) -> Self {
+        Arg::Bytes(Some(v))
+    }
+}
+impl<'a> From<&'a Option<Vec<u8>>> for Arg<'a> {
+    fn from(v: &'a Option<Vec<u8>>) -> Self {
+        Arg::Bytes(v.as_deref())
+    }
+}
+/// A state binds as its stored name ([`State::as_str`]).
+impl From<State> for Arg<'_> {
+    fn from(s: State) -> Self {
+        Arg::Text(Some(Cow::Borrowed(s.as_str())))
+    }
+}
+impl From<Option<State>> for Arg<'_> {
+    fn from(s: Option<State>) -> Self {
+        Arg::Text(s.map(|s| Cow::Borrowed(s.as_str())))
+    }
+}
+
+/// A statement being bound, for dialect `D`.
+pub(super) struct Stmt<D: Dialect> {
+    query: Query<D>,
+}
+
+/// The statement `text` (SQLite placeholders), for dialect `D`.
+pub(super) fn sql<D: Dialect>(text: &str) -> Stmt<D> {
+    Stmt {
+        query: sqlx::query(D::q(text)),
+    }
+}
+
+impl<D: Dialect> Stmt<D> {
+    /// Binds the next placeholder.
+    pub(super) fn bind<'a>(self, value: impl Into<Arg<'a>>) -> Self {
+        Self {
+            query: D::bind(self.query, value.into()),
+        }
+    }
+
+    /// Binds the next placeholders, in order.
+    pub(super) fn bind_all<'a>(mut self, values: impl IntoIterator<Item = Arg<'a>>) -> Self {
+        for v in values {
+            self = self.bind(v);
+        }
+        self
+    }
+
+    /// Binds one placeholder per state, in order (for `state IN (?, …)`).
+    pub(super) fn bind_states(self, states: &[State]) -> Self {
+        self.bind_all(states.iter().map(|s| Arg::from(*s)))
+    }
+
+    /// Runs it; returns the number of rows it changed.
+    pub(super) async fn execute(self, conn: &mut Conn<D>) -> Result<u64, sqlx::Error> {
+        D::execute(self.query, conn).await
+    }
+
+    /// Runs it; returns its first row, if any.
+    pub(super) async fn fetch_optional(
+        self,
+        conn: &mut Conn<D>,
+    ) -> Result<Option<D::Row>, sqlx::Error> {
+        D::fetch_optional(self.query, conn).await
+    }
+
+    /// Runs it; returns its first row ([`sqlx::Error::RowNotFound`] if
+    /// there is none).
+    pub(super) async fn fetch_one(self, conn: &mut Conn<D>) -> Result<D::Row, sqlx::Error> {
+        self.fetch_optional(conn)
+            .await?
+            .ok_or(sqlx::Error::RowNotFound)
+    }
+
+    /// Runs it; returns all its rows.
+    pub(super) async fn fetch_all(self, conn: &mut Conn<D>) -> Result<Vec<D::Row>, sqlx::Error> {
+        D::fetch_all(self.query, conn).await
+    }
+}
+
+/// A result row, read by column name. Each method fails as sqlx's
+/// `try_get` does (no such column, a NULL where none is allowed, a type
+/// that does not decode).
+pub(super) trait LedgerRow: Send + Sync + 'static {
+    /// A non-NULL integer.
+    fn int(&self, col: &str) -> Result<i64, sqlx::Error>;
+    /// An integer or NULL.
+    fn opt_int(&self, col: &str) -> Result<Option<i64>, sqlx::Error>;
+    /// A non-NULL text.
+    fn text(&self, col: &str) -> Result<String, sqlx::Error>;
+    /// A text or NULL.
+    fn opt_text(&self, col: &str) -> Result<Option<String>, sqlx::Error>;
+    /// A non-NULL boolean.
+    fn flag(&self, col: &str) -> Result<bool, sqlx::Error>;
+    /// A non-NULL blob.
+    fn bytes(&self, col: &str) -> Result<Vec<u8>, sqlx::Error>;
+    /// A blob or NULL.
+    fn opt_bytes(&self, col: &str) -> Result<Option<Vec<u8>>, sqlx::Error>;
+
+    /// Column `col` as `T` (one of the types above).
+    fn get<T: Column>(&self, col: &str) -> Result<T, sqlx::Error>
+    where
+        Self: Sized,
+    {
+        T::read(self, col)
+    }
+}
+
+/// A Rust type a [`LedgerRow`] column reads as.
+pub(super) trait Column: Sized {
+    /// Reads column `col` of `row`.
+    fn read<R: LedgerRow>(row: &R, col: &str) -> Result<Self, sqlx::Error>;
+}
+
+macro_rules! column {
+    ($t:ty, $m:ident) => {
+        impl Column for $t {
+            fn read<R: LedgerRow>(row: &R, col: &str) -> Result<Self, sqlx::Error> {
+                row.$m(col)
+            }
+        }
+    };
+}
+column!(i64, int);
+column!(Option<i64>, opt_int);
+column!(String, text);
+column!(Option<String>, opt_text);
+column!(bool, flag);
+column!(Vec<u8>, bytes);
+column!(Option<Vec<u8>>, opt_bytes);
+
+/// Implements [`LedgerRow`] for a sqlx row type with `sqlx::Row::try_get`.
+macro_rules! ledger_row {
+    ($row:ty) => {
+        impl $crate::ledger::dialect::LedgerRow for $row {
+            fn int(&self, col: &str) -> Result<i64, sqlx::Error> {
+                sqlx::Row::try_get(self, col)
+            }
+            fn opt_int(&self, col: &str) -> Result<Option<i64>, sqlx::Error> {
+                sqlx::Row::try_get(self, col)
+            }
+            fn text(&self, col: &str) -> Result<String, sqlx::Error> {
+                sqlx::Row::try_get(self, col)
+            }
+            fn opt_text(&self, col: &str) -> Result<Option<String>, sqlx::Error> {
+                sqlx::Row::try_get(self, col)
+            }
+            fn flag(&self, col: &str) -> Result<bool, sqlx::Error> {
+                sqlx::Row::try_get(self, col)
+            }
+            fn bytes(&self, col: &str) -> Result<Vec<u8>, sqlx::Error> {
+                sqlx::Row::try_get(self, col)
+            }
+            fn opt_bytes(&self, col: &str) -> Result<Option<Vec<u8>>, sqlx::Error> {
+                sqlx::Row::try_get(self, col)
+            }
+        }
+    };
+}
+pub(super) use ledger_row;
+
+/// Implements [`Dialect::bind`], `execute`, `fetch_optional` and
+/// `fetch_all` with the concrete sqlx types (the same text for both
+/// backends; inside an `impl Dialect for …` block).
+macro_rules! sqlx_glue {
+    () => {
+        fn bind(
+            query: $crate::ledger::dialect::Query<Self>,
+            arg: $crate::ledger::dialect::Arg<'_>,
+        ) -> $crate::ledger::dialect::Query<Self> {
+            use $crate::ledger::dialect::Arg;
+            match arg {
+                Arg::Int(v) => query.bind(v),
+                Arg::Bool(v) => query.bind(v),
+                Arg::Text(v) => query.bind(v.as_deref()),
+                Arg::Bytes(v) => query.bind(v),
+            }
+        }
+
+        async fn execute(
+            query: $crate::ledger::dialect::Query<Self>,
+            conn: &mut $crate::ledger::dialect::Conn<Self>,
+        ) -> Result<u64, sqlx::Error> {
+            Ok(query.execute(conn).await?.rows_affected())
+        }
+
+        async fn fetch_optional(
+            query: $crate::ledger::dialect::Query<Self>,
+            conn: &mut $crate::ledger::dialect::Conn<Self>,
+        ) -> Result<Option<Self::Row>, sqlx::Error> {
+            query.fetch_optional(conn).await
+        }
+
+        async fn fetch_all(
+            query: $crate::ledger::dialect::Query<Self>,
+            conn: &mut $crate::ledger::dialect::Conn<Self>,
+        ) -> Result<Vec<Self::Row>, sqlx::Error> {
+            query.fetch_all(conn).await
+        }
+    };
+}
+pub(super) use sqlx_glue;
 
 static CACHE: LazyLock<RwLock<HashMap<(usize, String), &'static str>>> =
     LazyLock::new(Default::default);
@@ -26,16 +391,16 @@ pub(super) fn cached(sql: &str, convert: fn(&str) -> String) -> &'static str {
 /// Free text as both backends store it: PostgreSQL `TEXT` can't hold NUL
 /// (U+0000), so it becomes U+FFFD on SQLite too, and a provider reference
 /// or a comment that carries one is stored, not refused.
-pub(super) fn clean(s: &str) -> std::borrow::Cow<'_, str> {
+pub(super) fn clean(s: &str) -> Cow<'_, str> {
     if s.contains('\0') {
-        std::borrow::Cow::Owned(s.replace('\0', "\u{FFFD}"))
+        Cow::Owned(s.replace('\0', "\u{FFFD}"))
     } else {
-        std::borrow::Cow::Borrowed(s)
+        Cow::Borrowed(s)
     }
 }
 
 /// SQLite placeholders (`?` in order, or `?N`) as PostgreSQL's `$N`.
-/// Statements carry no `?` inside string literals.
+/// Statements carry no `?` inside string literals, and use one style each.
 pub(super) fn dollar_placeholders(sql: &str) -> String {
     let mut out = String::with_capacity(sql.len() + 16);
     let mut next = 0;
@@ -73,5 +438,15 @@ mod tests {
             dollar_placeholders("WHERE (?1 IS NULL OR x = ?1) LIMIT ?12"),
             "WHERE ($1 IS NULL OR x = $1) LIMIT $12"
         );
+    }
+
+    #[test]
+    fn states_bind_as_their_names() {
+        for s in State::ALL {
+            match Arg::from(s) {
+                Arg::Text(Some(name)) => assert_eq!(name, s.as_str()),
+                other => panic!("{s} bound as {other:?}"),
+            }
+        }
     }
 }

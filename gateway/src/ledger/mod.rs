@@ -1,7 +1,7 @@
 //! The effect ledger: operations, their state machine and the append-only
 //! transition history.
 //!
-//! The state machine (DESIGN.md):
+//! The state machine (docs/design.md):
 //!
 //! ```text
 //! RESERVED ──► EXECUTING ──2xx──► COMPLETED ──► COMPENSATED
@@ -15,16 +15,24 @@
 //! ```
 //!
 //! The only way to change an operation's state is a method of [`Ledger`],
-//! and each of them is one SQL compare-and-swap (`INSERT … ON CONFLICT DO
+//! and each of them applies one command of the transition table
+//! (`command/`): one SQL compare-and-swap (`INSERT … ON CONFLICT DO
 //! NOTHING`, `UPDATE … WHERE version = ?` or `… WHERE fence = ?`) plus a
-//! row in `transitions`, in one transaction. Application code never
+//! row in `transitions`, in one transaction, refused before any write if
+//! the state machine has no such transition. Application code never
 //! checks-then-acts.
+//!
+//! Layout: `db/` is [`Ledger`], the interface; `command/` the transition
+//! table; `store/` the statements, written once and generic over a
+//! `dialect::Dialect` that `sqlite.rs` and `postgres.rs` implement.
 
 mod approval;
+mod command;
 mod db;
 mod dialect;
 mod postgres;
 mod sqlite;
+mod store;
 
 use std::fmt;
 use std::str::FromStr;
@@ -354,9 +362,25 @@ pub struct NewOperation {
     /// approval).
     pub awaiting_approval: bool,
     /// Policy decisions to record with the reservation.
-    pub decisions: Vec<crate::policy::DecisionRecord>,
+    pub decisions: Vec<DecisionRecord>,
     /// The approval to create with it (when `awaiting_approval`).
     pub approval: Option<NewApproval>,
+}
+
+/// One policy's decision, as recorded with the operation (policy_decisions
+/// rows).
+#[derive(Debug, Clone, Serialize)]
+pub struct DecisionRecord {
+    /// Policy name.
+    pub policy: String,
+    /// sha256 of the module.
+    pub content_hash: String,
+    /// `allow`, `deny`, `require-approval`, `failed-closed`, `failed-open`.
+    pub decision: String,
+    /// Reason or failure detail.
+    pub reason: Option<String>,
+    /// Time the call took, µs.
+    pub duration_us: i64,
 }
 
 /// Result of [`Ledger::reserve`].
@@ -511,37 +535,5 @@ impl From<sqlx::Error> for LedgerError {
     }
 }
 
-impl From<LedgerError> for crate::ops::OpError {
-    fn from(e: LedgerError) -> Self {
-        match e {
-            LedgerError::IllegalTransition { .. } => crate::ops::OpError::Internal(e.to_string()),
-            other => crate::ops::OpError::LedgerUnavailable(other.to_string()),
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn completed_never_goes_back() {
-        for to in State::ALL {
-            let ok = State::Completed.can_transition_to(to);
-            // COMPLETED → COMPLETED records an audited forced replay; the state never goes back.
-            assert_eq!(
-                ok,
-                matches!(to, State::Compensated | State::Completed),
-                "COMPLETED → {to}"
-            );
-        }
-    }
-
-    #[test]
-    fn state_names_round_trip() {
-        for s in State::ALL {
-            assert_eq!(s.as_str().parse::<State>().unwrap(), s);
-        }
-        assert!("nope".parse::<State>().is_err());
-    }
-}
+mod tests;

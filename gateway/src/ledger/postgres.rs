@@ -16,42 +16,68 @@
 //! updates the measured offset.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use sqlx::Row;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-use super::approval::{Approval, Decision, NewApproval, OutboxEvent};
-use super::dialect::clean;
-use super::{
-    Attempt, Claim, LedgerClock, LedgerError, NewOperation, Operation, Outcome, Reservation, State,
-    Transition,
-};
-
-type Db = sqlx::Postgres;
-type DbRow = sqlx::postgres::PgRow;
+use super::dialect::{Conn, Dialect, Pool, ledger_row, sqlx_glue};
+use super::store::Store;
+use super::{LedgerClock, LedgerError};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
 
-/// How rows of one table are ordered by insertion.
-const ROW_ORDER: &str = "seq";
-/// Work claims skip rows another instance is claiming right now.
-const SKIP_LOCKED: &str = " FOR UPDATE SKIP LOCKED";
+/// PostgreSQL: `$N` placeholders, time from the database clock, work
+/// claims `FOR UPDATE SKIP LOCKED`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PgDialect;
 
-/// The statement with PostgreSQL's `$N` placeholders.
-fn q(sql: &str) -> &'static str {
-    super::dialect::cached(sql, super::dialect::dollar_placeholders)
-}
+ledger_row!(sqlx::postgres::PgRow);
 
-/// The PostgreSQL store. Cheap to clone.
-#[derive(Debug, Clone)]
-pub(super) struct Store {
-    /// One pool; `read` is the same pool (the shared code names both).
-    write: sqlx::PgPool,
-    read: sqlx::PgPool,
-    pub(super) clock: Arc<LedgerClock>,
-    stale_fence_rejections: Arc<AtomicU64>,
+impl Dialect for PgDialect {
+    type Db = sqlx::Postgres;
+    type Row = sqlx::postgres::PgRow;
+    const NAME: &'static str = "postgres";
+    const ROW_ORDER: &'static str = "seq";
+    const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
+
+    fn q(sql: &str) -> &'static str {
+        super::dialect::cached(sql, super::dialect::dollar_placeholders)
+    }
+
+    sqlx_glue!();
+
+    /// Also re-measures the gateway clock's offset to the database clock.
+    async fn now(pool: &Pool<Self>, clock: &LedgerClock) -> Result<i64, sqlx::Error> {
+        let db: i64 = sqlx::query_scalar("SELECT effectgate_now_ms()")
+            .fetch_one(pool)
+            .await?;
+        clock.follow(db);
+        Ok(db)
+    }
+
+    /// Read on the transaction's own connection: a wait for a free
+    /// connection can't shorten the leases the transaction stamps.
+    async fn now_in(conn: &mut Conn<Self>, clock: &LedgerClock) -> Result<i64, sqlx::Error> {
+        let db: i64 = sqlx::query_scalar("SELECT effectgate_now_ms()")
+            .fetch_one(conn)
+            .await?;
+        clock.follow(db);
+        Ok(db)
+    }
+
+    /// Moves the database clock, for every instance.
+    async fn shift_clock(
+        pool: &Pool<Self>,
+        clock: &LedgerClock,
+        ms: i64,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query("UPDATE clock_shift SET shift_ms = shift_ms + $1")
+            .bind(ms)
+            .execute(pool)
+            .await?;
+        Self::now(pool, clock).await?;
+        Ok(())
+    }
 }
 
 /// The PostgreSQL settings of `[storage]`.
@@ -65,7 +91,7 @@ pub(super) struct PgSettings<'a> {
     pub idle_timeout_ms: u64,
 }
 
-impl Store {
+impl Store<PgDialect> {
     /// Connects, creates the schema if it is named and missing, and applies
     /// `migrations/postgres` (under sqlx's advisory lock, so instances
     /// starting together migrate once).
@@ -123,53 +149,8 @@ impl Store {
             .connect_with(opts)
             .await?;
         MIGRATOR.run(&pool).await?;
-        let store = Self {
-            write: pool.clone(),
-            read: pool,
-            clock,
-            stale_fence_rejections: Arc::new(AtomicU64::new(0)),
-        };
+        let store = Self::new(pool.clone(), pool, clock);
         store.now().await?;
         Ok(store)
     }
-
-    /// Now, in ms since the Unix epoch, from the database clock. Also
-    /// re-measures the gateway clock's offset to it.
-    async fn now(&self) -> Result<i64, sqlx::Error> {
-        let db: i64 = sqlx::query_scalar("SELECT effectgate_now_ms()")
-            .fetch_one(&self.write)
-            .await?;
-        self.clock.follow(db);
-        Ok(db)
-    }
-
-    /// Now from the database clock, read on the transaction's own
-    /// connection: a wait for a free connection can't shorten the leases
-    /// the transaction stamps.
-    async fn now_in(&self, tx: &mut sqlx::Transaction<'_, Db>) -> Result<i64, sqlx::Error> {
-        let db: i64 = sqlx::query_scalar("SELECT effectgate_now_ms()")
-            .fetch_one(&mut **tx)
-            .await?;
-        self.clock.follow(db);
-        Ok(db)
-    }
-
-    /// Moves the database clock forward by `ms`, for every instance.
-    pub(super) async fn shift_clock(&self, ms: i64) -> Result<(), LedgerError> {
-        sqlx::query("UPDATE clock_shift SET shift_ms = shift_ms + $1")
-            .bind(ms)
-            .execute(&self.write)
-            .await?;
-        self.now().await?;
-        Ok(())
-    }
-
-    pub(super) fn stale_fence_rejections(&self) -> u64 {
-        self.stale_fence_rejections.load(Ordering::Relaxed)
-    }
 }
-
-include!("store/reads.rs");
-include!("store/writes.rs");
-include!("store/reconcile.rs");
-include!("store/approvals.rs");

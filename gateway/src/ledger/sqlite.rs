@@ -7,45 +7,58 @@
 //! process or the machine. Times come from the gateway's clock.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use sqlx::Row;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-use super::approval::{Approval, Decision, NewApproval, OutboxEvent};
-use super::dialect::clean;
-use super::{
-    Attempt, Claim, LedgerClock, LedgerError, NewOperation, Operation, Outcome, Reservation, State,
-    Transition,
-};
-
-type Db = sqlx::Sqlite;
-type DbRow = sqlx::sqlite::SqliteRow;
+use super::dialect::{Conn, Dialect, Pool, ledger_row, sqlx_glue};
+use super::store::Store;
+use super::{Clock, LedgerClock, LedgerError};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 
-/// How rows of one table are ordered by insertion.
-const ROW_ORDER: &str = "rowid";
-/// SQLite has one writer at a time: work claims need no row locks.
-const SKIP_LOCKED: &str = "";
+/// SQLite: statements as written, time from the gateway's clock, one
+/// writer (so work claims need no row locks).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SqliteDialect;
 
-/// The statement as SQLite takes it (`?` and `?N` placeholders as written).
-fn q(sql: &str) -> &'static str {
-    super::dialect::cached(sql, str::to_owned)
+ledger_row!(sqlx::sqlite::SqliteRow);
+
+impl Dialect for SqliteDialect {
+    type Db = sqlx::Sqlite;
+    type Row = sqlx::sqlite::SqliteRow;
+    const NAME: &'static str = "sqlite";
+    const ROW_ORDER: &'static str = "rowid";
+    const SKIP_LOCKED: &'static str = "";
+
+    fn q(sql: &str) -> &'static str {
+        super::dialect::cached(sql, str::to_owned)
+    }
+
+    sqlx_glue!();
+
+    async fn now(_pool: &Pool<Self>, clock: &LedgerClock) -> Result<i64, sqlx::Error> {
+        Ok(clock.now_ms())
+    }
+
+    async fn now_in(_conn: &mut Conn<Self>, clock: &LedgerClock) -> Result<i64, sqlx::Error> {
+        Ok(clock.now_ms())
+    }
+
+    async fn shift_clock(
+        _pool: &Pool<Self>,
+        clock: &LedgerClock,
+        ms: i64,
+    ) -> Result<(), sqlx::Error> {
+        clock.shift(ms);
+        Ok(())
+    }
 }
 
-/// The SQLite store. Cheap to clone.
-#[derive(Debug, Clone)]
-pub(super) struct Store {
-    write: sqlx::SqlitePool,
-    read: sqlx::SqlitePool,
-    pub(super) clock: Arc<LedgerClock>,
-    stale_fence_rejections: Arc<AtomicU64>,
-}
-
-impl Store {
+impl Store<SqliteDialect> {
     /// Opens (creating if missing) the file and applies `migrations/sqlite`.
+    ///
+    /// Errors: the file can't be opened or a migration fails.
     pub(super) async fn open(
         storage: &crate::config::StorageSpec,
         clock: Arc<LedgerClock>,
@@ -69,38 +82,6 @@ impl Store {
             .max_connections(storage.max_read_connections)
             .connect_with(opts)
             .await?;
-        Ok(Self {
-            write,
-            read,
-            clock,
-            stale_fence_rejections: Arc::new(AtomicU64::new(0)),
-        })
-    }
-
-    /// Now, in ms since the Unix epoch: the gateway's clock.
-    async fn now(&self) -> Result<i64, sqlx::Error> {
-        use super::Clock;
-        Ok(self.clock.now_ms())
-    }
-
-    /// Now, read inside a transaction (after it got its connection, so a
-    /// wait for the connection doesn't shorten the leases it stamps).
-    async fn now_in(&self, _tx: &mut sqlx::Transaction<'_, Db>) -> Result<i64, sqlx::Error> {
-        self.now().await
-    }
-
-    /// Moves the ledger's clock forward by `ms`.
-    pub(super) async fn shift_clock(&self, ms: i64) -> Result<(), LedgerError> {
-        self.clock.shift(ms);
-        Ok(())
-    }
-
-    pub(super) fn stale_fence_rejections(&self) -> u64 {
-        self.stale_fence_rejections.load(Ordering::Relaxed)
+        Ok(Self::new(write, read, clock))
     }
 }
-
-include!("store/reads.rs");
-include!("store/writes.rs");
-include!("store/reconcile.rs");
-include!("store/approvals.rs");

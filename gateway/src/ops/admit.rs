@@ -19,11 +19,11 @@ use http::{HeaderMap, StatusCode};
 use crate::config::{EffectClass, Principal, Route};
 use crate::forward::{caller_headers, to_pairs};
 use crate::idempotency::provider_key;
+use crate::ledger::DecisionRecord;
 use crate::ledger::{NewApproval, NewOperation, Operation, Reservation, State as OpState};
 use crate::ops::answer::{answer_existing, resume_awaiting};
 use crate::ops::mcp::McpCall;
 use crate::ops::{Answer, OpError};
-use crate::policy::DecisionRecord;
 use crate::policy::{Verdict, evaluate_chain_async, wit_class};
 use crate::state::{AppState, Runtime};
 

@@ -217,3 +217,14 @@ impl From<crate::forward::BadUri> for OpError {
         }
     }
 }
+
+impl From<crate::ledger::LedgerError> for OpError {
+    fn from(e: crate::ledger::LedgerError) -> Self {
+        match e {
+            crate::ledger::LedgerError::IllegalTransition { .. } => {
+                OpError::Internal(e.to_string())
+            }
+            other => OpError::LedgerUnavailable(other.to_string()),
+        }
+    }
+}

@@ -26,7 +26,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::HeaderName;
-use serde::Serialize;
 
 pub use bindings::{Decision, EffectClass as WitEffectClass, FailureClass, ReplayVerdict, Request};
 pub use engine::{CompiledPolicy, LoadError, LoadOrigin, PolicyEngine, PolicyFailure};
@@ -139,20 +138,9 @@ impl PolicySet {
     }
 }
 
-/// One policy's decision, as recorded with the operation.
-#[derive(Debug, Clone, Serialize)]
-pub struct DecisionRecord {
-    /// Policy name.
-    pub policy: String,
-    /// sha256 of the module.
-    pub content_hash: String,
-    /// `allow`, `deny`, `require-approval`, `failed-closed`, `failed-open`.
-    pub decision: String,
-    /// Reason or failure detail.
-    pub reason: Option<String>,
-    /// Time the call took, µs.
-    pub duration_us: i64,
-}
+/// One policy's decision, as recorded with the operation (defined by the
+/// ledger, which stores it).
+pub use crate::ledger::DecisionRecord;
 
 /// The chain's verdict.
 #[derive(Debug, Clone)]

@@ -1,17 +1,25 @@
 //! [`Ledger`]: the effect ledger's one interface, over SQLite or
 //! PostgreSQL (`enum Db`). Both backends run the same statements (see
 //! `store/`), so they implement the same state machine; the differences
-//! are where time comes from and how work claims lock rows.
+//! are where time comes from and how work claims lock rows. Each method
+//! that changes a state builds its command (`command/`) and the store
+//! applies it.
 
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::approval::{Approval, Decision, NewApproval, OutboxEvent};
+use super::command::{
+    ClaimLease, ExpireLease, ExtendLease, Lease, LeaseForReconcile, NoteRetry, OpRef, Reattempt,
+    RecordOutcome, Requeue, SelfAudit, Unschedule,
+};
+use super::postgres::{PgDialect, PgSettings};
+use super::sqlite::SqliteDialect;
+use super::store::Store;
 use super::{
-    Attempt, Claim, Clock, LedgerClock, LedgerError, NewOperation, Operation, Outcome, Reservation,
-    State, Transition, postgres, sqlite,
+    Attempt, Claim, Clock, DecisionRecord, LedgerClock, LedgerError, NewOperation, Operation,
+    Outcome, Reservation, State, Transition,
 };
 use crate::config::{Backend, StorageSpec};
 
@@ -25,8 +33,8 @@ pub struct Ledger {
 
 #[derive(Debug, Clone)]
 enum Db {
-    Sqlite(sqlite::Store),
-    Postgres(postgres::Store),
+    Sqlite(Store<SqliteDialect>),
+    Postgres(Store<PgDialect>),
 }
 
 /// Runs one store method on whichever backend; PostgreSQL calls are
@@ -39,6 +47,8 @@ macro_rules! dispatch {
         }
     };
 }
+
+mod approvals;
 
 impl Ledger {
     /// Opens (creating if missing) the SQLite file at `path` and applies the
@@ -83,10 +93,10 @@ impl Ledger {
                     path,
                     ..storage.clone()
                 };
-                Db::Sqlite(sqlite::Store::open(&storage, LedgerClock::new(clock)).await?)
+                Db::Sqlite(Store::<SqliteDialect>::open(&storage, LedgerClock::new(clock)).await?)
             }
             Backend::Postgres(url) => {
-                let settings = postgres::PgSettings {
+                let settings = PgSettings {
                     url: &url,
                     schema: storage.schema.as_deref(),
                     max_connections: storage.max_connections,
@@ -96,7 +106,7 @@ impl Ledger {
                     idle_timeout_ms: storage.idle_timeout_ms,
                 };
                 let clock = LedgerClock::new(Arc::new(super::SystemClock));
-                let open = postgres::Store::open(&settings, clock);
+                let open = Store::<PgDialect>::open(&settings, clock);
                 let limit = call_timeout.max(Duration::from_millis(storage.acquire_timeout_ms));
                 match tokio::time::timeout(limit, open).await {
                     Ok(store) => Db::Postgres(store?),
@@ -308,6 +318,8 @@ impl Ledger {
     /// the row first, or the lease is still live.
     ///
     /// Errors: [`LedgerError::IllegalTransition`] for any other `from`.
+    // The positional signature is the one the gateway calls; inside the
+    // ledger the arguments travel as a `ClaimLease` command.
     #[allow(clippy::too_many_arguments)]
     pub async fn claim(
         &self,
@@ -319,18 +331,17 @@ impl Ledger {
         lease_ms: i64,
         reason: &str,
     ) -> Result<Option<Claim>, LedgerError> {
-        dispatch!(
-            self,
-            claim(
-                tenant,
-                operation_id,
-                from,
-                expected_version,
+        let cmd = ClaimLease {
+            op: OpRef::new(tenant, operation_id),
+            from,
+            version: expected_version,
+            lease: Lease {
                 owner,
-                lease_ms,
-                reason
-            )
-        )
+                ms: lease_ms,
+            },
+            reason,
+        };
+        dispatch!(self, claim(&cmd))
     }
 
     /// Records an outcome under fencing token `fence`:
@@ -353,16 +364,22 @@ impl Ledger {
         actor: &str,
         outcome: &Outcome,
     ) -> Result<bool, LedgerError> {
-        dispatch!(
-            self,
-            record_outcome(tenant, operation_id, fence, from, actor, outcome)
-        )
+        let cmd = RecordOutcome {
+            op: OpRef::new(tenant, operation_id),
+            from,
+            fence,
+            actor,
+            outcome,
+        };
+        dispatch!(self, record_outcome(&cmd))
     }
 
     /// Logs a failed attempt that will be retried, under `fence`, and starts
     /// the next one: bumps `attempts`, records the error, and extends the
     /// lease to now + `lease_ms`. Returns `false` (counted) if the token is
     /// no longer current; the caller must then stop.
+    // The positional signature is the one the gateway calls; inside the
+    // ledger the arguments travel as a `NoteRetry` command.
     #[allow(clippy::too_many_arguments)]
     pub async fn note_retry(
         &self,
@@ -374,18 +391,14 @@ impl Ledger {
         detail: &str,
         lease_ms: i64,
     ) -> Result<bool, LedgerError> {
-        dispatch!(
-            self,
-            note_retry(
-                tenant,
-                operation_id,
-                fence,
-                status,
-                outcome,
-                detail,
-                lease_ms
-            )
-        )
+        let cmd = NoteRetry {
+            op: OpRef::new(tenant, operation_id),
+            fence,
+            outcome,
+            detail,
+            lease_ms,
+        };
+        dispatch!(self, note_retry(&cmd, status))
     }
 
     /// Extends the lease held under `fence` to now + `lease_ms`. Returns
@@ -397,7 +410,12 @@ impl Ledger {
         fence: i64,
         lease_ms: i64,
     ) -> Result<bool, LedgerError> {
-        dispatch!(self, extend_lease(tenant, operation_id, fence, lease_ms))
+        let cmd = ExtendLease {
+            op: OpRef::new(tenant, operation_id),
+            fence,
+            lease_ms,
+        };
+        dispatch!(self, extend_lease(&cmd))
     }
 
     /// Records the decisions of a request that did not reserve an operation
@@ -407,12 +425,10 @@ impl Ledger {
         tenant: &str,
         operation_id: &str,
         fingerprint: &str,
-        decisions: &[crate::policy::DecisionRecord],
+        decisions: &[DecisionRecord],
     ) -> Result<(), LedgerError> {
-        dispatch!(
-            self,
-            record_decisions(tenant, operation_id, fingerprint, decisions)
-        )
+        let op = OpRef::new(tenant, operation_id);
+        dispatch!(self, record_decisions(op, fingerprint, decisions))
     }
 
     /// Marks an EXECUTING operation whose lease has expired as UNKNOWN:
@@ -432,10 +448,13 @@ impl Ledger {
         settle_ms: Option<i64>,
         actor: &str,
     ) -> Result<bool, LedgerError> {
-        dispatch!(
-            self,
-            expire_lease(tenant, operation_id, version, settle_ms, actor)
-        )
+        let cmd = ExpireLease {
+            op: OpRef::new(tenant, operation_id),
+            version,
+            settle_ms,
+            actor,
+        };
+        dispatch!(self, expire_lease(&cmd))
     }
 
     /// Takes a reconciliation lease on an UNKNOWN operation (state stays
@@ -450,10 +469,16 @@ impl Ledger {
         lease_ms: i64,
         reason: &str,
     ) -> Result<Option<Claim>, LedgerError> {
-        dispatch!(
-            self,
-            lease_for_reconcile(tenant, operation_id, version, owner, lease_ms, reason)
-        )
+        let cmd = LeaseForReconcile {
+            op: OpRef::new(tenant, operation_id),
+            version,
+            lease: Lease {
+                owner,
+                ms: lease_ms,
+            },
+            reason,
+        };
+        dispatch!(self, lease_for_reconcile(&cmd))
     }
 
     /// Starts a new attempt of an UNKNOWN operation whose read-back came
@@ -469,10 +494,16 @@ impl Ledger {
         lease_ms: i64,
         reason: &str,
     ) -> Result<Option<Claim>, LedgerError> {
-        dispatch!(
-            self,
-            reattempt(tenant, operation_id, fence, owner, lease_ms, reason)
-        )
+        let cmd = Reattempt {
+            op: OpRef::new(tenant, operation_id),
+            fence,
+            lease: Lease {
+                owner,
+                ms: lease_ms,
+            },
+            reason,
+        };
+        dispatch!(self, reattempt(&cmd))
     }
 
     /// Takes an UNKNOWN operation off the reconciler's schedule (its route
@@ -484,7 +515,11 @@ impl Ledger {
         operation_id: &str,
         version: i64,
     ) -> Result<bool, LedgerError> {
-        dispatch!(self, unschedule(tenant, operation_id, version))
+        let cmd = Unschedule {
+            op: OpRef::new(tenant, operation_id),
+            version,
+        };
+        dispatch!(self, unschedule(&cmd))
     }
 
     /// Appends an audit transition `state → state` (an approval decision, a
@@ -502,10 +537,14 @@ impl Ledger {
         actor: &str,
         reason: &str,
     ) -> Result<bool, LedgerError> {
-        dispatch!(
-            self,
-            audit(tenant, operation_id, version, state, actor, reason)
-        )
+        let cmd = SelfAudit {
+            op: OpRef::new(tenant, operation_id),
+            version,
+            state,
+            actor,
+            reason,
+        };
+        dispatch!(self, audit(&cmd))
     }
 
     /// Requeues a dead letter with the same operation id and provider key:
@@ -524,185 +563,13 @@ impl Ledger {
         actor: &str,
         reason: &str,
     ) -> Result<Option<i64>, LedgerError> {
-        dispatch!(
-            self,
-            requeue(tenant, operation_id, version, to, actor, reason)
-        )
-    }
-
-    /// One approval of `tenant` (another tenant's is `None`).
-    pub async fn approval(&self, tenant: &str, id: &str) -> Result<Option<Approval>, LedgerError> {
-        dispatch!(self, approval(tenant, id))
-    }
-
-    /// The newest approval of an operation, of `kind`.
-    pub async fn approval_for(
-        &self,
-        tenant: &str,
-        operation_id: &str,
-        kind: &str,
-    ) -> Result<Option<Approval>, LedgerError> {
-        dispatch!(self, approval_for(tenant, operation_id, kind))
-    }
-
-    /// Approvals of `tenant`, optionally by status, oldest first.
-    pub async fn approvals(
-        &self,
-        tenant: &str,
-        status: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<Approval>, LedgerError> {
-        dispatch!(self, approvals(tenant, status, limit))
-    }
-
-    /// Creates a `replay` approval for an existing operation (an operator
-    /// asked to replay and the verdict is manual), with its outbox event.
-    pub async fn create_replay_approval(
-        &self,
-        op: &Operation,
-        a: &NewApproval,
-        requested_by: &str,
-    ) -> Result<(), LedgerError> {
-        dispatch!(self, create_replay_approval(op, a, requested_by))
-    }
-
-    /// Decides a pending, unexpired approval of `tenant`. Approving leaves a
-    /// `request` operation AWAITING_APPROVAL until it is executed (by the
-    /// caller's re-send, or by the gateway when the route says so);
-    /// rejecting moves it to FAILED with a stored 403 that duplicates
-    /// replay. Both append a transition (actor = the decider) and an outbox
-    /// event, in one transaction.
-    ///
-    /// Returns `None` if the approval is not pending any more (decided,
-    /// used or expired): a decision happens once.
-    pub async fn decide(
-        &self,
-        tenant: &str,
-        id: &str,
-        decision: Decision,
-        by: &str,
-        comment: Option<&str>,
-    ) -> Result<Option<Approval>, LedgerError> {
-        dispatch!(self, decide(tenant, id, decision, by, comment))
-    }
-
-    /// Spends an approved `request` approval on its own operation and claims
-    /// the operation (AWAITING_APPROVAL → EXECUTING), in one transaction:
-    /// both compare-and-swaps must win or neither happens. Returns `None`
-    /// when the approval is not `approved` (already used, rejected, expired)
-    /// or the operation moved on.
-    pub async fn use_approval(
-        &self,
-        tenant: &str,
-        approval_id: &str,
-        operation_id: &str,
-        fingerprint: &str,
-        owner: &str,
-        lease_ms: i64,
-    ) -> Result<Option<Claim>, LedgerError> {
-        dispatch!(
-            self,
-            use_approval(
-                tenant,
-                approval_id,
-                operation_id,
-                fingerprint,
-                owner,
-                lease_ms
-            )
-        )
-    }
-
-    /// Marks a `replay` approval used (single use). Returns whether it was
-    /// `approved` and is now `used`.
-    pub async fn use_replay_approval(
-        &self,
-        tenant: &str,
-        approval_id: &str,
-    ) -> Result<bool, LedgerError> {
-        dispatch!(self, use_replay_approval(tenant, approval_id))
-    }
-
-    /// Expires pending or approved-but-unused approvals past their expiry (the reconciler's scan):
-    /// the approval becomes `expired`, a `request` operation FAILED with a
-    /// stored 403, and an event is queued. Returns how many expired.
-    pub async fn expire_approvals(&self, limit: u32) -> Result<usize, LedgerError> {
-        dispatch!(self, expire_approvals(limit))
-    }
-
-    /// Claims up to `limit` due outbox events for delivery by `owner` for
-    /// `lease_ms` (an event claimed by a live owner is skipped).
-    pub async fn claim_events(
-        &self,
-        owner: &str,
-        lease_ms: i64,
-        limit: u32,
-    ) -> Result<Vec<OutboxEvent>, LedgerError> {
-        dispatch!(self, claim_events(owner, lease_ms, limit))
-    }
-
-    /// Records a delivery attempt of `event_id` by `owner`, the relay that
-    /// claimed it: delivered, or failed with the next attempt at
-    /// `next_attempt_at` (ms since epoch). Returns `false`, changing
-    /// nothing, when `owner` no longer holds the claim (it lapsed and
-    /// another relay took the event) or the event was delivered already.
-    pub async fn event_attempted(
-        &self,
-        event_id: &str,
-        owner: &str,
-        delivered: bool,
-        error: Option<&str>,
-        next_attempt_at: i64,
-    ) -> Result<bool, LedgerError> {
-        dispatch!(
-            self,
-            event_attempted(event_id, owner, delivered, error, next_attempt_at)
-        )
-    }
-
-    /// Outbox events of `tenant`, oldest first: (event id, type, delivered
-    /// at, attempts).
-    pub async fn events(
-        &self,
-        tenant: &str,
-    ) -> Result<Vec<(String, String, Option<i64>, i64)>, LedgerError> {
-        dispatch!(self, events(tenant))
-    }
-
-    /// Ends the delivery of `event_id` for good (its retry budget is
-    /// spent): the event becomes a dead-lettered event, never claimed
-    /// again. Returns `false` when `owner` no longer holds the claim.
-    pub async fn event_given_up(
-        &self,
-        event_id: &str,
-        owner: &str,
-        error: &str,
-    ) -> Result<bool, LedgerError> {
-        dispatch!(self, event_given_up(event_id, owner, error))
-    }
-
-    /// `tenant`'s dead-lettered events, newest first, at most `limit`.
-    pub async fn dead_events(
-        &self,
-        tenant: &str,
-        limit: u32,
-    ) -> Result<Vec<crate::ledger::DeadEvent>, LedgerError> {
-        dispatch!(self, dead_events(tenant, limit))
-    }
-
-    /// Deletes up to `batch` events delivered more than `retention_ms` ago;
-    /// returns how many. Undelivered and dead-lettered events are kept.
-    pub async fn sweep_delivered_events(
-        &self,
-        retention_ms: i64,
-        batch: u32,
-    ) -> Result<u64, LedgerError> {
-        dispatch!(self, sweep_delivered_events(retention_ms, batch))
-    }
-
-    /// Undelivered events still to be delivered (all tenants; dead-lettered
-    /// ones not counted), for tests and the console.
-    pub async fn pending_events(&self) -> Result<i64, LedgerError> {
-        dispatch!(self, pending_events())
+        let cmd = Requeue {
+            op: OpRef::new(tenant, operation_id),
+            version,
+            to,
+            actor,
+            reason,
+        };
+        dispatch!(self, requeue(&cmd))
     }
 }

@@ -1,0 +1,561 @@
+//! The operation state machine as a typed transition table.
+//!
+//! Every ledger write that changes an operation's state, or holds the
+//! operation in its state under a lease or schedule, is a [`Command`]: one
+//! type per transition (`executor.rs`, `recovery.rs`, `approvals.rs`). A
+//! command names the states it may leave ([`Command::SOURCES`]) and enter
+//! ([`Command::TARGETS`]), the source and target of this write, the guard
+//! the row must still pass (expected version, fencing token, …), the other
+//! columns it sets, and the transition row it appends (actor, reason):
+//!
+//! | command | from | to | guard | transition row |
+//! | --- | --- | --- | --- | --- |
+//! | [`Reserve`] | ∅ | RESERVED | new key | principal, `reserved` |
+//! | [`AwaitApproval`] | RESERVED | AWAITING_APPROVAL | version 1 | principal |
+//! | [`ClaimLease`] | RESERVED, AWAITING_APPROVAL, EXECUTING, UNKNOWN | EXECUTING | version (+ lease not live) | lease owner |
+//! | [`RecordOutcome`] | EXECUTING, UNKNOWN | COMPLETED, FAILED, UNKNOWN | fence | actor |
+//! | [`NoteRetry`] | EXECUTING | EXECUTING | fence | none |
+//! | [`ExtendLease`] | EXECUTING | EXECUTING | fence | none |
+//! | [`ExpireLease`] | EXECUTING | UNKNOWN | version + lease lapsed | actor, `lease expired` |
+//! | [`LeaseForReconcile`] | UNKNOWN | UNKNOWN | version + lease not live | lease owner |
+//! | [`Reattempt`] | UNKNOWN | EXECUTING | fence | lease owner |
+//! | [`Unschedule`] | UNKNOWN | UNKNOWN | version | none |
+//! | [`SelfAudit`] | any with a self-transition | the same | version | actor |
+//! | [`Requeue`] | FAILED (dead letter) | UNKNOWN, RESERVED | dead letter at version | actor |
+//! | [`NoteApproval`] | AWAITING_APPROVAL | AWAITING_APPROVAL | source state | decider |
+//! | [`RefuseApproval`] | AWAITING_APPROVAL | FAILED | fingerprint | decider or reconciler |
+//! | [`UseApproval`] | AWAITING_APPROVAL | EXECUTING | fingerprint | lease owner |
+//!
+//! [`apply`] is the one function that writes a command: it refuses a pair
+//! outside the command's sources and targets or the state machine
+//! ([`State::can_transition_to`]) before it writes anything, binds every
+//! state as [`State::as_str`], runs one compare-and-swap (`UPDATE …
+//! WHERE state = ? AND <guard> RETURNING …`, or the reservation's
+//! `INSERT … ON CONFLICT DO NOTHING`) and, for a transition, bumps the
+//! version and appends the `transitions` row, all on the caller's
+//! connection (inside its transaction). A write that keeps the state and
+//! appends no row (a retry, a lease extension, unscheduling) bumps no
+//! version.
+
+mod approvals;
+mod executor;
+mod recovery;
+
+use std::borrow::Cow;
+
+pub(super) use approvals::{NoteApproval, RefuseApproval, UseApproval};
+pub(super) use executor::{
+    AwaitApproval, ClaimLease, ExtendLease, Lease, NoteRetry, RecordOutcome, Reserve,
+};
+pub(super) use recovery::{
+    ExpireLease, LeaseForReconcile, Reattempt, Requeue, SelfAudit, Unschedule,
+};
+
+use super::dialect::{Arg, Conn, Dialect, LedgerRow, sql};
+use super::{Claim, LedgerError, NewOperation, State};
+
+/// An operation's key.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OpRef<'a> {
+    /// Tenant.
+    pub tenant: &'a str,
+    /// Operation id.
+    pub operation_id: &'a str,
+}
+
+impl<'a> OpRef<'a> {
+    /// The operation `operation_id` of `tenant`.
+    pub(crate) fn new(tenant: &'a str, operation_id: &'a str) -> Self {
+        Self {
+            tenant,
+            operation_id,
+        }
+    }
+}
+
+/// What the row must still be, besides being in the source state: the
+/// command's compare-and-swap condition.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Guard<'a> {
+    /// No operation has the key yet (`INSERT … ON CONFLICT DO NOTHING`);
+    /// the new operation's values.
+    NewKey(&'a NewOperation),
+    /// The row is still at this version (`version = ?`).
+    Version(i64),
+    /// The row is a dead letter still at this version.
+    DeadLetter(i64),
+    /// This fencing token is still current (`fence = ?`).
+    Fence(i64),
+    /// The row carries this request fingerprint (an approval is bound to
+    /// it; the approval's own compare-and-swap, in the same transaction,
+    /// is what runs once).
+    Fingerprint(&'a str),
+    /// The source state only (the compare-and-swap that ran before it in
+    /// the same transaction is the guard).
+    SourceState,
+}
+
+/// What the lease must be at the command's time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeaseCheck {
+    /// Anything.
+    Any,
+    /// Held, and expired (`lease_expires_at <= now`).
+    Lapsed,
+    /// Not held by anyone live (none, or expired).
+    NotLive,
+}
+
+/// The transition row a command appends.
+#[derive(Debug, Clone)]
+pub(crate) struct Record<'a> {
+    /// Who (principal or gateway instance).
+    pub actor: &'a str,
+    /// Why.
+    pub reason: Cow<'a, str>,
+}
+
+impl<'a> Record<'a> {
+    /// `actor` changed the state because of `reason`.
+    pub(crate) fn new(actor: &'a str, reason: impl Into<Cow<'a, str>>) -> Self {
+        Self {
+            actor,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Columns a command sets besides the state and the version: SQL
+/// assignments with `?` placeholders and their values, in order.
+#[derive(Debug, Clone)]
+pub(crate) struct Set<'a> {
+    /// e.g. `lease_owner = ?, lease_expires_at = ?` (empty: nothing else).
+    pub sql: &'static str,
+    /// One value per `?` of `sql`.
+    pub args: Vec<Arg<'a>>,
+}
+
+impl<'a> Set<'a> {
+    /// Nothing besides the state and the version.
+    pub(crate) fn none() -> Self {
+        Self {
+            sql: "",
+            args: Vec::new(),
+        }
+    }
+
+    /// `sql` with its values.
+    pub(crate) fn new(sql: &'static str, args: Vec<Arg<'a>>) -> Self {
+        Self { sql, args }
+    }
+}
+
+/// One write of the state machine.
+pub(crate) trait Command {
+    /// The states this command may leave (empty: it creates the
+    /// operation).
+    const SOURCES: &'static [State];
+    /// The states it may enter.
+    const TARGETS: &'static [State];
+
+    /// The operation.
+    fn op(&self) -> OpRef<'_>;
+    /// The state the row must be in (`None`: no row yet).
+    fn source(&self) -> Option<State>;
+    /// The state it ends in.
+    fn target(&self) -> State;
+    /// The compare-and-swap condition.
+    fn guard(&self) -> Guard<'_>;
+    /// The lease condition, at `now`.
+    fn lease_check(&self) -> LeaseCheck {
+        LeaseCheck::Any
+    }
+    /// Other columns it sets, at `now` (ms since epoch).
+    fn set(&self, now: i64) -> Set<'_>;
+    /// The transition row it appends. `None` for a lease or schedule write
+    /// that keeps the state: it bumps no version and appends no row.
+    fn record(&self) -> Option<Record<'_>>;
+}
+
+/// The row after an applied command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Applied {
+    /// Row version.
+    pub version: i64,
+    /// Fencing token.
+    pub fence: i64,
+    /// Provider attempts so far.
+    pub attempts: i64,
+}
+
+impl Applied {
+    /// The claim an applied lease-taking command holds, with its lease
+    /// expiry (ms since epoch).
+    pub(crate) fn claim(self, lease_expires_at: i64) -> Claim {
+        Claim {
+            fence: self.fence,
+            version: self.version,
+            attempt: self.attempts,
+            lease_expires_at,
+        }
+    }
+}
+
+/// Whether the state machine lets the operation in: `∅ → RESERVED` is the
+/// only way.
+fn can_enter(to: State) -> bool {
+    to == State::Reserved
+}
+
+/// Refuses `cmd` unless its source and target are among the command's and
+/// the state machine has that transition; a write that keeps the state and
+/// appends no transition row must not name another target.
+///
+/// Errors: [`LedgerError::IllegalTransition`] (for a creation, `from` is
+/// reported as the target).
+pub(crate) fn check<C: Command>(cmd: &C) -> Result<(), LedgerError> {
+    let to = cmd.target();
+    let creates = matches!(cmd.guard(), Guard::NewKey(_));
+    let allowed = C::TARGETS.contains(&to)
+        && match cmd.source() {
+            None => creates && C::SOURCES.is_empty() && can_enter(to),
+            Some(from) => {
+                !creates
+                    && C::SOURCES.contains(&from)
+                    && from.can_transition_to(to)
+                    && (cmd.record().is_some() || from == to)
+            }
+        };
+    if allowed {
+        Ok(())
+    } else {
+        Err(LedgerError::IllegalTransition {
+            from: cmd.source().unwrap_or(to),
+            to,
+        })
+    }
+}
+
+/// Applies `cmd` at `now` (ms since epoch) on `conn`: [`check`]s it, runs
+/// its compare-and-swap and, for a transition, appends its `transitions`
+/// row. Returns the row after it, or `None` when the compare-and-swap lost
+/// (the row is not in the source state, the guard or the lease condition
+/// failed, or the key exists); then nothing was written.
+///
+/// Errors: [`LedgerError::IllegalTransition`] before any write, or the
+/// database's.
+pub(crate) async fn apply<D: Dialect, C: Command>(
+    conn: &mut Conn<D>,
+    cmd: &C,
+    now: i64,
+) -> Result<Option<Applied>, LedgerError> {
+    check(cmd)?;
+    let row = match cmd.guard() {
+        Guard::NewKey(new) => insert::<D>(conn, new, cmd.target(), now).await?,
+        _ => update::<D, C>(conn, cmd, now).await?,
+    };
+    let Some(applied) = row else {
+        return Ok(None);
+    };
+    if let Some(record) = cmd.record() {
+        let row = TransitionRow {
+            op: cmd.op(),
+            from: cmd.source(),
+            to: cmd.target(),
+            version: applied.version,
+            fence: applied.fence,
+            record: &record,
+            at: now,
+        };
+        insert_transition::<D>(conn, &row).await?;
+    }
+    Ok(Some(applied))
+}
+
+/// The guard's `WHERE` condition and its value.
+fn guard_sql(guard: Guard<'_>) -> (&'static str, Option<Arg<'_>>) {
+    match guard {
+        Guard::Version(v) => (" AND version = ?", Some(v.into())),
+        Guard::DeadLetter(v) => (" AND version = ? AND dead_letter", Some(v.into())),
+        Guard::Fence(f) => (" AND fence = ?", Some(f.into())),
+        Guard::Fingerprint(fp) => (" AND fingerprint = ?", Some(fp.into())),
+        Guard::SourceState | Guard::NewKey(_) => ("", None),
+    }
+}
+
+/// The lease's `WHERE` condition (it binds now once, if not empty).
+fn lease_sql(lease: LeaseCheck) -> &'static str {
+    match lease {
+        LeaseCheck::Any => "",
+        LeaseCheck::Lapsed => " AND lease_expires_at <= ?",
+        LeaseCheck::NotLive => " AND (lease_expires_at IS NULL OR lease_expires_at <= ?)",
+    }
+}
+
+/// The compare-and-swap `UPDATE` of a command that has a source state.
+async fn update<D: Dialect, C: Command>(
+    conn: &mut Conn<D>,
+    cmd: &C,
+    now: i64,
+) -> Result<Option<Applied>, sqlx::Error> {
+    let op = cmd.op();
+    let set = cmd.set(now);
+    let lease = cmd.lease_check();
+    let (guard, guard_arg) = guard_sql(cmd.guard());
+    let bump = if cmd.record().is_some() {
+        ", version = version + 1"
+    } else {
+        ""
+    };
+    let sep = if set.sql.is_empty() { "" } else { ", " };
+    let text = format!(
+        "UPDATE operations SET state = ?{bump}{sep}{} \
+         WHERE tenant_id = ? AND operation_id = ? AND state = ?{guard}{} \
+         RETURNING version, fence, attempts",
+        set.sql,
+        lease_sql(lease)
+    );
+    let mut stmt = sql::<D>(&text)
+        .bind(cmd.target())
+        .bind_all(set.args)
+        .bind(op.tenant)
+        .bind(op.operation_id)
+        .bind(cmd.source());
+    if let Some(arg) = guard_arg {
+        stmt = stmt.bind(arg);
+    }
+    if lease != LeaseCheck::Any {
+        stmt = stmt.bind(now);
+    }
+    let row = stmt.fetch_optional(conn).await?;
+    row.as_ref().map(applied).transpose()
+}
+
+/// The reservation's `INSERT … ON CONFLICT DO NOTHING`, in state `to`.
+async fn insert<D: Dialect>(
+    conn: &mut Conn<D>,
+    new: &NewOperation,
+    to: State,
+    now: i64,
+) -> Result<Option<Applied>, sqlx::Error> {
+    let row = sql::<D>(
+        "INSERT INTO operations (tenant_id, operation_id, route, method, path, query, fingerprint, provider_key, \
+         effect_class, state, version, attempts, fence, request_content_type, request_body, principal, \
+         created_at, updated_at, expires_at, request_headers, retention_ms) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?) \
+         ON CONFLICT (tenant_id, operation_id) DO NOTHING \
+         RETURNING version, fence, attempts",
+    )
+    .bind(&new.tenant_id)
+    .bind(&new.operation_id)
+    .bind(&new.route)
+    .bind(&new.method)
+    .bind(&new.path)
+    .bind(&new.query)
+    .bind(&new.fingerprint)
+    .bind(&new.provider_key)
+    .bind(&new.effect_class)
+    .bind(to)
+    .bind(&new.request_content_type)
+    .bind(&new.request_body)
+    .bind(&new.principal)
+    .bind(now)
+    .bind(now)
+    .bind(now.saturating_add(new.retention_ms))
+    .bind(serde_json::to_string(&new.request_headers).unwrap_or_else(|_| "[]".into()))
+    .bind(new.retention_ms)
+    .fetch_optional(conn)
+    .await?;
+    row.as_ref().map(applied).transpose()
+}
+
+/// The row a `… RETURNING version, fence, attempts` returned.
+fn applied<R: LedgerRow>(row: &R) -> Result<Applied, sqlx::Error> {
+    Ok(Applied {
+        version: row.get("version")?,
+        fence: row.get("fence")?,
+        attempts: row.get("attempts")?,
+    })
+}
+
+/// One `transitions` row.
+struct TransitionRow<'a> {
+    op: OpRef<'a>,
+    from: Option<State>,
+    to: State,
+    version: i64,
+    fence: i64,
+    record: &'a Record<'a>,
+    at: i64,
+}
+
+async fn insert_transition<D: Dialect>(
+    conn: &mut Conn<D>,
+    t: &TransitionRow<'_>,
+) -> Result<(), sqlx::Error> {
+    sql::<D>(
+        "INSERT INTO transitions (tenant_id, operation_id, from_state, to_state, version, fence, actor, reason, at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(t.op.tenant)
+    .bind(t.op.operation_id)
+    .bind(t.from)
+    .bind(t.to)
+    .bind(t.version)
+    .bind(t.fence)
+    .bind(super::dialect::clean(t.record.actor))
+    .bind(super::dialect::clean(&t.record.reason))
+    .bind(t.at)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::Connection;
+
+    use super::*;
+    use crate::ledger::Outcome;
+    use crate::ledger::sqlite::SqliteDialect;
+    use State::{AwaitingApproval, Completed, Executing, Failed, Reserved, Unknown};
+
+    fn op() -> OpRef<'static> {
+        OpRef::new("tenant", "op-1")
+    }
+
+    fn lease() -> Lease<'static> {
+        Lease {
+            owner: "gw-1",
+            ms: 1_000,
+        }
+    }
+
+    fn claim(from: State) -> ClaimLease<'static> {
+        ClaimLease {
+            op: op(),
+            from,
+            version: 1,
+            lease: lease(),
+            reason: "test",
+        }
+    }
+
+    /// Every source of `C` reaches one of its targets, and every target is
+    /// reached from one of its sources (or is the way in).
+    fn stays_inside<C: Command>() -> bool {
+        let sources_lead_somewhere = C::SOURCES
+            .iter()
+            .all(|s| C::TARGETS.iter().any(|t| s.can_transition_to(*t)));
+        let targets_are_reached = C::TARGETS.iter().all(|t| {
+            (C::SOURCES.is_empty() && can_enter(*t))
+                || C::SOURCES.iter().any(|s| s.can_transition_to(*t))
+        });
+        sources_lead_somewhere && targets_are_reached
+    }
+
+    #[test]
+    fn every_command_stays_inside_the_state_machine() {
+        assert!(stays_inside::<Reserve>());
+        assert!(stays_inside::<AwaitApproval>());
+        assert!(stays_inside::<ClaimLease>());
+        assert!(stays_inside::<RecordOutcome>());
+        assert!(stays_inside::<NoteRetry>());
+        assert!(stays_inside::<ExtendLease>());
+        assert!(stays_inside::<ExpireLease>());
+        assert!(stays_inside::<LeaseForReconcile>());
+        assert!(stays_inside::<Reattempt>());
+        assert!(stays_inside::<Unschedule>());
+        assert!(stays_inside::<Requeue>());
+        assert!(stays_inside::<NoteApproval>());
+        assert!(stays_inside::<RefuseApproval>());
+        assert!(stays_inside::<UseApproval>());
+        // SelfAudit names every state; the state machine picks the ones
+        // that may stay.
+        assert!(SelfAudit::SOURCES.iter().any(|s| s.can_transition_to(*s)));
+    }
+
+    #[test]
+    fn claims_leave_only_claimable_states() {
+        for from in State::ALL {
+            let ok = matches!(from, Reserved | AwaitingApproval | Executing | Unknown);
+            assert_eq!(check(&claim(from)).is_ok(), ok, "{from} → EXECUTING");
+        }
+    }
+
+    #[test]
+    fn outcomes_end_in_completed_failed_or_unknown() {
+        for from in State::ALL {
+            for to in State::ALL {
+                let outcome = Outcome::new(to, "test");
+                let cmd = RecordOutcome {
+                    op: op(),
+                    from,
+                    fence: 1,
+                    actor: "gw-1",
+                    outcome: &outcome,
+                };
+                let ok = matches!(from, Executing | Unknown)
+                    && matches!(to, Completed | Failed | Unknown)
+                    && from.can_transition_to(to);
+                assert_eq!(check(&cmd).is_ok(), ok, "{from} → {to}");
+            }
+        }
+    }
+
+    #[test]
+    fn audits_only_where_the_state_may_stay() {
+        for state in State::ALL {
+            let cmd = SelfAudit {
+                op: op(),
+                version: 1,
+                state,
+                actor: "operator",
+                reason: "test",
+            };
+            assert_eq!(
+                check(&cmd).is_ok(),
+                state.can_transition_to(state),
+                "{state}"
+            );
+        }
+    }
+
+    #[test]
+    fn requeues_go_to_unknown_or_reserved() {
+        for to in State::ALL {
+            let cmd = Requeue {
+                op: op(),
+                version: 1,
+                to,
+                actor: "operator",
+                reason: "test",
+            };
+            let ok = matches!(to, Unknown | Reserved);
+            assert_eq!(check(&cmd).is_ok(), ok, "FAILED → {to}");
+        }
+    }
+
+    /// An illegal command is refused before the database sees it: on a
+    /// database without the ledger's tables, it fails as illegal, while a
+    /// legal one reaches the database (and fails there).
+    #[tokio::test]
+    async fn an_illegal_command_writes_nothing() {
+        let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:")
+            .await
+            .expect("an in-memory database");
+        let refused = apply::<SqliteDialect, _>(&mut conn, &claim(Failed), 0).await;
+        assert!(
+            matches!(
+                refused,
+                Err(LedgerError::IllegalTransition {
+                    from: Failed,
+                    to: Executing
+                })
+            ),
+            "{refused:?}"
+        );
+        let reached = apply::<SqliteDialect, _>(&mut conn, &claim(Reserved), 0).await;
+        assert!(matches!(reached, Err(LedgerError::Db(_))), "{reached:?}");
+    }
+}

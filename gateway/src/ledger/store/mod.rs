@@ -1,0 +1,115 @@
+//! The effect ledger's statements, written once for both backends: a
+//! [`Store`] over a [`Dialect`] (`sqlite.rs`, `postgres.rs`). State changes
+//! go through the commands of `command/`; what is here reads, schedules,
+//! sweeps and keeps approvals and the outbox.
+
+mod approvals;
+mod outbox;
+mod reads;
+mod reconcile;
+mod writes;
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::command::{self, Command};
+use super::dialect::{Dialect, Pool, Tx};
+use super::{LedgerClock, LedgerError, State};
+
+/// The states no automatic transition leaves, as bound for
+/// `state IN (?, ?, ?)`.
+const TERMINAL: [State; 3] = [State::Completed, State::Failed, State::Compensated];
+
+/// The ledger over one backend. Cheap to clone.
+pub(super) struct Store<D: Dialect> {
+    /// Writes (SQLite: a pool of one connection).
+    write: Pool<D>,
+    /// Reads (PostgreSQL: the same pool).
+    read: Pool<D>,
+    /// The ledger's clock (PostgreSQL: follows the database clock).
+    pub(super) clock: Arc<LedgerClock>,
+    stale_fence_rejections: Arc<AtomicU64>,
+}
+
+impl<D: Dialect> Clone for Store<D> {
+    fn clone(&self) -> Self {
+        Self {
+            write: self.write.clone(),
+            read: self.read.clone(),
+            clock: self.clock.clone(),
+            stale_fence_rejections: self.stale_fence_rejections.clone(),
+        }
+    }
+}
+
+impl<D: Dialect> fmt::Debug for Store<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("backend", &D::NAME)
+            .field("write", &self.write)
+            .field("read", &self.read)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Dialect> Store<D> {
+    /// A store writing through `write` and reading through `read` (they
+    /// may be the same pool), stamping rows with `clock`.
+    pub(super) fn new(write: Pool<D>, read: Pool<D>, clock: Arc<LedgerClock>) -> Self {
+        Self {
+            write,
+            read,
+            clock,
+            stale_fence_rejections: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Now, in ms since the Unix epoch ([`Dialect::now`]).
+    pub(super) async fn now(&self) -> Result<i64, sqlx::Error> {
+        D::now(&self.write, &self.clock).await
+    }
+
+    /// Opens a write transaction and reads now inside it.
+    async fn begin(&self) -> Result<(Tx<D>, i64), sqlx::Error> {
+        let mut tx = self.write.begin().await?;
+        let now = D::now_in(&mut tx, &self.clock).await?;
+        Ok((tx, now))
+    }
+
+    /// [`command::check`]s `cmd` (an illegal one opens no transaction),
+    /// then [`Store::begin`]s.
+    async fn begin_for<C: Command>(&self, cmd: &C) -> Result<(Tx<D>, i64), LedgerError> {
+        command::check(cmd)?;
+        Ok(self.begin().await?)
+    }
+
+    /// Moves the ledger's clock forward by `ms`.
+    pub(super) async fn shift_clock(&self, ms: i64) -> Result<(), LedgerError> {
+        D::shift_clock(&self.write, &self.clock, ms).await?;
+        Ok(())
+    }
+
+    /// Writes refused for a stale fencing token, since start.
+    pub(super) fn stale_fence_rejections(&self) -> u64 {
+        self.stale_fence_rejections.load(Ordering::Relaxed)
+    }
+
+    /// Counts one write refused for a stale fencing token.
+    fn count_stale_fence(&self) {
+        self.stale_fence_rejections.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::stale_fence();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_is_the_terminal_states() {
+        let terminal: Vec<State> = State::ALL.into_iter().filter(|s| s.is_terminal()).collect();
+        assert_eq!(terminal, TERMINAL);
+    }
+}
