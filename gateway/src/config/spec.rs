@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::route_spec::{RouteSpec, ToolOverride};
 use super::storage::StorageSpec;
 
 /// The whole configuration file.

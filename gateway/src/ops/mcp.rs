@@ -31,7 +31,7 @@ use sha2::{Digest, Sha256};
 use crate::config::{EffectClass, Principal, Route};
 use crate::ops::{OpError, Reply};
 use crate::policy::{Verdict, evaluate_chain_async};
-use crate::state::AppState;
+use crate::state::{AppState, Runtime};
 
 mod upstream;
 pub use crate::mcp::protocol::{PROTOCOL_VERSION, ToolCache, rpc_message, tool_outcome};
@@ -106,6 +106,16 @@ fn effective(
     (ann, read_only, class)
 }
 
+/// A tool as a policy sees it: its name, its annotations (after
+/// overrides) and, for a world-changing call, its operation id and
+/// fingerprint (empty otherwise).
+struct ToolView<'a> {
+    tool: &'a str,
+    annotations: &'a Value,
+    key: &'a str,
+    fingerprint: &'a str,
+}
+
 /// The policy request for a tool call: path `/tools/<name>`, the JSON-RPC
 /// body, and the tool's annotations in `effectgate-tool-annotations`.
 fn policy_request(
@@ -113,13 +123,10 @@ fn policy_request(
     route: &Route,
     headers: &HeaderMap,
     body: &[u8],
-    tool: &str,
-    annotations: &Value,
-    key: &str,
-    fp: &str,
+    tool: &ToolView<'_>,
 ) -> crate::policy::Request {
     let mut h = headers.clone();
-    if let Ok(v) = HeaderValue::from_str(&annotations.to_string()) {
+    if let Ok(v) = HeaderValue::from_str(&tool.annotations.to_string()) {
         h.insert("effectgate-tool-annotations", v);
     }
     crate::ops::admit::policy_request(
@@ -127,18 +134,42 @@ fn policy_request(
         route,
         &crate::ops::admit::PolicyView {
             method: "POST",
-            path: &format!("/tools/{tool}"),
+            path: &format!("/tools/{}", tool.tool),
             query: None,
             headers: &h,
             body,
-            operation_id: key,
-            fingerprint: fp,
+            operation_id: tool.key,
+            fingerprint: tool.fingerprint,
             existing: None,
         },
     )
 }
 
-/// Decides what an MCP POST is. Errors become JSON-RPC error answers.
+/// An MCP POST being decided: what [`prepare`] was given.
+struct Post<'a> {
+    app: &'a AppState,
+    rt: &'a Runtime,
+    route: &'a Route,
+    principal: &'a Principal,
+    headers: &'a HeaderMap,
+    body: &'a Bytes,
+    uri: &'a http::Uri,
+    peer: (std::net::SocketAddr, &'static str),
+    /// Annotations are cached per route and upstream endpoint.
+    cache_key: String,
+}
+
+/// A JSON-RPC error answer to send at once.
+fn refuse(id: &Value, code: i64, message: &str, data: Value) -> Result<Prepared, OpError> {
+    Ok(Prepared::Respond(rpc_error(id, code, message, data)))
+}
+
+/// Decides what an MCP POST is: refused (a JSON-RPC error answer),
+/// forwarded as is, or a world-changing tool call for the ledger. Errors
+/// become JSON-RPC error answers.
+///
+/// Errors: an `Idempotency-Key` header that is malformed (400); the
+/// provider unreachable while listing tools (502).
 pub async fn prepare(
     app: &AppState,
     route: &Route,
@@ -148,64 +179,90 @@ pub async fn prepare(
     uri: &http::Uri,
     peer: (std::net::SocketAddr, &'static str),
 ) -> Result<Prepared, OpError> {
-    // Fail closed: what the gateway can't read, it doesn't forward. A
-    // server's parser may accept what this one refuses (NaN, 1e400, deep
-    // nesting), and a call the gateway didn't see would run unrecorded.
+    let (msg, method, id) = match envelope(headers, body) {
+        Ok(parsed) => parsed,
+        Err(prepared) => return Ok(prepared),
+    };
+    let rt = app.settings();
+    let post = Post {
+        app,
+        rt: &rt,
+        route,
+        principal,
+        headers,
+        body,
+        uri,
+        peer,
+        cache_key: format!("{}{}", route.name, uri.path()),
+    };
+    match method.as_str() {
+        "tools/list" => post.list_tools().await,
+        "tools/call" => post.call_tool(&msg, id).await,
+        _ => Ok(Prepared::Forward),
+    }
+}
+
+/// The message, its method and its id, when the POST carries one readable
+/// JSON-RPC request whose routing headers agree with it; otherwise the
+/// answer (`Forward` for a response to a server-initiated request).
+///
+/// Fails closed: what the gateway can't read, it doesn't forward. A
+/// server's parser may accept what this one refuses (NaN, 1e400, deep
+/// nesting), and a call the gateway didn't see would run unrecorded. A
+/// repeated key reads differently to different parsers (two `params`, two
+/// `method`s): refused on every path, before any decision.
+fn envelope(headers: &HeaderMap, body: &[u8]) -> Result<(Value, String, Value), Prepared> {
+    let err = |id: &Value, code, message: &str, data| {
+        Prepared::Respond(rpc_error(id, code, message, data))
+    };
+    let null = Value::Null;
     let Ok(msg) = serde_json::from_slice::<Value>(body) else {
-        return Ok(Prepared::Respond(rpc_error(
-            &Value::Null,
+        return Err(err(
+            &null,
             -32700,
             "parse error: the gateway forwards only JSON it can read",
-            Value::Null,
-        )));
+            null.clone(),
+        ));
     };
-    // A repeated key reads differently to different parsers (two `params`,
-    // two `method`s): the gateway would judge one message and a first-wins
-    // server run another. Refused on every path, before any decision.
     if crate::idempotency::has_duplicate_keys(body) {
-        return Ok(Prepared::Respond(rpc_error(
-            &Value::Null,
+        return Err(err(
+            &null,
             -32600,
             "a JSON object in the message repeats a key (RFC 7493 §2.3)",
-            Value::Null,
-        )));
+            null.clone(),
+        ));
     }
     if !msg.is_object() {
-        return Ok(Prepared::Respond(rpc_error(
-            &Value::Null,
+        return Err(err(
+            &null,
             -32600,
             "a POST must carry one JSON-RPC message (no batches)",
-            Value::Null,
-        )));
+            null.clone(),
+        ));
     }
     let Some(method) = msg.get("method") else {
         // A response to a server-initiated request (sampling, elicitation).
         if msg.get("result").is_some() || msg.get("error").is_some() {
-            return Ok(Prepared::Forward);
+            return Err(Prepared::Forward);
         }
-        return Ok(Prepared::Respond(rpc_error(
-            &Value::Null,
+        return Err(err(
+            &null,
             -32600,
             "not a JSON-RPC request, notification or response",
-            Value::Null,
-        )));
+            null.clone(),
+        ));
     };
-    let Some(method) = method.as_str() else {
-        return Ok(Prepared::Respond(rpc_error(
-            &Value::Null,
-            -32600,
-            "method must be a string",
-            Value::Null,
-        )));
+    let Some(method) = method.as_str().map(str::to_owned) else {
+        return Err(err(&null, -32600, "method must be a string", null.clone()));
     };
     let id = msg.get("id").cloned().unwrap_or(Value::Null);
     if method == "tools/call" && !(id.is_string() || id.is_number()) {
-        return Ok(Prepared::Respond(rpc_error(
-            &Value::Null,
+        return Err(err(
+            &null,
             -32600,
             "tools/call must be a request with a string or number id",
-            Value::Null,
-        )));
+            null.clone(),
+        ));
     }
     // The routing headers of the current spec must agree with the body: the
     // gateway (and its policies) decide on the body, and a header that says
@@ -219,208 +276,222 @@ pub async fn prepare(
     if let Some(m) = header("mcp-method")
         && m != method
     {
-        return Ok(Prepared::Respond(rpc_error(
+        return Err(err(
             &id,
             -32600,
             "the Mcp-Method header does not match the body",
             json!({"header": m, "body": method}),
-        )));
+        ));
     }
     if method == "tools/call"
         && let Some(n) = header("mcp-name")
         && Some(n.as_str()) != msg["params"]["name"].as_str()
     {
-        return Ok(Prepared::Respond(rpc_error(
+        return Err(err(
             &id,
             -32600,
             "the Mcp-Name header does not match params.name",
-            Value::Null,
-        )));
+            null.clone(),
+        ));
     }
-    // Annotations are cached per route and upstream endpoint.
-    let cache_key = format!("{}{}", route.name, uri.path());
-    let rt = app.settings();
-    let policies = rt.policies.for_route(&principal.tenant, &route.name);
-    match method {
-        "tools/list" => {
-            let (status, head, bytes) =
-                forward_buffered(route, headers, body.clone(), uri, peer).await?;
-            let Some(mut answer) = rpc_message(&head, &bytes) else {
-                return Ok(Prepared::Respond(raw(status, head, bytes)));
-            };
-            if let Some(tools) = answer["result"]["tools"].as_array().cloned() {
-                app.mcp_tools.store(&cache_key, &tools);
-                // Offer only the tools this tenant's policies would let run.
-                let mut kept = Vec::new();
-                for t in tools {
-                    let name = t["name"].as_str().unwrap_or_default().to_owned();
-                    let probe = json!({"jsonrpc": "2.0", "id": 0, "method": "tools/call", "params": {"name": name, "arguments": {}}});
-                    let (ann, _, _) = effective(route, app, &cache_key, &principal.tenant, &name);
-                    let req = policy_request(
-                        principal,
-                        route,
-                        headers,
-                        probe.to_string().as_bytes(),
-                        &name,
-                        &ann,
-                        "",
-                        "",
-                    );
-                    let verdict = evaluate_chain_async(
-                        app.engine.clone(),
-                        policies,
-                        route,
-                        &principal.tenant,
-                        req,
-                    )
-                    .await
-                    .0;
-                    if !matches!(verdict, Verdict::Deny { .. }) {
-                        kept.push(t);
-                    }
+    Ok((msg, method, id))
+}
+
+impl Post<'_> {
+    fn policies(&self) -> &[crate::policy::BoundPolicy] {
+        self.rt
+            .policies
+            .for_route(&self.principal.tenant, &self.route.name)
+    }
+
+    async fn verdict(&self, body: &[u8], tool: &ToolView<'_>) -> Verdict {
+        let req = policy_request(self.principal, self.route, self.headers, body, tool);
+        evaluate_chain_async(
+            self.app.engine.clone(),
+            self.policies(),
+            self.route,
+            &self.principal.tenant,
+            req,
+        )
+        .await
+        .0
+    }
+
+    /// `tools/list`: the server's answer, its tools' annotations cached,
+    /// and only the tools this tenant's policies would let run offered.
+    async fn list_tools(&self) -> Result<Prepared, OpError> {
+        let (status, head, bytes) = forward_buffered(
+            self.route,
+            self.headers,
+            self.body.clone(),
+            self.uri,
+            self.peer,
+        )
+        .await?;
+        let Some(mut answer) = rpc_message(&head, &bytes) else {
+            return Ok(Prepared::Respond(raw(status, head, bytes)));
+        };
+        if let Some(tools) = answer["result"]["tools"].as_array().cloned() {
+            self.app.mcp_tools.store(&self.cache_key, &tools);
+            let mut kept = Vec::new();
+            for t in tools {
+                let name = t["name"].as_str().unwrap_or_default().to_owned();
+                let probe = json!({"jsonrpc": "2.0", "id": 0, "method": "tools/call", "params": {"name": name, "arguments": {}}});
+                let (ann, _, _) = effective(
+                    self.route,
+                    self.app,
+                    &self.cache_key,
+                    &self.principal.tenant,
+                    &name,
+                );
+                let view = ToolView {
+                    tool: &name,
+                    annotations: &ann,
+                    key: "",
+                    fingerprint: "",
+                };
+                let verdict = self.verdict(probe.to_string().as_bytes(), &view).await;
+                if !matches!(verdict, Verdict::Deny { .. }) {
+                    kept.push(t);
                 }
-                answer["result"]["tools"] = Value::Array(kept);
             }
-            Ok(Prepared::Respond(json_response(StatusCode::OK, &answer)))
+            answer["result"]["tools"] = Value::Array(kept);
         }
-        "tools/call" => {
-            let Some(tool) = msg["params"]["name"].as_str().map(str::to_owned) else {
-                return Ok(Prepared::Respond(rpc_error(
-                    &id,
-                    -32602,
-                    "tools/call needs params.name",
-                    Value::Null,
-                )));
-            };
-            let args = msg["params"]
-                .get("arguments")
-                .cloned()
-                .unwrap_or_else(|| json!({}));
-            let (annotations, read_only, class) =
-                effective(route, app, &cache_key, &principal.tenant, &tool);
-            if read_only {
-                if !policies.is_empty() {
-                    let req = policy_request(
-                        principal,
-                        route,
-                        headers,
-                        body,
-                        &tool,
-                        &annotations,
-                        "",
-                        "",
-                    );
-                    match evaluate_chain_async(
-                        app.engine.clone(),
-                        policies,
-                        route,
-                        &principal.tenant,
-                        req,
-                    )
-                    .await
-                    .0
-                    {
-                        Verdict::Allow { .. } => {}
-                        Verdict::Deny { reason, policy, .. } => {
-                            return Ok(Prepared::Respond(rpc_error(
-                                &id,
-                                -32003,
-                                &format!("denied by policy {policy}: {reason}"),
-                                Value::Null,
-                            )));
-                        }
-                        Verdict::RequireApproval { .. } => {
-                            return Ok(Prepared::Respond(rpc_error(
-                                &id,
-                                -32003,
-                                "approval is only possible for tools that change the world",
-                                Value::Null,
-                            )));
-                        }
-                        Verdict::Failed { policy, failure } => {
-                            return Ok(Prepared::Respond(rpc_error(
-                                &id,
-                                -32004,
-                                &format!("policy {policy} failed: {failure}"),
-                                Value::Null,
-                            )));
-                        }
-                    }
+        Ok(Prepared::Respond(json_response(StatusCode::OK, &answer)))
+    }
+
+    /// `tools/call`: a read-only tool passes (after the policies), a
+    /// world-changing one becomes a [`McpCall`] with its intent id.
+    async fn call_tool(&self, msg: &Value, id: Value) -> Result<Prepared, OpError> {
+        let Some(tool) = msg["params"]["name"].as_str().map(str::to_owned) else {
+            return refuse(&id, -32602, "tools/call needs params.name", Value::Null);
+        };
+        let args = msg["params"]
+            .get("arguments")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        let (annotations, read_only, class) = effective(
+            self.route,
+            self.app,
+            &self.cache_key,
+            &self.principal.tenant,
+            &tool,
+        );
+        if read_only {
+            return self.read_only_call(&id, &tool, &annotations).await;
+        }
+        let canonical = serde_json_canonicalizer::to_vec(&args).unwrap_or_default();
+        let fingerprint = crate::idempotency::fingerprint(
+            "MCP",
+            &self.route.name,
+            &format!("/tools/{tool}"),
+            None,
+            Some("application/json"),
+            &canonical,
+        );
+        let key = match self.intent_id(msg, &tool, &canonical)? {
+            Ok(k) => k,
+            Err(message) => return refuse(&id, -32602, &message, Value::Null),
+        };
+        Ok(Prepared::Call(McpCall {
+            rpc_id: id,
+            tool,
+            key,
+            fingerprint,
+            effect_class: class,
+            annotations,
+        }))
+    }
+
+    /// A read-only tool call: forwarded without the ledger, unless a
+    /// policy refuses it.
+    async fn read_only_call(
+        &self,
+        id: &Value,
+        tool: &str,
+        annotations: &Value,
+    ) -> Result<Prepared, OpError> {
+        if self.policies().is_empty() {
+            return Ok(Prepared::Forward);
+        }
+        let view = ToolView {
+            tool,
+            annotations,
+            key: "",
+            fingerprint: "",
+        };
+        match self.verdict(self.body, &view).await {
+            Verdict::Allow { .. } => Ok(Prepared::Forward),
+            Verdict::Deny { reason, policy, .. } => refuse(
+                id,
+                -32003,
+                &format!("denied by policy {policy}: {reason}"),
+                Value::Null,
+            ),
+            Verdict::RequireApproval { .. } => refuse(
+                id,
+                -32003,
+                "approval is only possible for tools that change the world",
+                Value::Null,
+            ),
+            Verdict::Failed { policy, failure } => refuse(
+                id,
+                -32004,
+                &format!("policy {policy} failed: {failure}"),
+                Value::Null,
+            ),
+        }
+    }
+
+    /// The operation id of a world-changing call, in this order: the
+    /// `Idempotency-Key` header; the intent id in `params._meta`; a derived
+    /// id when the route opts in. `Ok(Err(message))` refuses the call.
+    ///
+    /// Errors: a malformed `Idempotency-Key` header (400).
+    fn intent_id(
+        &self,
+        msg: &Value,
+        tool: &str,
+        canonical: &[u8],
+    ) -> Result<Result<String, String>, OpError> {
+        let max_len = self.rt.limits.max_idempotency_key_len;
+        if let Some(k) = crate::idempotency::parse_key(self.headers, max_len)? {
+            return Ok(Ok(k));
+        }
+        let spec = self.route.mcp.clone().unwrap_or_default();
+        Ok(match msg["params"]["_meta"][spec.intent_meta_field.as_str()].as_str() {
+            Some(k)
+                if !k.is_empty()
+                    && k.len() <= max_len
+                    && k.bytes().all(|b| (0x20..0x7f).contains(&b)) =>
+            {
+                Ok(k.to_owned())
+            }
+            Some(_) => Err("the intent id in _meta must be 1 to max_idempotency_key_len printable ASCII characters".into()),
+            None if spec.derived_identity => {
+                let scope = self
+                    .headers
+                    .get(spec.scope_header.as_str())
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                let mut h = Sha256::new();
+                for part in [
+                    self.principal.tenant.as_bytes(),
+                    self.principal.name.as_bytes(),
+                    scope.as_bytes(),
+                    tool.as_bytes(),
+                    canonical,
+                ] {
+                    h.update((part.len() as u64).to_be_bytes());
+                    h.update(part);
                 }
-                return Ok(Prepared::Forward);
+                Ok(format!("mcp-{}", &hex::encode(h.finalize())[..40]))
             }
-            let canonical = serde_json_canonicalizer::to_vec(&args).unwrap_or_default();
-            let fingerprint = crate::idempotency::fingerprint(
-                "MCP",
-                &route.name,
-                &format!("/tools/{tool}"),
-                None,
-                Some("application/json"),
-                &canonical,
-            );
-            let spec = route.mcp.clone().unwrap_or_default();
-            let key = match crate::idempotency::parse_key(
-                headers,
-                rt.limits.max_idempotency_key_len,
-            )? {
-                Some(k) => k,
-                None => match msg["params"]["_meta"][spec.intent_meta_field.as_str()].as_str() {
-                    Some(k)
-                        if !k.is_empty()
-                            && k.len() <= rt.limits.max_idempotency_key_len
-                            && k.bytes().all(|b| (0x20..0x7f).contains(&b)) =>
-                    {
-                        k.to_owned()
-                    }
-                    Some(_) => {
-                        return Ok(Prepared::Respond(rpc_error(
-                            &id,
-                            -32602,
-                            "the intent id in _meta must be 1 to max_idempotency_key_len printable ASCII characters",
-                            Value::Null,
-                        )));
-                    }
-                    None if spec.derived_identity => {
-                        let scope = headers
-                            .get(spec.scope_header.as_str())
-                            .and_then(|v| v.to_str().ok())
-                            .unwrap_or("");
-                        let mut h = Sha256::new();
-                        for part in [
-                            principal.tenant.as_bytes(),
-                            principal.name.as_bytes(),
-                            scope.as_bytes(),
-                            tool.as_bytes(),
-                            &canonical,
-                        ] {
-                            h.update((part.len() as u64).to_be_bytes());
-                            h.update(part);
-                        }
-                        format!("mcp-{}", &hex::encode(h.finalize())[..40])
-                    }
-                    None => {
-                        return Ok(Prepared::Respond(rpc_error(
-                            &id,
-                            -32602,
-                            &format!(
-                                "tool {tool:?} changes the world: pass an intent id (Idempotency-Key header or params._meta[\"{}\"])",
-                                spec.intent_meta_field
-                            ),
-                            Value::Null,
-                        )));
-                    }
-                },
-            };
-            Ok(Prepared::Call(McpCall {
-                rpc_id: id,
-                tool,
-                key,
-                fingerprint,
-                effect_class: class,
-                annotations,
-            }))
-        }
-        _ => Ok(Prepared::Forward),
+            None => Err(format!(
+                "tool {tool:?} changes the world: pass an intent id (Idempotency-Key header or params._meta[\"{}\"])",
+                spec.intent_meta_field
+            )),
+        })
     }
 }
 
@@ -432,16 +503,13 @@ pub fn call_policy_request(
     headers: &HeaderMap,
     body: &[u8],
 ) -> crate::policy::Request {
-    policy_request(
-        principal,
-        route,
-        headers,
-        body,
-        &call.tool,
-        &call.annotations,
-        &call.key,
-        &call.fingerprint,
-    )
+    let view = ToolView {
+        tool: &call.tool,
+        annotations: &call.annotations,
+        key: &call.key,
+        fingerprint: &call.fingerprint,
+    };
+    policy_request(principal, route, headers, body, &view)
 }
 
 fn raw(status: StatusCode, head: HeaderMap, bytes: Bytes) -> Reply {

@@ -77,14 +77,12 @@ pub enum Step {
 /// One reconciliation step for `op` (as last read). Every write is a
 /// compare-and-swap: if another instance got there first, the step is
 /// [`Step::Busy`].
-pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, LedgerError> {
-    let ledger = &app.ledger;
-    let owner: &str = &app.instance_id;
+pub async fn reconcile_op(app: &AppState, op: Operation) -> Result<Step, LedgerError> {
     let settings = app.settings();
     let Some(route) = settings.route_named(&op.route) else {
         // Off the schedule, so it can't hold up the scan; an operator decides.
         if op.state == State::Unknown {
-            ledger
+            app.ledger
                 .unschedule(&op.tenant_id, &op.operation_id, op.version)
                 .await?;
         }
@@ -92,64 +90,26 @@ pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, Led
             "the operation's route is no longer configured",
         ));
     };
-    let now = ledger.clock().now_ms();
-    match op.state {
-        State::Reserved => {
-            let lease = execute::lease_ms(app);
-            let Some(claim) = ledger
-                .claim(
-                    &op.tenant_id,
-                    &op.operation_id,
-                    State::Reserved,
-                    op.version,
-                    owner,
-                    lease,
-                    "reconciler: executing an abandoned reservation",
-                )
-                .await?
-            else {
-                return Ok(Step::Busy);
-            };
-            crate::metrics::reconciliation("reserved-executed");
-            let state = execute::run(app.clone(), route.clone(), op, claim, None).await;
-            return Ok(Step::ExecutedReserved(state));
-        }
-        State::Executing => {
-            if op.lease_expires_at.is_some_and(|t| t > now) {
-                return Ok(Step::Busy);
-            }
-            let settle = route.read_back.as_ref().map(|rb| rb.settle_delay_ms as i64);
-            if !ledger
-                .expire_lease(&op.tenant_id, &op.operation_id, op.version, settle, owner)
-                .await?
-            {
-                return Ok(Step::Busy);
-            }
-            crate::metrics::reconciliation("lease-expired");
-            op = match ledger.get(&op.tenant_id, &op.operation_id).await? {
-                Some(op) => op,
-                None => return Ok(Step::Busy),
-            };
-        }
-        State::Unknown => {}
-        _ => return Ok(Step::Skipped("not in a state reconciliation resolves")),
-    }
+    let op = match take_up(app, route, op).await? {
+        Ok(op) => op,
+        Err(step) => return Ok(step),
+    };
     let Some(rb) = &route.read_back else {
-        ledger
+        app.ledger
             .unschedule(&op.tenant_id, &op.operation_id, op.version)
             .await?;
         return Ok(Step::Skipped(
             "the route has no read-back; an operator resolves it",
         ));
     };
-    let cfg = &settings.reconcile;
-    let Some(lease) = ledger
+    let Some(lease) = app
+        .ledger
         .lease_for_reconcile(
             &op.tenant_id,
             &op.operation_id,
             op.version,
-            owner,
-            cfg.lease_ms as i64,
+            &app.instance_id,
+            settings.reconcile.lease_ms as i64,
             "reconciliation: read-back",
         )
         .await?
@@ -157,9 +117,85 @@ pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, Led
         return Ok(Step::Busy);
     };
     let result = read_back(route, rb, &op).await;
-    // The decision and the reference only: a found value is the
-    // provider's data (possibly personal), never logged.
-    let (decision, reference) = match &result {
+    log_read_back(&op, &result);
+    let step = ReadBackStep {
+        app,
+        route,
+        rb,
+        cfg: &settings.reconcile,
+        now: app.ledger.clock().now_ms(),
+        fence: lease.fence,
+        op,
+    };
+    match result {
+        ReadBackResult::Found { matched, reference } => step.found(&matched, reference).await,
+        ReadBackResult::Absent if step.op.settle_until.is_some_and(|t| step.now < t) => {
+            step.settling().await
+        }
+        ReadBackResult::Absent => step.absent().await,
+        ReadBackResult::Error(detail) => step.failed(detail).await,
+    }
+}
+
+/// Brings `op` to UNKNOWN for a read-back: an abandoned reservation is
+/// executed instead (`Err` with its step), an EXECUTING one whose lease ran
+/// out is expired to UNKNOWN, an UNKNOWN one is taken as it is.
+async fn take_up(
+    app: &AppState,
+    route: &Route,
+    op: Operation,
+) -> Result<Result<Operation, Step>, LedgerError> {
+    let ledger = &app.ledger;
+    let owner: &str = &app.instance_id;
+    match op.state {
+        State::Reserved => {
+            let Some(claim) = ledger
+                .claim(
+                    &op.tenant_id,
+                    &op.operation_id,
+                    State::Reserved,
+                    op.version,
+                    owner,
+                    execute::lease_ms(app),
+                    "reconciler: executing an abandoned reservation",
+                )
+                .await?
+            else {
+                return Ok(Err(Step::Busy));
+            };
+            crate::metrics::reconciliation("reserved-executed");
+            let state = execute::run(app.clone(), route.clone(), op, claim, None).await;
+            Ok(Err(Step::ExecutedReserved(state)))
+        }
+        State::Executing => {
+            if op
+                .lease_expires_at
+                .is_some_and(|t| t > ledger.clock().now_ms())
+            {
+                return Ok(Err(Step::Busy));
+            }
+            let settle = route.read_back.as_ref().map(|rb| rb.settle_delay_ms as i64);
+            if !ledger
+                .expire_lease(&op.tenant_id, &op.operation_id, op.version, settle, owner)
+                .await?
+            {
+                return Ok(Err(Step::Busy));
+            }
+            crate::metrics::reconciliation("lease-expired");
+            Ok(match ledger.get(&op.tenant_id, &op.operation_id).await? {
+                Some(op) => Ok(op),
+                None => Err(Step::Busy),
+            })
+        }
+        State::Unknown => Ok(Ok(op)),
+        _ => Ok(Err(Step::Skipped("not in a state reconciliation resolves"))),
+    }
+}
+
+/// Logs a read-back's decision and the provider's reference only: a found
+/// value is the provider's data (possibly personal), never logged.
+fn log_read_back(op: &Operation, result: &ReadBackResult) {
+    let (decision, reference) = match result {
         ReadBackResult::Found { reference, .. } => ("found", reference.as_deref()),
         ReadBackResult::Absent => ("absent", None),
         ReadBackResult::Error(_) => ("error", None),
@@ -167,148 +203,169 @@ pub async fn reconcile_op(app: &AppState, mut op: Operation) -> Result<Step, Led
     tracing::info!(
         tenant = %op.tenant_id, operation_id = %op.operation_id, decision,
         reference = reference.unwrap_or("-"),
-        error = if let ReadBackResult::Error(e) = &result { e.as_str() } else { "-" },
+        error = if let ReadBackResult::Error(e) = result { e.as_str() } else { "-" },
         "read-back"
     );
-    let now = ledger.clock().now_ms();
-    let (tid, oid) = (op.tenant_id.clone(), op.operation_id.clone());
-    let record = |o: Outcome| {
-        let (tid, oid) = (&tid, &oid);
-        async move {
-            ledger
-                .record_outcome(tid, oid, lease.fence, State::Unknown, owner, &o)
-                .await
-        }
-    };
-    match result {
-        ReadBackResult::Found { matched, reference } => {
-            let body = if route.mcp.is_some() {
-                crate::ops::mcp::reconciled_result(&matched)
-            } else {
-                serde_json::to_vec(&matched).unwrap_or_default()
-            };
-            let mut o = Outcome::new(State::Completed, "read-back: the provider has the effect");
-            o.response_status = Some(200);
-            o.response_headers = vec![("content-type".into(), "application/json".into())];
-            o.response_body_bytes = Some(body.len() as i64);
-            o.response_body = Some(body);
-            o.provider_reference = reference;
-            o.count_read_back = true;
-            if !record(o).await? {
-                return Ok(Step::Busy);
-            }
-            crate::metrics::reconciliation("found");
-            Ok(Step::Found)
-        }
-        ReadBackResult::Absent if op.settle_until.is_some_and(|t| now < t) => {
-            let mut o = Outcome::new(
+}
+
+/// What a read-back decided, applied under the reconciliation lease.
+struct ReadBackStep<'a> {
+    app: &'a AppState,
+    route: &'a Route,
+    rb: &'a ReadBack,
+    cfg: &'a crate::config::ReconcileSpec,
+    now: i64,
+    fence: i64,
+    op: Operation,
+}
+
+impl ReadBackStep<'_> {
+    /// Records `o` under the lease; `false` when another owner got there first.
+    async fn record(&self, o: Outcome) -> Result<bool, LedgerError> {
+        self.app
+            .ledger
+            .record_outcome(
+                &self.op.tenant_id,
+                &self.op.operation_id,
+                self.fence,
                 State::Unknown,
-                "read-back: absent, but within the settle delay",
+                &self.app.instance_id,
+                &o,
+            )
+            .await
+    }
+
+    /// `o` recorded, then `step` (with its metric), or Busy when fenced off.
+    async fn finish(
+        &self,
+        o: Outcome,
+        step: Step,
+        metric: &'static str,
+    ) -> Result<Step, LedgerError> {
+        if !self.record(o).await? {
+            return Ok(Step::Busy);
+        }
+        crate::metrics::reconciliation(metric);
+        Ok(step)
+    }
+
+    /// The provider has the effect: COMPLETED with what was found.
+    async fn found(&self, matched: &Value, reference: Option<String>) -> Result<Step, LedgerError> {
+        let body = if self.route.mcp.is_some() {
+            crate::ops::mcp::reconciled_result(matched)
+        } else {
+            serde_json::to_vec(matched).unwrap_or_default()
+        };
+        let mut o = Outcome::new(State::Completed, "read-back: the provider has the effect");
+        o.response_status = Some(200);
+        o.response_headers = vec![("content-type".into(), "application/json".into())];
+        o.response_body_bytes = Some(body.len() as i64);
+        o.response_body = Some(body);
+        o.provider_reference = reference;
+        o.count_read_back = true;
+        self.finish(o, Step::Found, "found").await
+    }
+
+    /// Absent, but within the settle delay: look again while the
+    /// provider's search catches up, waiting as long again as since the
+    /// last attempt (doubling, between the backoff bounds), never past the
+    /// end of the window. A "found" meanwhile is trusted at once.
+    async fn settling(&self) -> Result<Step, LedgerError> {
+        let (op, cfg, now) = (&self.op, self.cfg, self.now);
+        let mut o = Outcome::new(
+            State::Unknown,
+            "read-back: absent, but within the settle delay",
+        );
+        o.keep_response = true;
+        o.error_kind = op.error_kind.clone();
+        o.error_detail = op.error_detail.clone();
+        let settle_until = op.settle_until.unwrap_or(now);
+        let since_attempt = settle_until
+            .saturating_sub(self.rb.settle_delay_ms as i64)
+            .max(0);
+        let waited = now.saturating_sub(since_attempt).max(0) as u64;
+        let wait = waited.clamp(
+            cfg.backoff_base_ms,
+            cfg.backoff_max_ms.max(cfg.backoff_base_ms),
+        );
+        o.next_reconcile_at = Some(now.saturating_add(wait as i64).min(settle_until));
+        self.finish(o, Step::Settling, "absent-settling").await
+    }
+
+    /// Absent past the settle delay: a new attempt with the same provider
+    /// key, or a dead letter when the retry budget is spent.
+    async fn absent(self) -> Result<Step, LedgerError> {
+        let op = &self.op;
+        if op.attempts >= execute::attempt_budget(self.route, op) {
+            let mut o = Outcome::new(
+                State::Failed,
+                "read-back: absent, and the retry budget is spent",
             );
             o.keep_response = true;
-            o.error_kind = op.error_kind.clone();
+            o.error_kind = Some("retries-exhausted".into());
             o.error_detail = op.error_detail.clone();
-            // Keep looking while the provider's search catches up: wait as
-            // long again as since the last attempt (doubling, between the
-            // backoff bounds), never past the end of the window. A "found"
-            // meanwhile is trusted at once.
-            let settle_until = op.settle_until.unwrap_or(now);
-            let since_attempt = settle_until
-                .saturating_sub(rb.settle_delay_ms as i64)
-                .max(0);
-            let waited = now.saturating_sub(since_attempt).max(0) as u64;
-            let wait = waited.clamp(
-                cfg.backoff_base_ms,
-                cfg.backoff_max_ms.max(cfg.backoff_base_ms),
-            );
-            o.next_reconcile_at = Some(now.saturating_add(wait as i64).min(settle_until));
-            if !record(o).await? {
-                return Ok(Step::Busy);
-            }
-            crate::metrics::reconciliation("absent-settling");
-            Ok(Step::Settling)
-        }
-        ReadBackResult::Absent => {
-            if op.attempts >= execute::attempt_budget(route, &op) {
-                let mut o = Outcome::new(
-                    State::Failed,
-                    "read-back: absent, and the retry budget is spent",
-                );
-                o.keep_response = true;
-                o.error_kind = Some("retries-exhausted".into());
-                o.error_detail = op.error_detail.clone();
-                o.count_read_back = true;
-                o.dead_letter = Some(DeadLetter {
-                    reason: "retries-exhausted".into(),
-                    operator_check: format!(
-                        "{} attempts were made; the last read-back found no effect for provider key {}. \
-                         Confirm at the provider that none exists, then requeue.",
-                        op.attempts, op.provider_key
-                    ),
-                });
-                if !record(o).await? {
-                    return Ok(Step::Busy);
-                }
-                crate::metrics::reconciliation("dead-lettered");
-                return Ok(Step::DeadLettered);
-            }
-            let lease_ms = execute::lease_ms(app);
-            let Some(claim) = ledger
-                .reattempt(
-                    &op.tenant_id,
-                    &op.operation_id,
-                    lease.fence,
-                    owner,
-                    lease_ms,
-                    "read-back: absent; new attempt, same provider key",
-                )
-                .await?
-            else {
-                return Ok(Step::Busy);
-            };
-            crate::metrics::reconciliation("absent-retried");
-            let state = execute::run(app.clone(), route.clone(), op, claim, None).await;
-            Ok(Step::Retried(state))
-        }
-        ReadBackResult::Error(detail) => {
-            let n = op.reconcile_attempts + 1;
-            let mut o = Outcome::new(State::Unknown, format!("read-back failed: {detail}"));
-            o.keep_response = true;
-            o.error_kind = Some("read-back-error".into());
-            o.error_detail = Some(detail.clone());
             o.count_read_back = true;
-            let step = if n >= i64::from(cfg.max_read_backs) {
-                o.state = State::Failed;
-                o.reason = format!("reconciliation out of bounds after {n} failed read-backs");
-                o.dead_letter = Some(DeadLetter {
-                    reason: "reconciliation-out-of-bounds".into(),
-                    operator_check: format!(
-                        "The effect MAY exist: {n} read-backs failed (last: {detail}). Search the provider for \
-                         provider key {} (operation {}) before requeueing; if it exists, resolve as completed.",
-                        op.provider_key, op.operation_id
-                    ),
-                });
-                Step::DeadLettered
-            } else {
-                let delay = crate::ops::backoff::delay_ms(
-                    cfg.backoff_base_ms,
-                    cfg.backoff_max_ms,
-                    u32::try_from(n).unwrap_or(u32::MAX),
-                    crate::ops::backoff::Jitter::Equal,
-                );
-                o.next_reconcile_at = Some(now.saturating_add(delay as i64));
-                Step::ReadBackError
-            };
-            if !record(o).await? {
-                return Ok(Step::Busy);
-            }
-            crate::metrics::reconciliation(if step == Step::DeadLettered {
-                "dead-lettered"
-            } else {
-                "read-back-error"
+            o.dead_letter = Some(DeadLetter {
+                reason: "retries-exhausted".into(),
+                operator_check: format!(
+                    "{} attempts were made; the last read-back found no effect for provider key {}. \
+                     Confirm at the provider that none exists, then requeue.",
+                    op.attempts, op.provider_key
+                ),
             });
-            Ok(step)
+            return self.finish(o, Step::DeadLettered, "dead-lettered").await;
         }
+        let Some(claim) = self
+            .app
+            .ledger
+            .reattempt(
+                &op.tenant_id,
+                &op.operation_id,
+                self.fence,
+                &self.app.instance_id,
+                execute::lease_ms(self.app),
+                "read-back: absent; new attempt, same provider key",
+            )
+            .await?
+        else {
+            return Ok(Step::Busy);
+        };
+        crate::metrics::reconciliation("absent-retried");
+        let state = execute::run(self.app.clone(), self.route.clone(), self.op, claim, None).await;
+        Ok(Step::Retried(state))
+    }
+
+    /// The read-back itself failed: UNKNOWN again after a backoff, or a
+    /// dead letter past `reconcile.max_read_backs`.
+    async fn failed(&self, detail: String) -> Result<Step, LedgerError> {
+        let (op, cfg) = (&self.op, self.cfg);
+        let n = op.reconcile_attempts + 1;
+        let mut o = Outcome::new(State::Unknown, format!("read-back failed: {detail}"));
+        o.keep_response = true;
+        o.error_kind = Some("read-back-error".into());
+        o.error_detail = Some(detail.clone());
+        o.count_read_back = true;
+        if n >= i64::from(cfg.max_read_backs) {
+            o.state = State::Failed;
+            o.reason = format!("reconciliation out of bounds after {n} failed read-backs");
+            o.dead_letter = Some(DeadLetter {
+                reason: "reconciliation-out-of-bounds".into(),
+                operator_check: format!(
+                    "The effect MAY exist: {n} read-backs failed (last: {detail}). Search the provider for \
+                     provider key {} (operation {}) before requeueing; if it exists, resolve as completed.",
+                    op.provider_key, op.operation_id
+                ),
+            });
+            return self.finish(o, Step::DeadLettered, "dead-lettered").await;
+        }
+        let delay = crate::ops::backoff::delay_ms(
+            cfg.backoff_base_ms,
+            cfg.backoff_max_ms,
+            u32::try_from(n).unwrap_or(u32::MAX),
+            crate::ops::backoff::Jitter::Equal,
+        );
+        o.next_reconcile_at = Some(self.now.saturating_add(delay as i64));
+        self.finish(o, Step::ReadBackError, "read-back-error").await
     }
 }
 

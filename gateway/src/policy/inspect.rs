@@ -5,6 +5,8 @@
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+use super::bindings;
+
 /// The initial size of the largest linear memory any core module of the
 /// component defines, in bytes (0 if it can't be read; compiling reports
 /// that).

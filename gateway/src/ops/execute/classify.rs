@@ -83,7 +83,8 @@ pub(super) async fn classify_by_policy(
     }
 }
 
-/// Turns the final attempt into the ledger outcome and the caller's answer.
+/// Classifies one attempt's result into the outcome to record and the
+/// caller's answer (see the module docs for the table).
 pub(super) fn classify(
     result: Attempt,
     transient: bool,
@@ -92,14 +93,16 @@ pub(super) fn classify(
     op: &Operation,
     now: i64,
 ) -> (Outcome, Answer) {
-    let settle = now.saturating_add(
-        route
-            .read_back
-            .as_ref()
-            .map_or(0, |rb| rb.settle_delay_ms as i64),
-    );
-    // Only routes with a read-back are scheduled for automatic reconciliation.
-    let next = route.read_back.as_ref().map(|_| now);
+    let when = Schedule {
+        settle: now.saturating_add(
+            route
+                .read_back
+                .as_ref()
+                .map_or(0, |rb| rb.settle_delay_ms as i64),
+        ),
+        // Only routes with a read-back are scheduled for automatic reconciliation.
+        next: route.read_back.as_ref().map(|_| now),
+    };
     match result {
         Attempt::ConnectFailed(detail) => {
             let mut o = Outcome::new(OpState::Failed, "retries exhausted: provider unreachable");
@@ -117,155 +120,38 @@ pub(super) fn classify(
             o.error_kind = Some(kind.into());
             o.error_detail = Some(detail.clone());
             o.attempt_outcome = Some(kind.into());
-            o.next_reconcile_at = next;
-            o.settle_until = Some(settle);
+            when.unknown(&mut o);
             let status = if kind == "timeout" {
                 StatusCode::GATEWAY_TIMEOUT
             } else {
                 StatusCode::BAD_GATEWAY
             };
-            (
-                o,
-                Err(OpError::OutcomeUnknown {
-                    operation_id: op.operation_id.clone(),
-                    detail,
-                    status,
-                }),
-            )
+            let e = OpError::OutcomeUnknown {
+                operation_id: op.operation_id.clone(),
+                detail,
+                status,
+            };
+            (o, Err(e))
         }
         Attempt::Response { head, body } => {
             let code = head.status.as_u16();
-            let mut o = match code {
-                200..=299 => Outcome::new(OpState::Completed, "provider applied the effect"),
-                _ if transient => {
-                    let mut o = Outcome::new(
-                        OpState::Failed,
-                        format!("retries exhausted: provider answered {code}"),
-                    );
-                    o.error_kind = Some("retries-exhausted".into());
-                    o.dead_letter = Some(exhausted(op, &format!("status {code}")));
-                    o
-                }
-                _ if policy_class == Some(FailureClass::Permanent) => {
-                    let mut o = Outcome::new(
-                        OpState::Failed,
-                        format!("provider refused with {code} (permanent by policy)"),
-                    );
-                    o.error_kind = Some("permanent".into());
-                    o
-                }
-                500..=599 if code != 501 && code != 505 => {
-                    let mut o = Outcome::new(
-                        OpState::Unknown,
-                        format!("provider answered {code}; the effect may have been applied"),
-                    );
-                    o.error_kind = Some("provider-5xx".into());
-                    o.next_reconcile_at = next;
-                    o.settle_until = Some(settle);
-                    o
-                }
-                _ => {
-                    let mut o =
-                        Outcome::new(OpState::Failed, format!("provider refused with {code}"));
-                    o.error_kind = Some("permanent".into());
-                    o
-                }
-            };
+            let mut o = by_status(code, transient, policy_class, op, &when);
             o.attempt_outcome = Some(format!("status-{code}"));
             o.response_status = Some(code);
             o.response_headers = stored_headers(route, &head.headers);
-            let mut reply_body = match body {
-                ReadBody::Whole(b) => {
-                    o.response_body_bytes = Some(b.len() as i64);
-                    o.response_body = Some(b.to_vec());
-                    ReplyBody::Full(b)
-                }
-                ReadBody::Overflow(prefix, rest) => {
-                    o.response_body_omitted = true;
-                    ReplyBody::Streamed(prefix, rest)
-                }
-                ReadBody::Broken(prefix, err) => {
-                    o.response_body_omitted = true;
-                    o.error_detail = Some(format!("response body unreadable: {err}"));
-                    if o.state == OpState::Completed {
-                        o.error_kind = Some("response-body-lost".into());
-                    }
-                    ReplyBody::Full(prefix)
-                }
-            };
+            let reply_body = store_body(&mut o, body);
             if o.state == OpState::Unknown {
-                let reply = OpError::OutcomeUnknown {
+                let e = OpError::OutcomeUnknown {
                     operation_id: op.operation_id.clone(),
                     detail: o.reason.clone(),
                     status: StatusCode::BAD_GATEWAY,
                 };
-                return (o, Err(reply));
+                return (o, Err(e));
             }
             let mut parts = head;
             strip_hop_by_hop(&mut parts.headers);
             if o.response_body_omitted {
                 parts.headers.remove(header::CONTENT_LENGTH);
-            }
-            // MCP: the tool-level outcome decides, not the HTTP 200. The
-            // JSON-RPC answer (out of JSON or SSE) is what is stored and sent.
-            // A 200 whose answer never arrived (an SSE stream cut short) says
-            // nothing about the tool: the outcome is unknown.
-            if route.mcp.is_some() && o.state == OpState::Completed {
-                let msg = if o.response_body_omitted {
-                    None
-                } else {
-                    o.response_body
-                        .as_deref()
-                        .and_then(|b| crate::ops::mcp::rpc_message(&parts.headers, b))
-                };
-                let Some(msg) = msg else {
-                    let mut u = Outcome::new(
-                        OpState::Unknown,
-                        "the tool's answer never arrived; it may have run",
-                    );
-                    u.error_kind = Some("tool-result-lost".into());
-                    u.error_detail = o.error_detail.clone();
-                    u.attempt_outcome = o.attempt_outcome.clone();
-                    u.response_status = o.response_status;
-                    u.next_reconcile_at = route.read_back.as_ref().map(|_| now);
-                    u.settle_until = Some(settle);
-                    let reply = OpError::OutcomeUnknown {
-                        operation_id: op.operation_id.clone(),
-                        detail: u.reason.clone(),
-                        status: StatusCode::GATEWAY_TIMEOUT,
-                    };
-                    return (u, Err(reply));
-                };
-                let (state, kind) = crate::ops::mcp::tool_outcome(&msg);
-                let bytes = msg.to_string().into_bytes();
-                o.state = state;
-                o.error_kind = kind.map(str::to_owned);
-                if let Some(k) = kind {
-                    o.reason = format!("the tool reported an error ({k})");
-                    o.error_detail = Some(
-                        msg["error"]["message"]
-                            .as_str()
-                            .map(str::to_owned)
-                            .unwrap_or_else(|| {
-                                msg["result"]["content"][0]["text"]
-                                    .as_str()
-                                    .unwrap_or("isError: true")
-                                    .to_owned()
-                            }),
-                    );
-                }
-                o.response_headers = vec![("content-type".into(), "application/json".into())];
-                o.response_body_bytes = Some(bytes.len() as i64);
-                // Stored whole (MCP answers are read up to 16 MiB): a replay
-                // must be a valid tool result, which a truncated one isn't.
-                o.response_body = Some(bytes.clone());
-                parts.headers.insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                );
-                parts.headers.remove(header::CONTENT_LENGTH);
-                reply_body = ReplyBody::Full(bytes.into());
-                crate::metrics::mcp_tool_call(&route.name, kind.unwrap_or("ok"));
             }
             let reply = Reply {
                 status: parts.status,
@@ -273,7 +159,163 @@ pub(super) fn classify(
                 body: reply_body,
                 stored_replay: false,
             };
+            if route.mcp.is_some() && o.state == OpState::Completed {
+                return mcp_result(o, reply, route, op, &when);
+            }
             (o, Ok(reply))
         }
     }
+}
+
+/// When an UNKNOWN outcome is read back: not before `settle`, first at
+/// `next` (`None`: the route has no read-back, an operator resolves it).
+struct Schedule {
+    settle: i64,
+    next: Option<i64>,
+}
+
+impl Schedule {
+    fn unknown(&self, o: &mut Outcome) {
+        o.next_reconcile_at = self.next;
+        o.settle_until = Some(self.settle);
+    }
+}
+
+/// The outcome a provider's status means: 2xx COMPLETED; a transient one
+/// past the budget FAILED (dead letter); a classifier's `permanent` FAILED;
+/// other 5xx but 501/505 UNKNOWN; the rest FAILED (permanent).
+fn by_status(
+    code: u16,
+    transient: bool,
+    policy_class: Option<FailureClass>,
+    op: &Operation,
+    when: &Schedule,
+) -> Outcome {
+    match code {
+        200..=299 => Outcome::new(OpState::Completed, "provider applied the effect"),
+        _ if transient => {
+            let mut o = Outcome::new(
+                OpState::Failed,
+                format!("retries exhausted: provider answered {code}"),
+            );
+            o.error_kind = Some("retries-exhausted".into());
+            o.dead_letter = Some(exhausted(op, &format!("status {code}")));
+            o
+        }
+        _ if policy_class == Some(FailureClass::Permanent) => {
+            let mut o = Outcome::new(
+                OpState::Failed,
+                format!("provider refused with {code} (permanent by policy)"),
+            );
+            o.error_kind = Some("permanent".into());
+            o
+        }
+        500..=599 if code != 501 && code != 505 => {
+            let mut o = Outcome::new(
+                OpState::Unknown,
+                format!("provider answered {code}; the effect may have been applied"),
+            );
+            o.error_kind = Some("provider-5xx".into());
+            when.unknown(&mut o);
+            o
+        }
+        _ => {
+            let mut o = Outcome::new(OpState::Failed, format!("provider refused with {code}"));
+            o.error_kind = Some("permanent".into());
+            o
+        }
+    }
+}
+
+/// Stores what was read of the body in `o` and returns the caller's body:
+/// the whole body, or the prefix and the rest streamed (not stored), or
+/// the prefix of a body that broke off.
+fn store_body(o: &mut Outcome, body: ReadBody) -> ReplyBody {
+    match body {
+        ReadBody::Whole(b) => {
+            o.response_body_bytes = Some(b.len() as i64);
+            o.response_body = Some(b.to_vec());
+            ReplyBody::Full(b)
+        }
+        ReadBody::Overflow(prefix, rest) => {
+            o.response_body_omitted = true;
+            ReplyBody::Streamed(prefix, rest)
+        }
+        ReadBody::Broken(prefix, err) => {
+            o.response_body_omitted = true;
+            o.error_detail = Some(format!("response body unreadable: {err}"));
+            if o.state == OpState::Completed {
+                o.error_kind = Some("response-body-lost".into());
+            }
+            ReplyBody::Full(prefix)
+        }
+    }
+}
+
+/// MCP: the tool-level outcome decides, not the HTTP 200. The JSON-RPC
+/// answer (out of JSON or SSE) is what is stored and sent. A 200 whose
+/// answer never arrived (an SSE stream cut short) says nothing about the
+/// tool: the outcome is unknown.
+fn mcp_result(
+    mut o: Outcome,
+    mut reply: Reply,
+    route: &Route,
+    op: &Operation,
+    when: &Schedule,
+) -> (Outcome, Answer) {
+    let msg = if o.response_body_omitted {
+        None
+    } else {
+        o.response_body
+            .as_deref()
+            .and_then(|b| crate::ops::mcp::rpc_message(&reply.headers, b))
+    };
+    let Some(msg) = msg else {
+        let mut u = Outcome::new(
+            OpState::Unknown,
+            "the tool's answer never arrived; it may have run",
+        );
+        u.error_kind = Some("tool-result-lost".into());
+        u.error_detail = o.error_detail.clone();
+        u.attempt_outcome = o.attempt_outcome.clone();
+        u.response_status = o.response_status;
+        when.unknown(&mut u);
+        let e = OpError::OutcomeUnknown {
+            operation_id: op.operation_id.clone(),
+            detail: u.reason.clone(),
+            status: StatusCode::GATEWAY_TIMEOUT,
+        };
+        return (u, Err(e));
+    };
+    let (state, kind) = crate::ops::mcp::tool_outcome(&msg);
+    let bytes = msg.to_string().into_bytes();
+    o.state = state;
+    o.error_kind = kind.map(str::to_owned);
+    if let Some(k) = kind {
+        o.reason = format!("the tool reported an error ({k})");
+        o.error_detail = Some(
+            msg["error"]["message"]
+                .as_str()
+                .map(str::to_owned)
+                .unwrap_or_else(|| {
+                    msg["result"]["content"][0]["text"]
+                        .as_str()
+                        .unwrap_or("isError: true")
+                        .to_owned()
+                }),
+        );
+    }
+    o.response_headers = vec![("content-type".into(), "application/json".into())];
+    o.response_body_bytes = Some(bytes.len() as i64);
+    // Stored whole (MCP answers are read up to 16 MiB): a replay must be a
+    // valid tool result, which a truncated one isn't.
+    o.response_body = Some(bytes.clone());
+    reply.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    reply.headers.remove(header::CONTENT_LENGTH);
+    reply.body = ReplyBody::Full(bytes.into());
+    crate::metrics::mcp_tool_call(&route.name, kind.unwrap_or("ok"));
+    (o, Ok(reply))
 }

@@ -159,6 +159,89 @@ pub async fn run(
     }
 }
 
+/// A transient failure of one attempt, to be retried within budget with
+/// the same provider key.
+struct Transient {
+    /// The provider's status, if it answered.
+    status: Option<u16>,
+    /// The attempt's outcome kind (`connect-failed`, `status-503`, …).
+    kind: String,
+    detail: String,
+    /// The provider's `Retry-After`, in ms.
+    retry_after: Option<u64>,
+}
+
+/// Whether `result` is transient: nothing was written (connect failed), a
+/// 429 or 503, a classifier policy's `transient`, or an MCP server that no
+/// longer knows the session (it refused the call before running it). A
+/// policy's `permanent` wins over the status.
+fn transient(
+    result: &Attempt,
+    policy_class: Option<FailureClass>,
+    route: &Route,
+) -> Option<Transient> {
+    match result {
+        Attempt::ConnectFailed(d) => Some(Transient {
+            status: None,
+            kind: "connect-failed".to_owned(),
+            detail: d.clone(),
+            retry_after: None,
+        }),
+        Attempt::Response { .. } if policy_class == Some(FailureClass::Permanent) => None,
+        Attempt::Response { head, .. }
+            if matches!(head.status.as_u16(), 429 | 503)
+                || policy_class == Some(FailureClass::Transient)
+                || (route.mcp.is_some() && head.status == StatusCode::NOT_FOUND) =>
+        {
+            Some(Transient {
+                status: Some(head.status.as_u16()),
+                kind: format!("status-{}", head.status.as_u16()),
+                detail: format!("provider answered {}", head.status),
+                retry_after: retry_after_ms(&head.headers),
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Opens an MCP session of the gateway's own for a new attempt and sets
+/// (or clears) `mcp-session-id` in `headers`; on failure the attempt goes
+/// on without one (logged).
+async fn own_mcp_session(route: &Route, op: &Operation, headers: &mut HeaderMap) {
+    match crate::ops::mcp::open_session(route, &op.path).await {
+        Ok(Some(s)) => {
+            if let Ok(v) = HeaderValue::from_str(&s) {
+                headers.insert("mcp-session-id", v);
+            }
+        }
+        Ok(None) => {
+            headers.remove("mcp-session-id");
+        }
+        Err(e) => {
+            tracing::warn!(operation_id = %op.operation_id, error = %e, "could not open an MCP session for a new attempt")
+        }
+    }
+}
+
+/// The stored request's headers as sent: the route's credentials and the
+/// provider key added, `Content-Length` of the stored body.
+async fn request_headers(route: &Route, op: &Operation, claim: &Claim) -> HeaderMap {
+    let mut headers = from_pairs(&op.request_headers);
+    add_route_headers(route, &mut headers, Some(&op.provider_key));
+    // Only the first attempt, made while its caller waits, can count on the
+    // caller's MCP session still existing. Every other execution (a retry
+    // after a read-back, an approved request, a requeue) runs in a session
+    // of the gateway's own.
+    if route.mcp.is_some() && !(claim.attempt == 1 && op.state == OpState::Reserved) {
+        own_mcp_session(route, op, &mut headers).await;
+    }
+    headers.insert(
+        header::CONTENT_LENGTH,
+        HeaderValue::from(op.request_body.len()),
+    );
+    headers
+}
+
 async fn run_inner(
     app: &AppState,
     route: &Route,
@@ -167,35 +250,9 @@ async fn run_inner(
     reply: &mut Option<oneshot::Sender<Answer>>,
 ) -> Result<(Option<OpState>, Answer), OpError> {
     let ledger = &app.ledger;
-    let owner: &str = &app.instance_id;
     let lease_ms = lease_ms(app);
-    let client = &route.client;
     let uri = upstream_uri(route, &op.path, op.query.as_deref())?;
-    let mut headers = from_pairs(&op.request_headers);
-    add_route_headers(route, &mut headers, Some(&op.provider_key));
-    // Only the first attempt, made while its caller waits, can count on the
-    // caller's MCP session still existing. Every other execution (a retry
-    // after a read-back, an approved request, a requeue) runs in a session
-    // of the gateway's own.
-    if route.mcp.is_some() && !(claim.attempt == 1 && op.state == OpState::Reserved) {
-        match crate::ops::mcp::open_session(route, &op.path).await {
-            Ok(Some(s)) => {
-                if let Ok(v) = HeaderValue::from_str(&s) {
-                    headers.insert("mcp-session-id", v);
-                }
-            }
-            Ok(None) => {
-                headers.remove("mcp-session-id");
-            }
-            Err(e) => {
-                tracing::warn!(operation_id = %op.operation_id, error = %e, "could not open an MCP session for a new attempt")
-            }
-        }
-    }
-    headers.insert(
-        header::CONTENT_LENGTH,
-        HeaderValue::from(op.request_body.len()),
-    );
+    let mut headers = request_headers(route, op, claim).await;
     let method: http::Method = op
         .method
         .parse()
@@ -211,19 +268,7 @@ async fn run_inner(
             && retry_no > 1
             && last_status == Some(StatusCode::NOT_FOUND.as_u16())
         {
-            match crate::ops::mcp::open_session(route, &op.path).await {
-                Ok(Some(s)) => {
-                    if let Ok(v) = HeaderValue::from_str(&s) {
-                        headers.insert("mcp-session-id", v);
-                    }
-                }
-                Ok(None) => {
-                    headers.remove("mcp-session-id");
-                }
-                Err(e) => {
-                    tracing::warn!(operation_id = %op.operation_id, error = %e, "could not open an MCP session")
-                }
-            }
+            own_mcp_session(route, op, &mut headers).await;
         }
         let req = build_request(
             method.clone(),
@@ -234,8 +279,8 @@ async fn run_inner(
         crate::failpoint::hit("before-send");
         // A claim that took long to land (a wait for a connection or a row
         // lock, a pause of this process) may hold little of its lease:
-        // renew it under the fencing token before sending. If another owner took over meanwhile, the
-        // renewal fails and nothing is sent.
+        // renew it under the fencing token before sending. If another owner
+        // took over meanwhile, the renewal fails and nothing is sent.
         if attempt_no == claim.attempt
             && claim.lease_expires_at - ledger.clock().now_ms() < lease_ms / 2
             && !ledger
@@ -244,7 +289,7 @@ async fn run_inner(
         {
             return Ok((None, Err(fenced_off(&op.operation_id))));
         }
-        let result = attempt(app, client, req, route, op, claim.fence, lease_ms).await;
+        let result = attempt(app, &route.client, req, route, op, claim.fence, lease_ms).await;
 
         // The tenant's classifier policies may override the gateway's rules
         // for a failed response.
@@ -254,55 +299,22 @@ async fn run_inner(
             }
             _ => None,
         };
-        // Transient: retry within budget, same provider key.
-        let transient = match &result {
-            Attempt::ConnectFailed(d) => Some((None, "connect-failed".to_owned(), d.clone(), None)),
-            Attempt::Response { .. } if policy_class == Some(FailureClass::Permanent) => None,
-            // An MCP server that no longer knows the session refused the
-            // call before running it: a new attempt in a session of the
-            // gateway's own.
-            Attempt::Response { head, .. }
-                if matches!(head.status.as_u16(), 429 | 503)
-                    || policy_class == Some(FailureClass::Transient)
-                    || (route.mcp.is_some() && head.status == StatusCode::NOT_FOUND) =>
-            {
-                Some((
-                    Some(head.status.as_u16()),
-                    format!("status-{}", head.status.as_u16()),
-                    format!("provider answered {}", head.status),
-                    retry_after_ms(&head.headers),
-                ))
-            }
-            _ => None,
-        };
-        last_status = transient.as_ref().and_then(|t| t.0);
-        if let Some((status, kind, detail, retry_after)) = &transient
+        let transient = transient(&result, policy_class, route);
+        last_status = transient.as_ref().and_then(|t| t.status);
+        if let Some(t) = &transient
             && attempt_no < budget
-            && let Some(delay) = backoff_ms(route, retry_no, *retry_after)
+            && let Some(delay) = backoff_ms(route, retry_no, t.retry_after)
         {
-            let ok = ledger
-                .note_retry(
-                    &op.tenant_id,
-                    &op.operation_id,
-                    claim.fence,
-                    *status,
-                    kind,
-                    detail,
-                    lease_ms + delay as i64,
-                )
-                .await
-                .map_err(|e| unrecorded(&op.operation_id, &e))?;
-            if !ok {
+            if !note_retry(app, route, op, claim, t, lease_ms + delay as i64).await? {
                 return Ok((None, Err(fenced_off(&op.operation_id))));
             }
-            crate::metrics::retry(&route.name);
-            tracing::info!(operation_id = %op.operation_id, attempt = attempt_no, delay_ms = delay, %detail, "transient failure; retrying");
+            tracing::info!(operation_id = %op.operation_id, attempt = attempt_no, delay_ms = delay, detail = %t.detail, "transient failure; retrying");
             if route.retry.mode == RetryMode::Background
                 && let Some(tx) = reply.take()
             {
                 let _ = tx.send(Ok(accepted(
                     &op.operation_id,
-                    &format!("attempt {attempt_no} failed ({kind})"),
+                    &format!("attempt {attempt_no} failed ({})", t.kind),
                 )));
             }
             tokio::time::sleep(Duration::from_millis(delay)).await;
@@ -310,33 +322,76 @@ async fn run_inner(
             attempt_no += 1;
             continue;
         }
-
         let now = ledger.clock().now_ms();
         let (outcome, answer) = classify(result, transient.is_some(), policy_class, route, op, now);
-        crate::failpoint::hit("before-record");
-        let recorded = ledger
-            .record_outcome(
-                &op.tenant_id,
-                &op.operation_id,
-                claim.fence,
-                OpState::Executing,
-                owner,
-                &outcome,
-            )
-            .await
-            .map_err(|e| unrecorded(&op.operation_id, &e))?;
-        if !recorded {
-            return Ok((None, Err(fenced_off(&op.operation_id))));
-        }
-        crate::failpoint::hit("after-record");
-        crate::metrics::recorded(&op.tenant_id, &route.name, outcome.state.as_str());
-        tracing::info!(
-            tenant = %op.tenant_id, operation_id = %op.operation_id, route = %route.name,
-            state = %outcome.state, attempts = attempt_no, outcome = outcome.attempt_outcome.as_deref().unwrap_or("-"),
-            "operation recorded"
-        );
-        return Ok((Some(outcome.state), answer));
+        return record(app, route, op, claim, outcome, attempt_no, answer).await;
     }
+}
+
+/// Records a transient failure and the lease for the wait before the next
+/// attempt (`lease_ms`); `false` when the write was fenced off.
+async fn note_retry(
+    app: &AppState,
+    route: &Route,
+    op: &Operation,
+    claim: &Claim,
+    t: &Transient,
+    lease_ms: i64,
+) -> Result<bool, OpError> {
+    let ok = app
+        .ledger
+        .note_retry(
+            &op.tenant_id,
+            &op.operation_id,
+            claim.fence,
+            t.status,
+            &t.kind,
+            &t.detail,
+            lease_ms,
+        )
+        .await
+        .map_err(|e| unrecorded(&op.operation_id, &e))?;
+    if ok {
+        crate::metrics::retry(&route.name);
+    }
+    Ok(ok)
+}
+
+/// Records the attempt's outcome under the fencing token and hands back the
+/// caller's answer (a fenced-off write answers 409).
+async fn record(
+    app: &AppState,
+    route: &Route,
+    op: &Operation,
+    claim: &Claim,
+    outcome: Outcome,
+    attempts: i64,
+    answer: Answer,
+) -> Result<(Option<OpState>, Answer), OpError> {
+    crate::failpoint::hit("before-record");
+    let recorded = app
+        .ledger
+        .record_outcome(
+            &op.tenant_id,
+            &op.operation_id,
+            claim.fence,
+            OpState::Executing,
+            &app.instance_id,
+            &outcome,
+        )
+        .await
+        .map_err(|e| unrecorded(&op.operation_id, &e))?;
+    if !recorded {
+        return Ok((None, Err(fenced_off(&op.operation_id))));
+    }
+    crate::failpoint::hit("after-record");
+    crate::metrics::recorded(&op.tenant_id, &route.name, outcome.state.as_str());
+    tracing::info!(
+        tenant = %op.tenant_id, operation_id = %op.operation_id, route = %route.name,
+        state = %outcome.state, attempts, outcome = outcome.attempt_outcome.as_deref().unwrap_or("-"),
+        "operation recorded"
+    );
+    Ok((Some(outcome.state), answer))
 }
 
 /// The provider was called, but the ledger could not record what came
