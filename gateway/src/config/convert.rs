@@ -1,6 +1,7 @@
 //! Checking a [`ConfigFile`] field by field and converting it into the
 //! runtime [`Settings`].
 
+use super::convert_route::route;
 use super::*;
 
 impl ConfigFile {
@@ -20,6 +21,60 @@ impl ConfigFile {
             .map(Path::to_path_buf)
             .unwrap_or_default();
         let proxy_addr = parse_addr("listen.proxy", &self.listen.proxy)?;
+        let storage = self.storage_from(source, &base_dir)?;
+        let admin_addr = parse_addr("listen.admin", &self.listen.admin)?;
+        self.check_pools_and_limits()?;
+        let (tenants, keys) = self.tenants_and_keys()?;
+        let mut routes = Vec::new();
+        let mut names = BTreeSet::new();
+        let lease_ms = self.reconcile.lease_ms;
+        for (ri, r) in std::mem::take(&mut self.routes).into_iter().enumerate() {
+            routes.push(route(ri, r, &mut names, &tenants, &base_dir, lease_ms)?);
+        }
+        let policy_bindings = self.policy_bindings(&names, &base_dir)?;
+        let tenant_limits = self.tenant_limits()?;
+        let (webhooks, self_approval, mcp_tools) = self.tenant_extras(&base_dir)?;
+        check_policy(&mut self.policy, source, &base_dir)?;
+        check_routes_and_reconcile(&mut routes, &self.reconcile)?;
+        let proxy_tls = super::egress::listener_tls(
+            "listen.proxy_tls",
+            self.listen.proxy_tls.as_ref(),
+            &base_dir,
+        )?;
+        let admin_tls = super::egress::listener_tls(
+            "listen.admin_tls",
+            self.listen.admin_tls.as_ref(),
+            &base_dir,
+        )?;
+        Ok(Settings {
+            proxy_addr,
+            admin_addr,
+            proxy_tls,
+            admin_tls,
+            storage,
+            limits: self.limits,
+            keys,
+            tenants,
+            routes,
+            reconcile: self.reconcile,
+            policy_limits: self.policy,
+            policy_bindings,
+            source: source.map(Path::to_path_buf),
+            webhooks,
+            tenant_limits,
+            self_approval,
+            mcp_tools,
+        })
+    }
+
+    /// `[storage]` with relative paths resolved next to the file (and the
+    /// outbox limits of `[reconcile]` checked, in the order errors are
+    /// reported).
+    fn storage_from(
+        &self,
+        source: Option<&Path>,
+        base_dir: &Path,
+    ) -> Result<StorageSpec, ConfigError> {
         // Relative paths in a config file mean "next to the file".
         let mut storage = self.storage.clone();
         // An empty URL (an unset environment variable, say) means "no URL".
@@ -109,7 +164,11 @@ impl ConfigFile {
                 ));
             }
         }
-        let admin_addr = parse_addr("listen.admin", &self.listen.admin)?;
+        Ok(storage)
+    }
+
+    /// The read pool and `[limits]`.
+    fn check_pools_and_limits(&self) -> Result<(), ConfigError> {
         if self.storage.path.as_os_str().is_empty() {
             return Err(ConfigError::new("storage.path", "must not be empty"));
         }
@@ -161,6 +220,11 @@ impl ConfigFile {
             ));
         }
 
+        Ok(())
+    }
+
+    /// The tenants' ids and every key's digest with its principal.
+    fn tenants_and_keys(&self) -> Result<(BTreeSet<String>, KeyTable), ConfigError> {
         let mut tenants = BTreeSet::new();
         let mut keys = HashMap::new();
         for (ti, t) in self.tenants.iter().enumerate() {
@@ -246,271 +310,16 @@ impl ConfigFile {
             }
         }
 
-        let mut routes = Vec::new();
-        let mut names = BTreeSet::new();
+        Ok((tenants, keys))
+    }
+
+    /// Every tenant's policy bindings, modules resolved next to the file.
+    fn policy_bindings(
+        &self,
+        names: &BTreeSet<String>,
+        base_dir: &Path,
+    ) -> Result<Vec<(String, PolicyBindingSpec)>, ConfigError> {
         let mut policy_bindings = Vec::new();
-        for (ri, r) in self.routes.into_iter().enumerate() {
-            let rp = format!("routes[{ri}]");
-            if !r.prefix.starts_with('/') || !r.prefix.ends_with('/') {
-                return Err(ConfigError::new(
-                    format!("{rp}.prefix"),
-                    "must start and end with '/'",
-                ));
-            }
-            if r.prefix.starts_with("/admin/") || r.prefix.starts_with("/approvals/") {
-                return Err(ConfigError::new(
-                    format!("{rp}.prefix"),
-                    "must not start with /admin/ or /approvals/ (the gateway's own paths)",
-                ));
-            }
-            let name = r.name.clone().unwrap_or_else(|| r.prefix.clone());
-            if name.is_empty() || name.len() > 128 {
-                return Err(ConfigError::new(
-                    format!("{rp}.name"),
-                    "must be 1..=128 characters",
-                ));
-            }
-            if !names.insert(name.clone()) {
-                return Err(ConfigError::new(
-                    format!("{rp}.name"),
-                    format!("duplicate route name {name:?}"),
-                ));
-            }
-            let upstream = url::Url::parse(&r.upstream).map_err(|e| {
-                ConfigError::new(format!("{rp}.upstream"), format!("not a URL: {e}"))
-            })?;
-            if !matches!(upstream.scheme(), "http" | "https") {
-                return Err(ConfigError::new(
-                    format!("{rp}.upstream"),
-                    format!(
-                        "the scheme must be https:// or http://, not {}://",
-                        upstream.scheme()
-                    ),
-                ));
-            }
-            if upstream.host_str().is_none()
-                || upstream.query().is_some()
-                || upstream.fragment().is_some()
-            {
-                return Err(ConfigError::new(
-                    format!("{rp}.upstream"),
-                    "must be scheme://host[:port][/path] without query",
-                ));
-            }
-            let effectful_methods = match &r.effectful_methods {
-                None => None,
-                Some(ms) => Some({
-                    let mut out = Vec::new();
-                    for (mi, m) in ms.iter().enumerate() {
-                        let upper = m.to_ascii_uppercase();
-                        let method = Method::from_bytes(upper.as_bytes()).map_err(|_| {
-                            ConfigError::new(
-                                format!("{rp}.effectful_methods[{mi}]"),
-                                format!("not an HTTP method: {m:?}"),
-                            )
-                        })?;
-                        out.push(method);
-                    }
-                    out
-                }),
-            };
-            let route_tenants = match r.tenants {
-                None => None,
-                Some(ts) => {
-                    for (i, t) in ts.iter().enumerate() {
-                        if !tenants.contains(t) {
-                            return Err(ConfigError::new(
-                                format!("{rp}.tenants[{i}]"),
-                                format!("unknown tenant {t:?}"),
-                            ));
-                        }
-                    }
-                    Some(ts.into_iter().collect())
-                }
-            };
-            let provider_idempotency_header = match &r.provider_idempotency_header {
-                None => None,
-                Some(h) => Some(HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
-                    ConfigError::new(
-                        format!("{rp}.provider_idempotency_header"),
-                        format!("not a header name: {h:?}"),
-                    )
-                })?),
-            };
-            if r.connect_timeout_ms == 0 {
-                return Err(ConfigError::new(
-                    format!("{rp}.connect_timeout_ms"),
-                    "must be at least 1",
-                ));
-            }
-            if r.response_timeout_ms == 0 {
-                return Err(ConfigError::new(
-                    format!("{rp}.response_timeout_ms"),
-                    "must be at least 1",
-                ));
-            }
-            if r.max_body_bytes == 0 {
-                return Err(ConfigError::new(
-                    format!("{rp}.max_body_bytes"),
-                    "must be at least 1",
-                ));
-            }
-            if r.key_retention_hours == 0 {
-                return Err(ConfigError::new(
-                    format!("{rp}.key_retention_hours"),
-                    "must be at least 1",
-                ));
-            }
-            if r.retry.max_attempts == 0 {
-                return Err(ConfigError::new(
-                    format!("{rp}.retry.max_attempts"),
-                    "must be at least 1",
-                ));
-            }
-            let request_schema = match &r.request_schema {
-                None => None,
-                Some(p) => {
-                    let path = base_dir.join(p);
-                    let text = std::fs::read_to_string(&path).map_err(|e| {
-                        ConfigError::new(
-                            format!("{rp}.request_schema"),
-                            format!("cannot read {}: {e}", path.display()),
-                        )
-                    })?;
-                    let schema: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-                        ConfigError::new(
-                            format!("{rp}.request_schema"),
-                            format!("{} is not JSON: {e}", path.display()),
-                        )
-                    })?;
-                    let v = jsonschema::validator_for(&schema).map_err(|e| {
-                        ConfigError::new(
-                            format!("{rp}.request_schema"),
-                            format!("{} is not a valid JSON Schema: {e}", path.display()),
-                        )
-                    })?;
-                    Some(std::sync::Arc::new(v))
-                }
-            };
-            if let Some(p) = &r.tenant_scoped_field
-                && (!p.starts_with('/') || p.split('/').skip(1).any(str::is_empty))
-            {
-                return Err(ConfigError::new(
-                    format!("{rp}.tenant_scoped_field"),
-                    format!("{p:?} is not a JSON pointer to a field (e.g. \"/metadata/tenant\")"),
-                ));
-            }
-            let read_back = match &r.read_back {
-                None => None,
-                Some(rb) => {
-                    // The read-back runs under a reconciliation lease; one
-                    // that outlives it lets another instance read back too.
-                    if rb.timeout_ms >= self.reconcile.lease_ms {
-                        return Err(ConfigError::new(
-                            format!("{rp}.read_back.timeout_ms"),
-                            format!(
-                                "must be less than reconcile.lease_ms ({} ms), the lease a read-back runs under",
-                                self.reconcile.lease_ms
-                            ),
-                        ));
-                    }
-                    Some(read_back(
-                        &format!("{rp}.read_back"),
-                        rb,
-                        r.tenant_scoped_field.as_deref(),
-                    )?)
-                }
-            };
-            let stored_names: Vec<String> = match &r.stored_response_headers {
-                Some(v) => v.clone(),
-                None => DEFAULT_STORED_HEADERS
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect(),
-            };
-            // A stored body is replayed byte for byte, so the headers that
-            // say how to read it are always stored with it.
-            let mut stored_response_headers =
-                vec![http::header::CONTENT_ENCODING, http::header::VARY];
-            for (hi, h) in stored_names.iter().enumerate() {
-                if ["content-encoding", "vary"].contains(&h.to_ascii_lowercase().as_str()) {
-                    continue;
-                }
-                stored_response_headers.push(HeaderName::from_bytes(h.as_bytes()).map_err(
-                    |_| {
-                        ConfigError::new(
-                            format!("{rp}.stored_response_headers[{hi}]"),
-                            format!("not a header name: {h:?}"),
-                        )
-                    },
-                )?);
-            }
-            let mut inject_headers = Vec::new();
-            for (ii, ih) in r.inject_headers.iter().enumerate() {
-                let ip = format!("{rp}.inject_headers[{ii}]");
-                let name = HeaderName::from_bytes(ih.name.as_bytes()).map_err(|_| {
-                    ConfigError::new(
-                        format!("{ip}.name"),
-                        format!("not a header name: {:?}", ih.name),
-                    )
-                })?;
-                let secret = std::env::var(&ih.value_env).map_err(|_| {
-                    ConfigError::new(
-                        format!("{ip}.value_env"),
-                        format!("environment variable {} is not set", ih.value_env),
-                    )
-                })?;
-                let mut value = HeaderValue::from_str(&format!("{}{}", ih.prefix, secret))
-                    .map_err(|_| {
-                        ConfigError::new(
-                            format!("{ip}.value_env"),
-                            "value is not a valid header value",
-                        )
-                    })?;
-                value.set_sensitive(true);
-                inject_headers.push((name, value));
-            }
-            let client = super::egress::outbound_client(
-                super::egress::ClientSpec {
-                    path: &rp,
-                    tls: r.tls.as_ref(),
-                    proxy: r.proxy.as_deref(),
-                    proxy_credentials_env: r.proxy_credentials_env.as_deref(),
-                    connect_timeout_ms: r.connect_timeout_ms,
-                    https: upstream.scheme() == "https",
-                },
-                &base_dir,
-            )?;
-            routes.push(Route {
-                client,
-                name,
-                prefix: r.prefix,
-                upstream,
-                mode: r.mode,
-                effectful_methods,
-                tenants: route_tenants,
-                provider_idempotency_header,
-                connect_timeout_ms: r.connect_timeout_ms,
-                response_timeout_ms: r.response_timeout_ms,
-                max_body_bytes: r.max_body_bytes,
-                max_stored_response_bytes: r.max_stored_response_bytes,
-                key_retention_ms: r.key_retention_hours.saturating_mul(3_600_000),
-                stored_response_headers,
-                inject_headers,
-                retry: r.retry,
-                effect_class: r.effect_class,
-                read_back,
-                policy_fail_open: r.policy_fail_open,
-                approval_ttl_ms: r.approval_ttl_ms,
-                execute_on_approval: r.execute_on_approval,
-                request_schema,
-                tenant_scoped_field: r.tenant_scoped_field.clone(),
-                mcp: match r.mode {
-                    RouteMode::Mcp => Some(r.mcp.clone().unwrap_or_default()),
-                    _ => None,
-                },
-            });
-        }
         for (ti, t) in self.tenants.iter().enumerate() {
             for (pi, b) in t.policies.iter().enumerate() {
                 if b.route != "*" && !names.contains(&b.route) {
@@ -530,6 +339,11 @@ impl ConfigFile {
                 policy_bindings.push((t.id.clone(), b));
             }
         }
+        Ok(policy_bindings)
+    }
+
+    /// Each tenant's rate and in-flight limits.
+    fn tenant_limits(&self) -> Result<HashMap<String, TenantLimits>, ConfigError> {
         let mut tenant_limits = HashMap::new();
         for (ti, t) in self.tenants.iter().enumerate() {
             if t.max_in_flight == Some(0) {
@@ -559,6 +373,11 @@ impl ConfigFile {
                 );
             }
         }
+        Ok(tenant_limits)
+    }
+
+    /// Each tenant's webhook, self-approval and MCP tool overrides.
+    fn tenant_extras(&self, base_dir: &Path) -> Result<TenantExtras, ConfigError> {
         let mut webhooks = HashMap::new();
         let mut self_approval = BTreeSet::new();
         let mut mcp_tools = HashMap::new();
@@ -609,81 +428,81 @@ impl ConfigFile {
                 );
             }
         }
-        if self.policy.memory_bytes < 64 * 1024 {
-            return Err(ConfigError::new(
-                "policy.memory_bytes",
-                "must be at least 65536 (one wasm page)",
-            ));
-        }
-        if self.policy.deadline_ms == 0 {
-            return Err(ConfigError::new("policy.deadline_ms", "must be at least 1"));
-        }
-        if let Some(dir) = &mut self.policy.cache_dir {
-            if dir.as_os_str().is_empty() {
-                return Err(ConfigError::new(
-                    "policy.cache_dir",
-                    "must not be empty (leave it unset to compile policies in memory)",
-                ));
-            }
-            if dir.is_relative() && source.is_some() {
-                *dir = base_dir.join(&*dir);
-            }
-            if dir.exists() && !dir.is_dir() {
-                return Err(ConfigError::new(
-                    "policy.cache_dir",
-                    format!("{} exists and is not a directory", dir.display()),
-                ));
-            }
-        }
-        let mut seen = BTreeSet::new();
-        for (ri, r) in routes.iter().enumerate() {
-            if !seen.insert(r.prefix.clone()) {
-                return Err(ConfigError::new(
-                    format!("routes[{ri}].prefix"),
-                    format!("duplicate prefix {:?}", r.prefix),
-                ));
-            }
-        }
-        routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
-        if self.reconcile.interval_ms == 0 {
-            return Err(ConfigError::new(
-                "reconcile.interval_ms",
-                "must be at least 1",
-            ));
-        }
-        if self.reconcile.batch == 0 {
-            return Err(ConfigError::new("reconcile.batch", "must be at least 1"));
-        }
-        let proxy_tls = super::egress::listener_tls(
-            "listen.proxy_tls",
-            self.listen.proxy_tls.as_ref(),
-            &base_dir,
-        )?;
-        let admin_tls = super::egress::listener_tls(
-            "listen.admin_tls",
-            self.listen.admin_tls.as_ref(),
-            &base_dir,
-        )?;
-        Ok(Settings {
-            proxy_addr,
-            admin_addr,
-            proxy_tls,
-            admin_tls,
-            storage,
-            limits: self.limits,
-            keys,
-            tenants,
-            routes,
-            reconcile: self.reconcile,
-            policy_limits: self.policy,
-            policy_bindings,
-            source: source.map(Path::to_path_buf),
-            webhooks,
-            tenant_limits,
-            self_approval,
-            mcp_tools,
-        })
+        Ok((webhooks, self_approval, mcp_tools))
     }
+}
+
+/// Keys by sha256 digest.
+type KeyTable = HashMap<[u8; 32], Principal>;
+
+/// Webhooks, tenants allowing self-approval and MCP tool overrides.
+type TenantExtras = (
+    HashMap<String, Webhook>,
+    BTreeSet<String>,
+    HashMap<String, std::collections::BTreeMap<String, ToolOverride>>,
+);
+
+/// `[policy]`: its limits, and the compile cache folder resolved next to
+/// the file.
+fn check_policy(
+    policy: &mut PolicyLimitsSpec,
+    source: Option<&Path>,
+    base_dir: &Path,
+) -> Result<(), ConfigError> {
+    if policy.memory_bytes < 64 * 1024 {
+        return Err(ConfigError::new(
+            "policy.memory_bytes",
+            "must be at least 65536 (one wasm page)",
+        ));
+    }
+    if policy.deadline_ms == 0 {
+        return Err(ConfigError::new("policy.deadline_ms", "must be at least 1"));
+    }
+    if let Some(dir) = &mut policy.cache_dir {
+        if dir.as_os_str().is_empty() {
+            return Err(ConfigError::new(
+                "policy.cache_dir",
+                "must not be empty (leave it unset to compile policies in memory)",
+            ));
+        }
+        if dir.is_relative() && source.is_some() {
+            *dir = base_dir.join(&*dir);
+        }
+        if dir.exists() && !dir.is_dir() {
+            return Err(ConfigError::new(
+                "policy.cache_dir",
+                format!("{} exists and is not a directory", dir.display()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Unique route prefixes (longest first afterwards) and `[reconcile]`.
+fn check_routes_and_reconcile(
+    routes: &mut [Route],
+    reconcile: &ReconcileSpec,
+) -> Result<(), ConfigError> {
+    let mut seen = BTreeSet::new();
+    for (ri, r) in routes.iter().enumerate() {
+        if !seen.insert(r.prefix.clone()) {
+            return Err(ConfigError::new(
+                format!("routes[{ri}].prefix"),
+                format!("duplicate prefix {:?}", r.prefix),
+            ));
+        }
+    }
+    routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
+    if reconcile.interval_ms == 0 {
+        return Err(ConfigError::new(
+            "reconcile.interval_ms",
+            "must be at least 1",
+        ));
+    }
+    if reconcile.batch == 0 {
+        return Err(ConfigError::new("reconcile.batch", "must be at least 1"));
+    }
+    Ok(())
 }
 
 /// What to say about a policy module that isn't there: the path it was

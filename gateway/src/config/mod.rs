@@ -55,6 +55,7 @@ impl ConfigError {
 }
 
 mod convert;
+mod convert_route;
 mod egress;
 mod read_back;
 mod route_spec;
