@@ -208,31 +208,7 @@ fn route_fields(
             "must be at least 1",
         ));
     }
-    let request_schema = match &r.request_schema {
-        None => None,
-        Some(p) => {
-            let path = base_dir.join(p);
-            let text = std::fs::read_to_string(&path).map_err(|e| {
-                ConfigError::new(
-                    format!("{rp}.request_schema"),
-                    format!("cannot read {}: {e}", path.display()),
-                )
-            })?;
-            let schema: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-                ConfigError::new(
-                    format!("{rp}.request_schema"),
-                    format!("{} is not JSON: {e}", path.display()),
-                )
-            })?;
-            let v = jsonschema::validator_for(&schema).map_err(|e| {
-                ConfigError::new(
-                    format!("{rp}.request_schema"),
-                    format!("{} is not a valid JSON Schema: {e}", path.display()),
-                )
-            })?;
-            Some(std::sync::Arc::new(v))
-        }
-    };
+    let request_schema = request_schema(rp, r, base_dir)?;
     if let Some(p) = &r.tenant_scoped_field
         && (!p.starts_with('/') || p.split('/').skip(1).any(str::is_empty))
     {
@@ -321,4 +297,37 @@ fn route_headers(rp: &str, r: &RouteSpec) -> Result<RouteHeaders, ConfigError> {
         inject_headers.push((name, value));
     }
     Ok((stored_response_headers, inject_headers))
+}
+
+/// The route's request contract: the JSON Schema file, read and compiled.
+fn request_schema(
+    rp: &str,
+    r: &RouteSpec,
+    base_dir: &Path,
+) -> Result<Option<std::sync::Arc<jsonschema::Validator>>, ConfigError> {
+    Ok(match &r.request_schema {
+        None => None,
+        Some(p) => {
+            let path = base_dir.join(p);
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                ConfigError::new(
+                    format!("{rp}.request_schema"),
+                    format!("cannot read {}: {e}", path.display()),
+                )
+            })?;
+            let schema: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+                ConfigError::new(
+                    format!("{rp}.request_schema"),
+                    format!("{} is not JSON: {e}", path.display()),
+                )
+            })?;
+            let v = jsonschema::validator_for(&schema).map_err(|e| {
+                ConfigError::new(
+                    format!("{rp}.request_schema"),
+                    format!("{} is not a valid JSON Schema: {e}", path.display()),
+                )
+            })?;
+            Some(std::sync::Arc::new(v))
+        }
+    })
 }

@@ -287,58 +287,79 @@ pub async fn resolve(
             "the operation is being reconciled right now; retry shortly".into(),
         ));
     };
+    let ctx = (principal, operation_id, lease.fence);
     match outcome {
-        "completed" => {
-            let mut o = Outcome::new(
-                OpState::Completed,
-                format!("resolved by operator: the effect exists ({reason})"),
-            );
-            let body = json!({"operation_id": operation_id, "state": "COMPLETED", "provider_reference": action.provider_reference,
-                               "detail": "resolved by an operator"});
-            let bytes = serde_json::to_vec(&body).unwrap_or_default();
-            o.response_status = Some(200);
-            o.response_headers = vec![("content-type".into(), "application/json".into())];
-            o.response_body_bytes = Some(bytes.len() as i64);
-            o.response_body = Some(bytes);
-            o.provider_reference = action.provider_reference.clone();
-            if !app
-                .ledger
-                .record_outcome(
-                    tenant,
-                    operation_id,
-                    lease.fence,
-                    OpState::Unknown,
-                    &principal.name,
-                    &o,
-                )
-                .await?
-            {
-                return Err(OpError::Conflict("the operation changed meanwhile".into()));
-            }
-        }
-        "absent" => {
-            let route = route_of(&app.settings(), &op)?;
-            let lease_ms = crate::ops::execute::lease_ms(app);
-            let Some(claim) = app
-                .ledger
-                .reattempt(
-                    tenant,
-                    operation_id,
-                    lease.fence,
-                    &principal.name,
-                    lease_ms,
-                    &format!("resolved by operator: absent ({reason}); new attempt"),
-                )
-                .await?
-            else {
-                return Err(OpError::Conflict("the operation changed meanwhile".into()));
-            };
-            let op = load(app, tenant, operation_id).await?;
-            let wait = std::time::Duration::from_millis(app.settings().reconcile.duplicate_wait_ms);
-            crate::ops::execute::run_detached(app, &route, op, claim, wait).await;
-        }
-        _ => unreachable!("outcome validated above"),
+        "completed" => resolve_completed(app, ctx, action, &reason).await?,
+        _ => resolve_absent(app, ctx, &op, &reason).await?,
     }
     let op = load(app, tenant, operation_id).await?;
     operation_json(app, &op).await
+}
+
+/// Records an operator's "the effect exists": COMPLETED, with a stored
+/// answer naming the provider's reference.
+async fn resolve_completed(
+    app: &AppState,
+    (principal, operation_id, fence): (&Principal, &str, i64),
+    action: &Resolution,
+    reason: &str,
+) -> Result<(), OpError> {
+    let mut o = Outcome::new(
+        OpState::Completed,
+        format!("resolved by operator: the effect exists ({reason})"),
+    );
+    let body = json!({"operation_id": operation_id, "state": "COMPLETED", "provider_reference": action.provider_reference,
+                       "detail": "resolved by an operator"});
+    let bytes = serde_json::to_vec(&body).unwrap_or_default();
+    o.response_status = Some(200);
+    o.response_headers = vec![("content-type".into(), "application/json".into())];
+    o.response_body_bytes = Some(bytes.len() as i64);
+    o.response_body = Some(bytes);
+    o.provider_reference = action.provider_reference.clone();
+    let recorded = app
+        .ledger
+        .record_outcome(
+            &principal.tenant,
+            operation_id,
+            fence,
+            OpState::Unknown,
+            &principal.name,
+            &o,
+        )
+        .await?;
+    if !recorded {
+        return Err(OpError::Conflict("the operation changed meanwhile".into()));
+    }
+    Ok(())
+}
+
+/// Acts on an operator's "the effect does not exist": a new attempt with
+/// the same provider key, waited for at most `reconcile.duplicate_wait_ms`.
+async fn resolve_absent(
+    app: &AppState,
+    (principal, operation_id, fence): (&Principal, &str, i64),
+    op: &Operation,
+    reason: &str,
+) -> Result<(), OpError> {
+    let tenant = principal.tenant.as_str();
+    let route = route_of(&app.settings(), op)?;
+    let lease_ms = crate::ops::execute::lease_ms(app);
+    let Some(claim) = app
+        .ledger
+        .reattempt(
+            tenant,
+            operation_id,
+            fence,
+            &principal.name,
+            lease_ms,
+            &format!("resolved by operator: absent ({reason}); new attempt"),
+        )
+        .await?
+    else {
+        return Err(OpError::Conflict("the operation changed meanwhile".into()));
+    };
+    let op = load(app, tenant, operation_id).await?;
+    let wait = std::time::Duration::from_millis(app.settings().reconcile.duplicate_wait_ms);
+    crate::ops::execute::run_detached(app, &route, op, claim, wait).await;
+    Ok(())
 }

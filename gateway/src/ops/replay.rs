@@ -60,102 +60,112 @@ pub async fn replay_as(
             class.as_str()
         ))),
         ReplayVerdict::Manual => {
-            // One pending replay approval per operation: asking again
-            // answers with the one that waits.
-            if let Some(p) = app
-                .ledger
-                .approval_for(tenant, operation_id, "replay")
-                .await?
-                && p.status == "pending"
-            {
-                return report(
-                    StatusCode::ACCEPTED,
-                    "approval-required",
-                    json!({"approval_id": p.id}),
-                );
-            }
-            let a = NewApproval {
-                id: format!("apr_{}", hex::encode(rand::random::<[u8; 12]>())),
-                kind: "replay".into(),
-                policy: "replay".into(),
-                policy_hash: String::new(),
-                reason: format!(
-                    "{} asked to replay ({reason}); the effect class {} needs a human",
-                    p.name,
-                    class.as_str()
-                ),
-                ttl_ms: i64::try_from(route.approval_ttl_ms).unwrap_or(i64::MAX),
-            };
-            app.ledger.create_replay_approval(&op, &a, &p.name).await?;
+            let approval_id = replay_approval(app, p, &op, &route, class, &reason).await?;
             report(
                 StatusCode::ACCEPTED,
                 "approval-required",
-                json!({"approval_id": a.id}),
+                json!({"approval_id": approval_id}),
             )
         }
-        ReplayVerdict::Revalidate => {
-            // Evaluate the stored request again with the current policies.
-            let rt = app.settings();
-            let policies = rt.policies.for_route(tenant, &route.name);
-            let principal = crate::config::Principal {
-                tenant: tenant.into(),
-                name: op.principal.clone(),
-                role: Role::Client,
-            };
-            let headers = crate::forward::from_pairs(&op.request_headers);
-            let request = crate::ops::admit::policy_request(
-                &principal,
-                &route,
-                &crate::ops::admit::PolicyView {
-                    method: &op.method,
-                    path: &op.path,
-                    query: op.query.as_deref(),
-                    headers: &headers,
-                    body: &op.request_body,
-                    operation_id: &op.operation_id,
-                    fingerprint: &op.fingerprint,
-                    existing: Some(op.state),
-                },
-            );
-            let (v, _) = crate::policy::evaluate_chain_async(
-                app.engine.clone(),
-                policies,
-                &route,
-                tenant,
-                request,
-            )
-            .await;
-            match v {
-                Verdict::Allow { .. } => {
-                    let (outcome, extra) = run_replay(
-                        app,
-                        &route,
-                        op,
-                        ReplayVerdict::SameOperationOnly,
-                        false,
-                        &p.name,
-                    )
-                    .await?;
-                    report(StatusCode::OK, &outcome, extra)
-                }
-                Verdict::Deny { reason, policy, .. } => Err(OpError::Conflict(format!(
-                    "revalidation denied the replay: policy {policy}: {reason}"
-                ))),
-                Verdict::RequireApproval { reasons, .. } => Err(OpError::Conflict(format!(
-                    "revalidation requires an approval: {}",
-                    reasons.join("; ")
-                ))),
-                Verdict::Failed { policy, failure } => Err(OpError::PolicyFailed {
-                    policy,
-                    detail: failure.to_string(),
-                }),
+        ReplayVerdict::Revalidate => match revalidate(app, tenant, &route, &op).await {
+            Verdict::Allow { .. } => {
+                let (outcome, extra) = run_replay(
+                    app,
+                    &route,
+                    op,
+                    ReplayVerdict::SameOperationOnly,
+                    false,
+                    &p.name,
+                )
+                .await?;
+                report(StatusCode::OK, &outcome, extra)
             }
-        }
+            Verdict::Deny { reason, policy, .. } => Err(OpError::Conflict(format!(
+                "revalidation denied the replay: policy {policy}: {reason}"
+            ))),
+            Verdict::RequireApproval { reasons, .. } => Err(OpError::Conflict(format!(
+                "revalidation requires an approval: {}",
+                reasons.join("; ")
+            ))),
+            Verdict::Failed { policy, failure } => Err(OpError::PolicyFailed {
+                policy,
+                detail: failure.to_string(),
+            }),
+        },
         ReplayVerdict::Allow | ReplayVerdict::SameOperationOnly => {
             let (outcome, extra) = run_replay(app, &route, op, verdict, force, &p.name).await?;
             report(StatusCode::OK, &outcome, extra)
         }
     }
+}
+
+/// The id of the operation's pending replay approval: the one that waits
+/// (one per operation), or a new one asked by `p`.
+async fn replay_approval(
+    app: &AppState,
+    p: &crate::config::Principal,
+    op: &Operation,
+    route: &crate::config::Route,
+    class: crate::config::EffectClass,
+    reason: &str,
+) -> Result<String, OpError> {
+    if let Some(pending) = app
+        .ledger
+        .approval_for(&op.tenant_id, &op.operation_id, "replay")
+        .await?
+        && pending.status == "pending"
+    {
+        return Ok(pending.id);
+    }
+    let a = NewApproval {
+        id: format!("apr_{}", hex::encode(rand::random::<[u8; 12]>())),
+        kind: "replay".into(),
+        policy: "replay".into(),
+        policy_hash: String::new(),
+        reason: format!(
+            "{} asked to replay ({reason}); the effect class {} needs a human",
+            p.name,
+            class.as_str()
+        ),
+        ttl_ms: i64::try_from(route.approval_ttl_ms).unwrap_or(i64::MAX),
+    };
+    app.ledger.create_replay_approval(op, &a, &p.name).await?;
+    Ok(a.id)
+}
+
+/// The stored request evaluated again by the route's current policies, as
+/// its original principal.
+async fn revalidate(
+    app: &AppState,
+    tenant: &str,
+    route: &crate::config::Route,
+    op: &Operation,
+) -> Verdict {
+    let rt = app.settings();
+    let policies = rt.policies.for_route(tenant, &route.name);
+    let principal = crate::config::Principal {
+        tenant: tenant.into(),
+        name: op.principal.clone(),
+        role: Role::Client,
+    };
+    let headers = crate::forward::from_pairs(&op.request_headers);
+    let request = crate::ops::admit::policy_request(
+        &principal,
+        route,
+        &crate::ops::admit::PolicyView {
+            method: &op.method,
+            path: &op.path,
+            query: op.query.as_deref(),
+            headers: &headers,
+            body: &op.request_body,
+            operation_id: &op.operation_id,
+            fingerprint: &op.fingerprint,
+            existing: Some(op.state),
+        },
+    );
+    crate::policy::evaluate_chain_async(app.engine.clone(), policies, route, tenant, request)
+        .await
+        .0
 }
 
 /// Carries out a permitted replay of the **same** operation (same id, same

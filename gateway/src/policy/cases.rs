@@ -207,7 +207,6 @@ fn run_case(
     case: &Case,
     i: usize,
 ) -> Result<(), String> {
-    let e = &case.expect;
     let kinds = [
         case.request.is_some(),
         case.classify.is_some(),
@@ -219,9 +218,41 @@ fn run_case(
     if kinds != 1 {
         return Err("a case needs exactly one of `request`, `classify`, `replay`".into());
     }
-    let fail =
-        |what: &str, want: &str, got: &str| Err(format!("expected {what} {want}, got {got}"));
+    let run = CaseRun {
+        engine,
+        compiled,
+        config,
+        expect: &case.expect,
+        i,
+    };
     if let Some(r) = &case.request {
+        return run.request(r);
+    }
+    if let Some(c) = &case.classify {
+        return run.classify(c);
+    }
+    run.replay(case.replay.as_ref().expect("checked above"))
+}
+
+/// `Err("expected {what} {want}, got {got}")`.
+fn fail(what: &str, want: &str, got: &str) -> Result<(), String> {
+    Err(format!("expected {what} {want}, got {got}"))
+}
+
+/// One case being run against a compiled policy.
+struct CaseRun<'a> {
+    engine: &'a PolicyEngine,
+    compiled: &'a super::CompiledPolicy,
+    config: &'a str,
+    expect: &'a Expect,
+    i: usize,
+}
+
+impl CaseRun<'_> {
+    /// An `evaluate` case: the decision, status, reason and class expected.
+    fn request(&self, r: &CaseRequest) -> Result<(), String> {
+        let (engine, compiled, config, e, i) =
+            (self.engine, self.compiled, self.config, self.expect, self.i);
         let body = match (&r.body, &r.body_text) {
             (_, Some(t)) => t.as_bytes().to_vec(),
             (Some(v), None) => serde_json::to_vec(v).unwrap_or_default(),
@@ -289,9 +320,12 @@ fn run_case(
         {
             return fail("effect class", want.as_str(), &format!("{class:?}"));
         }
-        return Ok(());
+        Ok(())
     }
-    if let Some(c) = &case.classify {
+
+    /// A `classify-failure` case: the class expected.
+    fn classify(&self, c: &CaseClassify) -> Result<(), String> {
+        let (engine, compiled, config, e) = (self.engine, self.compiled, self.config, self.expect);
         let head = bindings::ResponseHead {
             status: c.status,
             headers: headers(&c.headers),
@@ -311,33 +345,38 @@ fn run_case(
             bindings::FailureClass::Permanent => "permanent",
             bindings::FailureClass::Unknown => "unknown",
         };
-        return match &e.class {
+        match &e.class {
             Some(want) if want != got => fail("class", want, got),
             _ => Ok(()),
-        };
+        }
     }
-    let r = case.replay.as_ref().expect("checked above");
-    let op = bindings::Operation {
-        tenant: "test".into(),
-        operation_id: format!("case-{i}"),
-        route: "test".into(),
-        effect_class: super::wit_class(r.effect_class),
-        state: r
-            .state
-            .as_deref()
-            .and_then(state_named)
-            .unwrap_or(OperationState::Completed),
-        attempts: r.attempts.unwrap_or(1),
-        fingerprint: "0".repeat(64),
-    };
-    let v = engine
-        .call(compiled, "policy-test", |inst, store| {
-            inst.call_replay(store, config, &op)
-        })
-        .map_err(|e| e.to_string())?;
-    match &e.verdict {
-        Some(want) if want != verdict_name(v) => fail("verdict", want, verdict_name(v)),
-        _ => Ok(()),
+
+    /// A `replay` case: the verdict expected.
+    fn replay(&self, r: &CaseReplay) -> Result<(), String> {
+        let (engine, compiled, config, e, i) =
+            (self.engine, self.compiled, self.config, self.expect, self.i);
+        let op = bindings::Operation {
+            tenant: "test".into(),
+            operation_id: format!("case-{i}"),
+            route: "test".into(),
+            effect_class: super::wit_class(r.effect_class),
+            state: r
+                .state
+                .as_deref()
+                .and_then(state_named)
+                .unwrap_or(OperationState::Completed),
+            attempts: r.attempts.unwrap_or(1),
+            fingerprint: "0".repeat(64),
+        };
+        let v = engine
+            .call(compiled, "policy-test", |inst, store| {
+                inst.call_replay(store, config, &op)
+            })
+            .map_err(|e| e.to_string())?;
+        match &e.verdict {
+            Some(want) if want != verdict_name(v) => fail("verdict", want, verdict_name(v)),
+            _ => Ok(()),
+        }
     }
 }
 
