@@ -18,7 +18,8 @@ const LAYERS: &[&[&str]] = &[
     &["ops"],
     &["workers"],
     &["http"],
-    &["server", "cli"],
+    &["server"],
+    &["cli"],
 ];
 
 fn rank(module: &str) -> Option<usize> {
