@@ -202,7 +202,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Serve(c) => {
             let settings = config::load(c.config.as_deref())?;
-            let gw = crate::Gateway::start(settings).await?;
+            let gw = crate::server::Gateway::start(settings).await?;
             gw.run_until_signal().await?;
         }
         Command::CheckConfig { config: path } => match config::load(Some(&path)) {

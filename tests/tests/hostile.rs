@@ -650,3 +650,95 @@ async fn undeliverable_webhook_events_are_dead_lettered_and_delivered_ones_swept
     assert!(ledger.events("b").await.unwrap().is_empty());
     assert_eq!(ledger.events("a").await.unwrap().len(), 1);
 }
+
+/// The reconciler's scan doesn't wait for the executions it starts: b's
+/// eight new attempts at a slow provider (3 s each) go on in the
+/// background while a's lost reply is found in the same scan, which
+/// returns well before any of b's attempts could have ended.
+#[tokio::test]
+async fn reconciler_executions_run_detached_from_the_scan() {
+    let app = spawn_with(Opts {
+        route_extra: "[routes.read_back]\npath = \"/v1/charges?idempotency_key={provider_key}\"\n\
+                      found_pointer = \"/data/0\"\nsettle_delay_ms = 0\n"
+            .into(),
+        more: "[reconcile]\nenabled = false\n".into(),
+        ..Default::default()
+    })
+    .await;
+    // b: eight 500s, nothing applied: UNKNOWN, and absent on read-back.
+    app.mock.provider.set_faults(mock_provider::Faults {
+        fail_status: 500,
+        fail_status_times: 8,
+        ..Default::default()
+    });
+    for i in 0..8 {
+        let r = app
+            .charge_as(KEY_B, &format!("b-{i}"), r#"{"amount":1}"#)
+            .await;
+        assert_eq!(r.status(), 502);
+    }
+    // a: the effect is applied and the reply lost.
+    app.mock.provider.set_faults(mock_provider::Faults {
+        drop_after_effect_times: 1,
+        ..Default::default()
+    });
+    assert_eq!(
+        app.charge_as(KEY_A, "a-1", r#"{"amount":1}"#)
+            .await
+            .status(),
+        502
+    );
+    assert_eq!(app.mock.provider.effects(), 1);
+    // b's new attempts will each take 3 s at the provider.
+    app.mock.provider.set_faults(mock_provider::Faults {
+        delay_ms: 3_000,
+        delay_times: 8,
+        ..Default::default()
+    });
+    let tracker = tokio_util::task::TaskTracker::new();
+    let started = Instant::now();
+    let steps = effectgate::workers::reconciler::scan(
+        &app.gw.state,
+        effectgate::ops::reconcile::Execution::Detach(&tracker),
+    )
+    .await
+    .unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(2_500),
+        "the scan took {took:?}"
+    );
+    use effectgate::ops::reconcile::Step;
+    let step_of = |id: &str| {
+        steps
+            .iter()
+            .find(|(_, i, _)| i == id)
+            .map(|(_, _, s)| s.clone())
+    };
+    assert_eq!(step_of("a-1"), Some(Step::Found));
+    for i in 0..8 {
+        assert_eq!(
+            step_of(&format!("b-{i}")),
+            Some(Step::ExecutionStarted),
+            "b-{i}"
+        );
+    }
+    assert_eq!(app.op_json("a-1").await["state"], "COMPLETED");
+    // The detached attempts finish on their own, one effect each.
+    tracker.close();
+    tokio::time::timeout(Duration::from_secs(30), tracker.wait())
+        .await
+        .expect("the detached executions end");
+    assert_eq!(app.mock.provider.effects(), 9);
+    let b = app
+        .http
+        .get(app.admin("/admin/tenants/b/operations/b-0"))
+        .bearer_auth(ADMIN_B)
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    assert_eq!(b["state"], "COMPLETED", "{b}");
+}

@@ -5,6 +5,8 @@
 //! - (b) through effectgate on a pass-through route (no ledger);
 //! - (c) through effectgate on an effectful route, a unique key per request;
 //! - (d) duplicates of one completed key (replays from the ledger);
+//! - (f) a normal client's p99 and throughput with and without a
+//!   slow-header flood larger than `limits.max_connections`;
 //! - (g) pass-through to the same mock over HTTPS (certificates made at
 //!   start), with HTTP/2 and with HTTP/1.1 by ALPN, as ratios to (b).
 //!
@@ -17,6 +19,8 @@
 //! from the disk cache, and p50/p99 per call.
 //!
 //! Run: `cargo run --release -p bench -- --requests 5000 --concurrency 32`
+
+mod flood;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -725,6 +729,7 @@ provider_idempotency_header = "Idempotency-Key"
         d.rps / a.rps
     );
     gw.shutdown().await;
+    flood::slow_header_flood(&client, &mock.url(), &hash, (n / 5).max(200)).await?;
     https_pass_through(&client, &hash, &args, &b).await?;
 
     let postgres = args

@@ -18,6 +18,7 @@
 //!   and the process never runs out of descriptors.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -243,90 +244,128 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let (app, builder, acceptor) = (app.clone(), builder.clone(), acceptor.clone());
-        let watcher = graceful.watcher();
-        let tracker = tracker.clone();
-        tokio::spawn(async move {
-            let c = conn.clone();
-            let svc =
-                hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
-                    let in_flight = InFlight::new(c.clone());
-                    req.extensions_mut().insert(ConnectInfo(peer));
-                    req.extensions_mut().insert(scheme);
-                    let mut app = app.clone();
-                    async move {
-                        use tower_service::Service;
-                        let resp = app.call(req.map(axum::body::Body::new)).await?;
-                        Ok::<_, std::convert::Infallible>(resp.map(|inner| Tracked {
-                            inner,
-                            _in_flight: in_flight,
-                        }))
-                    }
-                });
-            let serve = async {
-                match acceptor {
-                    None => {
-                        let conn = builder.serve_connection(TokioIo::new(stream), svc);
-                        watcher.watch(conn.into_owned()).await
-                    }
-                    Some(acceptor) => {
-                        let stream = match acceptor.accept(stream).await {
-                            Ok(s) => s,
-                            Err(e) => {
-                                tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                                return Ok(());
-                            }
-                        };
-                        let conn = builder.serve_connection(TokioIo::new(stream), svc);
-                        watcher.watch(conn.into_owned()).await
-                    }
-                }
-            };
-            // The first head (and handshake) must arrive in time.
-            let head_deadline = async {
-                tokio::time::sleep(head_timeout).await;
-                if conn.served.load(Ordering::Acquire) {
-                    std::future::pending::<()>().await;
-                }
-            };
-            let idle = async {
-                loop {
-                    if !conn.served.load(Ordering::Acquire) {
-                        // Until the first head, the head deadline rules.
-                        tokio::time::sleep(idle_timeout).await;
-                        continue;
-                    }
-                    match conn.idle_for() {
-                        Some(d) if d >= idle_timeout => break,
-                        Some(d) => tokio::time::sleep(idle_timeout - d).await,
-                        None => tokio::time::sleep(idle_timeout).await,
-                    }
-                }
-            };
-            tokio::select! {
-                result = serve => {
-                    if let Err(e) = result {
-                        if e.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_timeout) {
-                            crate::metrics::connection_refused(name, "header-timeout");
-                        }
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
-                    }
-                }
-                _ = conn.close.notified() => {
-                    tracing::debug!(%peer, "connection closed to make room for a new one");
-                }
-                _ = head_deadline => {
-                    crate::metrics::connection_refused(name, "header-timeout");
-                    tracing::debug!(%peer, "no request head in time; connection closed");
-                }
-                _ = idle => {
-                    tracing::debug!(%peer, "idle connection closed");
-                }
-            }
-            tracker.leave(conn.id);
-        });
+        let ctx = ConnCtx {
+            app: app.clone(),
+            builder: builder.clone(),
+            acceptor: acceptor.clone(),
+            watcher: graceful.watcher(),
+            tracker: tracker.clone(),
+            scheme,
+            name,
+            head_timeout,
+            idle_timeout,
+        };
+        tokio::spawn(ctx.serve(stream, peer, conn));
     }
     drop(tcp);
     graceful.shutdown().await;
     Ok(())
+}
+
+/// What one connection's task needs from its listener.
+struct ConnCtx {
+    app: Router,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    watcher: hyper_util::server::graceful::Watcher,
+    tracker: Arc<Tracker>,
+    scheme: ListenerScheme,
+    name: &'static str,
+    head_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+impl ConnCtx {
+    /// Serves one connection until it ends, is evicted, misses its first
+    /// head's deadline or stays idle too long; then leaves the tracker.
+    async fn serve(self, stream: tokio::net::TcpStream, peer: SocketAddr, conn: Arc<Conn>) {
+        let ConnCtx {
+            app,
+            builder,
+            acceptor,
+            watcher,
+            tracker,
+            scheme,
+            name,
+            head_timeout,
+            idle_timeout,
+        } = self;
+        let c = conn.clone();
+        let svc =
+            hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+                let in_flight = InFlight::new(c.clone());
+                req.extensions_mut().insert(ConnectInfo(peer));
+                req.extensions_mut().insert(scheme);
+                let mut app = app.clone();
+                async move {
+                    use tower_service::Service;
+                    let resp = app.call(req.map(axum::body::Body::new)).await?;
+                    Ok::<_, std::convert::Infallible>(resp.map(|inner| Tracked {
+                        inner,
+                        _in_flight: in_flight,
+                    }))
+                }
+            });
+        let serve = async {
+            match acceptor {
+                None => {
+                    let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                    watcher.watch(conn.into_owned()).await
+                }
+                Some(acceptor) => {
+                    let stream = match acceptor.accept(stream).await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            return Ok(());
+                        }
+                    };
+                    let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                    watcher.watch(conn.into_owned()).await
+                }
+            }
+        };
+        // The first head (and handshake) must arrive in time.
+        let head_deadline = async {
+            tokio::time::sleep(head_timeout).await;
+            if conn.served.load(Ordering::Acquire) {
+                std::future::pending::<()>().await;
+            }
+        };
+        let idle = async {
+            loop {
+                if !conn.served.load(Ordering::Acquire) {
+                    // Until the first head, the head deadline rules.
+                    tokio::time::sleep(idle_timeout).await;
+                    continue;
+                }
+                match conn.idle_for() {
+                    Some(d) if d >= idle_timeout => break,
+                    Some(d) => tokio::time::sleep(idle_timeout - d).await,
+                    None => tokio::time::sleep(idle_timeout).await,
+                }
+            }
+        };
+        tokio::select! {
+            result = serve => {
+                if let Err(e) = result {
+                    if e.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_timeout) {
+                        crate::metrics::connection_refused(name, "header-timeout");
+                    }
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
+            }
+            _ = conn.close.notified() => {
+                tracing::debug!(%peer, "connection closed to make room for a new one");
+            }
+            _ = head_deadline => {
+                crate::metrics::connection_refused(name, "header-timeout");
+                tracing::debug!(%peer, "no request head in time; connection closed");
+            }
+            _ = idle => {
+                tracing::debug!(%peer, "idle connection closed");
+            }
+        }
+        tracker.leave(conn.id);
+    }
 }

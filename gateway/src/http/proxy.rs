@@ -22,7 +22,7 @@ use crate::http::{answer_response, reply_response};
 use crate::idempotency::{fingerprint, parse_key};
 use crate::ops::OpError;
 use crate::ops::admit::{Flow, PolicyView, policy_request, refusal};
-use crate::ops::mcp::Prepared;
+use crate::ops::mcp::{McpCall, Prepared};
 use crate::policy::evaluate_chain_async;
 use crate::state::{AppState, Runtime};
 
@@ -176,34 +176,21 @@ async fn handle_inner(app: &AppState, peer: SocketAddr, req: Request) -> Result<
         }
         None => {
             let uri = upstream_uri(route, rest, query.as_deref())?;
-            match crate::ops::mcp::prepare(
+            let post = crate::ops::mcp::Post {
                 app,
+                rt: &rt,
                 route,
-                &principal,
-                &parts.headers,
-                &body,
-                &uri,
-                (peer, scheme),
-            )
-            .await?
-            {
-                Prepared::Respond(r) => return Ok(reply_response(r)),
-                Prepared::Forward => {
-                    let (status, headers, bytes) = crate::ops::mcp::forward_buffered(
-                        route,
-                        &parts.headers,
-                        body,
-                        &uri,
-                        (peer, scheme),
-                    )
-                    .await?;
-                    let mut r = Response::new(Body::from(bytes));
-                    *r.status_mut() = status;
-                    *r.headers_mut() = headers;
-                    return Ok(r);
-                }
-                Prepared::Call(c) => (c.key.clone(), c.fingerprint.clone(), Some(c)),
-            }
+                principal: &principal,
+                headers: &parts.headers,
+                body: &body,
+                uri: &uri,
+                peer: (peer, scheme),
+            };
+            let call = match mcp_decision(&post).await? {
+                Ok(call) => call,
+                Err(answered) => return Ok(answered),
+            };
+            (call.key.clone(), call.fingerprint.clone(), Some(call))
         }
     };
     let flow = Flow {
@@ -223,6 +210,32 @@ async fn handle_inner(app: &AppState, peer: SocketAddr, req: Request) -> Result<
     Ok(match &mcp_call {
         Some(c) => crate::http::mcp::readdress(answer, &c.rpc_id).await,
         None => answer_response(answer),
+    })
+}
+
+/// Step 3 on an MCP route: what the POST is. A world-changing tool call
+/// comes back for the effectful flow; anything else is answered here
+/// (`Err`): refused, or forwarded without the ledger.
+async fn mcp_decision(
+    post: &crate::ops::mcp::Post<'_>,
+) -> Result<Result<McpCall, Response>, OpError> {
+    Ok(match post.prepare().await? {
+        Prepared::Respond(r) => Err(reply_response(r)),
+        Prepared::Forward => {
+            let (status, headers, bytes) = crate::ops::mcp::forward_buffered(
+                post.route,
+                post.headers,
+                post.body.clone(),
+                post.uri,
+                post.peer,
+            )
+            .await?;
+            let mut r = Response::new(Body::from(bytes));
+            *r.status_mut() = status;
+            *r.headers_mut() = headers;
+            Err(r)
+        }
+        Prepared::Call(c) => Ok(c),
     })
 }
 

@@ -75,7 +75,7 @@ impl Flow<'_> {
             .reserve(admission, body, content_type, key, &fp)
             .await?
         {
-            Reserved::Op(op) => op,
+            Reserved::Op(op) => *op,
             Reserved::Answered(a) => return a,
         };
         claim_and_execute(self.app, self.route, op).await
@@ -224,10 +224,10 @@ impl Flow<'_> {
             }
             Reservation::Created(op) => {
                 crate::failpoint::hit("after-reserve");
-                Reserved::Op(op)
+                Reserved::Op(Box::new(op))
             }
             Reservation::Existing(op) if op.state == OpState::Reserved && op.fingerprint == fp => {
-                Reserved::Op(op)
+                Reserved::Op(Box::new(op))
             }
             Reservation::Existing(op) => {
                 Reserved::Answered(answer_existing(app, route, op, fp).await)
@@ -249,7 +249,7 @@ struct Admission {
 /// The result of [`Flow::reserve`].
 enum Reserved {
     /// A RESERVED operation to claim and run.
-    Op(Operation),
+    Op(Box<Operation>),
     /// The caller's answer, already decided.
     Answered(Answer),
 }

@@ -145,18 +145,24 @@ fn policy_request(
     )
 }
 
-/// An MCP POST being decided: what [`prepare`] was given.
-struct Post<'a> {
-    app: &'a AppState,
-    rt: &'a Runtime,
-    route: &'a Route,
-    principal: &'a Principal,
-    headers: &'a HeaderMap,
-    body: &'a Bytes,
-    uri: &'a http::Uri,
-    peer: (std::net::SocketAddr, &'static str),
-    /// Annotations are cached per route and upstream endpoint.
-    cache_key: String,
+/// An MCP POST being decided (see [`Post::prepare`]).
+pub struct Post<'a> {
+    /// The shared state.
+    pub app: &'a AppState,
+    /// The settings snapshot the request is served from.
+    pub rt: &'a Runtime,
+    /// The MCP route.
+    pub route: &'a Route,
+    /// The caller.
+    pub principal: &'a Principal,
+    /// The caller's headers.
+    pub headers: &'a HeaderMap,
+    /// The JSON-RPC message, as read.
+    pub body: &'a Bytes,
+    /// The upstream endpoint.
+    pub uri: &'a http::Uri,
+    /// The caller's address and the scheme it used.
+    pub peer: (std::net::SocketAddr, &'static str),
 }
 
 /// A JSON-RPC error answer to send at once.
@@ -164,41 +170,27 @@ fn refuse(id: &Value, code: i64, message: &str, data: Value) -> Result<Prepared,
     Ok(Prepared::Respond(rpc_error(id, code, message, data)))
 }
 
-/// Decides what an MCP POST is: refused (a JSON-RPC error answer),
-/// forwarded as is, or a world-changing tool call for the ledger. Errors
-/// become JSON-RPC error answers.
-///
-/// Errors: an `Idempotency-Key` header that is malformed (400); the
-/// provider unreachable while listing tools (502).
-pub async fn prepare(
-    app: &AppState,
-    route: &Route,
-    principal: &Principal,
-    headers: &HeaderMap,
-    body: &Bytes,
-    uri: &http::Uri,
-    peer: (std::net::SocketAddr, &'static str),
-) -> Result<Prepared, OpError> {
-    let (msg, method, id) = match envelope(headers, body) {
-        Ok(parsed) => parsed,
-        Err(prepared) => return Ok(prepared),
-    };
-    let rt = app.settings();
-    let post = Post {
-        app,
-        rt: &rt,
-        route,
-        principal,
-        headers,
-        body,
-        uri,
-        peer,
-        cache_key: format!("{}{}", route.name, uri.path()),
-    };
-    match method.as_str() {
-        "tools/list" => post.list_tools().await,
-        "tools/call" => post.call_tool(&msg, id).await,
-        _ => Ok(Prepared::Forward),
+impl Post<'_> {
+    /// Decides what the POST is: refused (a JSON-RPC error answer),
+    /// forwarded as is, or a world-changing tool call for the ledger.
+    ///
+    /// Errors: an `Idempotency-Key` header that is malformed (400); the
+    /// provider unreachable while listing tools (502).
+    pub async fn prepare(&self) -> Result<Prepared, OpError> {
+        let (msg, method, id) = match envelope(self.headers, self.body) {
+            Ok(parsed) => parsed,
+            Err(prepared) => return Ok(*prepared),
+        };
+        match method.as_str() {
+            "tools/list" => self.list_tools().await,
+            "tools/call" => self.call_tool(&msg, id).await,
+            _ => Ok(Prepared::Forward),
+        }
+    }
+
+    /// Annotations are cached per route and upstream endpoint.
+    fn cache_key(&self) -> String {
+        format!("{}{}", self.route.name, self.uri.path())
     }
 }
 
@@ -211,9 +203,9 @@ pub async fn prepare(
 /// nesting), and a call the gateway didn't see would run unrecorded. A
 /// repeated key reads differently to different parsers (two `params`, two
 /// `method`s): refused on every path, before any decision.
-fn envelope(headers: &HeaderMap, body: &[u8]) -> Result<(Value, String, Value), Prepared> {
+fn envelope(headers: &HeaderMap, body: &[u8]) -> Result<(Value, String, Value), Box<Prepared>> {
     let err = |id: &Value, code, message: &str, data| {
-        Prepared::Respond(rpc_error(id, code, message, data))
+        Box::new(Prepared::Respond(rpc_error(id, code, message, data)))
     };
     let null = Value::Null;
     let Ok(msg) = serde_json::from_slice::<Value>(body) else {
@@ -243,7 +235,7 @@ fn envelope(headers: &HeaderMap, body: &[u8]) -> Result<(Value, String, Value), 
     let Some(method) = msg.get("method") else {
         // A response to a server-initiated request (sampling, elicitation).
         if msg.get("result").is_some() || msg.get("error").is_some() {
-            return Err(Prepared::Forward);
+            return Err(Box::new(Prepared::Forward));
         }
         return Err(err(
             &null,
@@ -332,7 +324,7 @@ impl Post<'_> {
             return Ok(Prepared::Respond(raw(status, head, bytes)));
         };
         if let Some(tools) = answer["result"]["tools"].as_array().cloned() {
-            self.app.mcp_tools.store(&self.cache_key, &tools);
+            self.app.mcp_tools.store(&self.cache_key(), &tools);
             let mut kept = Vec::new();
             for t in tools {
                 let name = t["name"].as_str().unwrap_or_default().to_owned();
@@ -340,7 +332,7 @@ impl Post<'_> {
                 let (ann, _, _) = effective(
                     self.route,
                     self.app,
-                    &self.cache_key,
+                    &self.cache_key(),
                     &self.principal.tenant,
                     &name,
                 );
@@ -373,7 +365,7 @@ impl Post<'_> {
         let (annotations, read_only, class) = effective(
             self.route,
             self.app,
-            &self.cache_key,
+            &self.cache_key(),
             &self.principal.tenant,
             &tool,
         );

@@ -68,16 +68,39 @@ pub enum Step {
     DeadLettered,
     /// A stale RESERVED operation was executed, ending in this state.
     ExecutedReserved(Option<State>),
+    /// A new attempt or an abandoned reservation's execution was started
+    /// in the background (the reconciler's own scans: [`Execution::Detach`]).
+    ExecutionStarted,
     /// Someone else holds the operation, or it changed meanwhile.
     Busy,
     /// Nothing to do (terminal, awaiting approval, or the route has no read-back).
     Skipped(&'static str),
 }
 
-/// One reconciliation step for `op` (as last read). Every write is a
-/// compare-and-swap: if another instance got there first, the step is
-/// [`Step::Busy`].
+/// How a step runs the executions it starts (an abandoned reservation, a
+/// new attempt after an "absent" read-back).
+#[derive(Clone, Copy)]
+pub enum Execution<'a> {
+    /// In the step: it returns once the attempt is recorded.
+    Await,
+    /// In a task of `tracker`: the step returns [`Step::ExecutionStarted`]
+    /// at once, so a slow provider never holds up the reconciler's scan.
+    Detach(&'a tokio_util::task::TaskTracker),
+}
+
+/// One reconciliation step for `op` (as last read), awaiting any execution
+/// it starts. Every write is a compare-and-swap: if another instance got
+/// there first, the step is [`Step::Busy`].
 pub async fn reconcile_op(app: &AppState, op: Operation) -> Result<Step, LedgerError> {
+    reconcile_with(app, op, Execution::Await).await
+}
+
+/// [`reconcile_op`], running executions as `exec` says.
+pub async fn reconcile_with(
+    app: &AppState,
+    op: Operation,
+    exec: Execution<'_>,
+) -> Result<Step, LedgerError> {
     let settings = app.settings();
     let Some(route) = settings.route_named(&op.route) else {
         // Off the schedule, so it can't hold up the scan; an operator decides.
@@ -90,7 +113,7 @@ pub async fn reconcile_op(app: &AppState, op: Operation) -> Result<Step, LedgerE
             "the operation's route is no longer configured",
         ));
     };
-    let op = match take_up(app, route, op).await? {
+    let op = match take_up(app, route, op, exec).await? {
         Ok(op) => op,
         Err(step) => return Ok(step),
     };
@@ -123,6 +146,7 @@ pub async fn reconcile_op(app: &AppState, op: Operation) -> Result<Step, LedgerE
         route,
         rb,
         cfg: &settings.reconcile,
+        exec,
         now: app.ledger.clock().now_ms(),
         fence: lease.fence,
         op,
@@ -144,6 +168,7 @@ async fn take_up(
     app: &AppState,
     route: &Route,
     op: Operation,
+    exec: Execution<'_>,
 ) -> Result<Result<Operation, Step>, LedgerError> {
     let ledger = &app.ledger;
     let owner: &str = &app.instance_id;
@@ -164,8 +189,15 @@ async fn take_up(
                 return Ok(Err(Step::Busy));
             };
             crate::metrics::reconciliation("reserved-executed");
-            let state = execute::run(app.clone(), route.clone(), op, claim, None).await;
-            Ok(Err(Step::ExecutedReserved(state)))
+            Ok(Err(run(
+                app,
+                route,
+                op,
+                claim,
+                exec,
+                Step::ExecutedReserved,
+            )
+            .await))
         }
         State::Executing => {
             if op
@@ -192,6 +224,26 @@ async fn take_up(
     }
 }
 
+/// Runs a claimed operation as `exec` says: awaited (`step` of the state it
+/// ended in) or in a task of the tracker ([`Step::ExecutionStarted`]).
+async fn run(
+    app: &AppState,
+    route: &Route,
+    op: Operation,
+    claim: crate::ledger::Claim,
+    exec: Execution<'_>,
+    step: fn(Option<State>) -> Step,
+) -> Step {
+    let task = execute::run(app.clone(), route.clone(), op, claim, None);
+    match exec {
+        Execution::Await => step(task.await),
+        Execution::Detach(tracker) => {
+            tracker.spawn(task);
+            Step::ExecutionStarted
+        }
+    }
+}
+
 /// Logs a read-back's decision and the provider's reference only: a found
 /// value is the provider's data (possibly personal), never logged.
 fn log_read_back(op: &Operation, result: &ReadBackResult) {
@@ -214,6 +266,7 @@ struct ReadBackStep<'a> {
     route: &'a Route,
     rb: &'a ReadBack,
     cfg: &'a crate::config::ReconcileSpec,
+    exec: Execution<'a>,
     now: i64,
     fence: i64,
     op: Operation,
@@ -331,8 +384,15 @@ impl ReadBackStep<'_> {
             return Ok(Step::Busy);
         };
         crate::metrics::reconciliation("absent-retried");
-        let state = execute::run(self.app.clone(), self.route.clone(), self.op, claim, None).await;
-        Ok(Step::Retried(state))
+        Ok(run(
+            self.app,
+            self.route,
+            self.op,
+            claim,
+            self.exec,
+            Step::Retried,
+        )
+        .await)
     }
 
     /// The read-back itself failed: UNKNOWN again after a backoff, or a

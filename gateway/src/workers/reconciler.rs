@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 
 use crate::ledger::{LedgerError, Operation};
-use crate::ops::reconcile::{Step, reconcile_op};
+use crate::ops::reconcile::{Execution, Step, reconcile_with};
 use crate::state::AppState;
 use crate::workers::sweeper::sweep;
 
@@ -32,11 +32,25 @@ pub fn fair_order(mut ops: Vec<Operation>) -> Vec<Operation> {
     ranked.into_iter().map(|(_, o)| o).collect()
 }
 
-/// Runs one scan: handles every due operation (up to `reconcile.batch`),
-/// 8 at a time, in [`fair_order`]. Returns what each step did.
+/// Runs one scan to the end: handles every due operation (up to
+/// `reconcile.batch`), 8 at a time, in [`fair_order`], awaiting the
+/// executions it starts. Returns what each step did.
 ///
 /// Errors: the ledger could not be read.
 pub async fn tick(app: &AppState) -> Result<Vec<(String, String, Step)>, LedgerError> {
+    scan(app, Execution::Await).await
+}
+
+/// One scan as the reconciler loop runs it: executions it starts
+/// (abandoned reservations, new attempts after an "absent" read-back) go
+/// on in tasks of `tracker` ([`Step::ExecutionStarted`]), so one tenant's
+/// slow provider can't hold another tenant's read-back behind it.
+///
+/// Errors: the ledger could not be read.
+pub async fn scan(
+    app: &AppState,
+    exec: Execution<'_>,
+) -> Result<Vec<(String, String, Step)>, LedgerError> {
     let settings = app.settings();
     let cfg = &settings.reconcile;
     // Approvals past their expiry can never authorise anything: expire them.
@@ -59,7 +73,7 @@ pub async fn tick(app: &AppState) -> Result<Vec<(String, String, Step)>, LedgerE
     let steps = futures_util::stream::iter(fair_order(due))
         .map(|op| async move {
             let (t, id) = (op.tenant_id.clone(), op.operation_id.clone());
-            match reconcile_op(app, op).await {
+            match reconcile_with(app, op, exec).await {
                 Ok(step) => Some((t, id, step)),
                 Err(e) => {
                     tracing::warn!(tenant = %t, operation_id = %id, error = %e, "reconciliation step failed");
@@ -78,17 +92,22 @@ pub async fn tick(app: &AppState) -> Result<Vec<(String, String, Step)>, LedgerE
     Ok(steps)
 }
 
-/// Runs the reconciler until `shutdown` turns true.
+/// Runs the reconciler until `shutdown` turns true, then waits for the
+/// executions it started (each bounded by its route's response timeout
+/// and retry budget, under its lease).
 pub async fn run(app: AppState, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let executions = tokio_util::task::TaskTracker::new();
     loop {
-        if let Err(e) = tick(&app).await {
+        if let Err(e) = scan(&app, Execution::Detach(&executions)).await {
             tracing::warn!(error = %e, "reconciler scan failed");
         }
         // Read each time, so a reload's new interval applies.
         let period = Duration::from_millis(app.settings().reconcile.interval_ms);
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
-            _ = shutdown.wait_for(|s| *s) => return,
+            _ = shutdown.wait_for(|s| *s) => break,
         }
     }
+    executions.close();
+    executions.wait().await;
 }

@@ -403,10 +403,9 @@ fn unrecorded(operation_id: &str, e: &crate::ledger::LedgerError) -> OpError {
     tracing::error!(operation_id, error = %e, "the provider was called but the outcome could not be recorded");
     OpError::OutcomeUnknown {
         operation_id: operation_id.to_owned(),
-        detail: format!(
-            "the provider was called but the effect ledger could not record the outcome; \
-             it will be reconciled: retry with the same Idempotency-Key, never a new one"
-        ),
+        detail: "the provider was called but the effect ledger could not record the outcome; \
+                 it will be reconciled: retry with the same Idempotency-Key, never a new one"
+            .into(),
         status: StatusCode::SERVICE_UNAVAILABLE,
     }
 }
