@@ -410,7 +410,7 @@ impl ConfigFile {
                         connect_timeout_ms: 2_000,
                         https,
                     },
-                    &base_dir,
+                    base_dir,
                 )?;
                 let secret = std::env::var(&w.secret_env).map_err(|_| {
                     ConfigError::new(

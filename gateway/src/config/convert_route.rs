@@ -35,7 +35,7 @@ pub(super) fn route(
             connect_timeout_ms: r.connect_timeout_ms,
             https: upstream.scheme() == "https",
         },
-        &base_dir,
+        base_dir,
     )?;
     Ok(Route {
         client,
