@@ -16,7 +16,8 @@
 //! | `effectgate_upstream_latency_seconds` | histogram (summary) | `route` |
 //! | `effectgate_policy_evaluation_seconds` | histogram (summary) | — |
 //! | `effectgate_mcp_tool_calls_total` | counter | `route`, `outcome` (`ok`, `tool-error`, `jsonrpc-error`): the tool-level outcome, not the HTTP status |
-//! | `effectgate_policy_failures_total` | counter | `kind` (`timeout`, `out-of-memory`, `trap`, …) |
+//! | `effectgate_policy_failures_total` | counter | `kind` (`timeout`, `out-of-fuel`, `out-of-memory`, `trap`, `invalid-output`, `instantiate`, `host-panic`, and for policies that did not run `pool-exhausted`, `busy`, `circuit-open`) |
+//! | `effectgate_policy_breaker_trips_total` | counter | `tenant`, `policy` (a policy's circuit opened) |
 //!
 //! Cardinality: `route` takes only configured route names and `tenant` only
 //! configured tenant ids, so the series count is bounded by the config. A
@@ -107,9 +108,17 @@ pub fn policy_call(d: Duration, failure: Option<&'static str>) {
     }
 }
 
-/// A policy failed after its call returned (`kind`: `invalid-output`).
+/// A policy failed after its call returned (`kind`: `invalid-output`), or
+/// did not run (`busy`, `circuit-open`).
 pub fn policy_failure(kind: &'static str) {
     counter!("effectgate_policy_failures_total", "kind" => kind).increment(1);
+}
+
+/// The circuit breaker of `tenant`'s `policy` opened (`policy` is a module
+/// name from the config).
+pub fn policy_breaker_trip(tenant: &str, policy: &str) {
+    counter!("effectgate_policy_breaker_trips_total", "tenant" => tenant.to_owned(), "policy" => policy.to_owned())
+        .increment(1);
 }
 
 /// An MCP tool call ended with `outcome` (`ok`, `tool-error`, `jsonrpc-error`).

@@ -512,3 +512,278 @@ async fn a_policy_that_prints_and_panics_fails_closed_and_the_gateway_goes_on() 
     app.tick().await;
     assert_eq!(app.mock.provider.effects(), 2);
 }
+
+/// The sum of the counter `name` over its series whose labels include
+/// every one of `labels` (`kind="busy"`), in Prometheus text.
+fn counter(metrics: &str, name: &str, labels: &[&str]) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter(|l| labels.iter().all(|x| l.contains(x)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits (up to 10 s, checking every 2 ms) until `cond` holds.
+async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_flooding_with_busy_loops_gets_busy_answers_while_another_is_served() {
+    // A pool of 4 slots, 2 per tenant: without per-tenant permits tenant
+    // a's flood would take every slot and tenant b's calls would fail.
+    // The deadline is generous so that tenant b's fast policy never misses
+    // it on a loaded machine; the breaker is off, so tenant a's policy
+    // keeps running to its deadline.
+    let app = spawn_with(Opts {
+        tenant_a: binding("payments", "busy_loop", "{}"),
+        tenant_b: binding("payments", "amount_threshold", "{ threshold = 100000 }"),
+        more: "[reconcile]\nenabled = false\n[policy]\ndeadline_ms = 200\npool_instances = 4\nmax_concurrent_per_tenant = 2\npermit_wait_ms = 50\nbreaker_failures = 0\n".into(),
+        ..Default::default()
+    })
+    .await;
+    let busy_before = counter(
+        &app.metrics().await,
+        "effectgate_policy_failures_total",
+        &["kind=\"busy\""],
+    );
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood: Vec<_> = (0..6)
+        .map(|w| {
+            let (http, url, stop) = (app.http.clone(), app.proxy("/pay/v1/charges"), stop.clone());
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                let mut n = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    n += 1;
+                    let r = http
+                        .post(&url)
+                        .bearer_auth(KEY_A)
+                        .header("Idempotency-Key", format!("flood-{w}-{n}"))
+                        .header("Content-Type", "application/json")
+                        .body(BODY)
+                        .send()
+                        .await
+                        .unwrap();
+                    let status = r.status().as_u16();
+                    let p: Value = r.json().await.unwrap_or(Value::Null);
+                    answers.push((status, p));
+                }
+                answers
+            })
+        })
+        .collect();
+    let engine = app.gw.state.engine.clone();
+    wait_until("tenant a holds all its permits", || {
+        engine.free_permits("a") == 0
+    })
+    .await;
+
+    // Tenant b, two calls at a time, while tenant a's permits stay taken.
+    let mut b_statuses = Vec::new();
+    for i in 0..10 {
+        let (kx, ky) = (format!("b-{i}-x"), format!("b-{i}-y"));
+        let (x, y) = tokio::join!(
+            app.charge_as(KEY_B, &kx, BODY),
+            app.charge_as(KEY_B, &ky, BODY)
+        );
+        b_statuses.extend([x.status().as_u16(), y.status().as_u16()]);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut a_answers = Vec::new();
+    for f in flood {
+        a_answers.extend(f.await.unwrap());
+    }
+
+    assert!(
+        b_statuses.iter().all(|s| *s == 200),
+        "tenant b: {b_statuses:?}"
+    );
+    let d = app.gw.state.ledger.decisions("b", "b-9-y").await.unwrap();
+    assert_eq!(d[0]["decision"], "allow");
+    assert_eq!(d[0]["policy"], "amount_threshold");
+
+    let detail = |p: &Value| p["detail"].as_str().unwrap_or_default().to_owned();
+    for (status, p) in &a_answers {
+        assert_eq!(*status, 503, "tenant a: {p}");
+        assert_eq!(p["type"], "urn:effectgate:problem:policy-failed", "{p}");
+    }
+    let busy = a_answers
+        .iter()
+        .filter(|(_, p)| detail(p).contains("(busy)"))
+        .count();
+    let deadline = a_answers
+        .iter()
+        .filter(|(_, p)| detail(p).contains("deadline"))
+        .count();
+    assert!(busy > 0, "tenant a got no busy answer: {a_answers:?}");
+    assert!(deadline > 0, "tenant a's policy ran: {a_answers:?}");
+    assert_eq!(busy + deadline, a_answers.len(), "{a_answers:?}");
+    let busy_after = counter(
+        &app.metrics().await,
+        "effectgate_policy_failures_total",
+        &["kind=\"busy\""],
+    );
+    assert!(
+        busy_after - busy_before >= busy as f64,
+        "busy answers counted: {busy_before} → {busy_after}, {busy} answers"
+    );
+    assert_eq!(app.mock.provider.effects(), 20, "only tenant b's calls ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_policy_opens_its_circuit_until_a_trial_call_succeeds() {
+    // The module sits under one name ("gate") so that a healthy one can
+    // take its place on reload, behind the same circuit.
+    let modules = tempfile::tempdir().unwrap();
+    let module = modules.path().join("gate.wasm");
+    std::fs::copy(policy_wasm("trap"), &module).unwrap();
+    let app = spawn_with(Opts {
+        tenant_a: format!(
+            "[[tenants.policies]]\nroute = \"payments\"\nmodule = \"{}\"\nconfig = {{ threshold = 100000 }}\n",
+            module.display()
+        ),
+        more: "[reconcile]\nenabled = false\n[policy]\nbreaker_failures = 3\nbreaker_cooldown_ms = 200\n"
+            .into(),
+        ..Default::default()
+    })
+    .await;
+    let trips = |m: &str| {
+        counter(
+            m,
+            "effectgate_policy_breaker_trips_total",
+            &["tenant=\"a\"", "policy=\"gate\""],
+        )
+    };
+    let open = |m: &str| {
+        counter(
+            m,
+            "effectgate_policy_failures_total",
+            &["kind=\"circuit-open\""],
+        )
+    };
+    let before = app.metrics().await;
+    let detail = |p: &Value| p["detail"].as_str().unwrap_or_default().to_owned();
+
+    // Three traps in a row: each runs the policy and fails closed.
+    let mut tripped_after = Instant::now();
+    for i in 0..3 {
+        tripped_after = Instant::now();
+        let r = app.charge(&format!("trap-{i}"), BODY).await;
+        assert_eq!(r.status(), 503);
+        let p: Value = r.json().await.unwrap();
+        assert!(detail(&p).contains("trapped"), "{p}");
+    }
+
+    // Now the circuit is open: answered at once, nothing instantiated.
+    let engine = app.gw.state.engine.clone();
+    let instances = engine.instantiations();
+    for i in 0..5 {
+        let r = app.charge(&format!("open-{i}"), BODY).await;
+        assert_eq!(r.status(), 503);
+        let p: Value = r.json().await.unwrap();
+        assert_eq!(p["type"], "urn:effectgate:problem:policy-failed", "{p}");
+        assert_eq!(p["policy"], "gate", "{p}");
+        assert!(detail(&p).contains("circuit open"), "{p}");
+    }
+    assert_eq!(
+        engine.instantiations(),
+        instances,
+        "no instance while the circuit is open"
+    );
+    let d = app.gw.state.ledger.decisions("a", "open-0").await.unwrap();
+    assert_eq!(d[0]["decision"], "failed-closed");
+    assert!(
+        d[0]["reason"].as_str().unwrap().contains("circuit open"),
+        "{d:?}"
+    );
+    let after = app.metrics().await;
+    assert_eq!(trips(&after) - trips(&before), 1.0, "one trip\n{after}");
+    assert!(open(&after) - open(&before) >= 5.0, "{after}");
+    // Tenant b (no policy) is not affected.
+    assert_eq!(app.charge_as(KEY_B, "b", BODY).await.status(), 200);
+
+    // A healthy module takes the failing one's place; after the cool-down
+    // the first call is the trial, and its success closes the circuit.
+    std::fs::copy(policy_wasm("amount_threshold"), &module).unwrap();
+    app.gw.state.reload(None).await.expect("reload");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut n = 0;
+    let closed_at = loop {
+        n += 1;
+        let r = app.charge(&format!("after-{n}"), BODY).await;
+        if r.status() == 200 {
+            break Instant::now();
+        }
+        assert_eq!(r.status(), 503);
+        let p: Value = r.json().await.unwrap();
+        assert!(detail(&p).contains("circuit open"), "{p}");
+        assert!(Instant::now() < deadline, "the circuit never closed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(
+        closed_at - tripped_after >= Duration::from_millis(200),
+        "closed {:?} after the trip, before the cool-down ended",
+        closed_at - tripped_after
+    );
+    let d = app
+        .gw
+        .state
+        .ledger
+        .decisions("a", &format!("after-{n}"))
+        .await
+        .unwrap();
+    assert_eq!(d[0]["decision"], "allow");
+    // Closed: calls run the policy again.
+    assert_eq!(app.charge("closed", BODY).await.status(), 200);
+    assert!(engine.instantiations() >= instances + 2);
+    assert_eq!(trips(&app.metrics().await) - trips(&before), 1.0);
+    assert_eq!(app.mock.provider.effects(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fail_open_route_without_a_free_permit_forwards_and_counts_the_failure() {
+    // One permit per tenant and no waiting: while tenant a's busy loop
+    // holds its permit, its next call finds none.
+    let app = spawn_with(Opts {
+        route_extra: "policy_fail_open = true".into(),
+        tenant_a: binding("payments", "busy_loop", "{}"),
+        more: "[reconcile]\nenabled = false\n[policy]\ndeadline_ms = 500\nmax_concurrent_per_tenant = 1\npermit_wait_ms = 0\n".into(),
+        ..Default::default()
+    })
+    .await;
+    let busy = |m: &str| counter(m, "effectgate_policy_failures_total", &["kind=\"busy\""]);
+    let before = busy(&app.metrics().await);
+    let engine = app.gw.state.engine.clone();
+    let (held, refused) = tokio::join!(app.charge("held", BODY), async {
+        wait_until("the busy loop holds tenant a's permit", || {
+            engine.free_permits("a") == 0
+        })
+        .await;
+        app.charge("refused", BODY).await
+    });
+    assert_eq!(refused.status(), 200, "fail open: forwarded");
+    assert_eq!(held.status(), 200, "fail open after the deadline");
+    let op = app.op_json("refused").await;
+    let d = &op["policy_decisions"][0];
+    assert_eq!(d["policy"], "busy_loop");
+    assert_eq!(d["decision"], "failed-open");
+    assert!(d["reason"].as_str().unwrap().contains("(busy)"), "{op}");
+    let op = app.op_json("held").await;
+    assert_eq!(op["policy_decisions"][0]["decision"], "failed-open");
+    assert!(
+        op["policy_decisions"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("deadline"),
+        "{op}"
+    );
+    let after = busy(&app.metrics().await);
+    assert!(after - before >= 1.0, "busy counted: {before} → {after}");
+    assert_eq!(app.mock.provider.effects(), 2);
+}

@@ -458,6 +458,24 @@ fn check_policy(
     if policy.deadline_ms == 0 {
         return Err(ConfigError::new("policy.deadline_ms", "must be at least 1"));
     }
+    if policy.pool_instances == 0 {
+        return Err(ConfigError::new(
+            "policy.pool_instances",
+            "must be at least 1",
+        ));
+    }
+    if policy.max_concurrent_per_tenant == 0 {
+        return Err(ConfigError::new(
+            "policy.max_concurrent_per_tenant",
+            "must be at least 1",
+        ));
+    }
+    if policy.breaker_failures > 0 && policy.breaker_cooldown_ms == 0 {
+        return Err(ConfigError::new(
+            "policy.breaker_cooldown_ms",
+            "must be at least 1 (set policy.breaker_failures = 0 to turn the breaker off)",
+        ));
+    }
     if let Some(dir) = &mut policy.cache_dir {
         if dir.as_os_str().is_empty() {
             return Err(ConfigError::new(

@@ -54,8 +54,22 @@ pub struct PolicyLimitsSpec {
     /// Use the pooling instance allocator (falls back to on-demand
     /// allocation where the machine refuses the reservation). Default true.
     pub pooling: bool,
-    /// Concurrent policy instances the pool holds. Default 256.
+    /// Concurrent policy instances the pool holds. Default 256. Policy
+    /// calls in flight across all tenants never exceed it.
     pub pool_instances: u32,
+    /// Policy calls one tenant may have in flight at once (at most
+    /// `pool_instances`). Default 32.
+    pub max_concurrent_per_tenant: u32,
+    /// How long a call waits for one of its tenant's permits (and a free
+    /// pool slot) before it fails as `busy`, in ms. Default 100.
+    pub permit_wait_ms: u64,
+    /// Failures in a row (trap, deadline, memory, fuel, invalid output) of
+    /// one tenant's policy that open its circuit; 0 turns the breaker off.
+    /// Default 5.
+    pub breaker_failures: u32,
+    /// How long an open circuit refuses the policy's calls before letting
+    /// one trial call through, in ms. Default 30000.
+    pub breaker_cooldown_ms: u64,
     /// Folder for compiled policies (wasmtime's serialized artifacts, one
     /// file per module content hash and engine), relative to the config
     /// file, created when missing. A restart or a reload then loads a
@@ -76,6 +90,10 @@ impl Default for PolicyLimitsSpec {
             max_header_bytes: 1024,
             pooling: true,
             pool_instances: 256,
+            max_concurrent_per_tenant: 32,
+            permit_wait_ms: 100,
+            breaker_failures: 5,
+            breaker_cooldown_ms: 30_000,
             cache_dir: None,
         }
     }

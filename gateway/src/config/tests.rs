@@ -127,3 +127,33 @@ fn policy_cache_dir_resolves_next_to_the_file_and_bad_values_name_the_field() {
     assert_eq!(e.path, "policy.cache_dir");
     assert!(e.message.contains("not a directory"), "{e}");
 }
+
+#[test]
+fn policy_permits_and_breaker_have_defaults_and_bad_values_name_the_field() {
+    let p = parse("").unwrap().policy_limits;
+    assert_eq!(
+        (
+            p.max_concurrent_per_tenant,
+            p.permit_wait_ms,
+            p.breaker_failures,
+            p.breaker_cooldown_ms
+        ),
+        (32, 100, 5, 30_000)
+    );
+    let p = parse(
+        "[policy]\nmax_concurrent_per_tenant = 4\npermit_wait_ms = 0\nbreaker_failures = 0\nbreaker_cooldown_ms = 0\n",
+    )
+    .unwrap()
+    .policy_limits;
+    assert_eq!(p.max_concurrent_per_tenant, 4);
+    assert_eq!(p.permit_wait_ms, 0, "0: a call never waits for a permit");
+    assert_eq!(p.breaker_failures, 0, "0: no breaker, so no cool-down");
+
+    let e = parse("[policy]\nmax_concurrent_per_tenant = 0\n").unwrap_err();
+    assert_eq!(e.path, "policy.max_concurrent_per_tenant");
+    assert!(e.message.contains("at least 1"), "{e}");
+    let e = parse("[policy]\npool_instances = 0\n").unwrap_err();
+    assert_eq!(e.path, "policy.pool_instances");
+    let e = parse("[policy]\nbreaker_cooldown_ms = 0\n").unwrap_err();
+    assert_eq!(e.path, "policy.breaker_cooldown_ms");
+}

@@ -10,6 +10,7 @@
 //! only pays for the pages it writes.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,6 +24,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::{self, PolicyPre};
 use super::disk_cache::{CacheMiss, DiskCache};
+use super::guard::{Breakers, Change, Outcome, Permit, Permits};
 use super::inspect::{initial_memory_bytes, other_world, unprovided_imports};
 use crate::config::PolicyLimitsSpec;
 
@@ -46,6 +48,32 @@ pub enum PolicyFailure {
     InvalidOutput(String),
     /// The module could not be instantiated.
     Instantiate(String),
+    /// Every slot of the instance pool was in use.
+    PoolExhausted(String),
+    /// No permit was free within `policy.permit_wait_ms`: the policy did
+    /// not run.
+    Busy {
+        /// The limit that was full.
+        limit: BusyLimit,
+        /// `policy.permit_wait_ms`.
+        wait_ms: u64,
+    },
+    /// The policy's circuit is open after failures in a row: it did not run.
+    CircuitOpen {
+        /// `policy.breaker_failures`.
+        failures: u32,
+        /// Time until a trial call is let through, in ms (0: one is running).
+        retry_in_ms: u64,
+    },
+}
+
+/// Which limit left a call without a permit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BusyLimit {
+    /// The tenant's calls in flight (`policy.max_concurrent_per_tenant`).
+    Tenant(u32),
+    /// Calls in flight across tenants (`policy.pool_instances`).
+    Pool(u32),
 }
 
 impl PolicyFailure {
@@ -58,7 +86,21 @@ impl PolicyFailure {
             PolicyFailure::Trap(_) => "trap",
             PolicyFailure::InvalidOutput(_) => "invalid-output",
             PolicyFailure::Instantiate(_) => "instantiate",
+            PolicyFailure::PoolExhausted(_) => "pool-exhausted",
+            PolicyFailure::Busy { .. } => "busy",
+            PolicyFailure::CircuitOpen { .. } => "circuit-open",
         }
+    }
+
+    /// Whether the policy itself failed (and the failure counts towards
+    /// its circuit breaker), rather than the host having no room to run it.
+    pub fn is_policy_fault(&self) -> bool {
+        !matches!(
+            self,
+            PolicyFailure::PoolExhausted(_)
+                | PolicyFailure::Busy { .. }
+                | PolicyFailure::CircuitOpen { .. }
+        )
     }
 }
 
@@ -74,6 +116,37 @@ impl std::fmt::Display for PolicyFailure {
             PolicyFailure::Trap(d) => write!(f, "the policy trapped: {d}"),
             PolicyFailure::InvalidOutput(d) => write!(f, "the policy returned invalid output: {d}"),
             PolicyFailure::Instantiate(d) => write!(f, "the policy could not be instantiated: {d}"),
+            PolicyFailure::PoolExhausted(d) => {
+                write!(f, "the policy did not run: the instance pool is full: {d}")
+            }
+            PolicyFailure::Busy {
+                limit: BusyLimit::Tenant(n),
+                wait_ms,
+            } => write!(
+                f,
+                "the policy did not run (busy): the tenant already has {n} policy calls in flight (policy.max_concurrent_per_tenant) and none ended within {wait_ms} ms (policy.permit_wait_ms)"
+            ),
+            PolicyFailure::Busy {
+                limit: BusyLimit::Pool(n),
+                wait_ms,
+            } => write!(
+                f,
+                "the policy did not run (busy): {n} policy calls are in flight (policy.pool_instances) and none ended within {wait_ms} ms (policy.permit_wait_ms)"
+            ),
+            PolicyFailure::CircuitOpen {
+                failures,
+                retry_in_ms,
+            } => {
+                write!(
+                    f,
+                    "the policy did not run (circuit open): it failed {failures} times in a row (policy.breaker_failures); "
+                )?;
+                if *retry_in_ms == 0 {
+                    f.write_str("a trial call is running")
+                } else {
+                    write!(f, "a trial call is let through in {retry_in_ms} ms")
+                }
+            }
         }
     }
 }
@@ -231,6 +304,9 @@ pub struct PolicyEngine {
     limits: PolicyLimitsSpec,
     cache: Mutex<HashMap<[u8; 32], Arc<CompiledPolicy>>>,
     disk: Option<DiskCache>,
+    permits: Permits,
+    breakers: Breakers,
+    instantiations: AtomicU64,
     /// Whether the pooling allocator is in use.
     pub pooling: bool,
 }
@@ -377,8 +453,73 @@ impl PolicyEngine {
             limits: limits.clone(),
             cache: Mutex::new(HashMap::new()),
             disk,
+            permits: Permits::new(limits),
+            breakers: Breakers::new(limits),
+            instantiations: AtomicU64::new(0),
             pooling,
         })
+    }
+
+    /// Waits (up to `policy.permit_wait_ms`) for one of `tenant`'s permits
+    /// and a pool slot; a call holds them while it runs.
+    ///
+    /// Errors: [`PolicyFailure::Busy`]; the caller counts and logs it.
+    pub async fn permit(&self, tenant: &str) -> Result<Permit, PolicyFailure> {
+        self.permits.acquire(tenant).await
+    }
+
+    /// Permits of `tenant` free now (`policy.max_concurrent_per_tenant` less
+    /// its calls in flight).
+    pub fn free_permits(&self, tenant: &str) -> usize {
+        self.permits.available(tenant)
+    }
+
+    /// Instances created for calls since the engine started (load-time
+    /// `config-schema()` calls included).
+    pub fn instantiations(&self) -> u64 {
+        self.instantiations.load(Ordering::Relaxed)
+    }
+
+    /// Runs `call` (a call of `tenant`'s `policy`) unless the policy's
+    /// circuit is open; the result feeds its breaker. Opening and closing
+    /// a circuit is logged and counted.
+    ///
+    /// Errors: [`PolicyFailure::CircuitOpen`] without running `call`
+    /// (counted as a failure of that kind), else `call`'s.
+    pub fn guarded<R>(
+        &self,
+        tenant: &str,
+        policy: &str,
+        call: impl FnOnce() -> Result<R, PolicyFailure>,
+    ) -> Result<R, PolicyFailure> {
+        let pass = self
+            .breakers
+            .admit(tenant, policy, Instant::now())
+            .inspect_err(|f| crate::metrics::policy_failure(f.kind()))?;
+        let trial = pass.is_trial();
+        let out = call();
+        match pass.resolve(Outcome::of(&out), Instant::now()) {
+            Some(Change::Opened) => {
+                crate::metrics::policy_breaker_trip(tenant, policy);
+                tracing::warn!(
+                    tenant,
+                    policy,
+                    trial,
+                    failures = self.limits.breaker_failures,
+                    cooldown_ms = self.limits.breaker_cooldown_ms,
+                    "policy circuit opened: its calls fail at once until the cool-down ends"
+                );
+            }
+            Some(Change::Closed) => {
+                tracing::info!(
+                    tenant,
+                    policy,
+                    "policy circuit closed: a trial call succeeded"
+                );
+            }
+            None => {}
+        }
+        out
     }
 
     /// The limits calls run with.
@@ -573,6 +714,7 @@ impl PolicyEngine {
                 .map_err(|e| PolicyFailure::Instantiate(e.to_string()))?;
         }
         let started = Instant::now();
+        self.instantiations.fetch_add(1, Ordering::Relaxed);
         let instance = policy
             .pre
             .instantiate(&mut store)
@@ -592,6 +734,9 @@ fn classify_error(e: wasmtime::Error, store: &Store<HostState>) -> PolicyFailure
             limit: store.data().limits.memory_bytes,
             requested,
         };
+    }
+    if let Some(full) = e.downcast_ref::<wasmtime::PoolConcurrencyLimitError>() {
+        return PolicyFailure::PoolExhausted(full.to_string());
     }
     if let Some(trap) = e.downcast_ref::<Trap>() {
         return match trap {

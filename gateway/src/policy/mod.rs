@@ -5,6 +5,8 @@
 //!   content hash, a fresh `Store` per call with memory, epoch-deadline and
 //!   optional fuel limits);
 //! - [`disk_cache`]: compiled modules kept on disk (`policy.cache_dir`);
+//! - `guard`: per-tenant permits and a circuit breaker per tenant and
+//!   policy, which every call passes before it runs;
 //! - [`scaffold`]: `effectgate policy new` and `effectgate policy wit`;
 //! - [`PolicySet`]: each tenant's ordered policies per route, with their
 //!   configs validated against the policies' `config-schema()`;
@@ -13,11 +15,18 @@
 //! Chain semantics: the first deny wins; approval is required if any policy
 //! requires it; allows merge (the last effect class given wins, added
 //! headers accumulate).
+//!
+//! A policy that fails, or that can't run (no permit free, its circuit
+//! open, the pool full), fails the call closed, or on a `policy_fail_open`
+//! route lets it through; either way it is logged, counted in
+//! `effectgate_policy_failures_total{kind}` and recorded as a
+//! `failed-closed` / `failed-open` decision.
 
 pub mod bindings;
 pub mod cases;
 pub mod disk_cache;
 pub mod engine;
+mod guard;
 mod inspect;
 pub mod scaffold;
 
@@ -28,7 +37,8 @@ use std::time::Instant;
 use http::HeaderName;
 
 pub use bindings::{Decision, EffectClass as WitEffectClass, FailureClass, ReplayVerdict, Request};
-pub use engine::{CompiledPolicy, LoadError, LoadOrigin, PolicyEngine, PolicyFailure};
+pub use engine::{BusyLimit, CompiledPolicy, LoadError, LoadOrigin, PolicyEngine, PolicyFailure};
+pub use guard::Permit;
 
 use crate::config::{EffectClass, PolicyLimitsSpec, Route, Settings};
 
@@ -276,7 +286,9 @@ fn validate(
 }
 
 /// Runs the chain of `policies` on `request`. Returns the verdict and one
-/// record per policy that ran.
+/// record per policy that ran (or failed). Each call passes its policy's
+/// circuit breaker ([`PolicyEngine::guarded`]); the caller holds the
+/// tenant's permit ([`evaluate_chain_async`] takes it).
 pub fn evaluate_chain(
     engine: &PolicyEngine,
     policies: &[BoundPolicy],
@@ -291,17 +303,19 @@ pub fn evaluate_chain(
     for p in policies {
         let started = Instant::now();
         let label = format!("{tenant}/{}", p.name);
-        let out = engine
-            .call(&p.compiled, &label, |inst, store| {
-                inst.call_evaluate(store, &p.config, request)
-            })
-            .and_then(|d| {
-                validate(d, route, engine.limits()).inspect_err(|_| {
-                    // The call itself was counted; a refused output is a
-                    // failure of its own kind.
-                    crate::metrics::policy_failure("invalid-output");
+        let out = engine.guarded(tenant, &p.name, || {
+            engine
+                .call(&p.compiled, &label, |inst, store| {
+                    inst.call_evaluate(store, &p.config, request)
                 })
-            });
+                .and_then(|d| {
+                    validate(d, route, engine.limits()).inspect_err(|_| {
+                        // The call itself was counted; a refused output is a
+                        // failure of its own kind.
+                        crate::metrics::policy_failure("invalid-output");
+                    })
+                })
+        });
         let duration_us = started.elapsed().as_micros() as i64;
         let rec = |decision: &str, reason: Option<String>| DecisionRecord {
             policy: p.name.clone(),
@@ -341,7 +355,15 @@ pub fn evaluate_chain(
                 approvals.push((p.name.clone(), p.compiled.hash_hex.clone(), reason));
             }
             Err(failure) => {
-                tracing::warn!(tenant, policy = %p.name, kind = failure.kind(), error = %failure, "policy call failed");
+                tracing::warn!(
+                    tenant,
+                    route = %route.name,
+                    policy = %p.name,
+                    kind = failure.kind(),
+                    fail_open = route.policy_fail_open,
+                    error = %failure,
+                    "policy call failed"
+                );
                 if route.policy_fail_open {
                     records.push(rec("failed-open", Some(failure.to_string())));
                 } else {
@@ -378,8 +400,11 @@ pub fn evaluate_chain(
 
 /// [`evaluate_chain`] on the blocking pool: a policy call blocks its
 /// thread (up to its deadline, and the WASI streams it may write to block
-/// on the runtime), so it never runs on an async worker. A panic in the
-/// host while running a policy counts as a policy failure.
+/// on the runtime), so it never runs on an async worker. The chain first
+/// takes one of the tenant's permits ([`PolicyEngine::permit`]), held
+/// until it ends; without one within `policy.permit_wait_ms` no policy
+/// runs and the call fails as `busy`. A panic in the host while running a
+/// policy counts as a policy failure.
 pub async fn evaluate_chain_async(
     engine: Arc<PolicyEngine>,
     policies: &[BoundPolicy],
@@ -396,37 +421,89 @@ pub async fn evaluate_chain_async(
             Vec::new(),
         );
     }
+    let permit = match engine.permit(tenant).await {
+        Ok(p) => p,
+        Err(failure) => {
+            let kind = failure.kind();
+            let (verdict, records) = not_run(policies, route, tenant, failure);
+            for _ in &records {
+                crate::metrics::policy_failure(kind);
+            }
+            return (verdict, records);
+        }
+    };
     let (p, r, t) = (policies.to_vec(), route.clone(), tenant.to_owned());
-    match tokio::task::spawn_blocking(move || evaluate_chain(&engine, &p, &r, &t, &request)).await {
+    let run = move || {
+        let _permit = permit;
+        evaluate_chain(&engine, &p, &r, &t, &request)
+    };
+    match tokio::task::spawn_blocking(run).await {
         Ok(v) => v,
         Err(e) => {
             crate::metrics::policy_call(std::time::Duration::ZERO, Some("host-panic"));
-            tracing::error!(tenant, error = %e, "a policy call panicked in the host");
-            let policy = policies.first().map(|p| p.name.clone()).unwrap_or_default();
-            if route.policy_fail_open {
-                (
-                    Verdict::Allow {
-                        effect_class: None,
-                        add_headers: Vec::new(),
-                    },
-                    Vec::new(),
-                )
-            } else {
-                (
-                    Verdict::Failed {
-                        policy,
-                        failure: PolicyFailure::Trap(format!(
-                            "the host failed running the policy: {e}"
-                        )),
-                    },
-                    Vec::new(),
-                )
-            }
+            tracing::error!(tenant, route = %route.name, error = %e, "a policy call panicked in the host");
+            not_run(
+                policies,
+                route,
+                tenant,
+                PolicyFailure::Trap(format!("the host failed running the policy: {e}")),
+            )
         }
     }
 }
 
-/// [`classify_failure`] on the blocking pool (see [`evaluate_chain_async`]).
+/// The verdict of a chain none of whose policies ran (no permit, or the
+/// host failed): closed, naming the first policy and recording its
+/// failure, or on a `policy_fail_open` route the call goes on with a
+/// `failed-open` record for every policy. Each is logged at WARN.
+fn not_run(
+    policies: &[BoundPolicy],
+    route: &Route,
+    tenant: &str,
+    failure: PolicyFailure,
+) -> (Verdict, Vec<DecisionRecord>) {
+    let record = |p: &BoundPolicy, decision: &str| {
+        tracing::warn!(
+            tenant,
+            route = %route.name,
+            policy = %p.name,
+            kind = failure.kind(),
+            fail_open = route.policy_fail_open,
+            error = %failure,
+            "policy not run"
+        );
+        DecisionRecord {
+            policy: p.name.clone(),
+            content_hash: p.compiled.hash_hex.clone(),
+            decision: decision.to_owned(),
+            reason: Some(failure.to_string()),
+            duration_us: 0,
+        }
+    };
+    if route.policy_fail_open {
+        let records = policies.iter().map(|p| record(p, "failed-open")).collect();
+        return (
+            Verdict::Allow {
+                effect_class: None,
+                add_headers: Vec::new(),
+            },
+            records,
+        );
+    }
+    let first = &policies[0];
+    let records = vec![record(first, "failed-closed")];
+    (
+        Verdict::Failed {
+            policy: first.name.clone(),
+            failure,
+        },
+        records,
+    )
+}
+
+/// [`classify_failure`] on the blocking pool, with one of the tenant's
+/// permits (see [`evaluate_chain_async`]); without a permit, or when the
+/// host fails, the answer is `unknown` (the gateway's own classification).
 pub async fn classify_failure_async(
     engine: Arc<PolicyEngine>,
     policies: &[BoundPolicy],
@@ -437,14 +514,21 @@ pub async fn classify_failure_async(
     if policies.is_empty() {
         return FailureClass::Unknown;
     }
+    let Some(permit) = hook_permit(&engine, policies, tenant, "classify-failure").await else {
+        return FailureClass::Unknown;
+    };
     let (p, t) = (policies.to_vec(), tenant.to_owned());
-    tokio::task::spawn_blocking(move || classify_failure(&engine, &p, &t, &head, &body))
-        .await
-        .unwrap_or(FailureClass::Unknown)
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        classify_failure(&engine, &p, &t, &head, &body)
+    })
+    .await
+    .unwrap_or(FailureClass::Unknown)
 }
 
-/// [`replay_verdict`] on the blocking pool (see [`evaluate_chain_async`]);
-/// a host failure gives the effect class's default.
+/// [`replay_verdict`] on the blocking pool, with one of the tenant's
+/// permits (see [`evaluate_chain_async`]); without a permit, or when the
+/// host fails, the effect class's default applies.
 pub async fn replay_verdict_async(
     engine: Arc<PolicyEngine>,
     policies: &[BoundPolicy],
@@ -455,10 +539,36 @@ pub async fn replay_verdict_async(
     if policies.is_empty() {
         return default;
     }
+    let Some(permit) = hook_permit(&engine, policies, tenant, "replay").await else {
+        return default;
+    };
     let (p, t) = (policies.to_vec(), tenant.to_owned());
-    tokio::task::spawn_blocking(move || replay_verdict(&engine, &p, &t, &op))
-        .await
-        .unwrap_or(default)
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        replay_verdict(&engine, &p, &t, &op)
+    })
+    .await
+    .unwrap_or(default)
+}
+
+/// A permit for a `classify-failure` or `replay` chain; `None` (logged
+/// and counted for each policy) when none was free in time.
+async fn hook_permit(
+    engine: &PolicyEngine,
+    policies: &[BoundPolicy],
+    tenant: &str,
+    hook: &str,
+) -> Option<Permit> {
+    match engine.permit(tenant).await {
+        Ok(p) => Some(p),
+        Err(failure) => {
+            for p in policies {
+                crate::metrics::policy_failure(failure.kind());
+                tracing::warn!(tenant, policy = %p.name, hook, kind = failure.kind(), error = %failure, "policy not run; using the default");
+            }
+            None
+        }
+    }
 }
 
 /// Asks the chain how to treat a provider failure: the first answer that
@@ -472,8 +582,10 @@ pub fn classify_failure(
 ) -> FailureClass {
     for p in policies {
         let label = format!("{tenant}/{}", p.name);
-        match engine.call(&p.compiled, &label, |inst, store| {
-            inst.call_classify_failure(store, &p.config, head, body)
+        match engine.guarded(tenant, &p.name, || {
+            engine.call(&p.compiled, &label, |inst, store| {
+                inst.call_classify_failure(store, &p.config, head, body)
+            })
         }) {
             Ok(FailureClass::Unknown) => {}
             Ok(c) => return c,
@@ -505,8 +617,10 @@ pub fn replay_verdict(
     let mut verdict: Option<ReplayVerdict> = None;
     for p in policies {
         let label = format!("{tenant}/{}", p.name);
-        let v = match engine.call(&p.compiled, &label, |inst, store| {
-            inst.call_replay(store, &p.config, op)
+        let v = match engine.guarded(tenant, &p.name, || {
+            engine.call(&p.compiled, &label, |inst, store| {
+                inst.call_replay(store, &p.config, op)
+            })
         }) {
             Ok(v) => v,
             Err(e) => {
