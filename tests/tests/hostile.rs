@@ -652,7 +652,8 @@ async fn undeliverable_webhook_events_are_dead_lettered_and_delivered_ones_swept
 }
 
 /// The reconciler's scan doesn't wait for the executions it starts: b's
-/// eight new attempts at a slow provider (3 s each) go on in the
+/// eight new attempts at a slow provider (2.5 s each, inside the route's
+/// 3 s response timeout) go on in the
 /// background while a's lost reply is found in the same scan, which
 /// returns well before any of b's attempts could have ended.
 #[tokio::test]
@@ -689,9 +690,9 @@ async fn reconciler_executions_run_detached_from_the_scan() {
         502
     );
     assert_eq!(app.mock.provider.effects(), 1);
-    // b's new attempts will each take 3 s at the provider.
+    // b's new attempts will each take 2.5 s at the provider.
     app.mock.provider.set_faults(mock_provider::Faults {
-        delay_ms: 3_000,
+        delay_ms: 2_500,
         delay_times: 8,
         ..Default::default()
     });

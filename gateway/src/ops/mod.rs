@@ -12,6 +12,7 @@ pub mod error;
 pub mod execute;
 pub mod mcp;
 pub mod operator;
+pub mod read_back;
 pub mod reconcile;
 pub mod replay;
 pub mod reply;

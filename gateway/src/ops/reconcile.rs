@@ -24,34 +24,16 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{HeaderValue, StatusCode};
-use http_body_util::BodyExt;
+use http::StatusCode;
 use serde_json::Value;
 
 use crate::config::{ReadBack, Route};
-use crate::forward::{add_route_headers, build_request};
 use crate::ledger::{DeadLetter, LedgerError, Operation, Outcome, State};
 use crate::ops::OpError;
 use crate::ops::execute;
 use crate::state::AppState;
-use crate::template::{Vars, url_encode};
 
-/// What a read-back said.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ReadBackResult {
-    /// The effect exists; `matched` is the value at the found pointer.
-    Found {
-        /// The matched JSON.
-        matched: Value,
-        /// The provider's reference, if the route names a pointer for it.
-        reference: Option<String>,
-    },
-    /// The effect does not exist (404, or nothing at the found pointer).
-    Absent,
-    /// No definite answer.
-    Error(String),
-}
+pub use crate::ops::read_back::{ReadBackResult, read_back};
 
 /// What one reconciliation step did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -426,159 +408,6 @@ impl ReadBackStep<'_> {
         );
         o.next_reconcile_at = Some(self.now.saturating_add(delay as i64));
         self.finish(o, Step::ReadBackError, "read-back-error").await
-    }
-}
-
-/// Largest read-back answer read, bytes (16 MiB); larger is a read-back error.
-pub const READ_BACK_MAX_BYTES: usize = 16 << 20;
-
-/// Asks the provider whether `op`'s effect exists.
-pub async fn read_back(route: &Route, rb: &ReadBack, op: &Operation) -> ReadBackResult {
-    if rb.tool.is_some() {
-        return crate::ops::mcp::read_back(route, rb, op).await;
-    }
-    let body: Value = serde_json::from_slice(&op.request_body).unwrap_or(Value::Null);
-    let vars = Vars {
-        operation_id: &op.operation_id,
-        provider_key: &op.provider_key,
-        body: &body,
-        tenant: &op.tenant_id,
-    };
-    let path_and_query = rb.path.render(&vars, url_encode);
-    let base = route.upstream.as_str().trim_end_matches('/');
-    let uri: http::Uri = match format!("{base}{path_and_query}").parse() {
-        Ok(u) => u,
-        Err(e) => return ReadBackResult::Error(format!("read-back URL is invalid: {e}")),
-    };
-    let mut headers = http::HeaderMap::new();
-    for (name, tpl) in &rb.headers {
-        if let Ok(v) = HeaderValue::from_str(&tpl.render(&vars, |s| s.to_owned())) {
-            headers.insert(name.clone(), v);
-        }
-    }
-    add_route_headers(route, &mut headers, None);
-    let client = &route.client;
-    let req = build_request(
-        rb.method.clone(),
-        uri,
-        headers,
-        crate::forward::OutboundBody::empty(),
-    );
-    let call = async {
-        let resp = client
-            .request(req)
-            .await
-            .map_err(|e| crate::forward::error_detail(&e))?;
-        let status = resp.status();
-        let coding = resp
-            .headers()
-            .get(http::header::CONTENT_ENCODING)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        // Bounded like a stored response: a read-back answer is one object
-        // or one page of them.
-        let body = http_body_util::Limited::new(resp.into_body(), READ_BACK_MAX_BYTES)
-            .collect()
-            .await
-            .map_err(|e| {
-                format!("read-back answer unreadable (at most {READ_BACK_MAX_BYTES} bytes): {e}")
-            })?
-            .to_bytes();
-        // Read-backs ask for no coding, but a provider may compress anyway;
-        // what is matched and stored is the decoded JSON.
-        let body = match coding {
-            Some(c) => Bytes::from(crate::encoding::decode(&c, &body, READ_BACK_MAX_BYTES)?),
-            None => body,
-        };
-        Ok::<(StatusCode, Bytes), String>((status, body))
-    };
-    match tokio::time::timeout(Duration::from_millis(rb.timeout_ms), call).await {
-        Err(_) => ReadBackResult::Error(format!("no answer within {} ms", rb.timeout_ms)),
-        Ok(Err(e)) => ReadBackResult::Error(e),
-        Ok(Ok((status, body))) => interpret(rb, status, &body, &expected(rb, &vars)),
-    }
-}
-
-/// The route's `match` list rendered for one operation: (pointer into the
-/// found value, required value). Shared by HTTP and MCP read-backs.
-/// With a route's `tenant_scoped_field`, the found value must also hold
-/// the operation's tenant at that pointer.
-pub(crate) fn expected(rb: &ReadBack, vars: &Vars) -> Vec<(String, String)> {
-    rb.match_fields
-        .iter()
-        .map(|(p, t)| (p.clone(), t.render(vars, |s| s.to_owned())))
-        .chain(
-            rb.tenant_field
-                .iter()
-                .map(|p| (p.clone(), vars.tenant.to_owned())),
-        )
-        .collect()
-}
-
-/// Reads a read-back answer: 404 → absent; 2xx with a non-empty value at
-/// the found pointer that meets every `match` condition → found; 2xx with
-/// nothing (matching) there → absent; anything else → error. When the found
-/// value is an array, its first element meeting the conditions is the match.
-///
-/// `expected` is the route's `match` list rendered for this operation:
-/// (pointer into the found value, required value).
-pub fn interpret(
-    rb: &ReadBack,
-    status: StatusCode,
-    body: &[u8],
-    expected: &[(String, String)],
-) -> ReadBackResult {
-    if status == StatusCode::NOT_FOUND {
-        return ReadBackResult::Absent;
-    }
-    if !status.is_success() {
-        return ReadBackResult::Error(format!("read-back answered {status}"));
-    }
-    let Ok(v) = serde_json::from_slice::<Value>(body) else {
-        return ReadBackResult::Error("read-back body is not JSON".into());
-    };
-    judge(rb, &v, expected)
-}
-
-/// Looks for the effect in a read-back answer `v`: a non-empty value at the
-/// found pointer (`false` counts as empty) that meets every `match`
-/// condition; the first such element when the value is an array.
-pub fn judge(rb: &ReadBack, v: &Value, expected: &[(String, String)]) -> ReadBackResult {
-    let text = |x: &Value| match x {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
-    let empty = |x: &Value| match x {
-        Value::Null => true,
-        Value::Array(a) => a.is_empty(),
-        Value::Object(o) => o.is_empty(),
-        Value::String(s) => s.is_empty(),
-        Value::Bool(b) => !b,
-        _ => false,
-    };
-    let Some(found) = v.pointer(&rb.found_pointer).filter(|f| !empty(f)) else {
-        return ReadBackResult::Absent;
-    };
-    let meets = |c: &Value| {
-        expected
-            .iter()
-            .all(|(ptr, want)| c.pointer(ptr).is_some_and(|got| text(got) == *want))
-    };
-    let matched = match found {
-        Value::Array(items) if !expected.is_empty() => items.iter().find(|c| meets(c)),
-        other if meets(other) => Some(other),
-        _ => None,
-    };
-    match matched {
-        None => ReadBackResult::Absent,
-        Some(m) => ReadBackResult::Found {
-            matched: m.clone(),
-            reference: rb
-                .reference_pointer
-                .as_ref()
-                .and_then(|p| m.pointer(p))
-                .map(text),
-        },
     }
 }
 

@@ -75,8 +75,8 @@ pub async fn read_back(
     route: &Route,
     rb: &crate::config::ReadBack,
     op: &crate::ledger::Operation,
-) -> crate::ops::reconcile::ReadBackResult {
-    use crate::ops::reconcile::ReadBackResult;
+) -> crate::ops::read_back::ReadBackResult {
+    use crate::ops::read_back::ReadBackResult;
     let Some(tool) = &rb.tool else {
         return ReadBackResult::Error("no read-back tool".into());
     };
@@ -93,7 +93,7 @@ pub async fn read_back(
         .iter()
         .map(|(k, t)| (k.clone(), Value::String(t.render(&vars, |s| s.to_owned()))))
         .collect();
-    let expected = crate::ops::reconcile::expected(rb, &vars);
+    let expected = crate::ops::read_back::expected(rb, &vars);
     let work = async {
         let session = open_session(route, &path).await?;
         let call = json!({"jsonrpc": "2.0", "id": "effectgate-read-back", "method": "tools/call",
@@ -123,7 +123,7 @@ pub async fn read_back(
             .and_then(|t| serde_json::from_str(t).ok())
             .unwrap_or(Value::Null),
     };
-    crate::ops::reconcile::judge(rb, &value, &expected)
+    crate::ops::read_back::judge(rb, &value, &expected)
 }
 
 /// The stored answer of a tool call whose effect a read-back confirmed

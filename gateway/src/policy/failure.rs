@@ -1,0 +1,124 @@
+//! Why a policy call failed, as the host reports it.
+
+/// Why a policy call failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PolicyFailure {
+    /// The CPU deadline passed.
+    Timeout,
+    /// The fuel ran out.
+    OutOfFuel,
+    /// The policy asked for more linear memory than `policy.memory_bytes`.
+    OutOfMemory {
+        /// `policy.memory_bytes`.
+        limit: usize,
+        /// The size the memory would have grown to, in bytes.
+        requested: usize,
+    },
+    /// The policy trapped (panic, `unreachable`, …).
+    Trap(String),
+    /// The policy's output broke a rule (status, sizes, headers).
+    InvalidOutput(String),
+    /// The module could not be instantiated.
+    Instantiate(String),
+    /// Every slot of the instance pool was in use.
+    PoolExhausted(String),
+    /// No permit was free within `policy.permit_wait_ms`: the policy did
+    /// not run.
+    Busy {
+        /// The limit that was full.
+        limit: BusyLimit,
+        /// `policy.permit_wait_ms`.
+        wait_ms: u64,
+    },
+    /// The policy's circuit is open after failures in a row: it did not run.
+    CircuitOpen {
+        /// `policy.breaker_failures`.
+        failures: u32,
+        /// Time until a trial call is let through, in ms (0: one is running).
+        retry_in_ms: u64,
+    },
+}
+
+/// Which limit left a call without a permit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BusyLimit {
+    /// The tenant's calls in flight (`policy.max_concurrent_per_tenant`).
+    Tenant(u32),
+    /// Calls in flight across tenants (`policy.pool_instances`).
+    Pool(u32),
+}
+
+impl PolicyFailure {
+    /// Short kind for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PolicyFailure::Timeout => "timeout",
+            PolicyFailure::OutOfFuel => "out-of-fuel",
+            PolicyFailure::OutOfMemory { .. } => "out-of-memory",
+            PolicyFailure::Trap(_) => "trap",
+            PolicyFailure::InvalidOutput(_) => "invalid-output",
+            PolicyFailure::Instantiate(_) => "instantiate",
+            PolicyFailure::PoolExhausted(_) => "pool-exhausted",
+            PolicyFailure::Busy { .. } => "busy",
+            PolicyFailure::CircuitOpen { .. } => "circuit-open",
+        }
+    }
+
+    /// Whether the policy itself failed (and the failure counts towards
+    /// its circuit breaker), rather than the host having no room to run it.
+    pub fn is_policy_fault(&self) -> bool {
+        !matches!(
+            self,
+            PolicyFailure::PoolExhausted(_)
+                | PolicyFailure::Busy { .. }
+                | PolicyFailure::CircuitOpen { .. }
+        )
+    }
+}
+
+impl std::fmt::Display for PolicyFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PolicyFailure::Timeout => f.write_str("the policy exceeded its CPU deadline"),
+            PolicyFailure::OutOfFuel => f.write_str("the policy ran out of fuel"),
+            PolicyFailure::OutOfMemory { limit, requested } => write!(
+                f,
+                "the policy exceeded its memory limit: it asked for {requested} bytes of linear memory; policy.memory_bytes is {limit}"
+            ),
+            PolicyFailure::Trap(d) => write!(f, "the policy trapped: {d}"),
+            PolicyFailure::InvalidOutput(d) => write!(f, "the policy returned invalid output: {d}"),
+            PolicyFailure::Instantiate(d) => write!(f, "the policy could not be instantiated: {d}"),
+            PolicyFailure::PoolExhausted(d) => {
+                write!(f, "the policy did not run: the instance pool is full: {d}")
+            }
+            PolicyFailure::Busy {
+                limit: BusyLimit::Tenant(n),
+                wait_ms,
+            } => write!(
+                f,
+                "the policy did not run (busy): the tenant already has {n} policy calls in flight (policy.max_concurrent_per_tenant) and none ended within {wait_ms} ms (policy.permit_wait_ms)"
+            ),
+            PolicyFailure::Busy {
+                limit: BusyLimit::Pool(n),
+                wait_ms,
+            } => write!(
+                f,
+                "the policy did not run (busy): {n} policy calls are in flight (policy.pool_instances) and none ended within {wait_ms} ms (policy.permit_wait_ms)"
+            ),
+            PolicyFailure::CircuitOpen {
+                failures,
+                retry_in_ms,
+            } => {
+                write!(
+                    f,
+                    "the policy did not run (circuit open): it failed {failures} times in a row (policy.breaker_failures); "
+                )?;
+                if *retry_in_ms == 0 {
+                    f.write_str("a trial call is running")
+                } else {
+                    write!(f, "a trial call is let through in {retry_in_ms} ms")
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! The per-call host state of a policy instance: its resource limiter
+//! (memory and table growth), its WASI context without I/O, and the host
+//! functions of the world (log, clock).
+
+use std::sync::Arc;
+
+use wasmtime::component::ResourceTable;
+use wasmtime::{ResourceLimiter, StoreLimits};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::bindings;
+
+/// The store's resource limiter: wasmtime's [`StoreLimits`], plus a note
+/// of the memory size a refused growth asked for, so the failure can name it.
+pub(super) struct Limiter {
+    pub(super) inner: StoreLimits,
+    pub(super) memory_bytes: usize,
+    pub(super) refused_memory: Option<usize>,
+}
+
+impl ResourceLimiter for Limiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.memory_bytes {
+            self.refused_memory = Some(desired);
+        }
+        self.inner.memory_growing(current, desired, maximum)
+    }
+    fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.inner.memory_grow_failed(error)
+    }
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        self.inner.table_growing(current, desired, maximum)
+    }
+    fn table_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.inner.table_grow_failed(error)
+    }
+    fn instances(&self) -> usize {
+        self.inner.instances()
+    }
+    fn tables(&self) -> usize {
+        self.inner.tables()
+    }
+    fn memories(&self) -> usize {
+        self.inner.memories()
+    }
+}
+
+/// Per-call host state.
+pub struct HostState {
+    pub(super) limits: Limiter,
+    pub(super) wasi: WasiCtx,
+    pub(super) table: ResourceTable,
+    /// Label for the policy's log lines (`tenant/policy`).
+    pub(super) label: Arc<str>,
+    pub(super) log_budget: usize,
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl bindings::effectgate::policy::types::Host for HostState {}
+
+impl bindings::effectgate::policy::log::Host for HostState {
+    fn log(
+        &mut self,
+        level: bindings::effectgate::policy::log::Level,
+        message: String,
+        fields: Vec<(String, String)>,
+    ) {
+        use bindings::effectgate::policy::log::Level;
+        // At most 16 lines of 1 KiB per call.
+        if self.log_budget == 0 {
+            return;
+        }
+        self.log_budget -= 1;
+        // Bounded by characters, never split inside one.
+        let clip = |s: &str, n: usize| -> String { s.chars().take(n).collect() };
+        let message = clip(&message, 1024);
+        let fields: Vec<String> = fields
+            .into_iter()
+            .take(16)
+            .map(|(k, v)| format!("{}={}", clip(&k, 64), clip(&v, 256)))
+            .collect();
+        let fields = fields.join(" ");
+        let policy = &*self.label;
+        match level {
+            Level::Debug => tracing::debug!(policy, fields, "{message}"),
+            Level::Info => tracing::info!(policy, fields, "{message}"),
+            Level::Warn => tracing::warn!(policy, fields, "{message}"),
+            Level::Error => tracing::error!(policy, fields, "{message}"),
+        }
+    }
+}
+
+impl bindings::effectgate::policy::clock::Host for HostState {
+    fn now_ms(&mut self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    }
+}
