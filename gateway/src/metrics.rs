@@ -143,8 +143,13 @@ pub fn connection_refused(listener: &'static str, reason: &'static str) {
         .increment(1);
 }
 
-/// A tenant's call was refused by its limits; `limit`: `rate` or
-/// `in-flight`.
+/// Bytes of bodies `tenant`'s operations hold in the ledger, as last
+/// measured (tenants with `max_stored_bytes`).
+pub fn tenant_stored_bytes(tenant: &str, bytes: i64) {
+    gauge!("effectgate_tenant_stored_bytes", "tenant" => tenant.to_owned()).set(bytes as f64);
+}
+
+/// A call of `tenant` was refused by a limit (`rate`, `in-flight`, `stored-bytes`).
 pub fn tenant_limited(tenant: &str, limit: &'static str) {
     counter!("effectgate_tenant_limited_total", "tenant" => tenant.to_owned(), "limit" => limit)
         .increment(1);

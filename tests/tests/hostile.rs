@@ -743,3 +743,59 @@ async fn reconciler_executions_run_detached_from_the_scan() {
         .unwrap();
     assert_eq!(b["state"], "COMPLETED", "{b}");
 }
+
+/// A tenant's stored-bytes quota: new operations past it get 507 and
+/// reach neither the ledger nor the provider; a duplicate of a stored
+/// operation is still replayed, and another tenant is unaffected.
+#[tokio::test]
+async fn a_tenants_stored_bytes_quota_refuses_new_operations_with_507() {
+    let app = spawn_with(Opts {
+        tenant_a: "max_stored_bytes = 1500".into(),
+        ..Default::default()
+    })
+    .await;
+    let body = format!(r#"{{"amount":1,"pad":"{}"}}"#, "x".repeat(200));
+    let mut accepted = 0;
+    let mut refused = None;
+    for i in 0..20 {
+        let r = app.charge_as(KEY_A, &format!("q-{i}"), &body).await;
+        if r.status() == 507 {
+            refused = Some((i, r.json::<Value>().await.unwrap()));
+            break;
+        }
+        assert_eq!(r.status(), 200, "q-{i}");
+        accepted += 1;
+    }
+    let (i, p) = refused.expect("the quota refuses a call within 20");
+    assert!(accepted >= 1, "room for at least one call");
+    assert_eq!(p["type"], "urn:effectgate:problem:tenant-quota-exceeded");
+    assert_eq!(p["status"], 507);
+    assert_eq!(p["limit_bytes"], 1500);
+    let stored = app.gw.state.ledger.stored_bytes("a").await.unwrap();
+    assert_eq!(p["stored_bytes"], stored, "{p}");
+    assert!(stored as usize + body.len() > 1500, "{stored}");
+    // Nothing of the refused call was recorded or sent.
+    assert_eq!(
+        app.operation(ADMIN_A, "a", &format!("q-{i}"))
+            .await
+            .status(),
+        404
+    );
+    assert_eq!(app.mock.provider.effects(), accepted);
+    // A duplicate is answered from the ledger, quota or not.
+    let dup = app.charge_as(KEY_A, "q-0", &body).await;
+    assert_eq!(dup.status(), 200);
+    assert_eq!(dup.headers()["idempotent-replayed"], "true");
+    // Tenant b has no quota.
+    assert_eq!(app.charge_as(KEY_B, "b-1", &body).await.status(), 200);
+    assert!(
+        app.metrics()
+            .await
+            .lines()
+            .any(|l| l.starts_with("effectgate_tenant_limited_total")
+                && l.contains("limit=\"stored-bytes\"")
+                && l.contains("tenant=\"a\"")
+                && l.ends_with(" 1")),
+        "the refusal is counted"
+    );
+}

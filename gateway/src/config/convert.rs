@@ -352,6 +352,12 @@ impl ConfigFile {
                     "must be at least 1",
                 ));
             }
+            if t.max_stored_bytes == Some(0) {
+                return Err(ConfigError::new(
+                    format!("tenants[{ti}].max_stored_bytes"),
+                    "must be at least 1",
+                ));
+            }
             if let Some(r) = &t.rate_limit {
                 if r.per_second == 0 {
                     return Err(ConfigError::new(
@@ -366,11 +372,10 @@ impl ConfigFile {
                     ));
                 }
             }
-            if t.max_in_flight.is_some() || t.rate_limit.is_some() {
-                tenant_limits.insert(
-                    t.id.clone(),
-                    TenantLimits::new(t.rate_limit.as_ref(), t.max_in_flight),
-                );
+            if t.max_in_flight.is_some() || t.rate_limit.is_some() || t.max_stored_bytes.is_some() {
+                let mut limits = TenantLimits::new(t.rate_limit.as_ref(), t.max_in_flight);
+                limits.max_stored_bytes = t.max_stored_bytes;
+                tenant_limits.insert(t.id.clone(), limits);
             }
         }
         Ok(tenant_limits)

@@ -117,6 +117,8 @@ pub struct Settings {
 pub struct TenantLimits {
     rate: Option<std::sync::Arc<governor::DefaultDirectRateLimiter>>,
     in_flight: Option<(u32, std::sync::Arc<tokio::sync::Semaphore>)>,
+    /// `tenants[].max_stored_bytes`: body bytes its operations may hold.
+    pub max_stored_bytes: Option<u64>,
 }
 
 impl TenantLimits {
@@ -136,6 +138,7 @@ impl TenantLimits {
                     std::sync::Arc::new(tokio::sync::Semaphore::new(n as usize)),
                 )
             }),
+            max_stored_bytes: None,
         }
     }
 

@@ -504,6 +504,12 @@ pub struct TenantSpec {
     /// gets 429 with `Retry-After: 1`. Default: no limit.
     #[serde(default)]
     pub max_in_flight: Option<u32>,
+    /// Bytes of request and response bodies this tenant's operations may
+    /// hold in the effect ledger; a new operation past it gets 507
+    /// `tenant-quota-exceeded` (nothing recorded or sent) until the
+    /// retention sweeper frees room. Default: no limit.
+    #[serde(default)]
+    pub max_stored_bytes: Option<u64>,
     /// Calls per second of this tenant (every call through the proxy),
     /// `{ per_second, burst }`; past it 429 with `Retry-After`. Default: no limit.
     #[serde(default)]

@@ -44,6 +44,7 @@ impl Problem for OpError {
             OpError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             OpError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             OpError::TenantLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            OpError::QuotaExceeded { .. } => StatusCode::INSUFFICIENT_STORAGE,
             OpError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             OpError::ProviderUnreachable(_) => StatusCode::BAD_GATEWAY,
             OpError::LedgerUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -93,6 +94,14 @@ impl Problem for OpError {
             OpError::RequestTimeout { limit_ms } => {
                 body.insert("field".into(), json!("body"));
                 body.insert("limit_ms".into(), json!(limit_ms));
+            }
+            OpError::QuotaExceeded {
+                limit_bytes,
+                stored_bytes,
+                ..
+            } => {
+                body.insert("limit_bytes".into(), json!(limit_bytes));
+                body.insert("stored_bytes".into(), json!(stored_bytes));
             }
             OpError::TenantLimited { limit, .. } => {
                 body.insert("limit".into(), json!(limit));

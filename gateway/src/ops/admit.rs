@@ -70,6 +70,7 @@ impl Flow<'_> {
         if let Some(op) = known_operation(self.app, &self.principal.tenant, &key, &fp).await? {
             return answer_existing(self.app, self.route, op, &fp).await;
         }
+        check_quota(self.app, self.rt, &self.principal.tenant, body.len()).await?;
         let admission = self.decide(&body, &key, &fp).await?;
         let op = match self
             .reserve(admission, body, content_type, key, &fp)
@@ -323,6 +324,41 @@ pub async fn known_operation(
                 || op.fingerprint != fp
                 || op.state == OpState::AwaitingApproval)
     }))
+}
+
+/// Step 3b: a tenant with `tenants[].max_stored_bytes` may reserve a new
+/// operation only while its operations' bodies leave room for this one.
+/// A duplicate of an existing operation is answered before this check.
+///
+/// Errors: 507 `tenant-quota-exceeded` (counted in
+/// `effectgate_tenant_limited_total{limit="stored-bytes"}`); the ledger
+/// can't be read.
+pub async fn check_quota(
+    app: &AppState,
+    rt: &Runtime,
+    tenant: &str,
+    body_bytes: usize,
+) -> Result<(), OpError> {
+    let Some(limit) = rt
+        .tenant_limits
+        .get(tenant)
+        .and_then(|l| l.max_stored_bytes)
+    else {
+        return Ok(());
+    };
+    let stored = app.ledger.stored_bytes(tenant).await?;
+    crate::metrics::tenant_stored_bytes(tenant, stored);
+    let stored = u64::try_from(stored).unwrap_or(0);
+    let body_bytes = body_bytes as u64;
+    if stored.saturating_add(body_bytes) > limit {
+        crate::metrics::tenant_limited(tenant, "stored-bytes");
+        return Err(OpError::QuotaExceeded {
+            limit_bytes: limit,
+            stored_bytes: stored,
+            body_bytes,
+        });
+    }
+    Ok(())
 }
 
 /// Step 6 (7–9): claims the lease on a RESERVED operation and runs it,

@@ -134,6 +134,20 @@ pub enum OpError {
         /// Seconds to wait (`Retry-After`, RFC 9110 §10.2.3).
         retry_after_s: u64,
     },
+    /// 507: the tenant's operations hold `tenants[].max_stored_bytes` of
+    /// bodies already (RFC 4918 §11.5 Insufficient Storage); nothing was
+    /// recorded or sent.
+    #[error(
+        "the tenant's stored-bytes quota ({limit_bytes} bytes) is reached ({stored_bytes} stored, {body_bytes} more asked); nothing was recorded or sent"
+    )]
+    QuotaExceeded {
+        /// `tenants[].max_stored_bytes`.
+        limit_bytes: u64,
+        /// Bytes the tenant's operations hold now.
+        stored_bytes: u64,
+        /// This request's body, in bytes.
+        body_bytes: u64,
+    },
     /// 400: some other malformed input; `field` names it.
     #[error("{message}")]
     BadRequest {
@@ -180,6 +194,7 @@ impl OpError {
             OpError::PayloadTooLarge { .. } => "payload-too-large",
             OpError::RequestTimeout { .. } => "request-timeout",
             OpError::TenantLimited { .. } => "tenant-limited",
+            OpError::QuotaExceeded { .. } => "tenant-quota-exceeded",
             OpError::BadRequest { .. } => "bad-request",
             OpError::ProviderUnreachable(_) => "provider-unreachable",
             OpError::LedgerUnavailable(_) => "ledger-unavailable",

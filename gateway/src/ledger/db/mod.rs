@@ -289,6 +289,14 @@ impl Ledger {
         dispatch!(self, tenant_counts())
     }
 
+    /// Bytes of request and response bodies `tenant`'s operations hold in
+    /// the ledger (read pool).
+    ///
+    /// Errors: the ledger can't be read.
+    pub async fn stored_bytes(&self, tenant: &str) -> Result<i64, LedgerError> {
+        dispatch!(self, stored_bytes(tenant))
+    }
+
     /// Lists operations, newest change first, optionally filtered by tenant
     /// and state, at most `limit` rows.
     pub async fn list(

@@ -294,6 +294,19 @@ impl<D: Dialect> Store<D> {
             .map_err(Into::into)
     }
 
+    /// See [`crate::ledger::Ledger::stored_bytes`].
+    pub(crate) async fn stored_bytes(&self, tenant: &str) -> Result<i64, LedgerError> {
+        let mut conn = self.read.acquire().await?;
+        let row = sql::<D>(
+            "SELECT COALESCE(SUM(LENGTH(request_body) + COALESCE(LENGTH(response_body), 0)), 0) AS n \
+             FROM operations WHERE tenant_id = ?",
+        )
+        .bind(tenant)
+        .fetch_one(&mut conn)
+        .await?;
+        Ok(row.get("n")?)
+    }
+
     /// See [`crate::ledger::Ledger::list`].
     pub(crate) async fn list(
         &self,
