@@ -87,7 +87,7 @@ async fn reserved(l: &Ledger, id: &str) -> i64 {
 async fn stale_owner_is_fenced_and_the_state_stays_the_new_owners(l: Ledger) {
     let v = reserved(&l, "op").await;
     let a: Claim = l
-        .claim("t", "op", State::Reserved, v, "A", 60_000, "first")
+        .claim(("t", "op"), State::Reserved, v, "A", 60_000, "first")
         .await
         .unwrap()
         .unwrap();
@@ -95,8 +95,7 @@ async fn stale_owner_is_fenced_and_the_state_stays_the_new_owners(l: Ledger) {
     let op = l.get("t", "op").await.unwrap().unwrap();
     assert!(
         l.claim(
-            "t",
-            "op",
+            ("t", "op"),
             State::Executing,
             op.version,
             "B",
@@ -111,8 +110,7 @@ async fn stale_owner_is_fenced_and_the_state_stays_the_new_owners(l: Ledger) {
     l.shift_clock(60_001).await.unwrap();
     let b = l
         .claim(
-            "t",
-            "op",
+            ("t", "op"),
             State::Executing,
             op.version,
             "B",
@@ -176,12 +174,12 @@ async fn stale_owner_is_fenced_and_the_state_stays_the_new_owners(l: Ledger) {
 async fn a_zero_length_lease_still_expires(l: Ledger) {
     let v = reserved(&l, "z").await;
     let a = l
-        .claim("t", "z", State::Reserved, v, "A", 0, "zero")
+        .claim(("t", "z"), State::Reserved, v, "A", 0, "zero")
         .await
         .unwrap()
         .unwrap();
     let b = l
-        .claim("t", "z", State::Executing, a.version, "B", 0, "reclaim")
+        .claim(("t", "z"), State::Executing, a.version, "B", 0, "reclaim")
         .await
         .unwrap();
     assert!(b.is_some(), "a lease of zero length must be reclaimable");
@@ -193,8 +191,7 @@ async fn concurrent_claims_of_one_version_have_one_winner(l: Ledger) {
         let l = l.clone();
         tokio::spawn(async move {
             l.claim(
-                "t",
-                "race",
+                ("t", "race"),
                 State::Reserved,
                 v,
                 &format!("w{i}"),
@@ -236,12 +233,12 @@ async fn concurrent_reservations_create_one_operation(l: Ledger) {
 async fn the_state_machine_refuses_illegal_transitions(l: Ledger) {
     let v = reserved(&l, "m").await;
     assert!(
-        l.claim("t", "m", State::Completed, v, "A", 10, "x")
+        l.claim(("t", "m"), State::Completed, v, "A", 10, "x")
             .await
             .is_err()
     );
     let c = l
-        .claim("t", "m", State::Reserved, v, "A", 10, "x")
+        .claim(("t", "m"), State::Reserved, v, "A", 10, "x")
         .await
         .unwrap()
         .unwrap();
@@ -272,7 +269,7 @@ async fn the_state_machine_refuses_illegal_transitions(l: Ledger) {
     // COMPLETED never goes back: no claim, no second outcome.
     let op = l.get("t", "m").await.unwrap().unwrap();
     assert!(
-        l.claim("t", "m", State::Unknown, op.version, "B", 10, "x")
+        l.claim(("t", "m"), State::Unknown, op.version, "B", 10, "x")
             .await
             .unwrap()
             .is_none()
@@ -299,14 +296,14 @@ async fn a_stale_version_loses_the_compare_and_swap(l: Ledger) {
     ended(&l, "v", outcome(State::Unknown, "lost")).await;
     // A claim computed from the old version (1, as reserved) does nothing.
     assert!(
-        l.claim("t", "v", State::Unknown, 1, "B", 10, "x")
+        l.claim(("t", "v"), State::Unknown, 1, "B", 10, "x")
             .await
             .unwrap()
             .is_none()
     );
     let op = l.get("t", "v").await.unwrap().unwrap();
     assert!(
-        l.claim("t", "v", State::Unknown, op.version, "B", 10, "x")
+        l.claim(("t", "v"), State::Unknown, op.version, "B", 10, "x")
             .await
             .unwrap()
             .is_some()
@@ -410,7 +407,7 @@ fn dead_letter() -> Outcome {
 async fn ended(l: &Ledger, id: &str, o: Outcome) {
     let v = reserved(l, id).await;
     let c = l
-        .claim("t", id, State::Reserved, v, "A", 60_000, "x")
+        .claim(("t", id), State::Reserved, v, "A", 60_000, "x")
         .await
         .unwrap()
         .unwrap();
@@ -672,7 +669,7 @@ async fn the_sweeper_deletes_expired_terminal_operations_in_batches_only(l: Ledg
     ended(&l, "dead", dead_letter()).await;
     ended(&l, "unknown", outcome(State::Unknown, "lost")).await;
     let v = reserved(&l, "executing").await;
-    l.claim("t", "executing", State::Reserved, v, "A", 60_000, "x")
+    l.claim(("t", "executing"), State::Reserved, v, "A", 60_000, "x")
         .await
         .unwrap()
         .unwrap();
@@ -771,7 +768,7 @@ async fn free_text_with_nul_is_stored_the_same_on_both_backends(l: Ledger) {
 async fn a_stale_owners_writes_are_fenced_while_the_new_owner_runs(l: Ledger) {
     let v = reserved(&l, "f").await;
     let a = l
-        .claim("t", "f", State::Reserved, v, "A", 1_000, "first")
+        .claim(("t", "f"), State::Reserved, v, "A", 1_000, "first")
         .await
         .unwrap()
         .unwrap();
@@ -779,8 +776,7 @@ async fn a_stale_owners_writes_are_fenced_while_the_new_owner_runs(l: Ledger) {
     let op = l.get("t", "f").await.unwrap().unwrap();
     let b = l
         .claim(
-            "t",
-            "f",
+            ("t", "f"),
             State::Executing,
             op.version,
             "B",
@@ -793,7 +789,7 @@ async fn a_stale_owners_writes_are_fenced_while_the_new_owner_runs(l: Ledger) {
     // Both are EXECUTING: only the fencing token tells A's writes apart.
     assert!(!l.extend_lease("t", "f", a.fence, 60_000).await.unwrap());
     assert!(
-        !l.note_retry("t", "f", a.fence, Some(503), "status-503", "late", 60_000)
+        !l.note_retry(("t", "f"), a.fence, Some(503), "status-503", "late", 60_000)
             .await
             .unwrap()
     );

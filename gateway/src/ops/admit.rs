@@ -370,8 +370,7 @@ pub async fn claim_and_execute(app: &AppState, route: &Route, op: Operation) -> 
     let Some(claim) = app
         .ledger
         .claim(
-            &op.tenant_id,
-            &op.operation_id,
+            (&op.tenant_id, &op.operation_id),
             op.state,
             op.version,
             &app.instance_id,

@@ -146,8 +146,7 @@ pub async fn requeue(
         match app
             .ledger
             .claim(
-                tenant,
-                operation_id,
+                (tenant, operation_id),
                 OpState::Reserved,
                 version,
                 &app.instance_id,

@@ -158,8 +158,7 @@ async fn take_up(
         State::Reserved => {
             let Some(claim) = ledger
                 .claim(
-                    &op.tenant_id,
-                    &op.operation_id,
+                    (&op.tenant_id, &op.operation_id),
                     State::Reserved,
                     op.version,
                     owner,

@@ -216,8 +216,7 @@ pub(crate) async fn run_replay(
                 if let Some(claim) = app
                     .ledger
                     .claim(
-                        &op.tenant_id,
-                        &op.operation_id,
+                        (&op.tenant_id, &op.operation_id),
                         OpState::Reserved,
                         v,
                         &app.instance_id,

@@ -326,13 +326,11 @@ impl Ledger {
     /// the row first, or the lease is still live.
     ///
     /// Errors: [`LedgerError::IllegalTransition`] for any other `from`.
-    // The positional signature is the one the gateway calls; inside the
-    // ledger the arguments travel as a `ClaimLease` command.
-    #[allow(clippy::too_many_arguments)]
+    /// `(tenant, operation_id)` names the operation; inside the ledger the
+    /// arguments travel as a `ClaimLease` command.
     pub async fn claim(
         &self,
-        tenant: &str,
-        operation_id: &str,
+        (tenant, operation_id): (&str, &str),
         from: State,
         expected_version: i64,
         owner: &str,
@@ -386,13 +384,11 @@ impl Ledger {
     /// the next one: bumps `attempts`, records the error, and extends the
     /// lease to now + `lease_ms`. Returns `false` (counted) if the token is
     /// no longer current; the caller must then stop.
-    // The positional signature is the one the gateway calls; inside the
-    // ledger the arguments travel as a `NoteRetry` command.
-    #[allow(clippy::too_many_arguments)]
+    /// `(tenant, operation_id)` names the operation; inside the ledger the
+    /// arguments travel as a `NoteRetry` command.
     pub async fn note_retry(
         &self,
-        tenant: &str,
-        operation_id: &str,
+        (tenant, operation_id): (&str, &str),
         fence: i64,
         status: Option<u16>,
         outcome: &str,

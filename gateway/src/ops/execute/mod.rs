@@ -341,8 +341,7 @@ async fn note_retry(
     let ok = app
         .ledger
         .note_retry(
-            &op.tenant_id,
-            &op.operation_id,
+            (&op.tenant_id, &op.operation_id),
             claim.fence,
             t.status,
             &t.kind,
