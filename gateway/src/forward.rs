@@ -257,6 +257,41 @@ pub fn visible_pairs(h: &HeaderMap) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Header names whose values are credentials: shown as `[redacted]` in the
+/// admin API and the console (stored as sent: a new attempt needs them).
+const CREDENTIAL_HEADERS: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "set-cookie",
+    "x-api-key",
+    "api-key",
+    "x-auth-token",
+    "x-amz-security-token",
+    "x-csrf-token",
+];
+
+/// Whether header `name` (lower case) carries a credential: one of
+/// [`CREDENTIAL_HEADERS`], or a name with `secret`, `token`, `password`,
+/// `api-key` or `apikey` in it.
+pub fn is_credential(name: &str) -> bool {
+    CREDENTIAL_HEADERS.contains(&name)
+        || ["secret", "token", "password", "api-key", "apikey"]
+            .iter()
+            .any(|w| name.contains(w))
+}
+
+/// `pairs` with the values of credential headers ([`is_credential`])
+/// replaced by `[redacted]`.
+pub fn redacted(mut pairs: Vec<(String, String)>) -> Vec<(String, String)> {
+    for (n, v) in &mut pairs {
+        if is_credential(&n.to_ascii_lowercase()) {
+            *v = "[redacted]".into();
+        }
+    }
+    pairs
+}
+
 /// The reverse of [`to_pairs`]. A pair that can't be a header (a name that
 /// is not a token) is skipped.
 pub fn from_pairs(pairs: &[(String, String)]) -> HeaderMap {

@@ -46,6 +46,14 @@ pub fn parse_key(headers: &HeaderMap, max_len: usize) -> Result<Option<String>, 
         .map_err(|_| InvalidKey("the value must be printable ASCII".into()))?
         .trim();
     let key = match sfv::Parser::new(raw).parse::<sfv::Item>() {
+        // `a;b=1` would be key `a` with a parameter: another intent sent as
+        // `a;b=2` would then replay the first.
+        Ok(item) if !item.params.is_empty() => {
+            return Err(InvalidKey(
+                "parameters (`;…`) are not allowed on the key; send it as a string (\"...\")"
+                    .into(),
+            ));
+        }
         Ok(item) => match item.bare_item {
             sfv::BareItem::String(s) => s.as_str().to_owned(),
             sfv::BareItem::Token(t) => t.as_str().to_owned(),

@@ -799,3 +799,116 @@ async fn a_tenants_stored_bytes_quota_refuses_new_operations_with_507() {
         "the refusal is counted"
     );
 }
+
+/// Sends `head` (a raw HTTP/1.1 request head, CRLFs included, body after)
+/// to the proxy and returns the status line.
+async fn raw_status(app: &TestApp, head: String) -> String {
+    let mut s = tokio::net::TcpStream::connect(app.gw.proxy_addr)
+        .await
+        .unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut resp = String::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut resp)).await;
+    resp.lines().next().unwrap_or_default().to_owned()
+}
+
+/// What an outsider found from the README alone, each refused before any
+/// policy, ledger row or provider call: a standard method in another case
+/// (`post` skipped the ledger on `effectful_methods = ["POST"]`), a method
+/// override header, a JSON body with a repeated key under another media
+/// type, a key with structured-field parameters (`k;a=1` and `k;a=2` were
+/// one key), and `..;` path segments. A caller's credential header is
+/// forwarded and stored for new attempts, but shown redacted.
+#[tokio::test]
+async fn outsider_findings_are_refused() {
+    let app = spawn_app().await;
+    let body = r#"{"amount":5}"#;
+    for method in ["post", "Post"] {
+        let head = format!(
+            "{method} /pay/v1/charges HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let status = raw_status(&app, head).await;
+        assert!(status.starts_with("HTTP/1.1 400"), "{method}: {status}");
+    }
+    let r = app
+        .http
+        .get(app.proxy("/pay/v1/charges"))
+        .bearer_auth(KEY_A)
+        .header("X-HTTP-Method-Override", "POST")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["field"], "header:x-http-method-override");
+    let r = app
+        .http
+        .post(app.proxy("/pay/v1/charges"))
+        .bearer_auth(KEY_A)
+        .header("Idempotency-Key", "dup-text")
+        .header("Content-Type", "text/plain")
+        .body(r#"{"amount":5000,"amount":1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400, "a repeated key under text/plain");
+    let r = app
+        .http
+        .post(app.proxy("/pay/v1/charges"))
+        .bearer_auth(KEY_A)
+        .header("Idempotency-Key", "order-42;item=1")
+        .header("Content-Type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["type"], "urn:effectgate:problem:idempotency-key-invalid");
+    let status = raw_status(
+        &app,
+        format!(
+            "GET /pay/..;/admin HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\nConnection: close\r\n\r\n"
+        ),
+    )
+    .await;
+    assert!(status.starts_with("HTTP/1.1 400"), "{status}");
+    assert_eq!(
+        app.mock.provider.requests().len(),
+        0,
+        "nothing reached the provider"
+    );
+
+    // A credential header: forwarded and stored, shown redacted.
+    let r = app
+        .http
+        .post(app.proxy("/pay/v1/charges"))
+        .bearer_auth(KEY_A)
+        .header("Idempotency-Key", "with-cookie")
+        .header("Content-Type", "application/json")
+        .header("Cookie", "session=s3cr3t")
+        .header("X-Api-Key", "s3cr3t")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let seen = &app.mock.provider.requests()[0];
+    assert!(
+        seen.headers
+            .iter()
+            .any(|(n, v)| n == "cookie" && v == "session=s3cr3t")
+    );
+    let op = app.op_json("with-cookie").await;
+    let text = op.to_string();
+    assert!(!text.contains("s3cr3t"), "{text}");
+    let headers = op["request_headers"].as_array().unwrap();
+    assert!(
+        headers
+            .iter()
+            .any(|h| h[0] == "cookie" && h[1] == "[redacted]"),
+        "{headers:?}"
+    );
+}

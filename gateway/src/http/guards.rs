@@ -2,7 +2,13 @@
 //! before any handler runs (see [`crate::http::proxy::router`]):
 //!
 //! - [`refuse_methods`]: TRACE would echo injected credentials back and
-//!   CONNECT would tunnel; both are 405 (RFC 9110 §9.3.6, §9.3.8);
+//!   CONNECT would tunnel; both are 405 (RFC 9110 §9.3.6, §9.3.8). A
+//!   standard method spelt in another case (`post`) is another method to
+//!   the gateway (RFC 9110 §9.1: method names are case-sensitive) but may
+//!   be the same one to a provider that compares them case-insensitively,
+//!   so it would skip the ledger there: 400 naming `method`. So is a method
+//!   override header (`X-HTTP-Method-Override` and its kin), which asks a
+//!   provider to run another method than the one the gateway judged;
 //! - [`limit_header_bytes`]: the request head is bounded by
 //!   `limits.max_header_bytes` (431, RFC 6585 §5);
 //! - [`refuse_dot_segments`]: dot segments and encoded separators would walk
@@ -18,16 +24,51 @@ use crate::state::AppState;
 
 /// 405 for TRACE and CONNECT; every other method passes.
 pub async fn refuse_methods(req: Request, next: Next) -> Response {
-    match method_refusal(req.method()) {
+    match method_refusal(req.method()).or_else(|| override_refusal(req.headers())) {
         Some(e) => e.into_response(),
         None => next.run(req).await,
     }
 }
 
+/// Methods whose other spellings are refused.
+const STANDARD_METHODS: &[&str] = &[
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+];
+
+/// Headers that ask a provider to run another method than the request's.
+const METHOD_OVERRIDES: &[&str] = &[
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+];
+
 /// The refusal of `method`, if it is never forwarded.
 pub fn method_refusal(method: &Method) -> Option<OpError> {
-    (method == Method::TRACE || method == Method::CONNECT)
-        .then(|| OpError::MethodNotAllowed(format!("{method} is never forwarded")))
+    if method == Method::TRACE || method == Method::CONNECT {
+        return Some(OpError::MethodNotAllowed(format!(
+            "{method} is never forwarded"
+        )));
+    }
+    let upper = method.as_str().to_ascii_uppercase();
+    (upper != method.as_str() && STANDARD_METHODS.contains(&upper.as_str())).then(|| {
+        OpError::BadRequest {
+            field: "method".into(),
+            message: format!(
+                "{method:?} is not {upper}: method names are case-sensitive (RFC 9110 §9.1); send {upper}"
+            ),
+        }
+    })
+}
+
+/// The refusal of a request that carries a method override header.
+pub fn override_refusal(headers: &HeaderMap) -> Option<OpError> {
+    METHOD_OVERRIDES
+        .iter()
+        .find(|h| headers.contains_key(**h))
+        .map(|h| OpError::BadRequest {
+            field: format!("header:{h}"),
+            message: "method override headers are not forwarded: send the method itself".into(),
+        })
 }
 
 /// 431 when the request's headers (names, values and 4 bytes of framing
@@ -63,8 +104,11 @@ pub fn path_refusal(path: &str) -> Option<OpError> {
     path.split('/')
         .any(|seg| {
             let s = seg.to_ascii_lowercase();
-            s == "."
-                || s == ".."
+            // `..;x` is `..` to servlet containers (path parameters).
+            let bare = s.split(';').next().unwrap_or("");
+            bare == "."
+                || bare == ".."
+                || s.contains("%00")
                 || s.contains("%2e")
                 || s.contains("%2f")
                 || s.contains("%5c")
@@ -93,6 +137,24 @@ mod tests {
     }
 
     #[test]
+    fn other_spellings_of_standard_methods_and_overrides_are_refused() {
+        for m in ["post", "Post", "PoSt", "delete", "patch"] {
+            let m = Method::from_bytes(m.as_bytes()).unwrap();
+            let e = method_refusal(&m).unwrap_or_else(|| panic!("{m} passed"));
+            assert!(matches!(e, OpError::BadRequest { ref field, .. } if field == "method"));
+        }
+        // An extension method is its own.
+        assert!(method_refusal(&Method::from_bytes(b"purge").unwrap()).is_none());
+        let mut h = HeaderMap::new();
+        assert!(override_refusal(&h).is_none());
+        h.insert("x-http-method-override", HeaderValue::from_static("POST"));
+        let e = override_refusal(&h).expect("refused");
+        assert!(
+            matches!(e, OpError::BadRequest { ref field, .. } if field == "header:x-http-method-override")
+        );
+    }
+
+    #[test]
     fn header_bytes_count_names_values_and_framing() {
         let mut h = HeaderMap::new();
         h.insert("x-a", HeaderValue::from_static("12345")); // 3 + 5 + 4 = 12
@@ -111,6 +173,9 @@ mod tests {
             "/pay/v1/a%2Fb",
             "/pay/v1/a%5cb",
             "/pay/v1/a\\b",
+            "/pay/..;/x",
+            "/pay/.;x/y",
+            "/pay/v1/a%00b",
         ] {
             let e = path_refusal(p).unwrap_or_else(|| panic!("{p} passed"));
             assert!(matches!(e, OpError::BadRequest { ref field, .. } if field == "path"));

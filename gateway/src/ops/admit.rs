@@ -65,7 +65,7 @@ impl Flow<'_> {
         key: String,
         fp: String,
     ) -> Answer {
-        refuse_ambiguous_json(content_type.as_deref(), &body, self.mcp.is_some())?;
+        refuse_ambiguous_json(&body)?;
         check_contract(self.route, &body)?;
         if let Some(op) = known_operation(self.app, &self.principal.tenant, &key, &fp).await? {
             return answer_existing(self.app, self.route, op, &fp).await;
@@ -257,22 +257,12 @@ enum Reserved {
 
 /// Step 1: a JSON body that repeats a key reads differently to different
 /// parsers: it is refused rather than fingerprinted, approved or forwarded
-/// as something the provider may read otherwise.
+/// as something the provider may read otherwise. Whatever its
+/// `Content-Type` says: a policy or a provider may parse it as JSON anyway.
 ///
 /// Errors: 400 naming `body` (RFC 7493 §2.3).
-pub fn refuse_ambiguous_json(
-    content_type: Option<&str>,
-    body: &[u8],
-    always_json: bool,
-) -> Result<(), OpError> {
-    let json_body = content_type
-        .and_then(|c| c.split(';').next())
-        .map(|m| {
-            let m = m.trim().to_ascii_lowercase();
-            m == "application/json" || m.ends_with("+json")
-        })
-        .unwrap_or(false);
-    if (json_body || always_json) && crate::idempotency::has_duplicate_keys(body) {
+pub fn refuse_ambiguous_json(body: &[u8]) -> Result<(), OpError> {
+    if crate::idempotency::has_duplicate_keys(body) {
         return Err(OpError::BadRequest {
             field: "body".into(),
             message: "a JSON object in the body repeats a key (RFC 7493 §2.3)".into(),

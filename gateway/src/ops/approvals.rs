@@ -30,7 +30,7 @@ pub async fn approval_view(
             "method": op.method,
             "path": op.path,
             "query": op.query,
-            "headers": op.request_headers,
+            "headers": crate::forward::redacted(op.request_headers.clone()),
             "content_type": op.request_content_type,
             "body": String::from_utf8_lossy(&op.request_body),
         });

@@ -447,10 +447,19 @@ impl Post<'_> {
         canonical: &[u8],
     ) -> Result<Result<String, String>, OpError> {
         let max_len = self.rt.limits.max_idempotency_key_len;
-        if let Some(k) = crate::idempotency::parse_key(self.headers, max_len)? {
-            return Ok(Ok(k));
-        }
         let spec = self.route.mcp.clone().unwrap_or_default();
+        if let Some(k) = crate::idempotency::parse_key(self.headers, max_len)? {
+            // Two identities that disagree name two operations: which one
+            // the caller meant is unknowable, so neither runs.
+            return Ok(
+                match msg["params"]["_meta"][spec.intent_meta_field.as_str()].as_str() {
+                    Some(intent) if intent != k => Err(format!(
+                        "the Idempotency-Key header ({k:?}) and the intent id in _meta ({intent:?}) disagree; send one, or the same in both"
+                    )),
+                    _ => Ok(k),
+                },
+            );
+        }
         Ok(match msg["params"]["_meta"][spec.intent_meta_field.as_str()].as_str() {
             Some(k)
                 if !k.is_empty()

@@ -37,6 +37,7 @@ pub async fn operation_json(app: &AppState, op: &Operation) -> Result<serde_json
     let attempts = app.ledger.attempts(&op.tenant_id, &op.operation_id).await?;
     let mut body = serde_json::to_value(op).map_err(|e| OpError::Internal(e.to_string()))?;
     body["response_body"] = json!(op.response_body.as_deref().map(String::from_utf8_lossy));
+    body["request_headers"] = json!(crate::forward::redacted(op.request_headers.clone()));
     body["transitions"] = json!(transitions);
     body["attempts_log"] = json!(attempts);
     body["policy_decisions"] = json!(

@@ -138,7 +138,7 @@ pub fn evaluate_chain(
     for p in policies {
         let started = Instant::now();
         let label = format!("{tenant}/{}", p.name);
-        let out = engine.guarded(tenant, &p.name, || {
+        let out = engine.guarded(tenant, Some(&request.principal), &p.name, || {
             engine
                 .call(&p.compiled, &label, |inst, store| {
                     inst.call_evaluate(store, &p.config, request)

@@ -253,21 +253,30 @@ impl PolicyEngine {
         self.instantiations.load(Ordering::Relaxed)
     }
 
-    /// Runs `call` (a call of `tenant`'s `policy`) unless the policy's
-    /// circuit is open; the result feeds its breaker. Opening and closing
-    /// a circuit is logged and counted.
+    /// Runs `call` (a call of `tenant`'s `policy`, on behalf of
+    /// `principal` when a caller's request is evaluated) unless the
+    /// policy's circuit is open; the result feeds its breaker. Circuits are
+    /// kept per tenant, policy and principal: a caller whose own input
+    /// makes the policy fail (a body that runs it to its deadline) opens
+    /// its own circuit, not its tenant's other callers'. Opening and
+    /// closing a circuit is logged and counted.
     ///
     /// Errors: [`PolicyFailure::CircuitOpen`] without running `call`
     /// (counted as a failure of that kind), else `call`'s.
     pub fn guarded<R>(
         &self,
         tenant: &str,
+        principal: Option<&str>,
         policy: &str,
         call: impl FnOnce() -> Result<R, PolicyFailure>,
     ) -> Result<R, PolicyFailure> {
+        let scope = match principal {
+            Some(p) => format!("{tenant}/{p}"),
+            None => tenant.to_owned(),
+        };
         let pass = self
             .breakers
-            .admit(tenant, policy, Instant::now())
+            .admit(&scope, policy, Instant::now())
             .inspect_err(|f| crate::metrics::policy_failure(f.kind()))?;
         let trial = pass.is_trial();
         let out = call();

@@ -5,7 +5,8 @@
 //!   slots, so one tenant's burst can neither take another tenant's share
 //!   nor exhaust the instance pool. A call that finds none free within
 //!   `policy.permit_wait_ms` fails as `busy`.
-//! - [`Breakers`]: a circuit breaker per tenant and policy. After
+//! - [`Breakers`]: a circuit breaker per tenant (and principal, for a caller's
+//!   request) and policy. After
 //!   `policy.breaker_failures` failures in a row the circuit opens: for
 //!   `policy.breaker_cooldown_ms` the policy's calls fail at once
 //!   (`circuit-open`) without an instance; then one trial call runs

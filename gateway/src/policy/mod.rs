@@ -257,7 +257,7 @@ pub fn classify_failure(
 ) -> FailureClass {
     for p in policies {
         let label = format!("{tenant}/{}", p.name);
-        match engine.guarded(tenant, &p.name, || {
+        match engine.guarded(tenant, None, &p.name, || {
             engine.call(&p.compiled, &label, |inst, store| {
                 inst.call_classify_failure(store, &p.config, head, body)
             })
@@ -292,7 +292,7 @@ pub fn replay_verdict(
     let mut verdict: Option<ReplayVerdict> = None;
     for p in policies {
         let label = format!("{tenant}/{}", p.name);
-        let v = match engine.guarded(tenant, &p.name, || {
+        let v = match engine.guarded(tenant, None, &p.name, || {
             engine.call(&p.compiled, &label, |inst, store| {
                 inst.call_replay(store, &p.config, op)
             })
