@@ -110,7 +110,7 @@ fn canonical_body(content_type: Option<&str>, body: &[u8]) -> Vec<u8> {
         Some("application/x-www-form-urlencoded") => {
             let mut pairs: Vec<(String, String)> =
                 form_urlencoded::parse(body).into_owned().collect();
-            pairs.sort();
+            sort_by_name(&mut pairs);
             let enc = form_urlencoded::Serializer::new(String::new())
                 .extend_pairs(pairs)
                 .finish();
@@ -120,12 +120,20 @@ fn canonical_body(content_type: Option<&str>, body: &[u8]) -> Vec<u8> {
     }
 }
 
-/// The canonical query: pairs decoded, sorted, re-encoded.
+/// Sorts `pairs` by name, keeping the order of pairs of one name: `a=1&b=2`
+/// and `b=2&a=1` are one request, but `a=1&a=2` and `a=2&a=1` are two
+/// (`items[]=a&items[]=b` is a list; for many parsers the last `amount=`
+/// wins).
+fn sort_by_name(pairs: &mut [(String, String)]) {
+    pairs.sort_by(|x, y| x.0.cmp(&y.0));
+}
+
+/// The canonical query: pairs decoded, sorted by name, re-encoded.
 fn canonical_query(query: Option<&str>) -> String {
     let mut pairs: Vec<(String, String)> = form_urlencoded::parse(query.unwrap_or("").as_bytes())
         .into_owned()
         .collect();
-    pairs.sort();
+    sort_by_name(&mut pairs);
     form_urlencoded::Serializer::new(String::new())
         .extend_pairs(pairs)
         .finish()
@@ -135,7 +143,8 @@ fn canonical_query(query: Option<&str>) -> String {
 /// method, the media type (Content-Type without parameters), route name,
 /// path (after the route prefix), canonical query and canonical body. JSON bodies (`application/json`, `*+json`) are
 /// canonicalised per RFC 8785; `application/x-www-form-urlencoded` bodies
-/// have their pairs sorted; other bodies count byte for byte. Each part is
+/// and the query have their pairs sorted by name (repeated names keep
+/// their order); other bodies count byte for byte. Each part is
 /// length-prefixed so that parts cannot run into each other.
 pub fn fingerprint(
     method: &str,
@@ -270,6 +279,16 @@ mod tests {
             fingerprint("POST", "r", "/p", Some("a=1&b=2"), Some(ct), b"x=1")
         );
         assert_ne!(f("text/plain", b"x=1&y=2"), f("text/plain", b"y=2&x=1"));
+        // Repeated names keep their order: a list, or the last value wins.
+        assert_ne!(f(ct, b"items[]=a&items[]=b"), f(ct, b"items[]=b&items[]=a"));
+        assert_ne!(
+            f(ct, b"amount=100&amount=5000"),
+            f(ct, b"amount=5000&amount=100")
+        );
+        assert_eq!(f(ct, b"x=1&a=1&a=2"), f(ct, b"a=1&a=2&x=1"));
+        let q = |q: &str| fingerprint("GET", "r", "/p", Some(q), None, b"");
+        assert_ne!(q("a=1&a=2"), q("a=2&a=1"));
+        assert_eq!(q("a=1&b=2"), q("b=2&a=1"));
         assert_ne!(
             fingerprint("POST", "r", "/p", None, None, b""),
             fingerprint("PUT", "r", "/p", None, None, b"")
