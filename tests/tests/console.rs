@@ -34,6 +34,11 @@ async fn login_form(app: &TestApp) -> (String, String) {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+    let csp = r.headers()["content-security-policy"].to_str().unwrap();
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
     let cookie = r
         .headers()
         .get_all("set-cookie")

@@ -455,6 +455,14 @@ async fn tls_listeners_serve_http2_and_reload_their_certificate() {
             .any(|(n, v)| n == "x-forwarded-proto" && v == "https"),
         "{seen:?}"
     );
+    // HTTP/2's :authority becomes X-Forwarded-Host, as Host does on HTTP/1.1.
+    assert!(
+        seen[0]
+            .headers
+            .iter()
+            .any(|(n, v)| n == "x-forwarded-host" && *v == format!("localhost:{port}")),
+        "{seen:?}"
+    );
     // An effectful call over the TLS listener with HTTP/1.1.
     let (code, out, err) = curl(&[
         "--cacert",

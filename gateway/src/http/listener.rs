@@ -296,6 +296,17 @@ impl ConnCtx {
                 let in_flight = InFlight::new(c.clone());
                 req.extensions_mut().insert(ConnectInfo(peer));
                 req.extensions_mut().insert(scheme);
+                // HTTP/2 carries the host in `:authority` (RFC 9113 §8.3.1):
+                // give the request the `Host` an HTTP/1.1 request has, so
+                // `X-Forwarded-Host` is the same on both.
+                if !req.headers().contains_key(http::header::HOST)
+                    && let Some(v) = req
+                        .uri()
+                        .authority()
+                        .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok())
+                {
+                    req.headers_mut().insert(http::header::HOST, v);
+                }
                 let mut app = app.clone();
                 async move {
                     use tower_service::Service;

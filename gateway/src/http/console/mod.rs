@@ -86,6 +86,11 @@ fn env() -> &'static Environment<'static> {
     })
 }
 
+/// The console's Content-Security-Policy: no scripts, no loads, styles
+/// inline only, forms to the console itself, never framed.
+const CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; \
+                   frame-ancestors 'none'; base-uri 'none'";
+
 fn render(name: &str, ctx: minijinja::Value) -> Response {
     match env().get_template(name).and_then(|t| t.render(ctx)) {
         Ok(html) => {
@@ -94,6 +99,12 @@ fn render(name: &str, ctx: minijinja::Value) -> Response {
                 .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
             r.headers_mut()
                 .insert("x-frame-options", HeaderValue::from_static("DENY"));
+            // The pages run no script and load nothing: an injected script,
+            // frame or off-site form target is refused by the browser too.
+            r.headers_mut().insert(
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static(CSP),
+            );
             r
         }
         Err(e) => OpError::Internal(format!("template {name}: {e}")).into_response(),
