@@ -412,6 +412,28 @@ async fn routing_headers_must_agree_with_the_body() {
     assert_eq!(v["id"], 7);
     assert_eq!(up.count("email"), 0);
     assert_eq!(app.operation(ADMIN_A, "a", "hdr").await.status(), 404);
+    // An Idempotency-Key header and an intent id that disagree name two
+    // operations: neither runs.
+    let r = app
+        .http
+        .post(app.proxy("/tools/mcp"))
+        .bearer_auth(KEY_A)
+        .header("Idempotency-Key", "other")
+        .header("Accept", "application/json, text/event-stream")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("disagree"),
+        "{v}"
+    );
+    assert_eq!(up.count("email"), 0);
+    for id in ["hdr", "other"] {
+        assert_eq!(app.operation(ADMIN_A, "a", id).await.status(), 404);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -570,3 +570,35 @@ struct HasIo;
 impl wasmtime::component::HasData for HasIo {
     type Data<'a> = &'a mut ResourceTable;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A caller whose own requests make the policy fail opens only its own
+    /// circuit: another principal of the tenant is still served, and the
+    /// tenant-wide calls (classifier, replay verdicts) too.
+    #[test]
+    fn circuits_of_callers_requests_are_per_principal() {
+        let engine = PolicyEngine::new(&PolicyLimitsSpec {
+            breaker_failures: 2,
+            breaker_cooldown_ms: 60_000,
+            pool_instances: 4,
+            ..Default::default()
+        })
+        .unwrap();
+        let fail = || Err::<(), _>(PolicyFailure::Timeout);
+        for _ in 0..2 {
+            assert_eq!(
+                engine.guarded("t", Some("t:attacker"), "p", fail),
+                Err(PolicyFailure::Timeout)
+            );
+        }
+        assert!(matches!(
+            engine.guarded("t", Some("t:attacker"), "p", || Ok(())),
+            Err(PolicyFailure::CircuitOpen { .. })
+        ));
+        assert_eq!(engine.guarded("t", Some("t:other"), "p", || Ok(())), Ok(()));
+        assert_eq!(engine.guarded("t", None, "p", || Ok(())), Ok(()));
+    }
+}
