@@ -912,3 +912,50 @@ async fn outsider_findings_are_refused() {
         "{headers:?}"
     );
 }
+
+/// A request head that never completes is answered 408 `request-timeout`
+/// at `limits.header_read_timeout_ms` and the connection closed; nothing
+/// reaches the ledger or the provider.
+#[tokio::test]
+async fn a_head_that_never_completes_gets_408() {
+    let app = spawn_with(Opts {
+        more: "[limits]\nheader_read_timeout_ms = 500\n".into(),
+        ..Default::default()
+    })
+    .await;
+    let mut s = tokio::net::TcpStream::connect(app.gw.proxy_addr)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    s.write_all(
+        b"POST /pay/v1/charges HTTP/1.1\r\nHost: gateway\r\nIdempotency-Key: never\r\nX-Slow: ",
+    )
+    .await
+    .unwrap();
+    let mut resp = String::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut resp))
+        .await
+        .expect("the gateway closes the connection")
+        .unwrap();
+    let took = started.elapsed();
+    assert!(resp.starts_with("HTTP/1.1 408"), "{resp}");
+    assert!(
+        resp.contains("urn:effectgate:problem:request-timeout"),
+        "{resp}"
+    );
+    assert!(
+        took >= Duration::from_millis(450) && took < Duration::from_millis(2_000),
+        "{took:?}"
+    );
+    assert_eq!(app.operation(ADMIN_A, "a", "never").await.status(), 404);
+    assert_eq!(app.mock.provider.requests().len(), 0);
+    // A head that arrives whole is served as ever.
+    let r = app
+        .http
+        .get(app.proxy("/pay/v1/charges?client_ref=x"))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}

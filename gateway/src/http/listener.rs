@@ -317,9 +317,18 @@ impl ConnCtx {
                     }))
                 }
             });
+        let accepted = tokio::time::Instant::now();
+        let plain = acceptor.is_none();
         let serve = async {
             match acceptor {
                 None => {
+                    let mut stream = stream;
+                    if !first_head_arrived(&stream, accepted + head_timeout).await {
+                        crate::metrics::connection_refused(name, "header-timeout");
+                        tracing::debug!(%peer, "no request head in time; answered 408 and closed");
+                        answer_408(&mut stream, head_timeout).await;
+                        return Ok(());
+                    }
                     let conn = builder.serve_connection(TokioIo::new(stream), svc);
                     watcher.watch(conn.into_owned()).await
                 }
@@ -336,9 +345,16 @@ impl ConnCtx {
                 }
             }
         };
-        // The first head (and handshake) must arrive in time.
+        // The first head (and handshake) must arrive in time. On plain
+        // connections the wait for the first head answers 408 at the
+        // deadline itself; this bound is the backstop.
+        let backstop = if plain {
+            head_timeout + Duration::from_millis(500)
+        } else {
+            head_timeout
+        };
         let head_deadline = async {
-            tokio::time::sleep(head_timeout).await;
+            tokio::time::sleep(backstop).await;
             if conn.served.load(Ordering::Acquire) {
                 std::future::pending::<()>().await;
             }
@@ -379,4 +395,62 @@ impl ConnCtx {
         }
         tracker.leave(conn.id);
     }
+}
+
+/// Bytes of a first request head looked at before hyper reads it; a head
+/// that fills them is handed over as it is (hyper's own header timeout and
+/// size limit then apply).
+const FIRST_HEAD_PEEK_BYTES: usize = 4096;
+
+/// Waits, without consuming anything, until the connection's first request
+/// head has arrived whole (its blank line is buffered), the peer closed, or
+/// [`FIRST_HEAD_PEEK_BYTES`] are waiting; `false` if `deadline` passes
+/// first. A head that arrives in one packet costs one `peek`; a stalled
+/// one is looked at again after 10 ms, doubling up to 250 ms.
+async fn first_head_arrived(
+    stream: &tokio::net::TcpStream,
+    deadline: tokio::time::Instant,
+) -> bool {
+    let mut buf = [0u8; FIRST_HEAD_PEEK_BYTES];
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Err(_)) | Ok(Ok(0)) => return true,
+            Ok(Ok(n)) if n == buf.len() || buf[..n].windows(4).any(|w| w == b"\r\n\r\n") => {
+                return true;
+            }
+            Ok(Ok(_)) => {}
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        tokio::time::sleep_until((now + pause).min(deadline)).await;
+        pause = (pause * 2).min(Duration::from_millis(250));
+    }
+}
+
+/// Answers a connection whose first head didn't arrive within
+/// `limits.header_read_timeout_ms` with 408 `request-timeout` (RFC 9110
+/// §15.5.9) and `Connection: close`; nothing was read, so nothing was
+/// recorded. The write is bounded (a peer that doesn't read gets nothing).
+async fn answer_408(stream: &mut tokio::net::TcpStream, limit: Duration) {
+    use tokio::io::AsyncWriteExt;
+    let body = format!(
+        "{{\"type\":\"urn:effectgate:problem:request-timeout\",\"title\":\"Request Timeout\",\"status\":408,\
+         \"detail\":\"the request head did not arrive within {} ms\",\"field\":\"headers\",\"limit_ms\":{}}}",
+        limit.as_millis(),
+        limit.as_millis()
+    );
+    let answer = format!(
+        "HTTP/1.1 408 Request Timeout\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        crate::http::error::PROBLEM_JSON,
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_millis(200), async {
+        stream.write_all(answer.as_bytes()).await?;
+        stream.shutdown().await
+    })
+    .await;
 }
