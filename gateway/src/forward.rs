@@ -292,6 +292,31 @@ pub fn redacted(mut pairs: Vec<(String, String)>) -> Vec<(String, String)> {
     pairs
 }
 
+/// Sends `req` on `route`'s client and waits at most the route's
+/// `response_timeout_ms` for the response head; hop-by-hop headers are
+/// stripped from it. The body is not read.
+///
+/// Errors: the provider unreachable or silent, as the text a problem's
+/// `detail` and the ledger show ([`error_detail`]).
+pub async fn send(
+    route: &Route,
+    req: http::Request<OutboundBody>,
+) -> Result<http::Response<hyper::body::Incoming>, String> {
+    let timeout = std::time::Duration::from_millis(route.response_timeout_ms);
+    match tokio::time::timeout(timeout, route.client.request(req)).await {
+        Err(_) => Err(format!(
+            "no response head within {} ms",
+            route.response_timeout_ms
+        )),
+        Ok(Err(e)) => Err(error_detail(&e)),
+        Ok(Ok(r)) => {
+            let (mut parts, body) = r.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            Ok(http::Response::from_parts(parts, body))
+        }
+    }
+}
+
 /// The reverse of [`to_pairs`]. A pair that can't be a header (a name that
 /// is not a token) is skipped.
 pub fn from_pairs(pairs: &[(String, String)]) -> HeaderMap {

@@ -13,8 +13,7 @@ use http::header;
 
 use crate::config::{Principal, Role, Route};
 use crate::forward::{
-    ListenerScheme, add_route_headers, build_request, caller_headers, strip_hop_by_hop,
-    upstream_uri,
+    ListenerScheme, add_route_headers, build_request, caller_headers, upstream_uri,
 };
 use crate::http::auth::Authenticate;
 use crate::http::guards;
@@ -331,28 +330,13 @@ async fn pass_through(
     req: Request,
     uri: http::Uri,
 ) -> Result<Response, OpError> {
-    let client = &route.client;
     let (parts, body) = req.into_parts();
     let proto = ListenerScheme::of(&parts.extensions);
     let mut headers = caller_headers(route, &parts.headers, Some(peer), proto);
     add_route_headers(route, &mut headers, None);
     let out = build_request(parts.method, uri, headers, body);
-    let timeout = std::time::Duration::from_millis(route.response_timeout_ms);
-    let resp = match tokio::time::timeout(timeout, client.request(out)).await {
-        Err(_) => {
-            return Err(OpError::ProviderUnreachable(format!(
-                "no response head within {} ms",
-                route.response_timeout_ms
-            )));
-        }
-        Ok(Err(e)) => {
-            return Err(OpError::ProviderUnreachable(crate::forward::error_detail(
-                &e,
-            )));
-        }
-        Ok(Ok(r)) => r,
-    };
-    let (mut parts, body) = resp.into_parts();
-    strip_hop_by_hop(&mut parts.headers);
-    Ok(Response::from_parts(parts, Body::new(body)))
+    let resp = crate::forward::send(route, out)
+        .await
+        .map_err(OpError::ProviderUnreachable)?;
+    Ok(resp.map(Body::new))
 }

@@ -537,22 +537,10 @@ pub async fn forward_buffered(
         crate::forward::OutboundBody::from(body),
     );
     let timeout = std::time::Duration::from_millis(route.response_timeout_ms);
-    let resp = match tokio::time::timeout(timeout, route.client.request(req)).await {
-        Err(_) => {
-            return Err(OpError::ProviderUnreachable(format!(
-                "no answer within {} ms",
-                route.response_timeout_ms
-            )));
-        }
-        Ok(Err(e)) => {
-            return Err(OpError::ProviderUnreachable(crate::forward::error_detail(
-                &e,
-            )));
-        }
-        Ok(Ok(r)) => r,
-    };
+    let resp = crate::forward::send(route, req)
+        .await
+        .map_err(OpError::ProviderUnreachable)?;
     let (mut parts, body) = resp.into_parts();
-    crate::forward::strip_hop_by_hop(&mut parts.headers);
     let bytes = tokio::time::timeout(timeout, body.collect())
         .await
         .map_err(|_| OpError::ProviderUnreachable("the answer did not complete in time".into()))?
