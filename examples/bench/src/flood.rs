@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 
-use crate::{CLIENT_KEY, HttpClient, Stats, run};
+use crate::{HttpClient, Stats, run};
 
 /// Connection cap of the gateway under test.
 const MAX_CONNECTIONS: usize = 64;
@@ -50,7 +50,6 @@ mode = "pass"
     std::fs::write(&cfg, toml)?;
     let gw = effectgate::Gateway::start(effectgate::config::load(Some(&cfg))?).await?;
     let url = format!("http://{}/pass/v1/charges", gw.proxy_addr);
-    let _ = CLIENT_KEY;
     let calm = run(
         "(f0) normal client, no flood",
         client,
