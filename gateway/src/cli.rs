@@ -13,8 +13,25 @@ use crate::ledger::{Ledger, State, SystemClock};
 #[derive(Debug, Parser)]
 #[command(name = "effectgate", version, about, long_about = None)]
 pub struct Cli {
+    /// Log lines on stderr: `text` (human-readable) or `json` (one JSON
+    /// object a line, with the request id, trace id and operation id of the
+    /// request it belongs to).
+    #[arg(long, global = true, env = "EFFECTGATE_LOG_FORMAT", default_value = "text",
+          value_parser = clap::value_parser!(LogFormatArg))]
+    log_format: LogFormatArg,
     #[command(subcommand)]
     command: Command,
+}
+
+/// `--log-format` as clap parses it.
+#[derive(Debug, Clone, Copy)]
+struct LogFormatArg(crate::telemetry::LogFormat);
+
+impl std::str::FromStr for LogFormatArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        s.parse().map(Self)
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -171,14 +188,6 @@ impl clap::ValueEnum for State {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     crate::failpoint::setup();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "effectgate=info,warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -199,11 +208,22 @@ pub fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let log_format = cli.log_format.0;
+    if !matches!(cli.command, Command::Serve(_)) {
+        crate::telemetry::init(log_format, &Default::default())?;
+    }
     match cli.command {
         Command::Serve(c) => {
             let settings = config::load(c.config.as_deref())?;
-            let gw = crate::server::Gateway::start(settings).await?;
-            gw.run_until_signal().await?;
+            let telemetry = crate::telemetry::init(log_format, &settings.telemetry)?;
+            let gw = crate::server::Gateway::start(settings).await;
+            let result = match gw {
+                Ok(gw) => gw.run_until_signal().await,
+                Err(e) => Err(e),
+            };
+            // Flushing waits for export requests that run on this runtime.
+            let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+            result?;
         }
         Command::CheckConfig { config: path } => match config::load(Some(&path)) {
             Ok(s) => {

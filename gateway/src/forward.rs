@@ -92,7 +92,9 @@ pub struct BadUri;
 /// The caller's headers as forwarded: drops hop-by-hop headers, `Host`,
 /// the gateway's own `Authorization`, the caller's `Idempotency-Key`, the
 /// route's credential headers and its provider idempotency header, and any
-/// `X-Forwarded-*`, `Forwarded` or `X-Real-IP` the caller sent; adds
+/// `X-Forwarded-*`, `Forwarded` or `X-Real-IP` the caller sent, and the
+/// caller's W3C `traceparent`/`tracestate` (each send sets its own, see
+/// [`trace_context`]); adds
 /// `X-Forwarded-For` (the peer the gateway saw), `-Host` and `-Proto`
 /// (`proto`: the scheme the caller used on the gateway's listener, see
 /// [`ListenerScheme`]). On MCP routes `Accept-Encoding`
@@ -118,6 +120,8 @@ pub fn caller_headers(
             || route.inject_headers.iter().any(|(n, _)| n == name)
             || route.provider_idempotency_header.as_ref() == Some(name)
             || (route.mcp.is_some() && name == header::ACCEPT_ENCODING)
+            || name.as_str() == crate::telemetry::TRACEPARENT
+            || name.as_str() == crate::telemetry::TRACESTATE
         {
             continue;
         }
@@ -135,6 +139,27 @@ pub fn caller_headers(
     }
     out.insert("x-forwarded-proto", HeaderValue::from_static(proto));
     out
+}
+
+/// Sets the W3C Trace Context of a call forwarded while its caller waits
+/// (pass-through, MCP traffic outside the ledger): the current span's
+/// context when traces are exported, else the caller's own `traceparent`
+/// and `tracestate` unchanged (`incoming`).
+pub fn trace_context(incoming: &HeaderMap, out: &mut HeaderMap) {
+    match crate::telemetry::traceparent_of(&tracing::Span::current()) {
+        Some(tp) => {
+            if let Ok(v) = HeaderValue::from_str(&tp) {
+                out.insert(crate::telemetry::TRACEPARENT, v);
+            }
+        }
+        None => {
+            for name in [crate::telemetry::TRACEPARENT, crate::telemetry::TRACESTATE] {
+                if let Some(v) = incoming.get(name) {
+                    out.insert(name, v.clone());
+                }
+            }
+        }
+    }
 }
 
 /// What went wrong on an outbound call, for a problem detail and the
@@ -259,7 +284,7 @@ pub fn visible_pairs(h: &HeaderMap) -> Vec<(String, String)> {
 
 /// Header names whose values are credentials: shown as `[redacted]` in the
 /// admin API and the console (stored as sent: a new attempt needs them).
-const CREDENTIAL_HEADERS: &[&str] = &[
+pub const CREDENTIAL_HEADERS: &[&str] = &[
     "authorization",
     "proxy-authorization",
     "cookie",

@@ -40,6 +40,7 @@ pub mod ops;
 pub mod policy;
 pub mod server;
 pub mod state;
+pub mod telemetry;
 pub mod template;
 pub mod times;
 pub mod tls;

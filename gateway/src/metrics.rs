@@ -18,6 +18,23 @@
 //! | `effectgate_mcp_tool_calls_total` | counter | `route`, `outcome` (`ok`, `tool-error`, `jsonrpc-error`): the tool-level outcome, not the HTTP status |
 //! | `effectgate_policy_failures_total` | counter | `kind` (`timeout`, `out-of-fuel`, `out-of-memory`, `trap`, `invalid-output`, `instantiate`, `host-panic`, and for policies that did not run `pool-exhausted`, `busy`, `circuit-open`) |
 //! | `effectgate_policy_breaker_trips_total` | counter | `tenant`, `policy` (a policy's circuit opened) |
+//! | `effectgate_policy_call_seconds` | histogram | `policy` (a module name from the config) |
+//! | `effectgate_read_back_latency_seconds` | histogram | `route` |
+//! | `effectgate_reconciliation_drift_total` | counter | — (operations the ledger had as UNKNOWN that a read-back found at the provider) |
+//! | `effectgate_reconciliation_drift` | gauge | — (of those, found in the last scan) |
+//! | `effectgate_unknown_oldest_age_seconds` | gauge | `tenant` (the UNKNOWN operation unresolved longest) |
+//! | `effectgate_outbox_lag_seconds` | gauge | — (age of the oldest event not yet delivered) |
+//! | `effectgate_outbox_pending_events` | gauge | — |
+//! | `effectgate_ledger_up` | gauge | — (1 when the ledger answered the scrape's ping) |
+//! | `effectgate_connections_closed_total` | counter | `listener`, `reason` |
+//! | `effectgate_tenant_limited_total` | counter | `tenant`, `limit` |
+//! | `effectgate_tenant_stored_bytes` | gauge | `tenant` |
+//! | `effectgate_retention_swept_total` | counter | — |
+//!
+//! Histograms have the buckets of [`LATENCY_BUCKETS`] (seconds). Every
+//! family exists from start-up ([`register_all`]): at 0 for every label set
+//! the config defines (routes × outcomes, tenants, policies), so alert
+//! rules and dashboards see 0, not "no data".
 //!
 //! Cardinality: `route` takes only configured route names and `tenant` only
 //! configured tenant ids, so the series count is bounded by the config. A
@@ -32,11 +49,297 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
+/// Histogram buckets, in seconds: 0.5 ms to 30 s.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Outcomes of `effectgate_requests_total`.
+pub const REQUEST_OUTCOMES: &[&str] = &[
+    "forwarded",
+    "replayed",
+    "fingerprint-mismatch",
+    "in-flight",
+    "outcome-unknown",
+    "rejected",
+    "awaiting-approval",
+];
+
+/// Outcomes of `effectgate_reconciliations_total`.
+pub const RECONCILIATION_OUTCOMES: &[&str] = &[
+    "found",
+    "absent-retried",
+    "absent-settling",
+    "read-back-error",
+    "dead-lettered",
+    "lease-expired",
+    "reserved-executed",
+];
+
+/// Kinds of `effectgate_policy_failures_total`.
+pub const POLICY_FAILURE_KINDS: &[&str] = &[
+    "timeout",
+    "out-of-fuel",
+    "out-of-memory",
+    "trap",
+    "invalid-output",
+    "instantiate",
+    "host-panic",
+    "pool-exhausted",
+    "busy",
+    "circuit-open",
+];
+
+/// What [`register_all`] needs of the configuration: the label values it
+/// defines.
+#[derive(Debug, Default)]
+pub struct Labels<'a> {
+    /// Route names, with whether the route is an MCP route.
+    pub routes: Vec<(&'a str, bool)>,
+    /// Tenant ids.
+    pub tenants: Vec<&'a str>,
+    /// Policy module names bound by some tenant, with the tenant.
+    pub policies: Vec<(&'a str, &'a str)>,
+    /// Tenants with a stored-bytes quota.
+    pub quota_tenants: Vec<&'a str>,
+}
+
+/// Registers every family at 0 for every label set `labels` defines (and
+/// the label-less ones), with its help text. Called at start and on
+/// reload (new routes and tenants appear at 0; series of removed ones stay
+/// until restart).
+pub fn register_all(labels: &Labels<'_>) {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        "effectgate_requests_total",
+        "Requests by route and outcome."
+    );
+    describe_counter!(
+        "effectgate_replays_total",
+        "Duplicates answered from the ledger."
+    );
+    describe_counter!(
+        "effectgate_fingerprint_mismatches_total",
+        "Reused idempotency keys with other arguments (422)."
+    );
+    describe_counter!(
+        "effectgate_in_flight_conflicts_total",
+        "Duplicates of an operation still executing (409)."
+    );
+    describe_counter!(
+        "effectgate_operations_recorded_total",
+        "Attempt outcomes recorded, by state."
+    );
+    describe_counter!(
+        "effectgate_retries_total",
+        "Transient failures retried with the same provider key."
+    );
+    describe_counter!(
+        "effectgate_reconciliations_total",
+        "Reconciliation steps by outcome."
+    );
+    describe_counter!(
+        "effectgate_stale_fence_rejections_total",
+        "Writes refused for a stale fencing token."
+    );
+    describe_counter!(
+        "effectgate_retention_swept_total",
+        "Operations deleted by the retention sweeper."
+    );
+    describe_counter!(
+        "effectgate_mcp_tool_calls_total",
+        "MCP tool calls by tool-level outcome."
+    );
+    describe_counter!(
+        "effectgate_policy_failures_total",
+        "Policy calls that failed or did not run, by kind."
+    );
+    describe_counter!(
+        "effectgate_policy_breaker_trips_total",
+        "Policy circuits opened."
+    );
+    describe_counter!(
+        "effectgate_reconciliation_drift_total",
+        "UNKNOWN operations a read-back found at the provider."
+    );
+    describe_counter!(
+        "effectgate_connections_closed_total",
+        "Connections closed or refused by a listener's limits."
+    );
+    describe_counter!(
+        "effectgate_tenant_limited_total",
+        "Calls refused by a tenant limit."
+    );
+    describe_gauge!("effectgate_unknown_operations", "Operations in UNKNOWN.");
+    describe_gauge!(
+        "effectgate_unknown_oldest_age_seconds",
+        "Age of the UNKNOWN operation unresolved longest."
+    );
+    describe_gauge!(
+        "effectgate_dead_letters",
+        "Operations on the terminal route."
+    );
+    describe_gauge!(
+        "effectgate_dead_letter_oldest_age_seconds",
+        "Age of the oldest dead letter."
+    );
+    describe_gauge!(
+        "effectgate_reconciliation_drift",
+        "UNKNOWN operations found at the provider in the last scan."
+    );
+    describe_gauge!(
+        "effectgate_outbox_lag_seconds",
+        "Age of the oldest outbox event not yet delivered."
+    );
+    describe_gauge!(
+        "effectgate_outbox_pending_events",
+        "Outbox events not yet delivered."
+    );
+    describe_gauge!(
+        "effectgate_ledger_up",
+        "1 when the ledger answered the last scrape's ping."
+    );
+    describe_gauge!(
+        "effectgate_tenant_stored_bytes",
+        "Body bytes a tenant's operations hold."
+    );
+    describe_histogram!(
+        "effectgate_upstream_latency_seconds",
+        metrics::Unit::Seconds,
+        "Provider response time."
+    );
+    describe_histogram!(
+        "effectgate_policy_evaluation_seconds",
+        metrics::Unit::Seconds,
+        "Policy call time, all policies."
+    );
+    describe_histogram!(
+        "effectgate_policy_call_seconds",
+        metrics::Unit::Seconds,
+        "Policy call time by policy."
+    );
+    describe_histogram!(
+        "effectgate_read_back_latency_seconds",
+        metrics::Unit::Seconds,
+        "Read-back response time."
+    );
+
+    for &(route, mcp) in &labels.routes {
+        for &outcome in REQUEST_OUTCOMES {
+            counter!("effectgate_requests_total", "route" => route.to_owned(), "outcome" => outcome)
+                .absolute(0);
+        }
+        for name in [
+            "effectgate_replays_total",
+            "effectgate_fingerprint_mismatches_total",
+            "effectgate_in_flight_conflicts_total",
+            "effectgate_retries_total",
+        ] {
+            counter!(name, "route" => route.to_owned()).absolute(0);
+        }
+        let _ = histogram!("effectgate_upstream_latency_seconds", "route" => route.to_owned());
+        let _ = histogram!("effectgate_read_back_latency_seconds", "route" => route.to_owned());
+        if mcp {
+            for outcome in ["ok", "tool-error", "jsonrpc-error"] {
+                counter!("effectgate_mcp_tool_calls_total", "route" => route.to_owned(), "outcome" => outcome)
+                    .absolute(0);
+            }
+        }
+        for &tenant in &labels.tenants {
+            for state in ["COMPLETED", "FAILED", "UNKNOWN"] {
+                counter!("effectgate_operations_recorded_total", "tenant" => tenant.to_owned(), "route" => route.to_owned(), "state" => state)
+                    .absolute(0);
+            }
+        }
+    }
+    for &tenant in &labels.tenants {
+        for name in [
+            "effectgate_unknown_operations",
+            "effectgate_unknown_oldest_age_seconds",
+            "effectgate_dead_letters",
+            "effectgate_dead_letter_oldest_age_seconds",
+        ] {
+            // Gauges are set by each scrape; created here at 0.
+            let _ = gauge!(name, "tenant" => tenant.to_owned());
+        }
+        for limit in ["rate", "in-flight", "stored-bytes"] {
+            counter!("effectgate_tenant_limited_total", "tenant" => tenant.to_owned(), "limit" => limit)
+                .absolute(0);
+        }
+    }
+    for &(tenant, policy) in &labels.policies {
+        counter!("effectgate_policy_breaker_trips_total", "tenant" => tenant.to_owned(), "policy" => policy.to_owned())
+            .absolute(0);
+        let _ = histogram!("effectgate_policy_call_seconds", "policy" => policy.to_owned());
+    }
+    for &tenant in &labels.quota_tenants {
+        let _ = gauge!("effectgate_tenant_stored_bytes", "tenant" => tenant.to_owned());
+    }
+    for &outcome in RECONCILIATION_OUTCOMES {
+        counter!("effectgate_reconciliations_total", "outcome" => outcome).absolute(0);
+    }
+    for &kind in POLICY_FAILURE_KINDS {
+        counter!("effectgate_policy_failures_total", "kind" => kind).absolute(0);
+    }
+    for listener in ["proxy", "admin"] {
+        for reason in ["header-timeout", "no-request-head", "idle", "busy"] {
+            counter!("effectgate_connections_closed_total", "listener" => listener, "reason" => reason)
+                .absolute(0);
+        }
+    }
+    counter!("effectgate_stale_fence_rejections_total").absolute(0);
+    counter!("effectgate_retention_swept_total").absolute(0);
+    counter!("effectgate_reconciliation_drift_total").absolute(0);
+    let _ = gauge!("effectgate_reconciliation_drift");
+    let _ = gauge!("effectgate_outbox_lag_seconds");
+    let _ = gauge!("effectgate_outbox_pending_events");
+    let _ = gauge!("effectgate_ledger_up");
+    let _ = histogram!("effectgate_policy_evaluation_seconds");
+}
+
+/// A policy named `policy` (a module name from the config) ran for `d`.
+pub fn policy_time(policy: &str, d: Duration) {
+    histogram!("effectgate_policy_call_seconds", "policy" => policy.to_owned())
+        .record(d.as_secs_f64());
+}
+
+/// A read-back on `route` took `d` (until its answer or its error).
+pub fn read_back_latency(route: &str, d: Duration) {
+    histogram!("effectgate_read_back_latency_seconds", "route" => route.to_owned())
+        .record(d.as_secs_f64());
+}
+
+static DRIFT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A read-back found at the provider an operation the ledger had as UNKNOWN.
+pub fn drift_found() {
+    counter!("effectgate_reconciliation_drift_total").increment(1);
+    DRIFT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A reconciler scan starts: `effectgate_reconciliation_drift` becomes
+/// what the previous scan found (its executions may still have been
+/// running when it ended).
+pub fn drift_scan() {
+    let n = DRIFT.swap(0, std::sync::atomic::Ordering::Relaxed);
+    gauge!("effectgate_reconciliation_drift").set(n as f64);
+}
+
+/// Scrape-time gauges of the outbox and the ledger.
+pub fn scrape_gauges(ledger_up: bool, outbox_pending: i64, outbox_lag_s: f64) {
+    gauge!("effectgate_ledger_up").set(if ledger_up { 1.0 } else { 0.0 });
+    gauge!("effectgate_outbox_pending_events").set(outbox_pending as f64);
+    gauge!("effectgate_outbox_lag_seconds").set(outbox_lag_s);
+}
+
 /// Installs the process-wide Prometheus recorder (once) and returns its handle.
 pub fn handle() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
+            let recorder = PrometheusBuilder::new()
+                .set_buckets(LATENCY_BUCKETS)
+                .expect("the bucket list is not empty")
+                .build_recorder();
             let handle = recorder.handle();
             // Another recorder may already be installed (e.g. an embedding
             // application's); then this handle renders only our metrics'
@@ -127,9 +430,17 @@ pub fn mcp_tool_call(route: &str, outcome: &'static str) {
         .increment(1);
 }
 
-/// Sets the per-tenant gauges (called on each scrape).
-pub fn tenant_gauges(tenant: &str, unknown: i64, dead_letters: i64, oldest_age_s: f64) {
+/// Sets the per-tenant gauges (called on each scrape): UNKNOWN count and
+/// the oldest one's age, dead letters and the oldest one's age (seconds).
+pub fn tenant_gauges(
+    tenant: &str,
+    (unknown, unknown_age_s): (i64, f64),
+    dead_letters: i64,
+    oldest_age_s: f64,
+) {
     gauge!("effectgate_unknown_operations", "tenant" => tenant.to_owned()).set(unknown as f64);
+    gauge!("effectgate_unknown_oldest_age_seconds", "tenant" => tenant.to_owned())
+        .set(unknown_age_s);
     gauge!("effectgate_dead_letters", "tenant" => tenant.to_owned()).set(dead_letters as f64);
     gauge!("effectgate_dead_letter_oldest_age_seconds", "tenant" => tenant.to_owned())
         .set(oldest_age_s);

@@ -21,6 +21,8 @@ pub struct Gateway {
     /// The shared state (tests read the ledger through it).
     pub state: AppState,
     shutdown: watch::Sender<bool>,
+    admin_shutdown: watch::Sender<bool>,
+    admin_task: tokio::task::JoinHandle<std::io::Result<()>>,
     tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
 }
 
@@ -44,17 +46,24 @@ impl Gateway {
         let proxy_addr = proxy_listener.local_addr()?;
         let admin_addr = admin_listener.local_addr()?;
         let (shutdown, rx) = watch::channel(false);
-        let proxy_app = crate::http::proxy::router(state.clone());
-        let admin_app = crate::http::admin::router(state.clone());
+        // The admin listener serves on through the drain (`/readyz` says 503
+        // there, `/metrics` shows it) and closes last.
+        let (admin_shutdown, admin_rx) = watch::channel(false);
+        let proxy_app =
+            crate::http::observe::observe(crate::http::proxy::router(state.clone()), "proxy");
+        let admin_app =
+            crate::http::observe::observe(crate::http::admin::router(state.clone()), "admin");
         let mut tasks = Vec::new();
         let certs = state.listener_certs.clone();
         let (proxy_limits, admin_limits) = {
             let l = &state.settings().settings.limits;
             let nofile = crate::http::listener::raise_nofile_limit();
+            let drain_ms = state.settings().settings.shutdown.drain_ms;
             let limits = |max_connections| crate::http::listener::ConnLimits {
                 max_connections,
                 header_read_timeout_ms: l.header_read_timeout_ms,
                 idle_timeout_ms: l.idle_timeout_ms,
+                drain_ms,
             };
             (
                 limits(
@@ -64,31 +73,22 @@ impl Gateway {
                 limits(l.max_admin_connections),
             )
         };
-        for (listener, app, cert, limits, name) in [
-            (
-                proxy_listener,
-                proxy_app,
-                certs.proxy.clone(),
-                proxy_limits,
-                "proxy",
-            ),
-            (
-                admin_listener,
-                admin_app,
-                certs.admin.clone(),
-                admin_limits,
-                "admin",
-            ),
-        ] {
-            tasks.push(tokio::spawn(crate::http::listener::serve(
-                listener,
-                cert,
-                app,
-                limits,
-                name,
-                rx.clone(),
-            )));
-        }
+        tasks.push(tokio::spawn(crate::http::listener::serve(
+            proxy_listener,
+            certs.proxy.clone(),
+            proxy_app,
+            proxy_limits,
+            "proxy",
+            rx.clone(),
+        )));
+        let admin_task = tokio::spawn(crate::http::listener::serve(
+            admin_listener,
+            certs.admin.clone(),
+            admin_app,
+            admin_limits,
+            "admin",
+            admin_rx,
+        ));
         {
             let (app, rx) = (state.clone(), rx.clone());
             tasks.push(tokio::spawn(async move {
@@ -116,17 +116,43 @@ impl Gateway {
             admin_addr,
             state,
             shutdown,
+            admin_shutdown,
+            admin_task,
             tasks,
         })
     }
 
-    /// Stops accepting connections, lets in-flight requests finish, and
-    /// waits for both listeners to close.
+    /// Graceful shutdown with the `shutdown.drain_ms` deadline: `/readyz`
+    /// answers 503 at once, the proxy listener stops accepting, the workers
+    /// stop scanning, and calls in flight and the executions running in the
+    /// background get until the deadline to finish. A connection still open
+    /// then is cut; an execution still running keeps its lease (the next
+    /// owner reconciles it) and is counted in the log line. The admin
+    /// listener serves until the drain ends, then closes the same way.
     pub async fn shutdown(self) {
+        let drain_ms = self.state.settings().settings.shutdown.drain_ms;
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(drain_ms);
+        self.state.lifecycle.start_draining();
         let _ = self.shutdown.send(true);
         for t in self.tasks {
             let _ = t.await;
         }
+        let executions = &self.state.lifecycle.executions;
+        executions.close();
+        if tokio::time::timeout_at(deadline, executions.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                executions = executions.len(),
+                drain_ms,
+                "drain deadline passed: executions still running keep their lease; the next owner reconciles them"
+            );
+        } else {
+            tracing::info!("drained: every call and execution finished");
+        }
+        let _ = self.admin_shutdown.send(true);
+        let _ = self.admin_task.await;
     }
 
     /// Serves until SIGINT or SIGTERM, then shuts down gracefully. SIGHUP

@@ -47,6 +47,31 @@ pub struct AppState {
     pub mcp_tools: crate::mcp::protocol::ToolCache,
     /// Certificates of the TLS listeners, re-read on reload.
     pub listener_certs: Arc<ListenerCerts>,
+    /// Draining state and the executions running in the background.
+    pub lifecycle: Arc<Lifecycle>,
+}
+
+/// What graceful shutdown needs to know: whether the gateway is draining
+/// (`/readyz` then answers 503) and the provider executions running in
+/// tasks of their own, awaited within the drain deadline.
+#[derive(Debug, Default)]
+pub struct Lifecycle {
+    draining: std::sync::atomic::AtomicBool,
+    /// Every execution of an operation runs in a task of this tracker.
+    pub executions: tokio_util::task::TaskTracker,
+}
+
+impl Lifecycle {
+    /// Marks the gateway as draining (from SIGTERM on).
+    pub fn start_draining(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether shutdown has started.
+    pub fn draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 /// A logged-in operator console session.
@@ -103,6 +128,38 @@ impl ListenerCerts {
     }
 }
 
+/// Registers every metric family at 0 for the label sets `settings`
+/// defines (see [`crate::metrics::register_all`]).
+pub fn register_metrics(settings: &Settings) {
+    let stems: Vec<(&str, String)> = settings
+        .policy_bindings
+        .iter()
+        .map(|(t, b)| {
+            let stem = b
+                .module
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            (t.as_str(), stem)
+        })
+        .collect();
+    crate::metrics::register_all(&crate::metrics::Labels {
+        routes: settings
+            .routes
+            .iter()
+            .map(|r| (r.name.as_str(), r.mcp.is_some()))
+            .collect(),
+        tenants: settings.tenants.iter().map(String::as_str).collect(),
+        policies: stems.iter().map(|(t, s)| (*t, s.as_str())).collect(),
+        quota_tenants: settings
+            .tenant_limits
+            .iter()
+            .filter(|(_, l)| l.max_stored_bytes.is_some())
+            .map(|(t, _)| t.as_str())
+            .collect(),
+    });
+}
+
 impl AppState {
     /// Builds the state: opens (and migrates) the ledger, loads the
     /// provider-key secret, compiles the tenants' policies.
@@ -123,6 +180,7 @@ impl AppState {
         let ledger = Ledger::open_storage(&settings.storage, clock).await?;
         let secret = ledger.provider_key_secret().await?;
         crate::metrics::handle();
+        register_metrics(&settings);
         let instance_id = format!(
             "{}-{}-{:08x}",
             hostname(),
@@ -139,6 +197,7 @@ impl AppState {
             sessions: Default::default(),
             mcp_tools: Default::default(),
             listener_certs,
+            lifecycle: Default::default(),
         })
     }
 
@@ -207,6 +266,7 @@ impl AppState {
         // of the reload is known good: a renewed certificate applies
         // without a restart.
         self.listener_certs.reload()?;
+        register_metrics(&settings);
         self.runtime.store(Arc::new(Runtime { settings, policies }));
         self.engine.retain(&keep);
         tracing::info!(%summary, "configuration reloaded");

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 /// Layers, lowest first. Modules in one layer may not name each other.
 const LAYERS: &[&[&str]] = &[
     &["times", "failpoint", "template", "metrics", "egress", "tls"],
+    &["telemetry"],
     &["config"],
     &["idempotency", "encoding", "ledger"],
     &["mcp", "forward"],

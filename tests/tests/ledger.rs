@@ -61,6 +61,7 @@ fn new_op(id: &str) -> NewOperation {
         request_content_type: None,
         request_body: b"{}".to_vec(),
         request_headers: vec![],
+        trace_context: None,
         principal: "p".into(),
         retention_ms: 100_000,
         awaiting_approval: false,
@@ -789,9 +790,16 @@ async fn a_stale_owners_writes_are_fenced_while_the_new_owner_runs(l: Ledger) {
     // Both are EXECUTING: only the fencing token tells A's writes apart.
     assert!(!l.extend_lease("t", "f", a.fence, 60_000).await.unwrap());
     assert!(
-        !l.note_retry(("t", "f"), a.fence, Some(503), "status-503", "late", 60_000)
-            .await
-            .unwrap()
+        !l.note_retry(
+            ("t", "f"),
+            a.fence,
+            Some(503),
+            ("status-503", "late"),
+            60_000,
+            None
+        )
+        .await
+        .unwrap()
     );
     assert!(
         !l.record_outcome(

@@ -110,6 +110,10 @@ pub struct Settings {
     pub tenant_limits: HashMap<String, TenantLimits>,
     /// Tenants' MCP tool overrides: tenant → tool → override.
     pub mcp_tools: HashMap<String, std::collections::BTreeMap<String, ToolOverride>>,
+    /// Trace export, resolved from `[telemetry]` and the `OTEL_*` variables.
+    pub telemetry: crate::telemetry::TelemetrySettings,
+    /// `[shutdown]`.
+    pub shutdown: ShutdownSpec,
 }
 
 /// A tenant's call limits, ready to check.
@@ -357,7 +361,7 @@ pub fn load_file(path: Option<&Path>) -> Result<ConfigFile, ConfigError> {
         }
         fig = fig.merge(Toml::file_exact(p));
     }
-    fig = fig.merge(Env::prefixed(ENV_PREFIX).ignore(&["config"]).split("__"));
+    fig = fig.merge(Env::prefixed(ENV_PREFIX).ignore(&["config", "log_format"]).split("__"));
     fig.extract::<ConfigFile>().map_err(|e| {
         let mut path = String::new();
         for (i, part) in e.path.iter().enumerate() {

@@ -33,6 +33,64 @@ pub struct ConfigFile {
     /// Limits of policy calls.
     #[serde(default)]
     pub policy: PolicyLimitsSpec,
+    /// Trace export (OpenTelemetry over OTLP/HTTP).
+    #[serde(default)]
+    pub telemetry: TelemetrySpec,
+    /// Graceful shutdown.
+    #[serde(default)]
+    pub shutdown: ShutdownSpec,
+}
+
+/// `[telemetry]`: trace export over OTLP/HTTP (protobuf). Export is on when
+/// an endpoint is set here or in `OTEL_EXPORTER_OTLP_ENDPOINT` (the
+/// variable wins); without one it is off.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetrySpec {
+    /// Collector base URL (`http://127.0.0.1:4318`; `/v1/traces` is
+    /// appended unless present). Unset: no export, unless the variable is set.
+    pub endpoint: Option<String>,
+    /// `service.name` of the exported spans (`OTEL_SERVICE_NAME` wins).
+    /// Default `effectgate`.
+    pub service_name: String,
+    /// Share of new traces sampled, 0.0–1.0; a caller's `traceparent`
+    /// sampled flag is followed (parent-based). Default 1.0.
+    pub sampling_ratio: f64,
+    /// Extra headers on export requests (`OTEL_EXPORTER_OTLP_HEADERS`,
+    /// `k=v,k2=v2`, is added). Default none.
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// Timeout of one export request, in ms. Default 10000.
+    pub export_timeout_ms: u64,
+}
+
+impl Default for TelemetrySpec {
+    fn default() -> Self {
+        Self {
+            endpoint: None,
+            service_name: "effectgate".into(),
+            sampling_ratio: 1.0,
+            headers: Default::default(),
+            export_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// `[shutdown]`: what SIGTERM (or SIGINT) does. `/readyz` answers 503 at
+/// once, the listeners stop accepting, and calls in flight (with the
+/// executions they started) get `drain_ms` to finish. A pass-through
+/// stream still open then is cut; an execution still running keeps its
+/// lease and is reconciled by the next owner.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShutdownSpec {
+    /// Drain deadline, in ms. Default 30000.
+    pub drain_ms: u64,
+}
+
+impl Default for ShutdownSpec {
+    fn default() -> Self {
+        Self { drain_ms: 30_000 }
+    }
 }
 
 /// `[policy]`: limits of every policy call (one fresh store per call).

@@ -3,7 +3,7 @@
 //! | route | roles |
 //! |---|---|
 //! | `GET /healthz` | none (liveness) |
-//! | `GET /readyz` | none (the ledger answers) |
+//! | `GET /readyz` | none (the ledger answers; 503 `shutting-down` once shutdown started) |
 //! | `GET /metrics` | none (Prometheus text format) |
 //! | `GET /admin/tenants/{t}/operations/{id}` | admin, operator, approver of `t` |
 //! | `GET /admin/tenants/{t}/operations?state=S&limit=N` | admin, operator, approver of `t` |
@@ -133,6 +133,21 @@ async fn as_problem(resp: Response) -> Response {
 }
 
 async fn readyz(State(app): State<AppState>) -> Response {
+    // From SIGTERM on, load balancers must stop sending new calls.
+    if app.lifecycle.draining() {
+        let problem = json!({
+            "type": "urn:effectgate:problem:shutting-down",
+            "title": "Service Unavailable",
+            "status": 503,
+            "detail": "the gateway is shutting down: calls in flight are finishing, new ones belong elsewhere",
+        });
+        let mut r = (http::StatusCode::SERVICE_UNAVAILABLE, problem.to_string()).into_response();
+        r.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(crate::http::error::PROBLEM_JSON),
+        );
+        return r;
+    }
     match app.ledger.ping().await {
         Ok(()) => axum::Json(json!({"status": "ready"})).into_response(),
         Err(e) => OpError::LedgerUnavailable(e.to_string()).into_response(),
@@ -141,23 +156,32 @@ async fn readyz(State(app): State<AppState>) -> Response {
 
 async fn metrics(State(app): State<AppState>) -> Response {
     let settings = app.settings();
-    if let Ok(counts) = app.ledger.tenant_counts().await {
-        let now = app.ledger.clock().now_ms();
+    let now = app.ledger.clock().now_ms();
+    let age = |at: Option<i64>| at.map_or(0.0, |t| (now - t).max(0) as f64 / 1000.0);
+    let counts = app.ledger.tenant_counts().await;
+    if let Ok(counts) = &counts {
         let mut seen = std::collections::BTreeSet::new();
-        for (tenant, unknown, dead, oldest) in counts {
-            let label = if settings.tenants.contains(&tenant) {
-                tenant
+        for c in counts {
+            let label = if settings.tenants.contains(&c.tenant) {
+                c.tenant.clone()
             } else {
                 "_other".to_owned()
             };
-            let age = oldest.map_or(0.0, |t| (now - t).max(0) as f64 / 1000.0);
-            crate::metrics::tenant_gauges(&label, unknown, dead, age);
+            crate::metrics::tenant_gauges(
+                &label,
+                (c.unknown, age(c.oldest_unknown_at)),
+                c.dead_letters,
+                age(c.oldest_dead_letter_at),
+            );
             seen.insert(label);
         }
         for t in settings.tenants.iter().filter(|t| !seen.contains(*t)) {
-            crate::metrics::tenant_gauges(t, 0, 0, 0.0);
+            crate::metrics::tenant_gauges(t, (0, 0.0), 0, 0.0);
         }
     }
+    let pending = app.ledger.pending_events().await.unwrap_or(0);
+    let oldest_event = app.ledger.oldest_pending_event_at().await.ok().flatten();
+    crate::metrics::scrape_gauges(counts.is_ok(), pending, age(oldest_event));
     (
         [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         crate::metrics::handle().render(),

@@ -3,7 +3,8 @@
 //! connection preface otherwise). Each request carries the peer address
 //! (`ConnectInfo`) and the scheme the caller used ([`crate::forward::ListenerScheme`]).
 //! Shutdown is graceful: the listener stops accepting, idle connections
-//! close, and in-flight requests finish.
+//! close, and in-flight requests get `drain_ms` to finish; a connection
+//! still open at that deadline (a long pass-through stream, say) is cut.
 //!
 //! Hostile connections are bounded ([`ConnLimits`]):
 //! - a connection must deliver its first request head (TLS handshake
@@ -45,6 +46,9 @@ pub struct ConnLimits {
     pub header_read_timeout_ms: u64,
     /// Time a connection may stay open with no request in flight, ms.
     pub idle_timeout_ms: u64,
+    /// After shutdown starts, how long open connections may go on, ms
+    /// (`shutdown.drain_ms`).
+    pub drain_ms: u64,
 }
 
 /// The default `max_connections` of the proxy listener: half of the
@@ -96,6 +100,11 @@ struct Tracker {
 }
 
 impl Tracker {
+    /// Connections open now.
+    fn open(&self) -> usize {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     /// Registers a new connection, making room at the cap (see the module
     /// docs); `None` when every open connection is busy.
     fn admit(self: &Arc<Self>, max: usize, listener: &'static str) -> Option<Arc<Conn>> {
@@ -223,6 +232,7 @@ pub async fn serve(
     let builder = Arc::new(builder);
     let tracker = Arc::new(Tracker::default());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let cut = tokio_util::sync::CancellationToken::new();
     let stop = async move {
         let _ = shutdown.wait_for(|stop| *stop).await;
     };
@@ -249,6 +259,7 @@ pub async fn serve(
             builder: builder.clone(),
             acceptor: acceptor.clone(),
             watcher: graceful.watcher(),
+            cut: cut.clone(),
             tracker: tracker.clone(),
             scheme,
             name,
@@ -258,7 +269,15 @@ pub async fn serve(
         tokio::spawn(ctx.serve(stream, peer, conn));
     }
     drop(tcp);
-    graceful.shutdown().await;
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(Duration::from_millis(limits.drain_ms)) => {
+            let open = tracker.open();
+            cut.cancel();
+            tracing::warn!(listener = name, connections = open, drain_ms = limits.drain_ms,
+                "drain deadline passed: connections still open were cut");
+        }
+    }
     Ok(())
 }
 
@@ -268,6 +287,7 @@ struct ConnCtx {
     builder: Arc<auto::Builder<TokioExecutor>>,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
     watcher: hyper_util::server::graceful::Watcher,
+    cut: tokio_util::sync::CancellationToken,
     tracker: Arc<Tracker>,
     scheme: ListenerScheme,
     name: &'static str,
@@ -284,6 +304,7 @@ impl ConnCtx {
             builder,
             acceptor,
             watcher,
+            cut,
             tracker,
             scheme,
             name,
@@ -391,6 +412,9 @@ impl ConnCtx {
             }
             _ = idle => {
                 tracing::debug!(%peer, "idle connection closed");
+            }
+            _ = cut.cancelled() => {
+                tracing::debug!(%peer, "connection cut at the drain deadline");
             }
         }
         tracker.leave(conn.id);

@@ -11,6 +11,7 @@ pub mod error;
 pub mod guards;
 pub mod listener;
 pub mod mcp;
+pub mod observe;
 pub mod proxy;
 pub mod replay;
 

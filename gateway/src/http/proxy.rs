@@ -108,6 +108,8 @@ async fn handle_inner(app: &AppState, peer: SocketAddr, req: Request) -> Result<
         .match_route(&path)
         .filter(|r| r.allows_tenant(&principal.tenant))
         .ok_or_else(|| OpError::NotFound(format!("no route for {path}")))?;
+    crate::http::observe::record_route(req.method(), &route.name, &route.prefix);
+    tracing::Span::current().record("effectgate.tenant", principal.tenant.as_str());
     let rest = &path[route.prefix.len() - 1..];
     let query = req.uri().query().map(str::to_owned);
     let mcp_post = route.mcp.is_some() && req.method() == http::Method::POST;
@@ -333,6 +335,7 @@ async fn pass_through(
     let (parts, body) = req.into_parts();
     let proto = ListenerScheme::of(&parts.extensions);
     let mut headers = caller_headers(route, &parts.headers, Some(peer), proto);
+    crate::forward::trace_context(&parts.headers, &mut headers);
     add_route_headers(route, &mut headers, None);
     let out = build_request(parts.method, uri, headers, body);
     let resp = crate::forward::send(route, out)

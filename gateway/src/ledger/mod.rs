@@ -286,6 +286,8 @@ pub struct Operation {
     pub expires_at: i64,
     /// Caller headers stored with the request, forwarded on every attempt.
     pub request_headers: Vec<(String, String)>,
+    /// W3C `traceparent` of the request that created the operation, if any.
+    pub trace_context: Option<String>,
     /// Read-backs made for this operation.
     pub reconcile_attempts: i64,
     /// Earliest time of the next reconciliation (ms since epoch).
@@ -352,8 +354,12 @@ pub struct NewOperation {
     pub request_content_type: Option<String>,
     /// Request body.
     pub request_body: Vec<u8>,
-    /// Caller headers to forward on every attempt (already filtered).
+    /// Caller headers to forward on every attempt (already filtered; never
+    /// `traceparent` or `tracestate`).
     pub request_headers: Vec<(String, String)>,
+    /// W3C `traceparent` of the request span that created the operation
+    /// (its trace id links later attempts and read-backs to it).
+    pub trace_context: Option<String>,
     /// Principal name.
     pub principal: String,
     /// Key retention (ms).
@@ -428,6 +434,8 @@ pub struct Outcome {
     /// `status-201`, `timeout`, `connection-lost`; `None` when the outcome
     /// comes from a read-back or an operator, not from an attempt.
     pub attempt_outcome: Option<String>,
+    /// `x-request-id` of the caller's request the attempt was made for.
+    pub request_id: Option<String>,
     /// Transition reason.
     pub reason: String,
     /// Keep the stored response fields as they are (UNKNOWN → UNKNOWN).
@@ -457,6 +465,7 @@ impl Outcome {
             error_kind: None,
             error_detail: None,
             attempt_outcome: None,
+            request_id: None,
             reason: reason.into(),
             keep_response: false,
             count_read_back: false,
@@ -492,6 +501,24 @@ pub struct Attempt {
     pub detail: Option<String>,
     /// When the outcome was recorded (ms since epoch).
     pub at: i64,
+    /// `x-request-id` of the caller's request it was made for (none for
+    /// the reconciler's attempts).
+    pub request_id: Option<String>,
+}
+
+/// One tenant's operations that need attention ([`Ledger::tenant_counts`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantCounts {
+    /// Tenant.
+    pub tenant: String,
+    /// Operations in UNKNOWN.
+    pub unknown: i64,
+    /// Operations on the terminal route (dead letters).
+    pub dead_letters: i64,
+    /// The oldest dead letter's last change, ms since epoch.
+    pub oldest_dead_letter_at: Option<i64>,
+    /// The last change of the UNKNOWN operation unresolved longest, ms since epoch.
+    pub oldest_unknown_at: Option<i64>,
 }
 
 /// Errors of ledger writes.

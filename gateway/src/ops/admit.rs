@@ -65,6 +65,7 @@ impl Flow<'_> {
         key: String,
         fp: String,
     ) -> Answer {
+        tracing::Span::current().record("effectgate.operation_id", key.as_str());
         refuse_ambiguous_json(&body)?;
         check_contract(self.route, &body)?;
         if let Some(op) = known_operation(self.app, &self.principal.tenant, &key, &fp).await? {
@@ -212,6 +213,15 @@ impl Flow<'_> {
             request_content_type: content_type,
             request_body: body.to_vec(),
             request_headers: to_pairs(&admission.forwarded),
+            trace_context: crate::telemetry::traceparent_of(&tracing::Span::current()).or_else(
+                || {
+                    self.headers
+                        .get(crate::telemetry::TRACEPARENT)
+                        .and_then(|v| v.to_str().ok())
+                        .filter(|v| crate::telemetry::parse_traceparent(v).is_some())
+                        .map(str::to_owned)
+                },
+            ),
             principal: principal.name.clone(),
             retention_ms: i64::try_from(route.key_retention_ms).unwrap_or(i64::MAX),
             awaiting_approval: admission.approval.is_some(),

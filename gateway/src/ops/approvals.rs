@@ -134,7 +134,7 @@ async fn after_approval(app: &AppState, a: &crate::ledger::Approval) -> Result<(
             && let Some(op) = app.ledger.get(&a.tenant_id, &a.operation_id).await?
         {
             // The stored request, byte for byte what was approved.
-            tokio::spawn(crate::ops::execute::run(
+            app.lifecycle.executions.spawn(crate::ops::execute::run(
                 app.clone(),
                 route,
                 op,

@@ -528,6 +528,7 @@ pub async fn forward_buffered(
     (peer, proto): (std::net::SocketAddr, &'static str),
 ) -> Result<(StatusCode, HeaderMap, Bytes), OpError> {
     let mut h = crate::forward::caller_headers(route, headers, Some(peer), proto);
+    crate::forward::trace_context(headers, &mut h);
     crate::forward::add_route_headers(route, &mut h, None);
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
     let req = crate::forward::build_request(

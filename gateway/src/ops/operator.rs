@@ -159,7 +159,7 @@ pub async fn requeue(
             Some(claim) => {
                 let op = load(app, tenant, operation_id).await?;
                 let app2 = app.clone();
-                Some(tokio::spawn(async move {
+                Some(app.lifecycle.executions.spawn(async move {
                     crate::ops::execute::run(app2, route, op, claim, None).await;
                 }))
             }
@@ -168,7 +168,7 @@ pub async fn requeue(
     } else {
         let op = load(app, tenant, operation_id).await?;
         let app2 = app.clone();
-        Some(tokio::spawn(async move {
+        Some(app.lifecycle.executions.spawn(async move {
             let _ = crate::ops::reconcile::reconcile_op(&app2, op).await;
         }))
     };

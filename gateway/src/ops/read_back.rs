@@ -14,6 +14,7 @@ use crate::config::{ReadBack, Route};
 use crate::forward::{add_route_headers, build_request};
 use crate::ledger::Operation;
 use crate::template::{Vars, url_encode};
+use tracing::Instrument;
 
 /// What a read-back said.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +30,17 @@ pub enum ReadBackResult {
     Absent,
     /// No definite answer.
     Error(String),
+}
+
+impl ReadBackResult {
+    /// `found`, `absent` or `error` (a span attribute).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Found { .. } => "found",
+            Self::Absent => "absent",
+            Self::Error(_) => "error",
+        }
+    }
 }
 
 /// Largest read-back answer read, bytes (16 MiB); larger is a read-back error.
@@ -59,6 +71,21 @@ pub async fn read_back(route: &Route, rb: &ReadBack, op: &Operation) -> ReadBack
         }
     }
     add_route_headers(route, &mut headers, None);
+    let span = tracing::debug_span!(
+        "read-back",
+        otel.name = rb.method.as_str(),
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = rb.method.as_str(),
+        http.response.status_code = tracing::field::Empty,
+        server.address = uri.host().unwrap_or(""),
+        url.path = uri.path(),
+        effectgate.tenant = op.tenant_id.as_str(),
+        effectgate.route = route.name.as_str(),
+        effectgate.operation_id = op.operation_id.as_str(),
+        effectgate.result = tracing::field::Empty,
+    );
+    crate::telemetry::inject_attempt(&span, op.trace_context.as_deref(), &mut headers);
     let client = &route.client;
     let req = build_request(
         rb.method.clone(),
@@ -94,11 +121,24 @@ pub async fn read_back(route: &Route, rb: &ReadBack, op: &Operation) -> ReadBack
         };
         Ok::<(StatusCode, Bytes), String>((status, body))
     };
-    match tokio::time::timeout(Duration::from_millis(rb.timeout_ms), call).await {
+    let started = std::time::Instant::now();
+    let result = match tokio::time::timeout(Duration::from_millis(rb.timeout_ms), call)
+        .instrument(span.clone())
+        .await
+    {
         Err(_) => ReadBackResult::Error(format!("no answer within {} ms", rb.timeout_ms)),
         Ok(Err(e)) => ReadBackResult::Error(e),
-        Ok(Ok((status, body))) => interpret(rb, status, &body, &expected(rb, &vars)),
+        Ok(Ok((status, body))) => {
+            span.record("http.response.status_code", status.as_u16());
+            interpret(rb, status, &body, &expected(rb, &vars))
+        }
+    };
+    crate::metrics::read_back_latency(&route.name, started.elapsed());
+    span.record("effectgate.result", result.kind());
+    if matches!(result, ReadBackResult::Error(_)) {
+        span.record("otel.status_code", "ERROR");
     }
+    result
 }
 
 /// The route's `match` list rendered for one operation: (pointer into the

@@ -32,6 +32,7 @@ use crate::ledger::{DeadLetter, LedgerError, Operation, Outcome, State};
 use crate::ops::OpError;
 use crate::ops::execute;
 use crate::state::AppState;
+use tracing::Instrument;
 
 pub use crate::ops::read_back::{ReadBackResult, read_back};
 
@@ -77,8 +78,35 @@ pub async fn reconcile_op(app: &AppState, op: Operation) -> Result<Step, LedgerE
     reconcile_with(app, op, Execution::Await).await
 }
 
-/// [`reconcile_op`], running executions as `exec` says.
+/// [`reconcile_op`], running executions as `exec` says, in a span
+/// `reconcile` of its own (a child of the current request span, if any)
+/// linked to the trace of the request that created the operation.
 pub async fn reconcile_with(
+    app: &AppState,
+    op: Operation,
+    exec: Execution<'_>,
+) -> Result<Step, LedgerError> {
+    let span = tracing::debug_span!(
+        "reconcile",
+        otel.name = "reconcile",
+        effectgate.tenant = op.tenant_id.as_str(),
+        effectgate.operation_id = op.operation_id.as_str(),
+        effectgate.route = op.route.as_str(),
+        effectgate.state = op.state.as_str(),
+        effectgate.fence = op.fence,
+        effectgate.step = tracing::field::Empty,
+    );
+    crate::telemetry::link_to(&span, op.trace_context.as_deref());
+    let step = reconcile_steps(app, op, exec)
+        .instrument(span.clone())
+        .await;
+    if let Ok(s) = &step {
+        span.record("effectgate.step", format!("{s:?}").as_str());
+    }
+    step
+}
+
+async fn reconcile_steps(
     app: &AppState,
     op: Operation,
     exec: Execution<'_>,
@@ -219,7 +247,7 @@ async fn run(
     match exec {
         Execution::Await => step(task.await),
         Execution::Detach(tracker) => {
-            tracker.spawn(task);
+            tracker.spawn(task.in_current_span());
             Step::ExecutionStarted
         }
     }
@@ -297,7 +325,11 @@ impl ReadBackStep<'_> {
         o.response_body = Some(body);
         o.provider_reference = reference;
         o.count_read_back = true;
-        self.finish(o, Step::Found, "found").await
+        let step = self.finish(o, Step::Found, "found").await?;
+        if matches!(step, Step::Found) && self.op.state == State::Unknown {
+            crate::metrics::drift_found();
+        }
+        Ok(step)
     }
 
     /// Absent, but within the settle delay: look again while the
@@ -435,7 +467,8 @@ pub async fn for_duplicate(app: &AppState, op: Operation) -> Result<Operation, O
         // the reconciliation started still runs to its end.
         let task = {
             let (app, op) = (app.clone(), current.clone());
-            tokio::spawn(async move { reconcile_op(&app, op).await })
+            let tracker = app.lifecycle.executions.clone();
+            tracker.spawn(async move { reconcile_op(&app, op).await })
         };
         let step = match tokio::time::timeout_at(deadline, task).await {
             Ok(Ok(r)) => r?,

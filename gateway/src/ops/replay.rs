@@ -269,7 +269,10 @@ fn wait(app: &AppState) -> Duration {
 /// even if this request gives up.
 async fn reconcile_detached(app: &AppState, op: Operation) -> Option<crate::ops::reconcile::Step> {
     let app2 = app.clone();
-    let task = tokio::spawn(async move { crate::ops::reconcile::reconcile_op(&app2, op).await });
+    let task = app
+        .lifecycle
+        .executions
+        .spawn(async move { crate::ops::reconcile::reconcile_op(&app2, op).await });
     match tokio::time::timeout(wait(app), task).await {
         Ok(Ok(Ok(step))) => Some(step),
         _ => None,

@@ -136,6 +136,16 @@ pub fn evaluate_chain(
     let mut add_headers = Vec::new();
     let mut approvals: Vec<(String, String, String)> = Vec::new();
     for p in policies {
+        let span = tracing::debug_span!(
+            "policy",
+            otel.name = format!("policy {}", p.name),
+            effectgate.tenant = tenant,
+            effectgate.policy = p.name.as_str(),
+            effectgate.policy_hash = p.compiled.hash_hex.as_str(),
+            effectgate.decision = tracing::field::Empty,
+            effectgate.duration_us = tracing::field::Empty,
+        );
+        let _entered = span.enter();
         let started = Instant::now();
         let label = format!("{tenant}/{}", p.name);
         let out = engine.guarded(tenant, Some(&request.principal), &p.name, || {
@@ -151,13 +161,19 @@ pub fn evaluate_chain(
                     })
                 })
         });
-        let duration_us = started.elapsed().as_micros() as i64;
-        let rec = |decision: &str, reason: Option<String>| DecisionRecord {
-            policy: p.name.clone(),
-            content_hash: p.compiled.hash_hex.clone(),
-            decision: decision.to_owned(),
-            reason,
-            duration_us,
+        let elapsed = started.elapsed();
+        crate::metrics::policy_time(&p.name, elapsed);
+        let duration_us = elapsed.as_micros() as i64;
+        span.record("effectgate.duration_us", duration_us);
+        let rec = |decision: &str, reason: Option<String>| {
+            span.record("effectgate.decision", decision);
+            DecisionRecord {
+                policy: p.name.clone(),
+                content_hash: p.compiled.hash_hex.clone(),
+                decision: decision.to_owned(),
+                reason,
+                duration_us,
+            }
         };
         match out {
             Ok(Decision::Allow(a)) => {
@@ -268,7 +284,10 @@ pub async fn evaluate_chain_async(
         }
     };
     let (p, r, t) = (policies.to_vec(), route.clone(), tenant.to_owned());
+    // The blocking thread continues the caller's span.
+    let parent = tracing::Span::current();
     let run = move || {
+        let _entered = parent.enter();
         let _permit = permit;
         evaluate_chain(&engine, &p, &r, &t, &request)
     };

@@ -9,6 +9,7 @@ use sha2::Sha256;
 
 use crate::state::AppState;
 use crate::workers::WorkerError;
+use tracing::Instrument;
 
 /// The outbox relay: delivers approval events to tenants' webhooks, at
 /// least once, signed. Runs until `shutdown`.
@@ -97,6 +98,20 @@ async fn deliver(
         return Ok(false);
     };
     crate::failpoint::hit("before-deliver");
+    let span = tracing::debug_span!(
+        "webhook delivery",
+        otel.name = "POST",
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = "POST",
+        http.response.status_code = tracing::field::Empty,
+        server.address = hook.url.host().unwrap_or(""),
+        url.path = hook.url.path(),
+        effectgate.tenant = ev.tenant_id.as_str(),
+        effectgate.event_id = ev.event_id.as_str(),
+        effectgate.event_type = ev.event_type.as_str(),
+        effectgate.attempt = ev.attempts + 1,
+    );
     let body = ev.payload.clone().into_bytes();
     let req = http::Request::post(hook.url.clone())
         .header(http::header::CONTENT_TYPE, "application/json")
@@ -105,7 +120,20 @@ async fn deliver(
         .header("effectgate-signature", signature(&hook.secret, &body))
         .body(crate::forward::OutboundBody::from(body))
         .map_err(|e| WorkerError::Request(e.to_string()))?;
-    let result = tokio::time::timeout(timeout, hook.client.request(req)).await;
+    let result = tokio::time::timeout(timeout, hook.client.request(req))
+        .instrument(span.clone())
+        .await;
+    match &result {
+        Ok(Ok(r)) => {
+            span.record("http.response.status_code", r.status().as_u16());
+            if !r.status().is_success() {
+                span.record("otel.status_code", "ERROR");
+            }
+        }
+        _ => {
+            span.record("otel.status_code", "ERROR");
+        }
+    }
     let now = app.ledger.clock().now_ms();
     match result {
         Ok(Ok(r)) if r.status().is_success() => {

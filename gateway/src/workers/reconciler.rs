@@ -51,6 +51,7 @@ pub async fn scan(
     app: &AppState,
     exec: Execution<'_>,
 ) -> Result<Vec<(String, String, Step)>, LedgerError> {
+    crate::metrics::drift_scan();
     let settings = app.settings();
     let cfg = &settings.reconcile;
     // Approvals past their expiry can never authorise anything: expire them.
@@ -96,7 +97,9 @@ pub async fn scan(
 /// executions it started (each bounded by its route's response timeout
 /// and retry budget, under its lease).
 pub async fn run(app: AppState, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    let executions = tokio_util::task::TaskTracker::new();
+    // Executions run in the gateway's tracker: shutdown awaits them within
+    // its drain deadline.
+    let executions = app.lifecycle.executions.clone();
     loop {
         if let Err(e) = scan(&app, Execution::Detach(&executions)).await {
             tracing::warn!(error = %e, "reconciler scan failed");
@@ -108,6 +111,4 @@ pub async fn run(app: AppState, mut shutdown: tokio::sync::watch::Receiver<bool>
             _ = shutdown.wait_for(|s| *s) => break,
         }
     }
-    executions.close();
-    executions.wait().await;
 }

@@ -336,8 +336,8 @@ async fn overview(State(app): State<AppState>, headers: HeaderMap) -> Response {
         let counts = app.ledger.tenant_counts().await?;
         let (unknown, dead, oldest) = counts
             .into_iter()
-            .find(|c| &c.0 == tenant)
-            .map(|c| (c.1, c.2, c.3))
+            .find(|c| &c.tenant == tenant)
+            .map(|c| (c.unknown, c.dead_letters, c.oldest_dead_letter_at))
             .unwrap_or((0, 0, None));
         let now = app.ledger.clock().now_ms();
         let dead_events = app.ledger.dead_events(tenant, 50).await?;

@@ -234,6 +234,8 @@ pub(crate) struct NoteRetry<'a> {
     pub detail: &'a str,
     /// The lease's new length from now, in ms.
     pub lease_ms: i64,
+    /// The caller's `x-request-id`, if the attempt was made for one.
+    pub request_id: Option<&'a str>,
 }
 
 impl Command for NoteRetry<'_> {

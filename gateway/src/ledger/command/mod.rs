@@ -341,8 +341,8 @@ async fn insert<D: Dialect>(
     let row = sql::<D>(
         "INSERT INTO operations (tenant_id, operation_id, route, method, path, query, fingerprint, provider_key, \
          effect_class, state, version, attempts, fence, request_content_type, request_body, principal, \
-         created_at, updated_at, expires_at, request_headers, retention_ms) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?) \
+         created_at, updated_at, expires_at, request_headers, retention_ms, trace_context) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
          ON CONFLICT (tenant_id, operation_id) DO NOTHING \
          RETURNING version, fence, attempts",
     )
@@ -364,6 +364,7 @@ async fn insert<D: Dialect>(
     .bind(now.saturating_add(new.retention_ms))
     .bind(serde_json::to_string(&new.request_headers).unwrap_or_else(|_| "[]".into()))
     .bind(new.retention_ms)
+    .bind(&new.trace_context)
     .fetch_optional(conn)
     .await?;
     row.as_ref().map(applied).transpose()

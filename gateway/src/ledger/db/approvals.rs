@@ -180,4 +180,10 @@ impl Ledger {
     pub async fn pending_events(&self) -> Result<i64, LedgerError> {
         dispatch!(self, pending_events())
     }
+
+    /// When the oldest outbox event not yet delivered (nor dead-lettered)
+    /// was written, in ms since epoch; `None` when the outbox is empty.
+    pub async fn oldest_pending_event_at(&self) -> Result<Option<i64>, LedgerError> {
+        dispatch!(self, oldest_pending_event_at())
+    }
 }

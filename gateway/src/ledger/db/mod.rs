@@ -19,7 +19,7 @@ use super::sqlite::SqliteDialect;
 use super::store::Store;
 use super::{
     Attempt, Claim, Clock, DecisionRecord, LedgerClock, LedgerError, NewOperation, Operation,
-    Outcome, Reservation, State, Transition,
+    Outcome, Reservation, State, TenantCounts, Transition,
 };
 use crate::config::{Backend, StorageSpec};
 
@@ -39,13 +39,33 @@ enum Db {
 
 /// Runs one store method on whichever backend; PostgreSQL calls are
 /// bounded by `storage.call_timeout_ms`.
+/// Runs one store method on the open backend. Inside a request or
+/// reconciliation span it runs in a child span `ledger <method>` (command
+/// and result as attributes); outside one (the workers' periodic scans) it
+/// runs without, so idle scans export nothing.
 macro_rules! dispatch {
-    ($self:ident, $m:ident($($a:expr),*)) => {
-        match &$self.db {
-            Db::Sqlite(s) => s.$m($($a),*).await,
-            Db::Postgres(p) => $self.bounded(p.$m($($a),*)).await,
+    ($self:ident, $m:ident($($a:expr),*)) => {{
+        let run = async {
+            match &$self.db {
+                Db::Sqlite(s) => s.$m($($a),*).await,
+                Db::Postgres(p) => $self.bounded(p.$m($($a),*)).await,
+            }
+        };
+        if tracing::Span::current().is_none() {
+            run.await
+        } else {
+            let span = tracing::debug_span!(
+                "ledger command",
+                otel.name = concat!("ledger ", stringify!($m)),
+                db.system.name = $self.backend_name(),
+                effectgate.ledger.command = stringify!($m),
+                effectgate.ledger.result = tracing::field::Empty,
+            );
+            let r = tracing::Instrument::instrument(run, span.clone()).await;
+            span.record("effectgate.ledger.result", if r.is_ok() { "ok" } else { "error" });
+            r
         }
-    };
+    }};
 }
 
 mod approvals;
@@ -283,9 +303,9 @@ impl Ledger {
         dispatch!(self, dead_letters(tenant, limit))
     }
 
-    /// Per-tenant counts: (tenant, UNKNOWN operations, dead letters, oldest
-    /// dead letter's last change in ms since epoch).
-    pub async fn tenant_counts(&self) -> Result<Vec<(String, i64, i64, Option<i64>)>, LedgerError> {
+    /// Per-tenant counts of UNKNOWN operations and dead letters (tenants
+    /// with neither are absent).
+    pub async fn tenant_counts(&self) -> Result<Vec<TenantCounts>, LedgerError> {
         dispatch!(self, tenant_counts())
     }
 
@@ -381,19 +401,21 @@ impl Ledger {
     }
 
     /// Logs a failed attempt that will be retried, under `fence`, and starts
-    /// the next one: bumps `attempts`, records the error, and extends the
+    /// the next one: bumps `attempts`, records the error (with the caller's
+    /// `request_id`, if it was made for one), and extends the
     /// lease to now + `lease_ms`. Returns `false` (counted) if the token is
     /// no longer current; the caller must then stop.
-    /// `(tenant, operation_id)` names the operation; inside the ledger the
+    /// `(tenant, operation_id)` names the operation, `(outcome, detail)` the
+    /// failed attempt (`status-503`, and its text); inside the ledger the
     /// arguments travel as a `NoteRetry` command.
     pub async fn note_retry(
         &self,
         (tenant, operation_id): (&str, &str),
         fence: i64,
         status: Option<u16>,
-        outcome: &str,
-        detail: &str,
+        (outcome, detail): (&str, &str),
         lease_ms: i64,
+        request_id: Option<&str>,
     ) -> Result<bool, LedgerError> {
         let cmd = NoteRetry {
             op: OpRef::new(tenant, operation_id),
@@ -401,6 +423,7 @@ impl Ledger {
             outcome,
             detail,
             lease_ms,
+            request_id,
         };
         dispatch!(self, note_retry(&cmd, status))
     }

@@ -153,6 +153,7 @@ impl<D: Dialect> Store<D> {
             request_content_type: op.request_content_type.clone(),
             request_body: Vec::new(),
             request_headers: Vec::new(),
+            trace_context: op.trace_context.clone(),
             principal: requested_by.to_owned(),
             retention_ms: 0,
             awaiting_approval: true,

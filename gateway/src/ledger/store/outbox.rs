@@ -205,6 +205,17 @@ impl<D: Dialect> Store<D> {
         Ok(n)
     }
 
+    /// See [`crate::ledger::Ledger::oldest_pending_event_at`].
+    pub(crate) async fn oldest_pending_event_at(&self) -> Result<Option<i64>, LedgerError> {
+        let mut conn = self.read.acquire().await?;
+        let row = sql::<D>(
+            "SELECT MIN(created_at) AS at FROM outbox WHERE delivered_at IS NULL AND dead_lettered_at IS NULL",
+        )
+        .fetch_one(&mut conn)
+        .await?;
+        Ok(row.get("at")?)
+    }
+
     /// See [`crate::ledger::Ledger::pending_events`].
     pub(crate) async fn pending_events(&self) -> Result<i64, LedgerError> {
         let mut conn = self.read.acquire().await?;

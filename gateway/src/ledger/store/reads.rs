@@ -2,7 +2,9 @@
 //! sweep.
 
 use super::super::dialect::{Conn, Dialect, LedgerRow, sql};
-use super::super::{Attempt, LedgerError, Operation, State, Transition, UnknownState};
+use super::super::{
+    Attempt, LedgerError, Operation, State, TenantCounts, Transition, UnknownState,
+};
 use super::{Store, TERMINAL};
 
 /// The columns [`op_from_row`] reads.
@@ -11,7 +13,7 @@ pub(super) const OP_COLUMNS: &str = "tenant_id, operation_id, route, method, pat
      request_body, principal, response_status, response_headers, response_body, response_body_bytes, \
      response_body_omitted, error_kind, error_detail, created_at, updated_at, expires_at, request_headers, \
      reconcile_attempts, next_reconcile_at, dead_letter, dead_letter_reason, operator_check, provider_reference, \
-     requeues, settle_until, retention_ms";
+     requeues, settle_until, retention_ms, trace_context";
 
 impl<D: Dialect> Store<D> {
     /// See [`crate::ledger::Ledger::ping`].
@@ -53,7 +55,7 @@ impl<D: Dialect> Store<D> {
     ) -> Result<Vec<Attempt>, LedgerError> {
         let mut conn = self.read.acquire().await?;
         let rows = sql::<D>(
-            "SELECT attempt, fence, status, outcome, detail, at FROM attempts \
+            "SELECT attempt, fence, status, outcome, detail, at, request_id FROM attempts \
              WHERE tenant_id = ? AND operation_id = ? ORDER BY attempt",
         )
         .bind(tenant)
@@ -68,6 +70,7 @@ impl<D: Dialect> Store<D> {
                     status: r.get("status")?,
                     outcome: r.get("outcome")?,
                     detail: r.get("detail")?,
+                    request_id: r.get("request_id")?,
                     at: r.get("at")?,
                 })
             })
@@ -271,24 +274,24 @@ impl<D: Dialect> Store<D> {
     }
 
     /// See [`crate::ledger::Ledger::tenant_counts`].
-    pub(crate) async fn tenant_counts(
-        &self,
-    ) -> Result<Vec<(String, i64, i64, Option<i64>)>, LedgerError> {
+    pub(crate) async fn tenant_counts(&self) -> Result<Vec<TenantCounts>, LedgerError> {
         let mut conn = self.read.acquire().await?;
         let rows = sql::<D>("SELECT tenant_id, COUNT(*) FILTER (WHERE state = ?1) AS unknown, COUNT(*) FILTER (WHERE dead_letter) AS dead, \
-             MIN(CASE WHEN dead_letter THEN updated_at END) AS oldest \
+             MIN(CASE WHEN dead_letter THEN updated_at END) AS oldest, \
+             MIN(CASE WHEN state = ?1 THEN updated_at END) AS oldest_unknown \
              FROM operations WHERE state = ?1 OR dead_letter GROUP BY tenant_id")
         .bind(State::Unknown)
         .fetch_all(&mut conn)
         .await?;
         rows.iter()
             .map(|r| {
-                Ok((
-                    r.get("tenant_id")?,
-                    r.get("unknown")?,
-                    r.get("dead")?,
-                    r.get("oldest")?,
-                ))
+                Ok(TenantCounts {
+                    tenant: r.get("tenant_id")?,
+                    unknown: r.get("unknown")?,
+                    dead_letters: r.get("dead")?,
+                    oldest_dead_letter_at: r.get("oldest")?,
+                    oldest_unknown_at: r.get("oldest_unknown")?,
+                })
             })
             .collect::<Result<_, sqlx::Error>>()
             .map_err(Into::into)
@@ -390,6 +393,7 @@ pub(super) fn op_from_row<R: LedgerRow>(r: &R) -> Result<Operation, sqlx::Error>
             .saturating_add(r.get::<i64>("retention_ms")?),
         request_headers: serde_json::from_str(&r.get::<String>("request_headers")?)
             .unwrap_or_default(),
+        trace_context: r.get("trace_context")?,
         reconcile_attempts: r.get("reconcile_attempts")?,
         next_reconcile_at: r.get("next_reconcile_at")?,
         dead_letter: r.get("dead_letter")?,

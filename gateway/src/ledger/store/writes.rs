@@ -107,6 +107,7 @@ impl<D: Dialect> Store<D> {
                 outcome: attempt_outcome,
                 detail: outcome.error_detail.as_deref(),
                 at: now,
+                request_id: outcome.request_id.as_deref(),
             };
             insert_attempt::<D>(&mut tx, &attempt).await?;
         }
@@ -134,6 +135,7 @@ impl<D: Dialect> Store<D> {
             outcome: cmd.outcome,
             detail: Some(cmd.detail),
             at: now,
+            request_id: cmd.request_id,
         };
         insert_attempt::<D>(&mut tx, &attempt).await?;
         tx.commit().await?;
@@ -208,6 +210,8 @@ struct AttemptRow<'a> {
     outcome: &'a str,
     /// Detail.
     detail: Option<&'a str>,
+    /// The caller's `x-request-id`, if the attempt was made for one.
+    request_id: Option<&'a str>,
     /// When (ms since epoch).
     at: i64,
 }
@@ -217,8 +221,8 @@ async fn insert_attempt<D: Dialect>(
     a: &AttemptRow<'_>,
 ) -> Result<(), sqlx::Error> {
     sql::<D>(
-        "INSERT INTO attempts (tenant_id, operation_id, attempt, fence, status, outcome, detail, at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+        "INSERT INTO attempts (tenant_id, operation_id, attempt, fence, status, outcome, detail, at, request_id) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
     )
     .bind(a.op.tenant)
     .bind(a.op.operation_id)
@@ -228,6 +232,7 @@ async fn insert_attempt<D: Dialect>(
     .bind(clean(a.outcome))
     .bind(a.detail.map(clean))
     .bind(a.at)
+    .bind(a.request_id)
     .execute(conn)
     .await?;
     Ok(())

@@ -26,6 +26,7 @@ use http::{HeaderMap, HeaderValue, StatusCode, header};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::sync::oneshot;
+use tracing::Instrument;
 
 use crate::config::{RetryMode, Route};
 use crate::forward::{
@@ -87,7 +88,16 @@ pub async fn execute_for_caller(
 ) -> Answer {
     let (tx, rx) = oneshot::channel();
     let operation_id = op.operation_id.clone();
-    tokio::spawn(run(app.clone(), route.clone(), op, claim, Some(tx)));
+    // The execution goes on in the caller's request span and with its
+    // request id, even after the caller stops waiting.
+    let request_id = crate::telemetry::request_id_handle();
+    app.lifecycle.executions.spawn(
+        crate::telemetry::with_request_id(
+            request_id,
+            run(app.clone(), route.clone(), op, claim, Some(tx)),
+        )
+        .in_current_span(),
+    );
     match tokio::time::timeout(Duration::from_millis(route.retry.max_wait_ms), rx).await {
         Ok(Ok(resp)) => resp,
         Ok(Err(_)) => Err(OpError::Internal(
@@ -110,7 +120,10 @@ pub async fn run_detached(
     claim: Claim,
     wait: Duration,
 ) -> Option<OpState> {
-    let task = tokio::spawn(run(app.clone(), route.clone(), op, claim, None));
+    let task = app
+        .lifecycle
+        .executions
+        .spawn(run(app.clone(), route.clone(), op, claim, None).in_current_span());
     tokio::time::timeout(wait, task)
         .await
         .ok()
@@ -270,10 +283,13 @@ async fn run_inner(
         {
             own_mcp_session(route, op, &mut headers).await;
         }
+        let span = attempt_span(route, op, claim, &method, &uri, attempt_no);
+        let mut sent_headers = headers.clone();
+        crate::telemetry::inject_attempt(&span, op.trace_context.as_deref(), &mut sent_headers);
         let req = build_request(
             method.clone(),
             uri.clone(),
-            headers.clone(),
+            sent_headers,
             crate::forward::OutboundBody::from(body.clone()),
         );
         crate::failpoint::hit("before-send");
@@ -289,7 +305,12 @@ async fn run_inner(
         {
             return Ok((None, Err(fenced_off(&op.operation_id))));
         }
-        let result = attempt(app, &route.client, req, route, op, claim.fence, lease_ms).await;
+        let result = attempt(app, &route.client, req, route, op, claim.fence, lease_ms)
+            .instrument(span.clone())
+            .await;
+        if let Attempt::Response { head, .. } = &result {
+            span.record("http.response.status_code", head.status.as_u16());
+        }
 
         // The tenant's classifier policies may override the gateway's rules
         // for a failed response.
@@ -305,6 +326,8 @@ async fn run_inner(
             && attempt_no < budget
             && let Some(delay) = backoff_ms(route, retry_no, t.retry_after)
         {
+            span.record("effectgate.outcome", "transient");
+            span.record("otel.status_code", "ERROR");
             if !note_retry(app, route, op, claim, t, lease_ms + delay as i64).await? {
                 return Ok((None, Err(fenced_off(&op.operation_id))));
             }
@@ -323,9 +346,53 @@ async fn run_inner(
             continue;
         }
         let now = ledger.clock().now_ms();
-        let (outcome, answer) = classify(result, transient.is_some(), policy_class, route, op, now);
+        let (mut outcome, answer) =
+            classify(result, transient.is_some(), policy_class, route, op, now);
+        span.record("effectgate.outcome", outcome.state.as_str());
+        if outcome.state != OpState::Completed {
+            span.record("otel.status_code", "ERROR");
+        }
+        outcome.request_id = crate::telemetry::request_id();
         return record(app, route, op, claim, outcome, attempt_no, answer).await;
     }
+}
+
+/// The span of one provider attempt (kind client; OpenTelemetry HTTP client
+/// conventions): method, server address and port, path (never the query,
+/// which may carry credentials), resend count, and the attempt number,
+/// provider key and fencing token as `effectgate.*` attributes; the status
+/// and outcome class (`transient`, `COMPLETED`, `FAILED`, `UNKNOWN`) are
+/// recorded when it ends.
+fn attempt_span(
+    route: &Route,
+    op: &Operation,
+    claim: &Claim,
+    method: &http::Method,
+    uri: &http::Uri,
+    attempt_no: i64,
+) -> tracing::Span {
+    tracing::debug_span!(
+        "provider attempt",
+        otel.name = method.as_str(),
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = method.as_str(),
+        http.request.resend_count = attempt_no - 1,
+        http.response.status_code = tracing::field::Empty,
+        server.address = uri.host().unwrap_or(""),
+        server.port = uri.port_u16().unwrap_or(match uri.scheme_str() {
+            Some("https") => 443,
+            _ => 80,
+        }),
+        url.path = uri.path(),
+        effectgate.tenant = op.tenant_id.as_str(),
+        effectgate.route = route.name.as_str(),
+        effectgate.operation_id = op.operation_id.as_str(),
+        effectgate.attempt = attempt_no,
+        effectgate.fence = claim.fence,
+        effectgate.provider_key = op.provider_key.as_str(),
+        effectgate.outcome = tracing::field::Empty,
+    )
 }
 
 /// Records a transient failure and the lease for the wait before the next
@@ -344,9 +411,9 @@ async fn note_retry(
             (&op.tenant_id, &op.operation_id),
             claim.fence,
             t.status,
-            &t.kind,
-            &t.detail,
+            (&t.kind, &t.detail),
             lease_ms,
+            crate::telemetry::request_id().as_deref(),
         )
         .await
         .map_err(|e| unrecorded(&op.operation_id, &e))?;
@@ -384,6 +451,9 @@ async fn record(
         return Ok((None, Err(fenced_off(&op.operation_id))));
     }
     crate::failpoint::hit("after-record");
+    let span = tracing::Span::current();
+    span.record("effectgate.state", outcome.state.as_str());
+    span.record("effectgate.fence", claim.fence);
     crate::metrics::recorded(&op.tenant_id, &route.name, outcome.state.as_str());
     tracing::info!(
         tenant = %op.tenant_id, operation_id = %op.operation_id, route = %route.name,

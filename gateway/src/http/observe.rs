@@ -1,0 +1,169 @@
+//! The observability layers of both listeners, in one place (tower-http):
+//!
+//! 1. `SetSensitiveRequestHeaders`: `Authorization`, cookies and the other
+//!    credential headers ([`crate::forward::CREDENTIAL_HEADERS`]) are
+//!    marked sensitive, so no layer below logs their values;
+//! 2. an `x-request-id` the caller sent is kept when it is 1–128 visible
+//!    ASCII characters, and replaced otherwise;
+//! 3. `SetRequestId` generates one (a UUID v4) when there is none, and
+//!    `PropagateRequestId` returns it on every answer, problem bodies
+//!    included;
+//! 4. `TraceLayer`: one span per request (`HTTP request` in the logs, named
+//!    `{method} {route}` in traces, kind server), the caller's W3C
+//!    `traceparent` as its parent; the answer's status is recorded on it;
+//! 5. the request id is made available to the use cases (the attempts
+//!    they log carry it).
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::Request;
+use axum::middleware::Next;
+use axum::response::Response;
+use http::{HeaderName, HeaderValue};
+use tower::ServiceBuilder;
+use tower_http::request_id::{
+    MakeRequestUuid, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
+};
+use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
+use tower_http::trace::TraceLayer;
+
+/// Longest `x-request-id` kept from a caller, in bytes.
+pub const MAX_REQUEST_ID_BYTES: usize = 128;
+
+static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Wraps `router` (the `listener` named `proxy` or `admin`) in the layers
+/// of the module docs.
+pub fn observe(router: Router, listener: &'static str) -> Router {
+    let sensitive: Vec<HeaderName> = crate::forward::CREDENTIAL_HEADERS
+        .iter()
+        .map(|n| HeaderName::from_static(n))
+        .collect();
+    router.layer(
+        ServiceBuilder::new()
+            .layer(SetSensitiveRequestHeadersLayer::new(sensitive))
+            .layer(axum::middleware::map_request(drop_invalid_request_id))
+            .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+            .layer(PropagateRequestIdLayer::x_request_id())
+            .layer(
+                TraceLayer::new_for_http()
+                    .make_span_with(move |req: &Request| request_span(req, listener))
+                    .on_request(())
+                    .on_response(record_response)
+                    .on_body_chunk(())
+                    .on_eos(())
+                    .on_failure(()),
+            )
+            .layer(axum::middleware::from_fn(scope_request_id)),
+    )
+}
+
+/// Whether `v` is an acceptable caller request id: 1–128 bytes of visible
+/// ASCII (no spaces, no control characters).
+pub fn valid_request_id(v: &HeaderValue) -> bool {
+    let b = v.as_bytes();
+    !b.is_empty() && b.len() <= MAX_REQUEST_ID_BYTES && b.iter().all(|c| (0x21..=0x7e).contains(c))
+}
+
+async fn drop_invalid_request_id(mut req: Request) -> Request {
+    let bad = {
+        let all: Vec<&HeaderValue> = req.headers().get_all(&X_REQUEST_ID).iter().collect();
+        all.len() > 1 || all.first().is_some_and(|v| !valid_request_id(v))
+    };
+    if bad {
+        req.headers_mut().remove(&X_REQUEST_ID);
+    }
+    req
+}
+
+fn request_span(req: &Request, listener: &'static str) -> tracing::Span {
+    let request_id = req
+        .extensions()
+        .get::<RequestId>()
+        .and_then(|r| r.header_value().to_str().ok())
+        .unwrap_or("");
+    let method = req.method().as_str();
+    let span = tracing::info_span!(
+        "HTTP request",
+        otel.name = method,
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = method,
+        http.route = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+        url.path = req.uri().path(),
+        url.scheme = crate::forward::ListenerScheme::of(req.extensions()),
+        network.protocol.version = ?req.version(),
+        effectgate.listener = listener,
+        request_id,
+        trace_id = tracing::field::Empty,
+        effectgate.tenant = tracing::field::Empty,
+        effectgate.route = tracing::field::Empty,
+        effectgate.operation_id = tracing::field::Empty,
+        effectgate.state = tracing::field::Empty,
+        effectgate.fence = tracing::field::Empty,
+    );
+    crate::telemetry::set_parent(&span, crate::telemetry::extract(req.headers()));
+    if let Some(t) = crate::telemetry::trace_id_of(&span, req.headers()) {
+        span.record("trace_id", t.as_str());
+    }
+    span
+}
+
+fn record_response<B>(res: &http::Response<B>, _latency: Duration, span: &tracing::Span) {
+    let status = res.status().as_u16();
+    span.record("http.response.status_code", status);
+    // A server span is an error for 5xx only (OpenTelemetry HTTP semantic
+    // conventions, "Status").
+    if status >= 500 {
+        span.record("otel.status_code", "ERROR");
+    }
+}
+
+async fn scope_request_id(req: Request, next: Next) -> Response {
+    let id = req
+        .extensions()
+        .get::<RequestId>()
+        .and_then(|r| r.header_value().to_str().ok())
+        .map(std::sync::Arc::<str>::from);
+    crate::telemetry::with_request_id(id, next.run(req)).await
+}
+
+/// Records the matched route on the current request span: `http.route` (the
+/// route's prefix), `effectgate.route`, and the span name `{method} {prefix}`.
+pub fn record_route(method: &http::Method, name: &str, prefix: &str) {
+    let span = tracing::Span::current();
+    span.record("http.route", prefix);
+    span.record("effectgate.route", name);
+    crate::telemetry::rename(&span, format!("{method} {prefix}"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_from_callers() {
+        for ok in [
+            "a",
+            "req-123",
+            &"x".repeat(128),
+            "0f2b6c1e-7d1a-4b7e-9f3a-1c2d3e4f5a6b",
+        ] {
+            assert!(
+                valid_request_id(&HeaderValue::from_str(ok).unwrap()),
+                "{ok}"
+            );
+        }
+        for bad in ["", "has space", &"x".repeat(129)] {
+            assert!(
+                !valid_request_id(&HeaderValue::from_str(bad).unwrap()),
+                "{bad:?}"
+            );
+        }
+        assert!(!valid_request_id(
+            &HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap()
+        ));
+    }
+}

@@ -1,0 +1,498 @@
+//! Logs and traces: the `tracing` subscriber (human text or one JSON object
+//! a line), OpenTelemetry trace export over OTLP/HTTP (protobuf), and W3C
+//! Trace Context (`traceparent`, `tracestate`) in and out.
+//!
+//! Export is on when an endpoint is set, in `[telemetry] endpoint` or in
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` (the variable wins); without one no
+//! OpenTelemetry layer is installed, and the spans exist only for the logs.
+//! Spans of the gateway's own steps (policy calls, ledger commands,
+//! provider attempts, read-backs, webhook deliveries) are at DEBUG level:
+//! the export layer takes them; the log layer does only when `RUST_LOG`
+//! asks for debug.
+//!
+//! Span and attribute names follow the OpenTelemetry HTTP semantic
+//! conventions (`http.request.method`, `http.response.status_code`,
+//! `url.path`, `server.address`, …) with `effectgate.*` attributes for the
+//! tenant, route, operation id, state and fencing token. Bodies and
+//! credentials never go into spans.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue};
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::{SpanContext, TraceContextExt, TraceFlags, TraceState, TracerProvider};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// W3C Trace Context header names (<https://www.w3.org/TR/trace-context/>).
+pub const TRACEPARENT: &str = "traceparent";
+/// See [`TRACEPARENT`].
+pub const TRACESTATE: &str = "tracestate";
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Human-readable text (the default).
+    #[default]
+    Text,
+    /// One JSON object a line (tracing-subscriber's `json` format), with the
+    /// fields of the enclosing spans (request id, trace id, operation id).
+    Json,
+}
+
+impl FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "text" => Ok(Self::Text),
+            "json" => Ok(Self::Json),
+            other => Err(format!(
+                "log format {other:?}: expected \"text\" or \"json\""
+            )),
+        }
+    }
+}
+
+/// Trace export settings, resolved from `[telemetry]` and the standard
+/// `OTEL_*` variables when the config loads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TelemetrySettings {
+    /// OTLP/HTTP traces URL (`…/v1/traces`), or `None`: export off.
+    pub traces_endpoint: Option<String>,
+    /// `service.name` of the exported resource. Default `effectgate`.
+    pub service_name: String,
+    /// Share of new traces sampled, 0.0–1.0 (a caller's sampled flag is
+    /// followed: parent-based). Default 1.0.
+    pub sampling_ratio: f64,
+    /// Extra headers on every export request (e.g. a collector's API key).
+    pub headers: Vec<(String, String)>,
+    /// Timeout of one export request, ms. Default 10000.
+    pub export_timeout_ms: u64,
+}
+
+impl Default for TelemetrySettings {
+    fn default() -> Self {
+        Self {
+            traces_endpoint: None,
+            service_name: "effectgate".into(),
+            sampling_ratio: 1.0,
+            headers: Vec::new(),
+            export_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// Appends the OTLP/HTTP traces path to a base endpoint
+/// (`http://collector:4318` → `http://collector:4318/v1/traces`), as the
+/// OTLP exporter specification does for `OTEL_EXPORTER_OTLP_ENDPOINT`.
+pub fn traces_url(base: &str) -> String {
+    let base = base.trim();
+    if base.ends_with("/v1/traces") {
+        return base.to_owned();
+    }
+    format!("{}/v1/traces", base.trim_end_matches('/'))
+}
+
+/// What [`init`] installed; [`Telemetry::shutdown`] flushes the spans
+/// still queued for export.
+#[derive(Debug, Default)]
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Whether spans are exported.
+    pub fn exporting(&self) -> bool {
+        self.provider.is_some()
+    }
+
+    /// Exports every span ended so far (blocks until the export requests
+    /// are answered or time out; call it off the async workers).
+    pub fn flush(&self) {
+        if let Some(p) = &self.provider
+            && let Err(e) = p.force_flush()
+        {
+            eprintln!("telemetry: flushing spans failed: {e}");
+        }
+    }
+
+    /// Exports what is queued and stops the exporter (bounded by the
+    /// export timeout). Call it before the runtime stops.
+    pub fn shutdown(self) {
+        if let Some(p) = self.provider
+            && let Err(e) = p.shutdown()
+        {
+            eprintln!("telemetry: flushing spans failed: {e}");
+        }
+    }
+}
+
+/// Installs the process-wide subscriber: the log layer (filtered by
+/// `RUST_LOG`, default `effectgate=info,warn`) in `format`, and, when
+/// `settings` names an endpoint, the OpenTelemetry layer exporting over
+/// OTLP/HTTP from a background thread. Must run inside the Tokio runtime
+/// (export requests are sent on it).
+///
+/// Errors: the exporter can't be built (a bad endpoint URL or header).
+/// Installing a second subscriber in one process is not an error: the
+/// first one stays (tests start several gateways in one process).
+pub fn init(format: LogFormat, settings: &TelemetrySettings) -> anyhow::Result<Telemetry> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "effectgate=info,warn".into());
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let fmt = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(ansi)
+            .with_filter(filter)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_writer(std::io::stderr)
+            .with_filter(filter)
+            .boxed(),
+    };
+    let (otel, provider) = match &settings.traces_endpoint {
+        None => (None, None),
+        Some(endpoint) => {
+            let provider = tracer_provider(endpoint, settings)?;
+            let tracer = provider.tracer("effectgate");
+            let layer = tracing_opentelemetry::layer()
+                .with_tracer(tracer)
+                .with_location(false)
+                .with_threads(false)
+                .with_filter(
+                    tracing_subscriber::filter::Targets::new()
+                        .with_target("effectgate", tracing::Level::DEBUG),
+                );
+            (Some(layer), Some(provider))
+        }
+    };
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(otel)
+        .try_init();
+    Ok(Telemetry { provider })
+}
+
+fn tracer_provider(
+    endpoint: &str,
+    settings: &TelemetrySettings,
+) -> anyhow::Result<SdkTracerProvider> {
+    use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+    let client = ExportClient::new(Duration::from_millis(settings.export_timeout_ms))?;
+    let headers: HashMap<String, String> = settings.headers.iter().cloned().collect();
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .with_endpoint(endpoint)
+        .with_timeout(Duration::from_millis(settings.export_timeout_ms))
+        .with_headers(headers)
+        .with_http_client(client)
+        .build()
+        .map_err(|e| anyhow::anyhow!("telemetry.endpoint: {e}"))?;
+    let resource = opentelemetry_sdk::Resource::builder()
+        .with_service_name(settings.service_name.clone())
+        .build();
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+            settings.sampling_ratio,
+        ))))
+        .with_resource(resource)
+        .build())
+}
+
+/// The exporter's HTTP client: the gateway's own rustls client (system
+/// roots, `HTTPS_PROXY`/`NO_PROXY` honoured), driven on the Tokio runtime
+/// the gateway runs on (the batch exporter calls it from its own thread).
+#[derive(Debug)]
+struct ExportClient {
+    client: crate::egress::HttpClient,
+    runtime: tokio::runtime::Handle,
+    timeout: Duration,
+}
+
+impl ExportClient {
+    fn new(timeout: Duration) -> anyhow::Result<Self> {
+        let files = crate::tls::ClientTlsFiles::default();
+        let tls = crate::tls::client_config(&files, true)
+            .map_err(|e| anyhow::anyhow!("telemetry: TLS: {}", e.message))?;
+        let client = crate::egress::build_client(crate::egress::ClientOptions {
+            connect_timeout_ms: timeout.as_millis().try_into().unwrap_or(u64::MAX),
+            tls,
+            server_name: None,
+            proxy: crate::egress::Proxy::Environment,
+        });
+        Ok(Self {
+            client,
+            runtime: tokio::runtime::Handle::try_current()
+                .map_err(|e| anyhow::anyhow!("telemetry: {e}"))?,
+            timeout,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl opentelemetry_http::HttpClient for ExportClient {
+    async fn send_bytes(
+        &self,
+        request: http::Request<bytes::Bytes>,
+    ) -> Result<http::Response<bytes::Bytes>, opentelemetry_http::HttpError> {
+        use http_body_util::BodyExt;
+        let (parts, body) = request.into_parts();
+        let request = http::Request::from_parts(parts, crate::egress::OutboundBody::from(body));
+        let (client, timeout) = (self.client.clone(), self.timeout);
+        // The export must not be traced itself (a span per export would
+        // feed the next export).
+        let task = self.runtime.spawn(
+            async move {
+                tokio::time::timeout(timeout, async move {
+                    let response = client.request(request).await?;
+                    let (parts, body) = response.into_parts();
+                    let body = body.collect().await?.to_bytes();
+                    Ok::<_, opentelemetry_http::HttpError>(http::Response::from_parts(parts, body))
+                })
+                .await
+                .map_err(|_| -> opentelemetry_http::HttpError { "export timed out".into() })?
+            }
+            .with_subscriber(tracing::subscriber::NoSubscriber::default()),
+        );
+        task.await
+            .map_err(|e| -> opentelemetry_http::HttpError { e.to_string().into() })?
+    }
+}
+
+use tracing::instrument::WithSubscriber;
+
+/// The W3C Trace Context a request arrived with, as an OpenTelemetry
+/// context (empty when the headers carry none or an invalid one).
+pub fn extract(headers: &HeaderMap) -> opentelemetry::Context {
+    TraceContextPropagator::new().extract(&opentelemetry_http::HeaderExtractor(headers))
+}
+
+/// Makes `cx` the parent of `span` (no-op without export: the span then has
+/// no OpenTelemetry data).
+pub fn set_parent(span: &tracing::Span, cx: opentelemetry::Context) {
+    let _ = span.set_parent(cx);
+}
+
+/// The `traceparent` of `span`, if it has an OpenTelemetry context (export on).
+pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
+    let cx = span.context();
+    let sc = cx.span().span_context().clone();
+    sc.is_valid().then(|| format_traceparent(&sc))
+}
+
+/// The trace id (32 lowercase hex digits) of `span`, or of the caller's
+/// `traceparent` when export is off.
+pub fn trace_id_of(span: &tracing::Span, headers: &HeaderMap) -> Option<String> {
+    let cx = span.context();
+    let sc = cx.span().span_context().clone();
+    if sc.is_valid() {
+        return Some(sc.trace_id().to_string());
+    }
+    headers
+        .get(TRACEPARENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_traceparent)
+        .map(|sc| sc.trace_id().to_string())
+}
+
+/// `00-<trace id>-<span id>-<flags>` (W3C Trace Context §3.2).
+pub fn format_traceparent(sc: &SpanContext) -> String {
+    format!(
+        "00-{}-{}-{:02x}",
+        sc.trace_id(),
+        sc.span_id(),
+        sc.trace_flags().to_u8()
+    )
+}
+
+/// Parses a `traceparent` value (version 00; W3C Trace Context §3.2); an
+/// invalid one is `None`.
+pub fn parse_traceparent(value: &str) -> Option<SpanContext> {
+    let mut headers = HeaderMap::new();
+    headers.insert(TRACEPARENT, HeaderValue::from_str(value).ok()?);
+    let cx = TraceContextPropagator::new().extract(&opentelemetry_http::HeaderExtractor(&headers));
+    let sc = cx.span().span_context().clone();
+    sc.is_valid().then_some(sc)
+}
+
+/// Sets `traceparent` (and `tracestate`) on an outbound request for the
+/// current attempt:
+/// - with export on, the attempt's own span (`span`), a fresh span id each
+///   attempt;
+/// - with export off, the trace the operation was created in (`stored`, a
+///   `traceparent`), with a fresh random span id, so the provider can still
+///   correlate attempts with the caller's trace;
+/// - otherwise nothing (any `traceparent` in `headers` is removed).
+pub fn inject_attempt(span: &tracing::Span, stored: Option<&str>, headers: &mut HeaderMap) {
+    headers.remove(TRACEPARENT);
+    headers.remove(TRACESTATE);
+    let cx = span.context();
+    let sc = cx.span().span_context().clone();
+    let sc = if sc.is_valid() {
+        sc
+    } else if let Some(parent) = stored.and_then(parse_traceparent) {
+        SpanContext::new(
+            parent.trace_id(),
+            opentelemetry::trace::SpanId::from_bytes(rand::random::<[u8; 8]>()),
+            parent.trace_flags() & TraceFlags::SAMPLED,
+            false,
+            TraceState::default(),
+        )
+    } else {
+        return;
+    };
+    if let Ok(v) = HeaderValue::from_str(&format_traceparent(&sc)) {
+        headers.insert(TRACEPARENT, v);
+    }
+    let state = sc.trace_state().header();
+    if !state.is_empty()
+        && let Ok(v) = HeaderValue::from_str(&state)
+    {
+        headers.insert(TRACESTATE, v);
+    }
+}
+
+/// Links `span` to the trace an operation was created in (`stored`, a
+/// `traceparent`): reconciliation runs in a trace of its own that points
+/// back to the original request.
+pub fn link_to(span: &tracing::Span, stored: Option<&str>) {
+    if let Some(sc) = stored.and_then(parse_traceparent) {
+        span.add_link(sc);
+    }
+}
+
+/// Renames `span` for the exporter (the span is already started, so
+/// recording `otel.name` would not reach it).
+pub fn rename(span: &tracing::Span, name: String) {
+    span.context().span().update_name(name);
+}
+
+/// Records an attribute on `span` for the exporter (no-op without export).
+pub fn set_attribute(span: &tracing::Span, key: &'static str, value: impl Into<AttrValue>) {
+    let v: opentelemetry::Value = match value.into() {
+        AttrValue::I(i) => i.into(),
+        AttrValue::S(s) => s.into(),
+    };
+    span.set_attribute(key, v);
+}
+
+/// A span attribute value for [`set_attribute`].
+#[derive(Debug)]
+pub enum AttrValue {
+    /// An integer.
+    I(i64),
+    /// A string.
+    S(String),
+}
+
+impl From<i64> for AttrValue {
+    fn from(v: i64) -> Self {
+        Self::I(v)
+    }
+}
+impl From<String> for AttrValue {
+    fn from(v: String) -> Self {
+        Self::S(v)
+    }
+}
+impl From<&str> for AttrValue {
+    fn from(v: &str) -> Self {
+        Self::S(v.to_owned())
+    }
+}
+
+tokio::task_local! {
+    static REQUEST_ID: Option<std::sync::Arc<str>>;
+}
+
+/// Runs `f` with `id` as the current request id ([`request_id`]); the HTTP
+/// layer sets it for each request, and an execution spawned for a waiting
+/// caller carries it on ([`request_id_handle`]).
+pub async fn with_request_id<F: std::future::Future>(
+    id: Option<std::sync::Arc<str>>,
+    f: F,
+) -> F::Output {
+    REQUEST_ID.scope(id, f).await
+}
+
+/// The `x-request-id` of the request being served, if any.
+pub fn request_id() -> Option<String> {
+    request_id_handle().map(|s| s.to_string())
+}
+
+/// [`request_id`] as a cheap handle to pass to a spawned task.
+pub fn request_id_handle() -> Option<std::sync::Arc<str>> {
+    REQUEST_ID.try_with(Clone::clone).ok().flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traces_url_appends_the_signal_path_once() {
+        assert_eq!(traces_url("http://c:4318"), "http://c:4318/v1/traces");
+        assert_eq!(traces_url("http://c:4318/"), "http://c:4318/v1/traces");
+        assert_eq!(
+            traces_url("http://c:4318/v1/traces"),
+            "http://c:4318/v1/traces"
+        );
+    }
+
+    #[test]
+    fn traceparent_round_trip_and_invalid_values() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let sc = parse_traceparent(tp).unwrap();
+        assert_eq!(format_traceparent(&sc), tp);
+        for bad in [
+            "",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "zz-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+        ] {
+            assert!(parse_traceparent(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_attempt_without_export_continues_the_stored_trace_with_a_fresh_span() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut h = HeaderMap::new();
+        h.insert(
+            TRACEPARENT,
+            HeaderValue::from_static("00-11111111111111111111111111111111-2222222222222222-01"),
+        );
+        inject_attempt(&tracing::Span::none(), Some(tp), &mut h);
+        let sent = h.get(TRACEPARENT).unwrap().to_str().unwrap().to_owned();
+        assert!(
+            sent.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"),
+            "{sent}"
+        );
+        assert!(!sent.contains("00f067aa0ba902b7"), "{sent}");
+        let mut h2 = HeaderMap::new();
+        inject_attempt(&tracing::Span::none(), Some(tp), &mut h2);
+        assert_ne!(
+            h2.get(TRACEPARENT),
+            h.get(TRACEPARENT),
+            "a fresh span id per attempt"
+        );
+        let mut none = HeaderMap::new();
+        none.insert(TRACEPARENT, HeaderValue::from_static(tp));
+        inject_attempt(&tracing::Span::none(), None, &mut none);
+        assert!(none.get(TRACEPARENT).is_none());
+    }
+}

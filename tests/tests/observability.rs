@@ -1,0 +1,147 @@
+//! Metrics that exist from start-up, and the shipped operator assets
+//! (`examples/observability`) checked against what the gateway exports.
+//! (No test here sends calls before the zero check: the recorder is
+//! process-wide.)
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use effectgate_tests::*;
+
+const BODY: &str = r#"{"amount":100,"currency":"eur"}"#;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A gateway whose config defines every kind of label: a bound policy, a
+/// tenant with a stored-bytes quota, an MCP route.
+async fn full_app() -> TestApp {
+    spawn_with(Opts {
+        tenant_a: format!(
+            "max_stored_bytes = 1000000\n[[tenants.policies]]\nroute = \"payments\"\nmodule = \"{}\"\nconfig = {{ threshold = 100000 }}\n",
+            policy_wasm("amount_threshold").display()
+        ),
+        more: "[[routes]]\nname = \"tools\"\nprefix = \"/tools/\"\nupstream = \"http://127.0.0.1:9\"\nmode = \"mcp\"\neffect_class = \"notification\"\n".into(),
+        ..Default::default()
+    })
+    .await
+}
+
+/// The metric families the README's metrics table lists.
+fn readme_families() -> BTreeSet<String> {
+    let text = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let section = text
+        .split("\n## Metrics\n")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("a Metrics section");
+    let mut out = BTreeSet::new();
+    for line in section.lines().filter(|l| l.starts_with("| `effectgate_")) {
+        let name = line.split('`').nth(1).unwrap();
+        out.insert(name.to_owned());
+    }
+    assert!(out.len() >= 25, "the README's metric table: {out:?}");
+    out
+}
+
+/// Family names in a Prometheus text exposition (histogram series folded
+/// into their family).
+fn exported_families(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| l.split(['{', ' ']).next().unwrap())
+        .map(family)
+        .collect()
+}
+
+fn family(series: &str) -> String {
+    for suffix in ["_bucket", "_count", "_sum"] {
+        if let Some(f) = series.strip_suffix(suffix)
+            && f.ends_with("_seconds")
+        {
+            return f.to_owned();
+        }
+    }
+    series.to_owned()
+}
+
+#[tokio::test]
+async fn a_fresh_gateway_exports_every_readme_family_at_zero() {
+    let app = full_app().await;
+    let text = app.metrics().await;
+    let exported = exported_families(&text);
+    let missing: Vec<_> = readme_families()
+        .into_iter()
+        .filter(|f| !exported.contains(f))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "missing on a fresh gateway: {missing:?}\n{text}"
+    );
+    for series in [
+        "effectgate_stale_fence_rejections_total 0",
+        "effectgate_reconciliation_drift_total 0",
+        "effectgate_ledger_up 1",
+        "effectgate_outbox_lag_seconds 0",
+        "effectgate_unknown_operations{tenant=\"a\"} 0",
+        "effectgate_unknown_oldest_age_seconds{tenant=\"b\"} 0",
+        "effectgate_dead_letters{tenant=\"b\"} 0",
+        "effectgate_upstream_latency_seconds_count{route=\"payments\"} 0",
+    ] {
+        assert!(text.contains(series), "{series} in\n{text}");
+    }
+    for (route, outcome) in [("payments", "replayed"), ("payments", "forwarded")] {
+        let line =
+            format!("effectgate_requests_total{{route=\"{route}\",outcome=\"{outcome}\"}} 0");
+        let alt = format!("effectgate_requests_total{{outcome=\"{outcome}\",route=\"{route}\"}} 0");
+        assert!(
+            text.contains(&line) || text.contains(&alt),
+            "{line} in\n{text}"
+        );
+    }
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("effectgate_reconciliations_total{")
+                && l.contains("outcome=\"found\"")
+                && l.ends_with(" 0")),
+        "{text}"
+    );
+    // The counters move from 0 with traffic.
+    assert_eq!(app.charge("m1", BODY).await.status(), 200);
+    assert_eq!(app.charge("m1", BODY).await.status(), 200);
+    let text = app.metrics().await;
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("effectgate_replays_total{route=\"payments\"} 1")),
+        "{text}"
+    );
+}
+
+/// Every metric the shipped alert rules and dashboard query exists on a
+/// running gateway.
+#[tokio::test]
+async fn the_dashboard_and_the_alert_rules_query_only_exported_metrics() {
+    let app = full_app().await;
+    let exported = exported_families(&app.metrics().await);
+    let dir = repo().join("examples/observability");
+    for file in ["alerts.yml", "dashboard.json"] {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        let mut queried = BTreeSet::new();
+        let mut rest = text.as_str();
+        while let Some(i) = rest.find("effectgate_") {
+            let name: String = rest[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            rest = &rest[i + name.len()..];
+            queried.insert(family(&name));
+        }
+        assert!(queried.len() >= 5, "{file} queries {queried:?}");
+        let unknown: Vec<_> = queried.iter().filter(|q| !exported.contains(*q)).collect();
+        assert!(
+            unknown.is_empty(),
+            "{file} queries metrics the gateway does not export: {unknown:?}"
+        );
+    }
+}
