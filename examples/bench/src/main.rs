@@ -8,7 +8,10 @@
 //! - (f) a normal client's p99 and throughput with and without a
 //!   slow-header flood larger than `limits.max_connections`;
 //! - (g) pass-through to the same mock over HTTPS (certificates made at
-//!   start), with HTTP/2 and with HTTP/1.1 by ALPN, as ratios to (b).
+//!   start), with HTTP/2 and with HTTP/1.1 by ALPN, as ratios to (b);
+//! - (t) pass-through and effectful with trace export off and on
+//!   (sampling 1.0, to a loopback receiver), as ratios on/off; last, since
+//!   the tracer stays installed.
 //!
 //! Prints requests/s and p50/p99 latency per scenario, and the ratios b/a,
 //! c/a, d/a of throughput. Bounded by `--requests` per scenario.
@@ -21,6 +24,7 @@
 //! Run: `cargo run --release -p bench -- --requests 5000 --concurrency 32`
 
 mod flood;
+mod tracing_cost;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -745,15 +749,28 @@ provider_idempotency_header = "Idempotency-Key"
     }
 
     let threshold = args.policy_dir.join("amount_threshold.wasm");
-    if !threshold.exists() {
+    if threshold.exists() {
+        policy_scenarios(&args, &client, &mock, &hash).await?;
+    } else {
         println!(
             "policy scenarios skipped: {} not found (build the policies first)",
             threshold.display()
         );
-        return Ok(());
     }
-    policy_overhead(&args)?;
-    policy_languages(&args)?;
+    tracing_cost::export_on_off(&client, &mock.url(), &hash, n, c).await
+}
+
+/// The policy overhead, the policy languages, and proxy throughput with 0,
+/// 1 and 3 policies on the effectful route.
+async fn policy_scenarios(
+    args: &Args,
+    client: &HttpClient,
+    mock: &mock_provider::MockProvider,
+    hash: &str,
+) -> anyhow::Result<()> {
+    let c = args.concurrency;
+    policy_overhead(args)?;
+    policy_languages(args)?;
     // Proxy throughput with 0, 1 and 3 policies on the effectful route.
     let mut rows = Vec::new();
     for n in [0usize, 1, 3] {
@@ -792,9 +809,9 @@ provider_idempotency_header = "Idempotency-Key"
         rows.push(
             run(
                 name,
-                &client,
+                client,
                 url,
-                n_reqs(&args),
+                n_reqs(args),
                 c,
                 move |i| Some(format!("p{n}-{i}")),
                 true,

@@ -361,7 +361,11 @@ pub fn load_file(path: Option<&Path>) -> Result<ConfigFile, ConfigError> {
         }
         fig = fig.merge(Toml::file_exact(p));
     }
-    fig = fig.merge(Env::prefixed(ENV_PREFIX).ignore(&["config", "log_format"]).split("__"));
+    fig = fig.merge(
+        Env::prefixed(ENV_PREFIX)
+            .ignore(&["config", "log_format"])
+            .split("__"),
+    );
     fig.extract::<ConfigFile>().map_err(|e| {
         let mut path = String::new();
         for (i, part) in e.path.iter().enumerate() {

@@ -1,0 +1,136 @@
+//! (t) The cost of trace export: pass-through and effectful throughput
+//! with export off, then on (sampling 1.0, OTLP/HTTP to a receiver on
+//! loopback that reads and discards each export), on fresh gateways of the
+//! same config, as ratios on/off from one run. Runs last: the tracer is
+//! process-wide and stays installed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::{HttpClient, Stats, run};
+
+/// A gateway with a pass-through and an effectful route in front of `up`.
+async fn gateway(up: &str, hash: &str) -> anyhow::Result<(effectgate::Gateway, tempfile::TempDir)> {
+    let dir = tempfile::tempdir()?;
+    let toml = format!(
+        r#"
+[listen]
+proxy = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+[storage]
+path = "{db}"
+[[tenants]]
+id = "bench"
+keys = [{{ role = "client", sha256 = "{hash}" }}]
+[[routes]]
+name = "pass"
+prefix = "/pass/"
+upstream = "{up}"
+mode = "pass"
+[[routes]]
+name = "pay"
+prefix = "/pay/"
+upstream = "{up}"
+effectful_methods = ["POST"]
+provider_idempotency_header = "Idempotency-Key"
+"#,
+        db = dir.path().join("bench.db").display(),
+    );
+    let cfg = dir.path().join("bench.toml");
+    std::fs::write(&cfg, toml)?;
+    let gw = effectgate::Gateway::start(effectgate::config::load(Some(&cfg))?).await?;
+    Ok((gw, dir))
+}
+
+async fn measure(
+    client: &HttpClient,
+    gw: &effectgate::Gateway,
+    tag: &'static str,
+    n: usize,
+    c: usize,
+) -> (Stats, Stats) {
+    let pass = format!("http://{}/pass/v1/charges", gw.proxy_addr);
+    let pay = format!("http://{}/pay/v1/charges", gw.proxy_addr);
+    let (pn, en): (&'static str, &'static str) = match tag {
+        "off" => ("(t) pass-through, export off", "(t) effectful, export off"),
+        _ => ("(t) pass-through, export on", "(t) effectful, export on"),
+    };
+    let p = run(pn, client, pass, n, c, |_| None, true).await;
+    let e = run(
+        en,
+        client,
+        pay,
+        n,
+        c,
+        move |i| Some(format!("t-{tag}-{i}")),
+        true,
+    )
+    .await;
+    (p, e)
+}
+
+/// Runs the scenario and prints its table and ratios.
+pub async fn export_on_off(
+    client: &HttpClient,
+    up: &str,
+    hash: &str,
+    n: usize,
+    c: usize,
+) -> anyhow::Result<()> {
+    let (gw, _dir) = gateway(up, hash).await?;
+    let (p_off, e_off) = measure(client, &gw, "off", n, c).await;
+    gw.shutdown().await;
+
+    // The receiver: answers 200 to every export, counting them.
+    let exports = Arc::new(AtomicU64::new(0));
+    let counted = exports.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let counted = counted.clone();
+            async move {
+                counted.fetch_add(1, Ordering::Relaxed);
+                drop(body);
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let endpoint = format!("http://{}", l.local_addr()?);
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    let telemetry = effectgate::telemetry::init(
+        effectgate::telemetry::LogFormat::Text,
+        &effectgate::telemetry::TelemetrySettings {
+            traces_endpoint: Some(effectgate::telemetry::traces_url(&endpoint)),
+            sampling_ratio: 1.0,
+            ..Default::default()
+        },
+    )?;
+    let (gw, _dir2) = gateway(up, hash).await?;
+    let (p_on, e_on) = measure(client, &gw, "on", n, c).await;
+    gw.shutdown().await;
+    let telemetry = Arc::new(telemetry);
+    let t2 = telemetry.clone();
+    tokio::task::spawn_blocking(move || t2.flush()).await?;
+
+    println!("trace export (OTLP/HTTP to a loopback receiver, sampling 1.0), fresh gateways:");
+    println!(
+        "{:<42} {:>10} {:>10} {:>10} {:>7}",
+        "scenario", "req/s", "p50 µs", "p99 µs", "errors"
+    );
+    for s in [&p_off, &e_off, &p_on, &e_on] {
+        println!(
+            "{:<42} {:>10.0} {:>10} {:>10} {:>7}",
+            s.name, s.rps, s.p50_us, s.p99_us, s.errors
+        );
+    }
+    println!(
+        "ratios on/off, same run: pass-through = {:.3}, effectful = {:.3} (aim: at least 0.9); {} export requests received",
+        p_on.rps / p_off.rps,
+        e_on.rps / e_off.rps,
+        exports.load(Ordering::Relaxed)
+    );
+    Ok(())
+}
