@@ -46,11 +46,53 @@ impl ReadBackResult {
 /// Largest read-back answer read, bytes (16 MiB); larger is a read-back error.
 pub const READ_BACK_MAX_BYTES: usize = 16 << 20;
 
-/// Asks the provider whether `op`'s effect exists.
+/// Asks the provider whether `op`'s effect exists, in a span `read-back`
+/// (kind client; its result `found`, `absent` or `error`), timing it in
+/// `effectgate_read_back_latency_seconds`.
 pub async fn read_back(route: &Route, rb: &ReadBack, op: &Operation) -> ReadBackResult {
-    if rb.tool.is_some() {
-        return crate::ops::mcp::read_back(route, rb, op).await;
+    let span = tracing::debug_span!(
+        "read-back",
+        otel.name = if rb.tool.is_some() {
+            "POST"
+        } else {
+            rb.method.as_str()
+        },
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = if rb.tool.is_some() {
+            "POST"
+        } else {
+            rb.method.as_str()
+        },
+        http.response.status_code = tracing::field::Empty,
+        server.address = route.upstream.host_str().unwrap_or(""),
+        effectgate.tenant = op.tenant_id.as_str(),
+        effectgate.route = route.name.as_str(),
+        effectgate.operation_id = op.operation_id.as_str(),
+        effectgate.result = tracing::field::Empty,
+    );
+    let started = std::time::Instant::now();
+    let result = if rb.tool.is_some() {
+        crate::ops::mcp::read_back(route, rb, op)
+            .instrument(span.clone())
+            .await
+    } else {
+        http_read_back(route, rb, op, &span).await
+    };
+    crate::metrics::read_back_latency(&route.name, started.elapsed());
+    span.record("effectgate.result", result.kind());
+    if matches!(result, ReadBackResult::Error(_)) {
+        span.record("otel.status_code", "ERROR");
     }
+    result
+}
+
+async fn http_read_back(
+    route: &Route,
+    rb: &ReadBack,
+    op: &Operation,
+    span: &tracing::Span,
+) -> ReadBackResult {
     let body: Value = serde_json::from_slice(&op.request_body).unwrap_or(Value::Null);
     let vars = Vars {
         operation_id: &op.operation_id,
@@ -71,21 +113,7 @@ pub async fn read_back(route: &Route, rb: &ReadBack, op: &Operation) -> ReadBack
         }
     }
     add_route_headers(route, &mut headers, None);
-    let span = tracing::debug_span!(
-        "read-back",
-        otel.name = rb.method.as_str(),
-        otel.kind = "client",
-        otel.status_code = tracing::field::Empty,
-        http.request.method = rb.method.as_str(),
-        http.response.status_code = tracing::field::Empty,
-        server.address = uri.host().unwrap_or(""),
-        url.path = uri.path(),
-        effectgate.tenant = op.tenant_id.as_str(),
-        effectgate.route = route.name.as_str(),
-        effectgate.operation_id = op.operation_id.as_str(),
-        effectgate.result = tracing::field::Empty,
-    );
-    crate::telemetry::inject_attempt(&span, op.trace_context.as_deref(), &mut headers);
+    crate::telemetry::inject_attempt(span, op.trace_context.as_deref(), &mut headers);
     let client = &route.client;
     let req = build_request(
         rb.method.clone(),
@@ -121,8 +149,7 @@ pub async fn read_back(route: &Route, rb: &ReadBack, op: &Operation) -> ReadBack
         };
         Ok::<(StatusCode, Bytes), String>((status, body))
     };
-    let started = std::time::Instant::now();
-    let result = match tokio::time::timeout(Duration::from_millis(rb.timeout_ms), call)
+    match tokio::time::timeout(Duration::from_millis(rb.timeout_ms), call)
         .instrument(span.clone())
         .await
     {
@@ -132,13 +159,7 @@ pub async fn read_back(route: &Route, rb: &ReadBack, op: &Operation) -> ReadBack
             span.record("http.response.status_code", status.as_u16());
             interpret(rb, status, &body, &expected(rb, &vars))
         }
-    };
-    crate::metrics::read_back_latency(&route.name, started.elapsed());
-    span.record("effectgate.result", result.kind());
-    if matches!(result, ReadBackResult::Error(_)) {
-        span.record("otel.status_code", "ERROR");
     }
-    result
 }
 
 /// The route's `match` list rendered for one operation: (pointer into the
