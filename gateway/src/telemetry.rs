@@ -380,40 +380,6 @@ pub fn rename(span: &tracing::Span, name: String) {
     span.context().span().update_name(name);
 }
 
-/// Records an attribute on `span` for the exporter (no-op without export).
-pub fn set_attribute(span: &tracing::Span, key: &'static str, value: impl Into<AttrValue>) {
-    let v: opentelemetry::Value = match value.into() {
-        AttrValue::I(i) => i.into(),
-        AttrValue::S(s) => s.into(),
-    };
-    span.set_attribute(key, v);
-}
-
-/// A span attribute value for [`set_attribute`].
-#[derive(Debug)]
-pub enum AttrValue {
-    /// An integer.
-    I(i64),
-    /// A string.
-    S(String),
-}
-
-impl From<i64> for AttrValue {
-    fn from(v: i64) -> Self {
-        Self::I(v)
-    }
-}
-impl From<String> for AttrValue {
-    fn from(v: String) -> Self {
-        Self::S(v)
-    }
-}
-impl From<&str> for AttrValue {
-    fn from(v: &str) -> Self {
-        Self::S(v.to_owned())
-    }
-}
-
 tokio::task_local! {
     static REQUEST_ID: Option<std::sync::Arc<str>>;
 }
