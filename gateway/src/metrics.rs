@@ -79,6 +79,12 @@ pub fn retry(route: &str) {
     counter!("effectgate_retries_total", "route" => route.to_owned()).increment(1);
 }
 
+/// A compensation of an operation on `route` was `requested`.
+pub fn compensation(route: &str, outcome: &'static str) {
+    counter!("effectgate_compensations_total", "route" => route.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
 /// A reconciliation step ended with `outcome`.
 pub fn reconciliation(outcome: &'static str) {
     counter!("effectgate_reconciliations_total", "outcome" => outcome).increment(1);

@@ -34,17 +34,26 @@ pub enum ReadBackResult {
 /// Largest read-back answer read, bytes (16 MiB); larger is a read-back error.
 pub const READ_BACK_MAX_BYTES: usize = 16 << 20;
 
-/// Asks the provider whether `op`'s effect exists.
-pub async fn read_back(route: &Route, rb: &ReadBack, op: &Operation) -> ReadBackResult {
+/// Asks the provider whether `op`'s effect exists. `reference` is what
+/// `{reference}` stands for: for a compensation, the provider's reference
+/// of the operation it undoes (`None` elsewhere).
+pub async fn read_back(
+    route: &Route,
+    rb: &ReadBack,
+    op: &Operation,
+    reference: Option<&str>,
+) -> ReadBackResult {
     if rb.tool.is_some() {
-        return crate::ops::mcp::read_back(route, rb, op).await;
+        return crate::ops::mcp::read_back(route, rb, op, reference).await;
     }
-    let body: Value = serde_json::from_slice(&op.request_body).unwrap_or(Value::Null);
+    let body = crate::template::body_value(op.request_content_type.as_deref(), &op.request_body);
     let vars = Vars {
         operation_id: &op.operation_id,
         provider_key: &op.provider_key,
         body: &body,
         tenant: &op.tenant_id,
+        reference,
+        response: &Value::Null,
     };
     let path_and_query = rb.path.render(&vars, url_encode);
     let base = route.upstream.as_str().trim_end_matches('/');
