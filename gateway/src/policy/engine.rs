@@ -112,8 +112,9 @@ pub enum LoadError {
     Incompatible(String),
     /// It targets another version of the policy world.
     #[error(
-        "the module targets a different policy world version ({found}); this gateway speaks {}",
-        bindings::WORLD
+        "the module targets a different policy world version ({found}); this gateway speaks {} (and loads components of {})",
+        bindings::WORLD,
+        bindings::EARLIER_WORLDS.join(", ")
     )]
     OtherWorld {
         /// The policy-world names it imports or exports, with their version.
