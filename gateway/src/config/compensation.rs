@@ -85,7 +85,9 @@ pub struct CompensationSpec {
     pub arguments: Option<serde_json::Value>,
     /// Where the original's reference is in its stored response (a JSON
     /// pointer), when no reference was recorded for it (a read-back or an
-    /// operator records one). Default: the route's
+    /// operator records one). On an MCP route it points into the tool's
+    /// result (its `structuredContent`, or the JSON of its first text
+    /// content), as `{response:…}` does there. Default: the route's
     /// `read_back.reference_pointer`.
     #[serde(default)]
     pub reference_pointer: Option<String>,

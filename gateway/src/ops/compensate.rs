@@ -333,7 +333,7 @@ fn reference_of(op: &Operation, comp: &Compensation) -> Option<String> {
         return Some(r);
     }
     let ptr = comp.reference_pointer.as_ref()?;
-    match stored_response(op).pointer(ptr)? {
+    match stored_response(op, comp.tool.is_some()).pointer(ptr)? {
         Value::String(s) if !s.is_empty() => Some(s.clone()),
         Value::Number(n) => Some(n.to_string()),
         _ => None,
@@ -341,8 +341,27 @@ fn reference_of(op: &Operation, comp: &Compensation) -> Option<String> {
 }
 
 /// The original's stored response body as JSON (decoded if it was stored
-/// compressed); `Null` when none was kept.
-fn stored_response(op: &Operation) -> Value {
+/// compressed); `Null` when none was kept. On an MCP route, the tool's
+/// result: its `structuredContent`, or the JSON of its first text content
+/// (as a read-back tool's answer is read).
+fn stored_response(op: &Operation, mcp: bool) -> Value {
+    let v = stored_json(op);
+    if !mcp {
+        return v;
+    }
+    let result = &v["result"];
+    match result.get("structuredContent") {
+        Some(s) if !s.is_null() => s.clone(),
+        _ => result["content"][0]["text"]
+            .as_str()
+            .and_then(|t| serde_json::from_str(t).ok())
+            .unwrap_or(Value::Null),
+    }
+}
+
+/// The stored response body parsed as JSON (decoded first if stored
+/// compressed), or `Null`.
+fn stored_json(op: &Operation) -> Value {
     let Some(body) = &op.response_body else {
         return Value::Null;
     };
@@ -372,7 +391,7 @@ fn render(
     reference: Option<&str>,
 ) -> Result<Rendered, OpError> {
     let body = body_value(op.request_content_type.as_deref(), &op.request_body);
-    let response = stored_response(op);
+    let response = stored_response(op, comp.tool.is_some());
     let vars = Vars {
         operation_id: child_id,
         provider_key: child_key,
