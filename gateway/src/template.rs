@@ -131,9 +131,7 @@ impl Template {
                 "reference" if set != Placeholders::ReadBack => Some(Part::Reference),
                 n => match (pointer(n, "body:"), pointer(n, "response:")) {
                     (Some(p), _) => Some(Part::Body(p)),
-                    (None, Some(p)) if set == Placeholders::Compensation => {
-                        Some(Part::Response(p))
-                    }
+                    (None, Some(p)) if set == Placeholders::Compensation => Some(Part::Response(p)),
                     _ => None,
                 },
             };
@@ -281,9 +279,9 @@ impl BodyTemplate {
                     .map(|(i, v)| Self::parse(v, &format!("{field}[{i}]"), set))
                     .collect::<Result<_, _>>()?,
             ),
-            Value::String(s) => BodyTemplate::Text(
-                Template::parse_for(s, set).map_err(|e| (field.to_owned(), e))?,
-            ),
+            Value::String(s) => {
+                BodyTemplate::Text(Template::parse_for(s, set).map_err(|e| (field.to_owned(), e))?)
+            }
             other => BodyTemplate::Literal(other.clone()),
         })
     }
@@ -308,11 +306,9 @@ impl BodyTemplate {
                     .map(|(k, t)| Ok((k.clone(), t.render(vars)?)))
                     .collect::<Result<Map<_, _>, Unresolved>>()?,
             ),
-            BodyTemplate::Array(a) => Value::Array(
-                a.iter()
-                    .map(|t| t.render(vars))
-                    .collect::<Result<_, _>>()?,
-            ),
+            BodyTemplate::Array(a) => {
+                Value::Array(a.iter().map(|t| t.render(vars)).collect::<Result<_, _>>()?)
+            }
             BodyTemplate::Text(t) => t.render_json(vars)?,
             BodyTemplate::Literal(v) => v.clone(),
         })
@@ -364,9 +360,10 @@ pub fn render_form(v: &Value) -> Vec<u8> {
 /// `l[0]=x` → `{"l": ["x"]}`); anything else `Null`.
 pub fn body_value(content_type: Option<&str>, bytes: &[u8]) -> Value {
     let form = content_type.is_some_and(|c| {
-        c.split(';')
-            .next()
-            .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/x-www-form-urlencoded"))
+        c.split(';').next().is_some_and(|m| {
+            m.trim()
+                .eq_ignore_ascii_case("application/x-www-form-urlencoded")
+        })
     });
     if !form {
         return serde_json::from_slice(bytes).unwrap_or(Value::Null);
@@ -469,17 +466,25 @@ mod tests {
         assert!(Template::parse("/x/{body:amount}").is_err());
         // Compensation placeholders only where a compensation renders them.
         assert!(Template::parse("/x/{reference}").is_err());
-        assert!(Template::parse_for("/x/{response:/id}", Placeholders::CompensationReadBack).is_err());
+        assert!(
+            Template::parse_for("/x/{response:/id}", Placeholders::CompensationReadBack).is_err()
+        );
         assert!(Template::parse_for("/x/{reference}", Placeholders::CompensationReadBack).is_ok());
         assert!(Template::parse_for("/x/{response:/id}", Placeholders::Compensation).is_ok());
     }
 
     #[test]
     fn strict_rendering_names_the_missing_pointer() {
-        let t = Template::parse_for("/v1/refunds/{response:/data/id}", Placeholders::Compensation)
-            .unwrap();
+        let t = Template::parse_for(
+            "/v1/refunds/{response:/data/id}",
+            Placeholders::Compensation,
+        )
+        .unwrap();
         let e = t
-            .render_strict(&vars(&Value::Null, &json!({"id": "ch_1"}), None), url_encode)
+            .render_strict(
+                &vars(&Value::Null, &json!({"id": "ch_1"}), None),
+                url_encode,
+            )
             .unwrap_err();
         assert_eq!(e.placeholder, "response:/data/id");
         let e = Template::parse_for("{reference}", Placeholders::Compensation)
@@ -502,7 +507,10 @@ mod tests {
             json!({"charge": "ch_1", "amount": 100, "note": "for a&b=c \"q\"", "metadata": {"op": "o/1"}, "tags": ["a&b=c"]})
         );
         let json_text = String::from_utf8(render_json(&v)).unwrap();
-        assert!(json_text.contains(r#""note":"for a&b=c \"q\"""#), "{json_text}");
+        assert!(
+            json_text.contains(r#""note":"for a&b=c \"q\"""#),
+            "{json_text}"
+        );
         let form = String::from_utf8(render_form(&v)).unwrap();
         assert_eq!(
             form,
@@ -513,8 +521,12 @@ mod tests {
             .render_strict(&vars(&body, &Value::Null, None), url_encode)
             .unwrap();
         assert_eq!(path, "/v1/x/a%26b%3Dc");
-        let e = BodyTemplate::parse(&json!({"a": {"b": "{nope}"}}), "routes[0].compensation.body", Placeholders::Compensation)
-            .unwrap_err();
+        let e = BodyTemplate::parse(
+            &json!({"a": {"b": "{nope}"}}),
+            "routes[0].compensation.body",
+            Placeholders::Compensation,
+        )
+        .unwrap_err();
         assert_eq!(e.0, "routes[0].compensation.body.a.b");
     }
 
@@ -528,7 +540,10 @@ mod tests {
             v,
             json!({"amount": "100", "metadata": {"order": "42"}, "expand": ["a", "b"], "items": [{"price": "p"}]})
         );
-        assert_eq!(body_value(Some("application/json"), b"{\"a\":1}"), json!({"a": 1}));
+        assert_eq!(
+            body_value(Some("application/json"), b"{\"a\":1}"),
+            json!({"a": 1})
+        );
         assert_eq!(body_value(None, b"nope"), Value::Null);
         for odd in ["a[b]]=1", "a[=1", "]=1", "[]=1", "a[0][=1", "a[99999999]=1"] {
             let _ = body_value(Some("application/x-www-form-urlencoded"), odd.as_bytes());

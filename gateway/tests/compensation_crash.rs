@@ -167,7 +167,10 @@ async fn run_once(point: &str, mock: &MockProvider, run: usize) -> (String, Stri
         // The provider applied the refund and holds its reply: kill now.
         let deadline = Instant::now() + Duration::from_secs(10);
         while refunds_of(mock, &charge) == 0 {
-            assert!(Instant::now() < deadline, "the provider never saw the refund");
+            assert!(
+                Instant::now() < deadline,
+                "the provider never saw the refund"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         gw.child.kill().unwrap();
@@ -195,7 +198,10 @@ async fn run_once(point: &str, mock: &MockProvider, run: usize) -> (String, Stri
     let deadline = Instant::now() + Duration::from_secs(20);
     let child_id = format!("{key}#compensation");
     let (state, child_state) = loop {
-        let s = op(&gw, &key).await["state"].as_str().unwrap_or_default().to_owned();
+        let s = op(&gw, &key).await["state"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         let c = op(&gw, &child_id).await["state"]
             .as_str()
             .unwrap_or_default()
@@ -292,7 +298,14 @@ async fn the_cli_compensates_once() {
             .unwrap()
     };
     let out = tokio::task::block_in_place(|| {
-        run(&["ledger", "compensate", "t", "cli-1", "--reason", "duplicate order"])
+        run(&[
+            "ledger",
+            "compensate",
+            "t",
+            "cli-1",
+            "--reason",
+            "duplicate order",
+        ])
     });
     assert_eq!(
         out.status.code(),
@@ -309,14 +322,21 @@ async fn the_cli_compensates_once() {
         run(&["ledger", "compensate", "t", "cli-1", "--reason", "again"])
     });
     assert_eq!(again.status.code(), Some(0));
-    assert_eq!(refunds_of(&mock, &charge), 1, "asking again refunds nothing");
+    assert_eq!(
+        refunds_of(&mock, &charge),
+        1,
+        "asking again refunds nothing"
+    );
     // The original's timeline names the CLI's operator and the reason.
     let show = tokio::task::block_in_place(|| run(&["ledger", "show", "t", "cli-1"]));
     let v: Value = serde_json::from_slice(&show.stdout).unwrap();
     let last = v["transitions"].as_array().unwrap().last().unwrap().clone();
     assert_eq!(last["from_state"], "COMPLETED");
     assert_eq!(last["to_state"], "COMPENSATED");
-    assert!(last["actor"].as_str().unwrap().starts_with("cli:"), "{last}");
+    assert!(
+        last["actor"].as_str().unwrap().starts_with("cli:"),
+        "{last}"
+    );
     let reason = last["reason"].as_str().unwrap();
     assert!(
         reason.contains("cli-1#compensation") && reason.contains("duplicate order"),

@@ -121,7 +121,10 @@ async fn a_compensation_refunds_once_and_the_charge_is_compensated() {
         reason.contains("k1#compensation") && reason.contains("charged against policy"),
         "{reason}"
     );
-    assert_eq!(original["compensation"]["compensation_id"], "k1#compensation");
+    assert_eq!(
+        original["compensation"]["compensation_id"],
+        "k1#compensation"
+    );
     assert_eq!(original["compensation"]["requested_by"], "a:operator");
     assert_eq!(original["compensation"]["reference"], "ch_1");
     assert_eq!(original["compensation"]["state"], "COMPLETED");
@@ -161,7 +164,10 @@ async fn a_compensation_refunds_once_and_the_charge_is_compensated() {
     assert_eq!(dup.status(), 200);
     assert_eq!(dup.headers()["idempotent-replayed"], "true");
     assert_eq!(dup.headers()["effectgate-compensated"], "true");
-    assert_eq!(dup.headers()["effectgate-compensation-id"], "k1#compensation");
+    assert_eq!(
+        dup.headers()["effectgate-compensation-id"],
+        "k1#compensation"
+    );
     assert_eq!(dup.text().await.unwrap(), original_body);
     assert_eq!(app.mock.provider.effects(), 1);
     // An operator's replay leaves it as it is.
@@ -248,7 +254,10 @@ async fn a_policy_requiring_approval_sends_nothing_until_approved() {
     assert_eq!(r.status(), 202);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["compensation"]["state"], "AWAITING_APPROVAL");
-    let approval = v["compensation"]["approval_id"].as_str().unwrap().to_owned();
+    let approval = v["compensation"]["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     assert!(refunds(&app).is_empty());
     assert!(
         !app.mock
@@ -271,10 +280,16 @@ async fn a_policy_requiring_approval_sends_nothing_until_approved() {
     assert_eq!(a["operation_id"], "k1#compensation");
     assert_eq!(a["method"], "POST");
     assert_eq!(a["path"], "/v1/refunds");
-    assert_eq!(a["fingerprint"], app.op_json(&child("k1")).await["fingerprint"]);
+    assert_eq!(
+        a["fingerprint"],
+        app.op_json(&child("k1")).await["fingerprint"]
+    );
     assert_eq!(a["requested_by"], "a:operator");
     assert!(
-        a["reason"].as_str().unwrap().contains("POST /v1/refunds undoing k1"),
+        a["reason"]
+            .as_str()
+            .unwrap()
+            .contains("POST /v1/refunds undoing k1"),
         "{a}"
     );
     // Asking again before the decision: the same pending compensation.
@@ -283,7 +298,11 @@ async fn a_policy_requiring_approval_sends_nothing_until_approved() {
     assert!(refunds(&app).is_empty());
     // The operator can't approve its own request; an approver can.
     let own = app
-        .admin_post(OPERATOR_A, &format!("/admin/tenants/a/approvals/{approval}/approve"), "{}")
+        .admin_post(
+            OPERATOR_A,
+            &format!("/admin/tenants/a/approvals/{approval}/approve"),
+            "{}",
+        )
         .await;
     assert_eq!(own.status(), 403);
     let ok = app
@@ -311,7 +330,10 @@ async fn a_denying_policy_refuses_and_nothing_is_reserved() {
     assert_eq!(v["type"], "urn:effectgate:problem:policy-denied");
     assert_eq!(v["policy"], "compensation_gate");
     assert!(refunds(&app).is_empty());
-    assert_eq!(app.operation(ADMIN_A, "a", &child("k1")).await.status(), 404);
+    assert_eq!(
+        app.operation(ADMIN_A, "a", &child("k1")).await.status(),
+        404
+    );
     assert_eq!(app.op_json("k1").await["state"], "COMPLETED");
 }
 
@@ -355,10 +377,7 @@ success = { pointer = "/status", equals = "succeeded" }
 read_back = { path = "/v1/refunds?charge={response:/id}", found_pointer = "/data/0", match = { "/charge" = "{reference}" } }
 "#;
     // `{response:…}` is not allowed in a read-back: a config error naming it.
-    assert_eq!(
-        config_error(route),
-        "routes[0].compensation.read_back.path"
-    );
+    assert_eq!(config_error(route), "routes[0].compensation.read_back.path");
     let route = route.replace(
         "path = \"/v1/refunds?charge={response:/id}\"",
         "path = \"/v1/refunds?charge={reference}\"",
@@ -400,13 +419,19 @@ read_back = { path = "/v1/refunds?charge={response:/id}", found_pointer = "/data
         .map(|(_, v)| v.clone());
     assert_eq!(ct.as_deref(), Some("application/x-www-form-urlencoded"));
     let comp = app.op_json(&child("f1")).await;
-    assert_eq!(comp["request_content_type"], "application/x-www-form-urlencoded");
+    assert_eq!(
+        comp["request_content_type"],
+        "application/x-www-form-urlencoded"
+    );
 }
 
 #[tokio::test]
 async fn a_success_pointer_that_disagrees_fails_the_compensation() {
     let app = app(
-        refund_route("payment", "success = { pointer = \"/status\", equals = \"pending\" }"),
+        refund_route(
+            "payment",
+            "success = { pointer = \"/status\", equals = \"pending\" }",
+        ),
         String::new(),
     )
     .await;
@@ -424,8 +449,10 @@ async fn a_success_pointer_that_disagrees_fails_the_compensation() {
 #[tokio::test]
 async fn bad_requests_are_refused_and_nothing_is_sent() {
     let app = app(
-        refund_route("payment", "")
-            .replace("reason = \"requested_by_customer\"", "reason = \"{response:/nope/deeper}\""),
+        refund_route("payment", "").replace(
+            "reason = \"requested_by_customer\"",
+            "reason = \"{response:/nope/deeper}\"",
+        ),
         String::new(),
     )
     .await;
@@ -436,9 +463,15 @@ async fn bad_requests_are_refused_and_nothing_is_sent() {
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["type"], "urn:effectgate:problem:compensation-unresolved");
     assert_eq!(v["field"], "{response:/nope/deeper}");
-    assert!(v["detail"].as_str().unwrap().contains("/nope/deeper"), "{v}");
+    assert!(
+        v["detail"].as_str().unwrap().contains("/nope/deeper"),
+        "{v}"
+    );
     assert!(refunds(&app).is_empty());
-    assert_eq!(app.operation(ADMIN_A, "a", &child("k1")).await.status(), 404);
+    assert_eq!(
+        app.operation(ADMIN_A, "a", &child("k1")).await.status(),
+        404
+    );
     assert_eq!(app.op_json("k1").await["state"], "COMPLETED");
 
     // Not COMPLETED: 409 naming its state.
@@ -471,7 +504,10 @@ async fn bad_requests_are_refused_and_nothing_is_sent() {
     assert_eq!(r.status(), 409);
     let v: Value = r.json().await.unwrap();
     assert!(
-        v["detail"].as_str().unwrap().contains("no compensation defined"),
+        v["detail"]
+            .as_str()
+            .unwrap()
+            .contains("no compensation defined"),
         "{v}"
     );
 }
@@ -497,7 +533,8 @@ fn a_template_that_does_not_parse_is_a_config_error_naming_the_field() {
             "routes[0].compensation.success",
         ),
         (
-            refund_route("payment", "").replace("path = \"/v1/refunds\"", "path = \"v1/{reference\""),
+            refund_route("payment", "")
+                .replace("path = \"/v1/refunds\"", "path = \"v1/{reference\""),
             "routes[0].compensation.path",
         ),
         (

@@ -627,8 +627,7 @@ enabled = false
     assert_eq!(cancel["message_id"], "msg-1");
     let child = app.op_json("mail-1%23compensation").await;
     assert_eq!(child["route"], "mail#compensation");
-    let body: Value =
-        serde_json::from_str(child["response_body"].as_str().unwrap()).unwrap();
+    let body: Value = serde_json::from_str(child["response_body"].as_str().unwrap()).unwrap();
     let result: Value = match body["result"].get("structuredContent") {
         Some(s) if !s.is_null() => s.clone(),
         _ => serde_json::from_str(body["result"]["content"][0]["text"].as_str().unwrap()).unwrap(),

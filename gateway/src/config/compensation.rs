@@ -178,7 +178,10 @@ impl Compensation {
     pub fn needs_reference(&self) -> bool {
         self.path.as_ref().is_some_and(Template::uses_reference)
             || self.body.as_ref().is_some_and(BodyTemplate::uses_reference)
-            || self.arguments.as_ref().is_some_and(BodyTemplate::uses_reference)
+            || self
+                .arguments
+                .as_ref()
+                .is_some_and(BodyTemplate::uses_reference)
             || self.headers.iter().any(|(_, t)| t.uses_reference())
             || self.route.read_back.as_ref().is_some_and(|rb| {
                 rb.path.uses_reference()
@@ -213,7 +216,10 @@ pub(super) fn compensation(
     let path = match (&spec.path, mcp) {
         (Some(p), _) => {
             if !p.starts_with('/') {
-                return Err(ConfigError::new(format!("{cp}.path"), "must start with '/'"));
+                return Err(ConfigError::new(
+                    format!("{cp}.path"),
+                    "must start with '/'",
+                ));
             }
             Some(
                 Template::parse_for(p, Placeholders::Compensation)
@@ -234,7 +240,12 @@ pub(super) fn compensation(
         .map(|b| BodyTemplate::parse(b, &format!("{cp}.body"), Placeholders::Compensation))
         .transpose()
         .map_err(|(field, e)| ConfigError::new(field, e))?;
-    let encoding = match spec.content_type.as_deref().map(str::to_ascii_lowercase).as_deref() {
+    let encoding = match spec
+        .content_type
+        .as_deref()
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
         None | Some("application/json") => BodyEncoding::Json,
         Some("application/x-www-form-urlencoded") => BodyEncoding::Form,
         Some(other) => {
@@ -246,7 +257,8 @@ pub(super) fn compensation(
             ));
         }
     };
-    if encoding == BodyEncoding::Form && !matches!(spec.body, None | Some(serde_json::Value::Object(_)))
+    if encoding == BodyEncoding::Form
+        && !matches!(spec.body, None | Some(serde_json::Value::Object(_)))
     {
         return Err(ConfigError::new(
             format!("{cp}.body"),
@@ -256,7 +268,10 @@ pub(super) fn compensation(
     let mut headers = Vec::new();
     for (name, value) in &spec.headers {
         let n = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-            ConfigError::new(format!("{cp}.headers"), format!("not a header name: {name:?}"))
+            ConfigError::new(
+                format!("{cp}.headers"),
+                format!("not a header name: {name:?}"),
+            )
         })?;
         let t = Template::parse_for(value, Placeholders::Compensation)
             .map_err(|e| ConfigError::new(format!("{cp}.headers.{name}"), e))?;
@@ -268,7 +283,9 @@ pub(super) fn compensation(
         Some(SuccessSpec::Status(s)) => {
             return Err(ConfigError::new(
                 format!("{cp}.success"),
-                format!("{s:?}: use \"2xx\" or {{ pointer = \"/status\", equals = \"succeeded\" }}"),
+                format!(
+                    "{s:?}: use \"2xx\" or {{ pointer = \"/status\", equals = \"succeeded\" }}"
+                ),
             ));
         }
         Some(SuccessSpec::Pointer { pointer, equals }) => {
@@ -292,7 +309,9 @@ pub(super) fn compensation(
             Some(t.clone()),
             spec.arguments
                 .as_ref()
-                .map(|a| BodyTemplate::parse(a, &format!("{cp}.arguments"), Placeholders::Compensation))
+                .map(|a| {
+                    BodyTemplate::parse(a, &format!("{cp}.arguments"), Placeholders::Compensation)
+                })
                 .transpose()
                 .map_err(|(field, e)| ConfigError::new(field, e))?,
         ),
@@ -368,10 +387,11 @@ pub(super) fn compensation(
         headers,
         tool,
         arguments,
-        reference_pointer: spec
-            .reference_pointer
-            .clone()
-            .or_else(|| base.read_back.as_ref().and_then(|rb| rb.reference_pointer.clone())),
+        reference_pointer: spec.reference_pointer.clone().or_else(|| {
+            base.read_back
+                .as_ref()
+                .and_then(|rb| rb.reference_pointer.clone())
+        }),
         route,
     }))
 }

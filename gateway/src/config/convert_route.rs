@@ -69,9 +69,7 @@ pub(super) fn route(
         success: SuccessRule::Status2xx,
     };
     if let Some(c) = &r.compensation {
-        route.compensation = Some(super::compensation::compensation(
-            &rp, c, &route, lease_ms,
-        )?);
+        route.compensation = Some(super::compensation::compensation(&rp, c, &route, lease_ms)?);
     }
     Ok(route)
 }

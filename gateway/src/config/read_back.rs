@@ -59,12 +59,11 @@ pub(super) fn read_back_for(
     }
     let mut tool_arguments = Vec::new();
     for (name, value) in &rb.arguments {
-        let t = parse(value)
-            .map_err(|e| ConfigError::new(format!("{path}.arguments.{name}"), e))?;
+        let t =
+            parse(value).map_err(|e| ConfigError::new(format!("{path}.arguments.{name}"), e))?;
         tool_arguments.push((name.clone(), t));
     }
-    let tpl = parse(&tpl_text)
-        .map_err(|e| ConfigError::new(format!("{path}.path"), e))?;
+    let tpl = parse(&tpl_text).map_err(|e| ConfigError::new(format!("{path}.path"), e))?;
     let mut headers = Vec::new();
     for (name, value) in &rb.headers {
         let n = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
@@ -73,8 +72,7 @@ pub(super) fn read_back_for(
                 format!("not a header name: {name:?}"),
             )
         })?;
-        let t = parse(value)
-            .map_err(|e| ConfigError::new(format!("{path}.headers.{name}"), e))?;
+        let t = parse(value).map_err(|e| ConfigError::new(format!("{path}.headers.{name}"), e))?;
         headers.push((n, t));
     }
     for (field, p) in [
@@ -104,8 +102,7 @@ pub(super) fn read_back_for(
                 format!("{ptr:?} is not a JSON pointer"),
             ));
         }
-        let t = parse(value)
-            .map_err(|e| ConfigError::new(format!("{path}.match.{ptr}"), e))?;
+        let t = parse(value).map_err(|e| ConfigError::new(format!("{path}.match.{ptr}"), e))?;
         match_fields.push((ptr.clone(), t));
     }
     // Only where the gateway can rely on it: the lookup path, or a

@@ -111,7 +111,13 @@ pub async fn compensate_as(
         &original.provider_key,
     );
     let reference = reference_of(&original, &comp);
-    let rendered = render(&comp, &original, &child_id, &child_key, reference.as_deref())?;
+    let rendered = render(
+        &comp,
+        &original,
+        &child_id,
+        &child_key,
+        reference.as_deref(),
+    )?;
     let fingerprint = crate::idempotency::fingerprint(
         &rendered.method,
         &comp.route.name,
@@ -126,7 +132,8 @@ pub async fn compensate_as(
         reason: &reason,
         child_id: &child_id,
     };
-    let (verdict, decisions) = decide(app, &route, &original, &ask, &rendered, &fingerprint, class).await;
+    let (verdict, decisions) =
+        decide(app, &route, &original, &ask, &rendered, &fingerprint, class).await;
     let approval = match verdict {
         Verdict::Allow { .. } => None,
         Verdict::RequireApproval { reasons, policy } => Some(NewApproval {
@@ -265,7 +272,13 @@ async fn resume(
             .unwrap_or(child.clone());
         crate::ops::execute::run_detached(app, &route, fresh, claim, wait).await;
     }
-    report(app, &original.tenant_id, &original.operation_id, &child.operation_id).await
+    report(
+        app,
+        &original.tenant_id,
+        &original.operation_id,
+        &child.operation_id,
+    )
+    .await
 }
 
 /// The answer for a compensation as it is now.
@@ -278,16 +291,18 @@ async fn report(
     let original = crate::ops::operator::load(app, tenant, operation_id).await?;
     let child = crate::ops::operator::load(app, tenant, child_id).await?;
     let approval = if child.state == OpState::AwaitingApproval {
-        app.ledger
-            .approval_for(tenant, child_id, "request")
-            .await?
+        app.ledger.approval_for(tenant, child_id, "request").await?
     } else {
         None
     };
     if child.state == OpState::Failed {
         return Err(OpError::Conflict(format!(
             "the compensation {child_id:?} is FAILED{} ({}); operation {operation_id:?} stays {}",
-            if child.dead_letter { " (dead letter)" } else { "" },
+            if child.dead_letter {
+                " (dead letter)"
+            } else {
+                ""
+            },
             child
                 .error_detail
                 .as_deref()
@@ -318,7 +333,8 @@ async fn report(
         v["detail"] = json!(match child.state {
             OpState::AwaitingApproval =>
                 "the compensation awaits an approval; nothing has been sent. Once approved it runs.",
-            _ => "the compensation is under way; ask again (it is the same compensation) or watch the operation",
+            _ =>
+                "the compensation is under way; ask again (it is the same compensation) or watch the operation",
         });
     }
     crate::times::annotate(&mut v);
@@ -429,11 +445,15 @@ fn render(
     };
     let mut headers = Vec::new();
     for (name, t) in &comp.headers {
-        let value = t.render_strict(&vars, |s| s.to_owned()).map_err(unresolved)?;
+        let value = t
+            .render_strict(&vars, |s| s.to_owned())
+            .map_err(unresolved)?;
         if HeaderValue::from_str(&value).is_err() {
             return Err(OpError::CompensationUnresolved {
                 placeholder: format!("header:{name}"),
-                detail: format!("the header {name} renders to a value that is not a valid header value"),
+                detail: format!(
+                    "the header {name} renders to a value that is not a valid header value"
+                ),
             });
         }
         headers.push((name.as_str().to_owned(), value));
@@ -444,7 +464,10 @@ fn render(
                 Some(a) => a.render(&vars).map_err(unresolved)?,
                 None => json!({}),
             };
-            headers.push(("accept".into(), "application/json, text/event-stream".into()));
+            headers.push((
+                "accept".into(),
+                "application/json, text/event-stream".into(),
+            ));
             headers.push((
                 "mcp-protocol-version".into(),
                 crate::mcp::protocol::PROTOCOL_VERSION.into(),
@@ -452,7 +475,10 @@ fn render(
             let msg = json!({"jsonrpc": "2.0", "id": child_id, "method": "tools/call",
                 "params": {"name": tool, "arguments": arguments,
                            "_meta": {"effectgate/operation-id": child_id}}});
-            (Some("application/json".to_owned()), msg.to_string().into_bytes())
+            (
+                Some("application/json".to_owned()),
+                msg.to_string().into_bytes(),
+            )
         }
         (None, Some(b)) => {
             let v = b.render(&vars).map_err(unresolved)?;

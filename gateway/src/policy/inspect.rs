@@ -41,9 +41,7 @@ pub(super) fn other_world(engine: &Engine, component: &Component) -> Option<Stri
         .into_iter()
         .filter(|n| {
             n.starts_with("effectgate:policy/")
-                && !n
-                    .rsplit_once('@')
-                    .is_some_and(|(_, v)| known.contains(&v))
+                && !n.rsplit_once('@').is_some_and(|(_, v)| known.contains(&v))
         })
         .collect();
     (!other.is_empty()).then(|| other.join(", "))

@@ -58,7 +58,9 @@ impl<D: Dialect> Store<D> {
                 link.operation_id, link.requested_by, link.reason
             ),
         };
-        let created = command::apply::<D, _>(&mut tx, &reserve, now).await?.is_some();
+        let created = command::apply::<D, _>(&mut tx, &reserve, now)
+            .await?
+            .is_some();
         if created {
             let original = OpRef::new(&new.tenant_id, &link.operation_id);
             let note = format!(
@@ -70,7 +72,10 @@ impl<D: Dialect> Store<D> {
                 actor: &link.requested_by,
                 reason: &note,
             };
-            if command::apply::<D, _>(&mut tx, &noted, now).await?.is_none() {
+            if command::apply::<D, _>(&mut tx, &noted, now)
+                .await?
+                .is_none()
+            {
                 let state = fetch_op::<D>(&mut tx, original.tenant, original.operation_id)
                     .await?
                     .map(|o| o.state);
