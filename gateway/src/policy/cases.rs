@@ -387,11 +387,22 @@ pub fn describe(engine: &PolicyEngine, module: &Path) -> anyhow::Result<String> 
     let compiled = engine.compile(&bytes)?;
     let schema: Value = serde_json::from_str(&compiled.config_schema)
         .unwrap_or(Value::String(compiled.config_schema.clone()));
+    // A component without `compensate` was built for an earlier world.
+    let (world, compensate) = if compiled.has_compensate {
+        (bindings::WORLD, ", compensate")
+    } else {
+        (
+            bindings::EARLIER_WORLDS
+                .first()
+                .copied()
+                .unwrap_or(bindings::WORLD),
+            " (no compensate: its compensations get the defaults)",
+        )
+    };
     Ok(format!(
-        "module:  {}\nsha256:  {}\nworld:   {}\nexports: config-schema, evaluate, classify-failure, replay\nconfig schema:\n{}\n",
+        "module:  {}\nsha256:  {}\nworld:   {world}\nexports: config-schema, evaluate, classify-failure, replay{compensate}\nconfig schema:\n{}\n",
         module.display(),
         compiled.hash_hex,
-        bindings::WORLD,
         serde_json::to_string_pretty(&schema).unwrap_or_default()
     ))
 }
