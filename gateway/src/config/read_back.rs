@@ -113,6 +113,14 @@ pub(super) fn read_back_for(
         || (set == Placeholders::CompensationReadBack
             && (tpl.uses_reference() || match_fields.iter().any(|(_, t)| t.uses_reference())))
         || tenant_field.is_some();
+    if !tied && set == Placeholders::CompensationReadBack {
+        return Err(ConfigError::new(
+            format!("{path}.match"),
+            "the compensation's read-back is not tied to this compensation: use {reference} \
+             (the provider's reference of the operation it undoes) or {provider_key} (the \
+             compensation's own) in its path or match, e.g. match = { \"/charge\" = \"{reference}\" }",
+        ));
+    }
     if !tied {
         return Err(ConfigError::new(
             format!("{path}.match"),
