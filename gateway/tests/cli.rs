@@ -266,7 +266,9 @@ fn policy_wit_prints_the_world_the_gateway_was_built_with() {
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../wit/policy.wit")).unwrap();
     assert_eq!(wit, source);
     assert!(wit.contains("package effectgate:policy@0.2.0;"));
-    assert!(wit.contains("export compensate: func(config: string, request: compensation) -> decision;"));
+    assert!(
+        wit.contains("export compensate: func(config: string, request: compensation) -> decision;")
+    );
 }
 
 #[test]
