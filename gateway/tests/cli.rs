@@ -21,6 +21,7 @@ fn every_command_has_help() {
         vec!["ledger", "show", "--help"],
         vec!["ledger", "list", "--help"],
         vec!["ledger", "dead-letters", "--help"],
+        vec!["ledger", "compensate", "--help"],
         vec!["policy", "new", "--help"],
         vec!["policy", "wit", "--help"],
     ] {

@@ -445,7 +445,10 @@ body = { charge = "{reference}" }
         .text()
         .await
         .unwrap();
-    assert!(done.contains("c1#compensation"), "{done}");
+    assert!(
+        done.contains("href=\"/console/operations/c1%23compensation\""),
+        "the page links the compensation: {done}"
+    );
     assert!(
         done.contains("<span class=\"state\" id=\"state\">COMPENSATED</span>"),
         "{done}"
@@ -453,4 +456,19 @@ body = { charge = "{reference}" }
     assert!(!done.contains("id=\"compensate\""), "no second button");
     assert_eq!(app.mock.provider.refunds().len(), 1);
     assert_eq!(app.op_json("c1").await["state"], "COMPENSATED");
+    // The compensation's own page links back to what it undid.
+    let child = page_of(&app, &operator, "c1%23compensation").await;
+    assert!(child.contains("href=\"/console/operations/c1\""), "{child}");
+}
+
+async fn page_of(app: &TestApp, cookie: &str, id: &str) -> String {
+    no_redirects()
+        .get(app.admin(&format!("/console/operations/{id}")))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }
