@@ -9,6 +9,12 @@ Tools:
 - search_docs(q): read-only.
 - get_email_status(to, subject): read-only; whether such an e-mail was sent
   (the read-back of send_email).
+- cancel_email(message_id): cancels a sent (scheduled) e-mail: appends a
+  cancellation to the outbox file, once per message; the compensating
+  tool of send_email. Cancelling one already cancelled says so without a
+  second record; an unknown message id is a tool error.
+- get_cancellation(message_id): read-only; whether that e-mail was
+  cancelled (the read-back of cancel_email).
 - post_note(text): logs progress before its result (SSE notifications first).
 - export_report(rows): a large result.
 - always_fails(reason): the tool reports an error (isError: true).
@@ -76,6 +82,39 @@ def get_email_status(to: str, subject: str, tenant: str = "") -> dict:
                     and rec.get("tenant", "") == tenant):
                 return {"found": True, "message_id": f"msg-{n}", "tenant": tenant}
     return {"found": False}
+
+
+def _records() -> list:
+    if not os.path.exists(args.outbox):
+        return []
+    with open(args.outbox, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True, openWorldHint=True))
+def cancel_email(message_id: str) -> dict:
+    """Cancel a sent e-mail before it is delivered (the compensation of send_email)."""
+    records = _records()
+    try:
+        n = int(message_id.removeprefix("msg-"))
+    except ValueError:
+        n = 0
+    if not (1 <= n <= len(records)) or records[n - 1].get("kind") != "email":
+        raise ValueError(f"no e-mail {message_id}")
+    for rec in records:
+        if rec.get("kind") == "cancel" and rec.get("message_id") == message_id:
+            return {"message_id": message_id, "status": "cancelled", "already": True}
+    _append({"kind": "cancel", "message_id": message_id})
+    return {"message_id": message_id, "status": "cancelled"}
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def get_cancellation(message_id: str) -> dict:
+    """Whether e-mail `message_id` was cancelled (read-only)."""
+    for rec in _records():
+        if rec.get("kind") == "cancel" and rec.get("message_id") == message_id:
+            return {"cancelled": True, "message_id": message_id}
+    return {"cancelled": False}
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False))

@@ -156,6 +156,27 @@ enum LedgerCommand {
         #[command(flatten)]
         config: ConfigArg,
     },
+    /// Compensate a COMPLETED operation with its route's compensation (the
+    /// same use case as `POST /admin/tenants/{t}/operations/{id}/compensate`,
+    /// run in this process as operator `cli:$USER`, the tenant's policies
+    /// deciding as for the API). Waits for the compensation's attempt and
+    /// prints the report as JSON; exit 0 when the operation is COMPENSATED,
+    /// 3 while the compensation awaits an approval or is still under way,
+    /// 1 when refused.
+    Compensate {
+        /// Tenant id.
+        tenant: String,
+        /// Operation id (the idempotency key) of the COMPLETED operation.
+        operation_id: String,
+        /// Why (recorded in the transitions).
+        #[arg(long)]
+        reason: String,
+        /// Longest wait for the compensation's attempt, in ms.
+        #[arg(long, default_value_t = 60_000)]
+        wait_ms: u64,
+        #[command(flatten)]
+        config: ConfigArg,
+    },
     /// List dead letters (operations on the terminal route) with the reason
     /// and the check an operator must make before requeueing, as JSON lines.
     DeadLetters {
@@ -314,6 +335,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     );
                 }
             }
+            LedgerCommand::Compensate {
+                tenant,
+                operation_id,
+                reason,
+                wait_ms,
+                config: c,
+            } => return compensate(c, &tenant, &operation_id, reason, wait_ms).await,
             LedgerCommand::DeadLetters {
                 tenant,
                 limit,
@@ -330,6 +358,57 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         },
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `effectgate ledger compensate`: the compensation use case in this
+/// process, with the gateway's state built from the config (its ledger and
+/// the tenants' policies).
+async fn compensate(
+    c: ConfigArg,
+    tenant: &str,
+    operation_id: &str,
+    reason: String,
+    wait_ms: u64,
+) -> anyhow::Result<ExitCode> {
+    let settings = config::load(c.config.as_deref())?;
+    if !settings.tenants.contains(tenant) {
+        eprintln!("no tenant {tenant:?} in the configuration");
+        return Ok(ExitCode::from(1));
+    }
+    let app = crate::state::AppState::new(settings, std::sync::Arc::new(SystemClock)).await?;
+    let principal = config::Principal {
+        tenant: tenant.to_owned(),
+        name: format!(
+            "cli:{}",
+            std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+        ),
+        role: config::Role::Operator,
+    };
+    let wait = std::time::Duration::from_millis(wait_ms);
+    match crate::ops::compensate::compensate_as(
+        &app,
+        &principal,
+        tenant,
+        operation_id,
+        Some(reason),
+        wait,
+    )
+    .await
+    {
+        Ok((status, mut v)) => {
+            crate::times::annotate(&mut v);
+            println!("{}", serde_json::to_string_pretty(&v)?);
+            Ok(if status == http::StatusCode::OK {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(3)
+            })
+        }
+        Err(e) => {
+            eprintln!("refused: {e}");
+            Ok(ExitCode::from(1))
+        }
+    }
 }
 
 async fn open(c: ConfigArg) -> anyhow::Result<Ledger> {

@@ -195,6 +195,22 @@ pub fn provider_key(secret: &[u8], tenant: &str, operation_id: &str, incarnation
     format!("eg_{}", &hex::encode(out)[..32])
 }
 
+/// The provider key of the compensation `compensation_id`
+/// (`<id>#compensation`) of an operation whose provider key is
+/// `original_key`: [`provider_key`] with the original's key as the
+/// incarnation. The original's key is itself drawn from its incarnation,
+/// so every retry of the compensation sends the same key (the same
+/// compensation at the provider), while a later incarnation of the
+/// original (its key reused after its retention) gets another.
+pub fn compensation_provider_key(
+    secret: &[u8],
+    tenant: &str,
+    compensation_id: &str,
+    original_key: &str,
+) -> String {
+    provider_key(secret, tenant, compensation_id, original_key.as_bytes())
+}
+
 /// A fresh incarnation for [`provider_key`]: 16 random bytes.
 pub fn new_incarnation() -> [u8; 16] {
     rand::random()

@@ -239,6 +239,8 @@ pub fn register_all(labels: &Labels<'_>) {
         }
         let _ = histogram!("effectgate_upstream_latency_seconds", "route" => route.to_owned());
         let _ = histogram!("effectgate_read_back_latency_seconds", "route" => route.to_owned());
+        counter!("effectgate_compensations_total", "route" => route.to_owned(), "outcome" => "requested")
+            .absolute(0);
         if mcp {
             for outcome in ["ok", "tool-error", "jsonrpc-error"] {
                 counter!("effectgate_mcp_tool_calls_total", "route" => route.to_owned(), "outcome" => outcome)
@@ -380,6 +382,12 @@ pub fn recorded(tenant: &str, route: &str, state: &'static str) {
 /// A transient failure is retried.
 pub fn retry(route: &str) {
     counter!("effectgate_retries_total", "route" => route.to_owned()).increment(1);
+}
+
+/// A compensation of an operation on `route` was `requested`.
+pub fn compensation(route: &str, outcome: &'static str) {
+    counter!("effectgate_compensations_total", "route" => route.to_owned(), "outcome" => outcome)
+        .increment(1);
 }
 
 /// A reconciliation step ended with `outcome`.

@@ -21,6 +21,7 @@ fn every_command_has_help() {
         vec!["ledger", "show", "--help"],
         vec!["ledger", "list", "--help"],
         vec!["ledger", "dead-letters", "--help"],
+        vec!["ledger", "compensate", "--help"],
         vec!["policy", "new", "--help"],
         vec!["policy", "wit", "--help"],
     ] {
@@ -265,7 +266,10 @@ fn policy_wit_prints_the_world_the_gateway_was_built_with() {
     let source =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../wit/policy.wit")).unwrap();
     assert_eq!(wit, source);
-    assert!(wit.contains("package effectgate:policy@0.1.0;"));
+    assert!(wit.contains("package effectgate:policy@0.2.0;"));
+    assert!(
+        wit.contains("export compensate: func(config: string, request: compensation) -> decision;")
+    );
 }
 
 #[test]

@@ -368,3 +368,107 @@ fn sha(k: &str) -> String {
         .map(|b| format!("{b:02x}"))
         .collect()
 }
+
+/// The Compensate button: shown to operators on COMPLETED operations of a
+/// route with a compensation, refused without the CSRF token, and once
+/// pressed the page shows the compensation and the operation COMPENSATED.
+#[tokio::test]
+async fn operators_compensate_a_completed_operation_from_its_page() {
+    let app = spawn_with(Opts {
+        route_extra: r#"effect_class = "payment"
+[routes.read_back]
+path = "/v1/charges?idempotency_key={provider_key}"
+found_pointer = "/data/0"
+reference_pointer = "/id"
+[routes.compensation]
+path = "/v1/refunds"
+body = { charge = "{reference}" }
+"#
+        .into(),
+        more: "[reconcile]\nenabled = false\n".into(),
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(app.charge("c1", r#"{"amount":100}"#).await.status(), 200);
+    let session = |r: reqwest::Response| {
+        r.headers()["set-cookie"]
+            .to_str()
+            .unwrap()
+            .split(';')
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    let page = |cookie: String| {
+        let app = &app;
+        async move {
+            no_redirects()
+                .get(app.admin("/console/operations/c1"))
+                .header("cookie", cookie)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    };
+    // An approver sees no button; an operator does.
+    let approver = session(login(&app, APPROVER_A).await);
+    assert!(!page(approver).await.contains("id=\"compensate\""));
+    let operator = session(login(&app, OPERATOR_A).await);
+    let html = page(operator.clone()).await;
+    assert!(
+        html.contains("action=\"/console/operations/c1/compensate\""),
+        "{html}"
+    );
+    let field = "name=\"csrf\" value=\"";
+    let at = html.find(field).unwrap() + field.len();
+    let csrf = html[at..].split('"').next().unwrap().to_owned();
+    // Without the token: 403, nothing sent.
+    let r = no_redirects()
+        .post(app.admin("/console/operations/c1/compensate"))
+        .header("cookie", &operator)
+        .form(&[("reason", "wrong customer"), ("csrf", "forged")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(app.mock.provider.refunds().is_empty());
+    let done = no_redirects()
+        .post(app.admin("/console/operations/c1/compensate"))
+        .header("cookie", &operator)
+        .form(&[("reason", "wrong customer"), ("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        done.contains("href=\"/console/operations/c1%23compensation\""),
+        "the page links the compensation: {done}"
+    );
+    assert!(
+        done.contains("<span class=\"state\" id=\"state\">COMPENSATED</span>"),
+        "{done}"
+    );
+    assert!(!done.contains("id=\"compensate\""), "no second button");
+    assert_eq!(app.mock.provider.refunds().len(), 1);
+    assert_eq!(app.op_json("c1").await["state"], "COMPENSATED");
+    // The compensation's own page links back to what it undid.
+    let child = page_of(&app, &operator, "c1%23compensation").await;
+    assert!(child.contains("href=\"/console/operations/c1\""), "{child}");
+}
+
+async fn page_of(app: &TestApp, cookie: &str, id: &str) -> String {
+    no_redirects()
+        .get(app.admin(&format!("/console/operations/{id}")))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}

@@ -12,8 +12,8 @@
 use std::sync::Arc;
 
 use effectgate::ledger::{
-    ApprovalDecision, Claim, Ledger, ManualClock, NewApproval, NewOperation, Outcome, Reservation,
-    State,
+    ApprovalDecision, Claim, CompensationReservation, Ledger, ManualClock, NewApproval,
+    NewCompensation, NewOperation, Outcome, Reservation, State,
 };
 use effectgate_tests::pg;
 
@@ -859,7 +859,196 @@ async fn a_live_reconciliation_lease_is_not_taken_twice(l: Ledger) {
     assert_eq!(r2.fence, r1.fence + 1);
 }
 
+/// A COMPLETED operation "o" (returns nothing; panics otherwise).
+async fn completed(l: &Ledger, id: &str) {
+    let v = reserved(l, id).await;
+    let c = l
+        .claim(("t", id), State::Reserved, v, "gw", 60_000, "attempt")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        l.record_outcome(
+            "t",
+            id,
+            c.fence,
+            State::Executing,
+            "gw",
+            &outcome(State::Completed, "2xx")
+        )
+        .await
+        .unwrap()
+    );
+}
+
+fn link(original: &str) -> NewCompensation {
+    NewCompensation {
+        operation_id: original.into(),
+        requested_by: "t:ops".into(),
+        reason: "charged twice".into(),
+        reference: Some("ch_1".into()),
+    }
+}
+
+async fn a_compensation_is_reserved_once_and_completes_its_original(l: Ledger) {
+    completed(&l, "o").await;
+    let child = NewOperation {
+        principal: "t:ops".into(),
+        provider_key: "pk-comp".into(),
+        ..new_op("o#compensation")
+    };
+    // Ten at once: one compensation.
+    let tries = (0..10).map(|_| {
+        let (l, child) = (l.clone(), child.clone());
+        tokio::spawn(async move { l.reserve_compensation(&child, &link("o")).await.unwrap() })
+    });
+    let mut created = 0;
+    for t in tries {
+        match t.await.unwrap() {
+            CompensationReservation::Created(op) => {
+                created += 1;
+                assert_eq!(op.state, State::Reserved);
+            }
+            CompensationReservation::Existing(op) => assert_eq!(op.operation_id, "o#compensation"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(created, 1);
+    let ts = l.transitions("t", "o").await.unwrap();
+    let noted = ts.last().unwrap();
+    assert_eq!(
+        (noted.from_state, noted.to_state),
+        (Some(State::Completed), State::Completed)
+    );
+    assert_eq!(noted.actor, "t:ops");
+    assert!(noted.reason.contains("o#compensation"), "{}", noted.reason);
+    let ct = l.transitions("t", "o#compensation").await.unwrap();
+    assert_eq!(ct.len(), 1);
+    assert_eq!(ct[0].actor, "t:ops");
+    assert!(ct[0].reason.contains("charged twice"), "{}", ct[0].reason);
+    let link_row = l.compensation("t", "o").await.unwrap().unwrap();
+    assert_eq!(link_row.compensation_id, "o#compensation");
+    assert_eq!(link_row.reference.as_deref(), Some("ch_1"));
+
+    // Its attempt: a stale fencing token moves nothing; the current one
+    // completes it and, in the same transaction, compensates the original.
+    let op = l.get("t", "o#compensation").await.unwrap().unwrap();
+    let c = l
+        .claim(
+            ("t", "o#compensation"),
+            State::Reserved,
+            op.version,
+            "gw",
+            60_000,
+            "attempt",
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let done = outcome(State::Completed, "refunded");
+    assert!(
+        !l.record_outcome(
+            "t",
+            "o#compensation",
+            c.fence - 1,
+            State::Executing,
+            "gw",
+            &done
+        )
+        .await
+        .unwrap()
+    );
+    assert_eq!(
+        l.get("t", "o").await.unwrap().unwrap().state,
+        State::Completed
+    );
+    assert!(
+        l.record_outcome(
+            "t",
+            "o#compensation",
+            c.fence,
+            State::Executing,
+            "gw",
+            &done
+        )
+        .await
+        .unwrap()
+    );
+    let original = l.get("t", "o").await.unwrap().unwrap();
+    assert_eq!(original.state, State::Compensated);
+    let last = l.transitions("t", "o").await.unwrap().pop().unwrap();
+    assert_eq!(
+        (last.from_state, last.to_state),
+        (Some(State::Completed), State::Compensated)
+    );
+    assert_eq!(last.actor, "t:ops");
+    assert!(
+        last.reason.contains("o#compensation") && last.reason.contains("charged twice"),
+        "{}",
+        last.reason
+    );
+    // Asking again: the same compensation, nothing written.
+    let before = l.transitions("t", "o").await.unwrap().len();
+    match l.reserve_compensation(&child, &link("o")).await.unwrap() {
+        CompensationReservation::Existing(op) => assert_eq!(op.state, State::Completed),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(l.transitions("t", "o").await.unwrap().len(), before);
+}
+
+async fn a_compensation_of_an_operation_not_completed_writes_nothing(l: Ledger) {
+    reserved(&l, "r").await;
+    let child = new_op("r#compensation");
+    match l.reserve_compensation(&child, &link("r")).await.unwrap() {
+        CompensationReservation::NotCompleted(s) => assert_eq!(s, Some(State::Reserved)),
+        other => panic!("{other:?}"),
+    }
+    assert!(l.get("t", "r#compensation").await.unwrap().is_none());
+    assert!(l.compensation("t", "r").await.unwrap().is_none());
+    assert_eq!(l.transitions("t", "r").await.unwrap().len(), 1);
+    // A compensation that fails leaves its original COMPLETED.
+    completed(&l, "f").await;
+    let child = new_op("f#compensation");
+    let CompensationReservation::Created(op) =
+        l.reserve_compensation(&child, &link("f")).await.unwrap()
+    else {
+        panic!("expected a new compensation");
+    };
+    let c = l
+        .claim(
+            ("t", "f#compensation"),
+            State::Reserved,
+            op.version,
+            "gw",
+            60_000,
+            "attempt",
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let mut refused = outcome(State::Failed, "provider refused with 400");
+    refused.response_status = Some(400);
+    assert!(
+        l.record_outcome(
+            "t",
+            "f#compensation",
+            c.fence,
+            State::Executing,
+            "gw",
+            &refused
+        )
+        .await
+        .unwrap()
+    );
+    assert_eq!(
+        l.get("t", "f").await.unwrap().unwrap().state,
+        State::Completed
+    );
+}
+
 conformance!(
+    a_compensation_is_reserved_once_and_completes_its_original,
+    a_compensation_of_an_operation_not_completed_writes_nothing,
     a_stale_owners_writes_are_fenced_while_the_new_owner_runs,
     a_live_reconciliation_lease_is_not_taken_twice,
     free_text_with_nul_is_stored_the_same_on_both_backends,

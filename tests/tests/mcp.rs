@@ -567,3 +567,78 @@ async fn unreadable_or_malformed_calls_are_never_forwarded() {
     assert_eq!(up.count("refund"), 1);
     assert_eq!(app.op_json("stale-1").await["state"], "COMPLETED");
 }
+
+/// An MCP route's compensation is a tool call: `cancel_email` undoes a
+/// `send_email`, once, in a session of the gateway's own, and its
+/// read-back tool confirms it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sent_email_is_compensated_by_cancel_email_once() {
+    let Some(py) = python() else { return };
+    let up = upstream(&py).await;
+    let url = format!("http://127.0.0.1:{}", up.port);
+    let more = format!(
+        r#"
+[[routes]]
+name = "mail"
+prefix = "/mail/"
+upstream = "{url}"
+mode = "mcp"
+effect_class = "notification"
+response_timeout_ms = 3000
+[routes.compensation]
+tool = "cancel_email"
+arguments = {{ message_id = "{{reference}}" }}
+reference_pointer = "/message_id"
+read_back = {{ tool = "get_cancellation", arguments = {{ message_id = "{{reference}}" }}, found_pointer = "", match = {{ "/cancelled" = "true", "/message_id" = "{{reference}}" }} }}
+
+[reconcile]
+enabled = false
+"#
+    );
+    let app = spawn_with(Opts {
+        more,
+        ..Default::default()
+    })
+    .await;
+    let email = json!({"tool": "send_email", "args": {"to": "ann@example.com", "subject": "offer", "body": "50% off"}, "intent": "mail-1"});
+    let r = agent(&py, &app, "/mail/", json!([email])).await;
+    assert_eq!(r[0]["is_error"], false, "{:?}", r[0]);
+    assert_eq!(up.count("email"), 1);
+    let compensate = || {
+        app.admin_post(
+            OPERATOR_A,
+            "/admin/tenants/a/operations/mail-1/compensate",
+            r#"{"reason":"sent to the wrong list"}"#,
+        )
+    };
+    let res = compensate().await;
+    let status = res.status();
+    let v: Value = res.json().await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["state"], "COMPENSATED");
+    assert_eq!(v["compensation"]["state"], "COMPLETED");
+    assert_eq!(up.count("cancel"), 1);
+    let cancel = std::fs::read_to_string(&up.outbox)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|v| v["kind"] == "cancel")
+        .unwrap();
+    assert_eq!(cancel["message_id"], "msg-1");
+    let child = app.op_json("mail-1%23compensation").await;
+    assert_eq!(child["route"], "mail#compensation");
+    let body: Value = serde_json::from_str(child["response_body"].as_str().unwrap()).unwrap();
+    let result: Value = match body["result"].get("structuredContent") {
+        Some(s) if !s.is_null() => s.clone(),
+        _ => serde_json::from_str(body["result"]["content"][0]["text"].as_str().unwrap()).unwrap(),
+    };
+    assert_eq!(result["status"], "cancelled", "{body}");
+    // Asking again: the same compensation, no second cancellation.
+    assert_eq!(compensate().await.status(), 200);
+    assert_eq!(up.count("cancel"), 1);
+    // The agent's retry of the e-mail is its stored result; nothing is sent.
+    let again = agent(&py, &app, "/mail/", json!([email])).await;
+    assert_eq!(again[0], r[0]);
+    assert_eq!(up.count("email"), 1);
+    assert_eq!(app.op_json("mail-1").await["state"], "COMPENSATED");
+}

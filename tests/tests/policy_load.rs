@@ -148,8 +148,8 @@ fn a_component_of_another_world_version_is_refused_naming_both_versions() {
     let err = engine.load(&policy_wasm("other_world")).unwrap_err();
     assert!(matches!(err, LoadError::OtherWorld { .. }), "{err}");
     let text = err.to_string();
-    assert!(text.contains("effectgate:policy/clock@0.2.0"), "{text}");
-    assert!(text.contains("effectgate:policy@0.1.0"), "{text}");
+    assert!(text.contains("effectgate:policy/clock@0.9.0"), "{text}");
+    assert!(text.contains("effectgate:policy@0.2.0"), "{text}");
 }
 
 #[test]

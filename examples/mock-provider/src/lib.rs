@@ -14,7 +14,13 @@
 //!   Every read-back is logged with its query and when it started and
 //!   ended ([`Provider::readback_log`]); `readback_delay_ms` holds each
 //!   one open that long.
-//! - `GET /stats`: `{"effects": n, "requests": n, "readbacks": n}`.
+//! - `POST /v1/refunds`: refunds a charge, from JSON or a Stripe-style form
+//!   body (`charge=ch_1&reason=requested_by_customer`); `charge` must name
+//!   an existing charge (400 otherwise). Honours `Idempotency-Key` like
+//!   charges. Answers `{"id": "re_N", "object": "refund", "charge", "status":
+//!   "succeeded", …}`.
+//! - `GET /v1/refunds?charge=…`: read-back of refunds, `{"data": [refund, …]}`.
+//! - `GET /stats`: `{"effects": n, "requests": n, "readbacks": n, "refunds": n}`.
 //! - `GET /requests`: every request seen (method, path, headers).
 //! - `POST /admin/faults`: set fault knobs (JSON [`Faults`]); `POST /admin/reset`.
 //!
@@ -72,6 +78,31 @@ pub struct Faults {
     pub readback_hidden: bool,
     /// Every read-back takes this long (ms) before it answers.
     pub readback_delay_ms: u64,
+    /// The next N refund requests apply the refund, then the connection drops.
+    pub refund_drop_after_effect_times: u32,
+    /// While set, every refund is applied and then answered this many ms later.
+    pub refund_delay_reply_ms: u64,
+}
+
+/// One refund.
+#[derive(Debug, Clone, Serialize)]
+pub struct Refund {
+    /// `re_<n>`.
+    pub id: String,
+    /// Always `"refund"`.
+    pub object: &'static str,
+    /// The refunded charge's id.
+    pub charge: String,
+    /// Amount (the charge's, unless the body names one).
+    pub amount: Value,
+    /// Reason, as sent.
+    pub reason: Value,
+    /// Always `"succeeded"`.
+    pub status: &'static str,
+    /// Idempotency key the refund was created with, if any.
+    pub idempotency_key: Option<String>,
+    /// Free-form key-value pairs.
+    pub metadata: Value,
 }
 
 /// One charge.
@@ -110,6 +141,8 @@ pub struct SeenRequest {
 
 #[derive(Debug, Default)]
 struct Inner {
+    refunds: Vec<Refund>,
+    refunds_by_key: HashMap<String, usize>,
     charges: Vec<Charge>,
     by_key: HashMap<String, usize>,
     requests: Vec<SeenRequest>,
@@ -166,6 +199,10 @@ impl Provider {
             }
         }
         out
+    }
+    /// The refunds made.
+    pub fn refunds(&self) -> Vec<Refund> {
+        self.inner.lock().unwrap().refunds.clone()
     }
     /// The charges created.
     pub fn charges(&self) -> Vec<Charge> {
@@ -363,6 +400,7 @@ pub fn router(provider: Provider) -> Router {
     Router::new()
         .route("/v1/charges", post(create_charge).get(list_charges))
         .route("/v1/charges/{id}", get(get_charge))
+        .route("/v1/refunds", post(create_refund).get(list_refunds))
         .route("/stats", get(stats))
         .route(
             "/requests",
@@ -378,7 +416,8 @@ pub fn router(provider: Provider) -> Router {
 async fn stats(State(p): State<Provider>) -> impl IntoResponse {
     let i = p.inner.lock().unwrap();
     axum::Json(
-        json!({"effects": i.charges.len(), "requests": i.requests.len(), "readbacks": i.readbacks}),
+        json!({"effects": i.charges.len(), "requests": i.requests.len(), "readbacks": i.readbacks,
+               "refunds": i.refunds.len()}),
     )
 }
 
@@ -538,6 +577,98 @@ async fn create_charge(State(p): State<Provider>, req: Request) -> Response {
         std::future::pending::<()>().await;
     }
     response
+}
+
+async fn create_refund(State(p): State<Provider>, req: Request) -> Response {
+    record(&p, &req);
+    let kill = req.extensions().get::<ConnKill>().cloned();
+    let (parts, body) = req.into_parts();
+    let h = &parts.headers;
+    let body = axum::body::to_bytes(body, 1 << 20)
+        .await
+        .unwrap_or_default();
+    let form = header(h, "content-type")
+        .is_some_and(|c| c.starts_with("application/x-www-form-urlencoded"));
+    let v = if form {
+        form_to_json(&body)
+    } else {
+        serde_json::from_slice(&body).unwrap_or(Value::Null)
+    };
+    let key = header(h, "idempotency-key").map(str::to_owned);
+    let (response, drop_after, delay) = {
+        let mut i = p.inner.lock().unwrap();
+        let Some(charge) = v
+            .get("charge")
+            .and_then(Value::as_str)
+            .and_then(|id| i.charges.iter().find(|c| c.id == id))
+            .cloned()
+        else {
+            return (
+                StatusCode::BAD_REQUEST,
+                axum::Json(json!({"error": {"type": "invalid_request_error", "message": "no such charge"}})),
+            )
+                .into_response();
+        };
+        let drop_after = i.faults.refund_drop_after_effect_times > 0;
+        if drop_after {
+            i.faults.refund_drop_after_effect_times -= 1;
+        }
+        let delay = i.faults.refund_delay_reply_ms;
+        let response = if let Some(idx) = key.as_ref().and_then(|k| i.refunds_by_key.get(k)) {
+            let r = i.refunds[*idx].clone();
+            let mut resp = (StatusCode::OK, axum::Json(r)).into_response();
+            resp.headers_mut()
+                .insert("idempotent-replayed", "true".parse().unwrap());
+            resp
+        } else {
+            let refund = Refund {
+                id: format!("re_{}", i.refunds.len() + 1),
+                object: "refund",
+                charge: charge.id.clone(),
+                amount: v.get("amount").cloned().unwrap_or(charge.amount.clone()),
+                reason: v.get("reason").cloned().unwrap_or(Value::Null),
+                status: "succeeded",
+                idempotency_key: key.clone(),
+                metadata: v.get("metadata").cloned().unwrap_or_else(|| json!({})),
+            };
+            i.refunds.push(refund.clone());
+            if let Some(k) = key {
+                let n = i.refunds.len() - 1;
+                i.refunds_by_key.insert(k, n);
+            }
+            (StatusCode::OK, axum::Json(refund)).into_response()
+        };
+        (response, drop_after, delay)
+    };
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
+    if drop_after && let Some(kill) = kill {
+        kill.0.notify_one();
+        std::future::pending::<()>().await;
+    }
+    response
+}
+
+#[derive(Debug, Deserialize)]
+struct RefundQuery {
+    charge: Option<String>,
+}
+
+async fn list_refunds(
+    State(p): State<Provider>,
+    Query(q): Query<RefundQuery>,
+    req: Request,
+) -> Response {
+    record(&p, &req);
+    let mut i = p.inner.lock().unwrap();
+    i.readbacks += 1;
+    let data: Vec<&Refund> = i
+        .refunds
+        .iter()
+        .filter(|r| q.charge.as_ref().is_none_or(|c| &r.charge == c))
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
 fn unavailable(retry_after: Option<u32>) -> Response {

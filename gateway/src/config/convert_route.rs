@@ -37,7 +37,7 @@ pub(super) fn route(
         },
         base_dir,
     )?;
-    Ok(Route {
+    let mut route = Route {
         client,
         name,
         prefix: r.prefix,
@@ -65,7 +65,13 @@ pub(super) fn route(
             RouteMode::Mcp => Some(r.mcp.clone().unwrap_or_default()),
             _ => None,
         },
-    })
+        compensation: None,
+        success: SuccessRule::Status2xx,
+    };
+    if let Some(c) = &r.compensation {
+        route.compensation = Some(super::compensation::compensation(&rp, c, &route, lease_ms)?);
+    }
+    Ok(route)
 }
 
 /// The route's prefix, name and upstream URL.
@@ -91,6 +97,12 @@ fn route_identity(
         return Err(ConfigError::new(
             format!("{rp}.name"),
             "must be 1..=128 characters",
+        ));
+    }
+    if compensated_id(&name).is_some() {
+        return Err(ConfigError::new(
+            format!("{rp}.name"),
+            format!("must not end with {COMPENSATION_SUFFIX:?} (the names of compensation routes)"),
         ));
     }
     if !names.insert(name.clone()) {

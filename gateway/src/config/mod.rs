@@ -54,6 +54,7 @@ impl ConfigError {
     }
 }
 
+mod compensation;
 mod convert;
 mod convert_route;
 mod egress;
@@ -64,6 +65,7 @@ mod storage;
 
 use read_back::read_back;
 
+pub use compensation::*;
 pub use route_spec::*;
 pub use spec::*;
 pub use storage::*;
@@ -258,6 +260,12 @@ pub struct Route {
     /// JSON pointer the gateway stamps the tenant id at in every effectful
     /// request body (`routes[].tenant_scoped_field`), if set.
     pub tenant_scoped_field: Option<String>,
+    /// How a COMPLETED operation of this route is undone
+    /// (`[routes.compensation]`), if it can be.
+    pub compensation: Option<std::sync::Arc<Compensation>>,
+    /// When a 2xx answer counts as applied: any 2xx, except on a
+    /// compensation's route with a `success` pointer.
+    pub success: SuccessRule,
 }
 
 /// A validated read-back.
@@ -310,8 +318,18 @@ impl Settings {
         self.routes.iter().find(|r| path.starts_with(&r.prefix))
     }
 
-    /// The route named `name` (`routes[].name`), if it is still configured.
+    /// The route named `name` (`routes[].name`), if it is still configured;
+    /// `<name>#compensation` is the compensation route of route `<name>`
+    /// (see [`Compensation::route`]).
     pub fn route_named(&self, name: &str) -> Option<&Route> {
+        if let Some(base) = compensated_id(name) {
+            return self
+                .routes
+                .iter()
+                .find(|r| r.name == base)
+                .and_then(|r| r.compensation.as_ref())
+                .map(|c| &c.route);
+        }
         self.routes.iter().find(|r| r.name == name)
     }
 }

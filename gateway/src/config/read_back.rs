@@ -3,6 +3,7 @@
 use http::{HeaderName, Method};
 
 use super::{ConfigError, ReadBack, ReadBackSpec};
+use crate::template::Placeholders;
 
 /// Checks a read-back spec at `path` (for error messages) and parses its templates.
 ///
@@ -20,6 +21,20 @@ pub(super) fn read_back(
     rb: &ReadBackSpec,
     tenant_field: Option<&str>,
 ) -> Result<ReadBack, ConfigError> {
+    read_back_for(path, rb, tenant_field, Placeholders::ReadBack)
+}
+
+/// [`read_back`] with the placeholders of `set`: a compensation's
+/// read-back may also use `{reference}` (the provider's reference of the
+/// operation it undoes), which ties it to that operation as
+/// `{provider_key}` does.
+pub(super) fn read_back_for(
+    path: &str,
+    rb: &ReadBackSpec,
+    tenant_field: Option<&str>,
+    set: Placeholders,
+) -> Result<ReadBack, ConfigError> {
+    let parse = |s: &str| crate::template::Template::parse_for(s, set);
     let method = Method::from_bytes(rb.method.to_ascii_uppercase().as_bytes()).map_err(|_| {
         ConfigError::new(
             format!("{path}.method"),
@@ -44,12 +59,11 @@ pub(super) fn read_back(
     }
     let mut tool_arguments = Vec::new();
     for (name, value) in &rb.arguments {
-        let t = crate::template::Template::parse(value)
-            .map_err(|e| ConfigError::new(format!("{path}.arguments.{name}"), e))?;
+        let t =
+            parse(value).map_err(|e| ConfigError::new(format!("{path}.arguments.{name}"), e))?;
         tool_arguments.push((name.clone(), t));
     }
-    let tpl = crate::template::Template::parse(&tpl_text)
-        .map_err(|e| ConfigError::new(format!("{path}.path"), e))?;
+    let tpl = parse(&tpl_text).map_err(|e| ConfigError::new(format!("{path}.path"), e))?;
     let mut headers = Vec::new();
     for (name, value) in &rb.headers {
         let n = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
@@ -58,8 +72,7 @@ pub(super) fn read_back(
                 format!("not a header name: {name:?}"),
             )
         })?;
-        let t = crate::template::Template::parse(value)
-            .map_err(|e| ConfigError::new(format!("{path}.headers.{name}"), e))?;
+        let t = parse(value).map_err(|e| ConfigError::new(format!("{path}.headers.{name}"), e))?;
         headers.push((n, t));
     }
     for (field, p) in [
@@ -89,8 +102,7 @@ pub(super) fn read_back(
                 format!("{ptr:?} is not a JSON pointer"),
             ));
         }
-        let t = crate::template::Template::parse(value)
-            .map_err(|e| ConfigError::new(format!("{path}.match.{ptr}"), e))?;
+        let t = parse(value).map_err(|e| ConfigError::new(format!("{path}.match.{ptr}"), e))?;
         match_fields.push((ptr.clone(), t));
     }
     // Only where the gateway can rely on it: the lookup path, or a
@@ -98,7 +110,17 @@ pub(super) fn read_back(
     // by the provider.
     let tied = tpl.uses_provider_key()
         || match_fields.iter().any(|(_, t)| t.uses_provider_key())
+        || (set == Placeholders::CompensationReadBack
+            && (tpl.uses_reference() || match_fields.iter().any(|(_, t)| t.uses_reference())))
         || tenant_field.is_some();
+    if !tied && set == Placeholders::CompensationReadBack {
+        return Err(ConfigError::new(
+            format!("{path}.match"),
+            "the compensation's read-back is not tied to this compensation: use {reference} \
+             (the provider's reference of the operation it undoes) or {provider_key} (the \
+             compensation's own) in its path or match, e.g. match = { \"/charge\" = \"{reference}\" }",
+        ));
+    }
     if !tied {
         return Err(ConfigError::new(
             format!("{path}.match"),

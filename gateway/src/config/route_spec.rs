@@ -185,6 +185,11 @@ pub struct RouteSpec {
     /// the ledger and is never retried.
     #[serde(default)]
     pub request_schema: Option<PathBuf>,
+    /// How a COMPLETED operation of this route is undone by a compensating
+    /// operation (see `config/compensation.rs`). Without it, compensation
+    /// requests get 409 "no compensation defined".
+    #[serde(default)]
+    pub compensation: Option<CompensationSpec>,
 }
 
 /// Whether the caller waits while transient failures are retried.

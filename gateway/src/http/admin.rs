@@ -10,6 +10,7 @@
 //! | `GET /admin/tenants/{t}/dead-letters?limit=N` | admin, operator of `t` |
 //! | `POST /admin/tenants/{t}/operations/{id}/requeue` | admin, operator of `t` |
 //! | `POST /admin/tenants/{t}/operations/{id}/resolve` | admin, operator of `t` |
+//! | `POST /admin/tenants/{t}/operations/{id}/compensate` | operator of `t` |
 //! | `POST /admin/reload` | any tenant's admin |
 //!
 //! A key of another tenant gets 404, never 403: it must not learn whether
@@ -83,6 +84,10 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/admin/tenants/{tenant}/operations/{operation_id}/replay",
             post(crate::http::replay::replay),
+        )
+        .route(
+            "/admin/tenants/{tenant}/operations/{operation_id}/compensate",
+            post(crate::http::replay::compensate),
         )
         .merge(crate::http::console::routes())
         .fallback(|| async { OpError::NotFound("no such admin endpoint".into()) })

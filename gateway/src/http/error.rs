@@ -40,7 +40,9 @@ impl Problem for OpError {
             OpError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             OpError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             OpError::PolicyFailed { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            OpError::ContractViolation { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            OpError::ContractViolation { .. } | OpError::CompensationUnresolved { .. } => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             OpError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             OpError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             OpError::TenantLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -131,6 +133,10 @@ impl Problem for OpError {
             }
             OpError::BadRequest { field, .. } => {
                 body.insert("field".into(), json!(field));
+            }
+            OpError::CompensationUnresolved { placeholder, .. } => {
+                body.insert("field".into(), json!(format!("{{{placeholder}}}")));
+                body.insert("placeholder".into(), json!(placeholder));
             }
             OpError::Unauthenticated => {
                 body.insert("field".into(), json!("header:Authorization"));

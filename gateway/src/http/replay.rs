@@ -1,6 +1,8 @@
 //! `POST /admin/tenants/{t}/operations/{id}/replay` (role operator, body
 //! `{"force": false, "reason": "…"}`): an operator's replay, decided by
-//! [`crate::ops::replay::replay_as`].
+//! [`crate::ops::replay::replay_as`]; and `POST …/compensate` (role
+//! operator, body `{"reason": "…"}`): undoing a COMPLETED operation with
+//! its route's compensation, [`crate::ops::compensate::compensate_as`].
 
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
@@ -53,4 +55,29 @@ pub async fn replay_operation(
 ) -> Result<(StatusCode, serde_json::Value), OpError> {
     let p = app.authorize_admin(headers, tenant, &[Role::Operator])?;
     replay_as(app, &p, tenant, operation_id, force, reason).await
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompensateBody {
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+/// `POST …/operations/{id}/compensate` (operator): 200 with the report once
+/// the compensation COMPLETED (the operation COMPENSATED), 202 while it
+/// runs or awaits an approval; see [`crate::ops::compensate::compensate_as`].
+pub async fn compensate(
+    State(app): State<AppState>,
+    Path((tenant, operation_id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, OpError> {
+    let b: CompensateBody = parse(&body)?;
+    let p = app.authorize_admin(&headers, &tenant, &[Role::Operator])?;
+    let wait = std::time::Duration::from_millis(app.settings().reconcile.duplicate_wait_ms);
+    let (status, v) =
+        crate::ops::compensate::compensate_as(&app, &p, &tenant, &operation_id, b.reason, wait)
+            .await?;
+    Ok((status, axum::Json(v)).into_response())
 }

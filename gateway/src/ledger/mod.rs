@@ -12,7 +12,15 @@
 //! UNKNOWN ──read-back absent──► EXECUTING (same operation, new fence token)
 //! UNKNOWN ──read-back error──► UNKNOWN (backoff) ──past the bound──► FAILED (dead letter)
 //! FAILED (dead letter) ──operator requeue──► UNKNOWN (read back first) | RESERVED
+//! COMPLETED ──its compensating operation `<id>#compensation` COMPLETED
+//!             (same transaction)──► COMPENSATED
 //! ```
+//!
+//! A compensation is an operation of its own, with its own provider key,
+//! lease, fence, read-back and dead letter; its reservation appends a
+//! COMPLETED → COMPLETED audit row to the original, and the transaction
+//! that records it COMPLETED moves the original to COMPENSATED
+//! (`command/compensation.rs`).
 //!
 //! The only way to change an operation's state is a method of [`Ledger`],
 //! and each of them applies one command of the transition table
@@ -28,6 +36,7 @@
 
 mod approval;
 mod command;
+mod compensation;
 mod db;
 mod dialect;
 mod postgres;
@@ -42,6 +51,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use serde::Serialize;
 
 pub use approval::{Approval, DeadEvent, Decision as ApprovalDecision, NewApproval, OutboxEvent};
+pub use compensation::{CompensationLink, CompensationReservation, NewCompensation};
 pub use db::Ledger;
 
 /// A source of time in ms since the Unix epoch. Injected so tests can

@@ -66,6 +66,13 @@ impl Flow<'_> {
         fp: String,
     ) -> Answer {
         tracing::Span::current().record("effectgate.operation_id", key.as_str());
+        if crate::config::compensated_id(&key).is_some() {
+            // Those ids are the gateway's own compensating operations.
+            return Err(OpError::IdempotencyKeyInvalid(format!(
+                "keys ending in {:?} are reserved for compensations",
+                crate::config::COMPENSATION_SUFFIX
+            )));
+        }
         refuse_ambiguous_json(&body)?;
         check_contract(self.route, &body)?;
         if let Some(op) = known_operation(self.app, &self.principal.tenant, &key, &fp).await? {

@@ -120,9 +120,23 @@ pub fn replay(op: &Operation) -> Reply {
     };
     resp.headers
         .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    if op.state == OpState::Compensated {
+        // The effect was undone since: say so, and by which operation.
+        resp.headers
+            .insert(COMPENSATED, HeaderValue::from_static("true"));
+        if let Ok(v) = HeaderValue::from_str(&crate::config::compensation_id(&op.operation_id)) {
+            resp.headers.insert(COMPENSATION_ID, v);
+        }
+    }
     resp.stored_replay = true;
     resp
 }
+
+/// Response header on a replay of a COMPENSATED operation: `true`.
+pub const COMPENSATED: &str = "effectgate-compensated";
+/// Response header on a replay of a COMPENSATED operation: the id of the
+/// compensating operation that undid it (`<id>#compensation`).
+pub const COMPENSATION_ID: &str = "effectgate-compensation-id";
 
 /// Answers a request for an operation AWAITING_APPROVAL: 202 while its
 /// approval is pending; once approved, this (identical) request spends the

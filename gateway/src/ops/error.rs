@@ -148,6 +148,17 @@ pub enum OpError {
         /// This request's body, in bytes.
         body_bytes: u64,
     },
+    /// 422: a compensation template names a value the stored request or
+    /// response lacks (or a reference none was recorded for); nothing was
+    /// reserved or sent.
+    #[error("the compensation can't be built: {detail}")]
+    CompensationUnresolved {
+        /// The placeholder, without braces: `body:/amount`, `response:/id`,
+        /// `reference`.
+        placeholder: String,
+        /// What is missing.
+        detail: String,
+    },
     /// 400: some other malformed input; `field` names it.
     #[error("{message}")]
     BadRequest {
@@ -196,6 +207,7 @@ impl OpError {
             OpError::TenantLimited { .. } => "tenant-limited",
             OpError::QuotaExceeded { .. } => "tenant-quota-exceeded",
             OpError::BadRequest { .. } => "bad-request",
+            OpError::CompensationUnresolved { .. } => "compensation-unresolved",
             OpError::ProviderUnreachable(_) => "provider-unreachable",
             OpError::LedgerUnavailable(_) => "ledger-unavailable",
             OpError::Internal(_) => "internal",

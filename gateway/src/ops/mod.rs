@@ -8,6 +8,7 @@ pub mod admit;
 pub mod answer;
 pub mod approvals;
 pub mod backoff;
+pub mod compensate;
 pub mod error;
 pub mod execute;
 pub mod mcp;

@@ -45,6 +45,21 @@ pub async fn operation_json(app: &AppState, op: &Operation) -> Result<serde_json
             .decisions(&op.tenant_id, &op.operation_id)
             .await?
     );
+    // Its compensation, when one was asked for (the link, with the
+    // compensating operation's state now); or, for a compensation, what it undoes.
+    if let Some(link) = app
+        .ledger
+        .compensation(&op.tenant_id, &op.operation_id)
+        .await?
+    {
+        let child = app.ledger.get(&op.tenant_id, &link.compensation_id).await?;
+        let mut v = json!(link);
+        v["state"] = json!(child.map(|c| c.state));
+        body["compensation"] = v;
+    }
+    if let Some(original) = crate::config::compensated_id(&op.operation_id) {
+        body["compensates"] = json!(original);
+    }
     crate::times::annotate(&mut body);
     Ok(body)
 }

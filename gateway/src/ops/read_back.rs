@@ -49,7 +49,14 @@ pub const READ_BACK_MAX_BYTES: usize = 16 << 20;
 /// Asks the provider whether `op`'s effect exists, in a span `read-back`
 /// (kind client; its result `found`, `absent` or `error`), timing it in
 /// `effectgate_read_back_latency_seconds`.
-pub async fn read_back(route: &Route, rb: &ReadBack, op: &Operation) -> ReadBackResult {
+/// `reference` is what `{reference}` stands for: for a compensation, the
+/// provider's reference of the operation it undoes (`None` elsewhere).
+pub async fn read_back(
+    route: &Route,
+    rb: &ReadBack,
+    op: &Operation,
+    reference: Option<&str>,
+) -> ReadBackResult {
     let span = tracing::debug_span!(
         "read-back",
         otel.name = if rb.tool.is_some() {
@@ -73,11 +80,11 @@ pub async fn read_back(route: &Route, rb: &ReadBack, op: &Operation) -> ReadBack
     );
     let started = std::time::Instant::now();
     let result = if rb.tool.is_some() {
-        crate::ops::mcp::read_back(route, rb, op)
+        crate::ops::mcp::read_back(route, rb, op, reference)
             .instrument(span.clone())
             .await
     } else {
-        http_read_back(route, rb, op, &span).await
+        http_read_back(route, rb, op, reference, &span).await
     };
     crate::metrics::read_back_latency(&route.name, started.elapsed());
     span.record("effectgate.result", result.kind());
@@ -91,14 +98,17 @@ async fn http_read_back(
     route: &Route,
     rb: &ReadBack,
     op: &Operation,
+    reference: Option<&str>,
     span: &tracing::Span,
 ) -> ReadBackResult {
-    let body: Value = serde_json::from_slice(&op.request_body).unwrap_or(Value::Null);
+    let body = crate::template::body_value(op.request_content_type.as_deref(), &op.request_body);
     let vars = Vars {
         operation_id: &op.operation_id,
         provider_key: &op.provider_key,
         body: &body,
         tenant: &op.tenant_id,
+        reference,
+        response: &Value::Null,
     };
     let path_and_query = rb.path.render(&vars, url_encode);
     let base = route.upstream.as_str().trim_end_matches('/');

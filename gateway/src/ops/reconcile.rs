@@ -149,7 +149,16 @@ async fn reconcile_steps(
     else {
         return Ok(Step::Busy);
     };
-    let result = read_back(route, rb, &op).await;
+    // A compensation's read-back may name the original's reference.
+    let reference = match crate::config::compensated_id(&op.operation_id) {
+        Some(original) => app
+            .ledger
+            .compensation(&op.tenant_id, original)
+            .await?
+            .and_then(|l| l.reference),
+        None => None,
+    };
+    let result = read_back(route, rb, &op, reference.as_deref()).await;
     log_read_back(&op, &result);
     let step = ReadBackStep {
         app,

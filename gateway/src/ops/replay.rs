@@ -371,10 +371,19 @@ pub async fn replay_verdict_for(
     op: &Operation,
     class: crate::config::EffectClass,
 ) -> crate::policy::ReplayVerdict {
-    use crate::policy::bindings::{Operation as WitOp, OperationState as S};
     let rt = app.settings();
     let policies = rt.policies.for_route(&op.tenant_id, &op.route);
-    let wit = WitOp {
+    let wit = wit_operation(op, class);
+    crate::policy::replay_verdict_async(app.engine.clone(), policies, &op.tenant_id, wit).await
+}
+
+/// `op` as the policy world's `operation` record, with effect class `class`.
+pub(crate) fn wit_operation(
+    op: &Operation,
+    class: crate::config::EffectClass,
+) -> crate::policy::bindings::Operation {
+    use crate::policy::bindings::{Operation as WitOp, OperationState as S};
+    WitOp {
         tenant: op.tenant_id.clone(),
         operation_id: op.operation_id.clone(),
         route: op.route.clone(),
@@ -390,6 +399,5 @@ pub async fn replay_verdict_for(
         },
         attempts: u32::try_from(op.attempts).unwrap_or(u32::MAX),
         fingerprint: op.fingerprint.clone(),
-    };
-    crate::policy::replay_verdict_async(app.engine.clone(), policies, &op.tenant_id, wit).await
+    }
 }

@@ -19,7 +19,15 @@
 //! name = "payments replay only as the same operation"
 //! replay = { effect_class = "payment", state = "completed" }
 //! expect = { verdict = "same-operation-only" }
+//!
+//! [[cases]]
+//! name = "undoing a permission needs an approval"
+//! compensate = { effect_class = "permission", path = "/v1/grants/revoke", body = { grant = "g_1" } }
+//! expect = { decision = "require-approval" }
 //! ```
+//!
+//! A `compensate` case of a module without that export (world 0.1.0)
+//! checks the gateway's default for the effect class.
 //!
 //! A case may carry its own `config`. Request fields default to: tenant
 //! `test`, principal `test:client`, route `test`, effect class `payment`,
@@ -46,7 +54,7 @@ pub struct CaseFile {
     pub cases: Vec<Case>,
 }
 
-/// One case: exactly one of `request`, `classify`, `replay`.
+/// One case: exactly one of `request`, `classify`, `replay`, `compensate`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Case {
@@ -64,6 +72,9 @@ pub struct Case {
     /// A `replay` case.
     #[serde(default)]
     pub replay: Option<CaseReplay>,
+    /// A `compensate` case.
+    #[serde(default)]
+    pub compensate: Option<CaseCompensate>,
     /// What must come out.
     pub expect: Expect,
 }
@@ -108,6 +119,27 @@ pub struct CaseReplay {
     state: Option<String>,
     #[serde(default)]
     attempts: Option<u32>,
+}
+
+/// Compensation fixture for `compensate`: the operation undone (its effect
+/// class; COMPLETED) and the compensating request (default `POST /`, no
+/// body), asked by `principal` (default `test:operator`) with `reason`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaseCompensate {
+    effect_class: EffectClass,
+    #[serde(default)]
+    principal: Option<String>,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    method: Option<String>,
+    #[serde(default)]
+    path: Option<String>,
+    #[serde(default)]
+    query: Option<String>,
+    #[serde(default)]
+    body: Option<Value>,
 }
 
 /// Expected outcome.
@@ -211,12 +243,15 @@ fn run_case(
         case.request.is_some(),
         case.classify.is_some(),
         case.replay.is_some(),
+        case.compensate.is_some(),
     ]
     .iter()
     .filter(|b| **b)
     .count();
     if kinds != 1 {
-        return Err("a case needs exactly one of `request`, `classify`, `replay`".into());
+        return Err(
+            "a case needs exactly one of `request`, `classify`, `replay`, `compensate`".into(),
+        );
     }
     let run = CaseRun {
         engine,
@@ -230,6 +265,9 @@ fn run_case(
     }
     if let Some(c) = &case.classify {
         return run.classify(c);
+    }
+    if let Some(c) = &case.compensate {
+        return run.compensate(c);
     }
     run.replay(case.replay.as_ref().expect("checked above"))
 }
@@ -251,8 +289,7 @@ struct CaseRun<'a> {
 impl CaseRun<'_> {
     /// An `evaluate` case: the decision, status, reason and class expected.
     fn request(&self, r: &CaseRequest) -> Result<(), String> {
-        let (engine, compiled, config, e, i) =
-            (self.engine, self.compiled, self.config, self.expect, self.i);
+        let (engine, compiled, config, i) = (self.engine, self.compiled, self.config, self.i);
         let body = match (&r.body, &r.body_text) {
             (_, Some(t)) => t.as_bytes().to_vec(),
             (Some(v), None) => serde_json::to_vec(v).unwrap_or_default(),
@@ -284,7 +321,13 @@ impl CaseRun<'_> {
                 inst.call_evaluate(store, config, &req)
             })
             .map_err(|e| e.to_string())?;
-        let (name, status, reason, class) = match &d {
+        self.decision(&d)
+    }
+
+    /// Checks a decision against `expect` (decision, status, reason, class).
+    fn decision(&self, d: &bindings::Decision) -> Result<(), String> {
+        let e = self.expect;
+        let (name, status, reason, class) = match d {
             bindings::Decision::Allow(a) => (
                 "allow",
                 None,
@@ -321,6 +364,59 @@ impl CaseRun<'_> {
             return fail("effect class", want.as_str(), &format!("{class:?}"));
         }
         Ok(())
+    }
+
+    /// A `compensate` case: the decision expected (a module without the
+    /// export gets the gateway's default for the effect class).
+    fn compensate(&self, c: &CaseCompensate) -> Result<(), String> {
+        let (engine, compiled, config, i) = (self.engine, self.compiled, self.config, self.i);
+        let op = bindings::Operation {
+            tenant: "test".into(),
+            operation_id: format!("case-{i}"),
+            route: "test".into(),
+            effect_class: super::wit_class(c.effect_class),
+            state: OperationState::Completed,
+            attempts: 1,
+            fingerprint: "0".repeat(64),
+        };
+        let request = bindings::Compensation {
+            compensation_id: format!("case-{i}#compensation"),
+            operation: op,
+            principal: c
+                .principal
+                .clone()
+                .unwrap_or_else(|| "test:operator".into()),
+            reason: c.reason.clone().unwrap_or_default(),
+            method: c
+                .method
+                .clone()
+                .unwrap_or_else(|| "POST".into())
+                .to_ascii_uppercase(),
+            path: c.path.clone().unwrap_or_else(|| "/".into()),
+            query: c.query.clone(),
+            body: c
+                .body
+                .as_ref()
+                .map(|b| serde_json::to_vec(b).unwrap_or_default())
+                .unwrap_or_default(),
+            fingerprint: "0".repeat(64),
+        };
+        let d = match engine
+            .call_compensate(compiled, "policy-test", config, &request)
+            .map_err(|e| e.to_string())?
+        {
+            Some(d) => d,
+            None => match super::compensate::default_compensate(c.effect_class) {
+                super::Verdict::RequireApproval { reasons, .. } => {
+                    bindings::Decision::RequireApproval(reasons.join("; "))
+                }
+                _ => bindings::Decision::Allow(bindings::Allow {
+                    effect_class: None,
+                    add_headers: Vec::new(),
+                }),
+            },
+        };
+        self.decision(&d)
     }
 
     /// A `classify-failure` case: the class expected.
@@ -387,11 +483,22 @@ pub fn describe(engine: &PolicyEngine, module: &Path) -> anyhow::Result<String> 
     let compiled = engine.compile(&bytes)?;
     let schema: Value = serde_json::from_str(&compiled.config_schema)
         .unwrap_or(Value::String(compiled.config_schema.clone()));
+    // A component without `compensate` was built for an earlier world.
+    let (world, compensate) = if compiled.has_compensate {
+        (bindings::WORLD, ", compensate")
+    } else {
+        (
+            bindings::EARLIER_WORLDS
+                .first()
+                .copied()
+                .unwrap_or(bindings::WORLD),
+            " (no compensate: its compensations get the defaults)",
+        )
+    };
     Ok(format!(
-        "module:  {}\nsha256:  {}\nworld:   {}\nexports: config-schema, evaluate, classify-failure, replay\nconfig schema:\n{}\n",
+        "module:  {}\nsha256:  {}\nworld:   {world}\nexports: config-schema, evaluate, classify-failure, replay{compensate}\nconfig schema:\n{}\n",
         module.display(),
         compiled.hash_hex,
-        bindings::WORLD,
         serde_json::to_string_pretty(&schema).unwrap_or_default()
     ))
 }

@@ -28,7 +28,7 @@ pub use super::failure::{BusyLimit, PolicyFailure};
 use super::guard::{Breakers, Change, Outcome, Permit, Permits};
 pub use super::host::HostState;
 use super::host::Limiter;
-use super::inspect::{initial_memory_bytes, other_world, unprovided_imports};
+use super::inspect::{exports_compensate, initial_memory_bytes, other_world, unprovided_imports};
 use crate::config::PolicyLimitsSpec;
 
 /// The CPU deadline of the `config-schema()` call made when a module is
@@ -60,6 +60,9 @@ pub struct CompiledPolicy {
     pub load_time: Duration,
     /// The size of the module, in bytes.
     pub module_bytes: usize,
+    /// Whether it exports `compensate` (world 0.2.0); a 0.1.0 component
+    /// doesn't, and its compensation decision is the default.
+    pub has_compensate: bool,
 }
 
 impl std::fmt::Debug for CompiledPolicy {
@@ -109,8 +112,9 @@ pub enum LoadError {
     Incompatible(String),
     /// It targets another version of the policy world.
     #[error(
-        "the module targets a different policy world version ({found}); this gateway speaks {}",
-        bindings::WORLD
+        "the module targets a different policy world version ({found}); this gateway speaks {} (and loads components of {})",
+        bindings::WORLD,
+        bindings::EARLIER_WORLDS.join(", ")
     )]
     OtherWorld {
         /// The policy-world names it imports or exports, with their version.
@@ -210,6 +214,7 @@ impl PolicyEngine {
         add_wasi_without_io_access(&mut linker)?;
         bindings::Policy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
+        add_earlier_worlds(&mut linker).map_err(|e| anyhow::anyhow!("{e}"))?;
         let weak = engine.weak();
         std::thread::Builder::new()
             .name("policy-epoch".into())
@@ -380,7 +385,9 @@ impl PolicyEngine {
                 bindings::WORLD
             ))
         })?;
+        let has_compensate = exports_compensate(&self.engine, &component);
         let mut compiled = CompiledPolicy {
+            has_compensate,
             hash,
             hash_hex: hex::encode(hash),
             pre,
@@ -457,15 +464,46 @@ impl PolicyEngine {
         self.call_with_deadline(policy, label, self.limits.deadline_ms, f)
     }
 
-    /// [`PolicyEngine::call`] with a CPU deadline of `deadline_ms` epoch
-    /// ticks (1 ms each) instead of `policy.deadline_ms`.
-    fn call_with_deadline<R>(
+    /// Calls the policy's `compensate` export (world 0.2.0) in a fresh
+    /// instance with the configured limits. `Ok(None)` when the component
+    /// has no such export (world 0.1.0): the caller applies the default.
+    ///
+    /// Errors: the call failed (trap, deadline, memory, a `compensate` of
+    /// another type).
+    pub fn call_compensate(
         &self,
         policy: &CompiledPolicy,
         label: &str,
-        deadline_ms: u64,
-        f: impl FnOnce(&bindings::Policy, &mut Store<HostState>) -> wasmtime::Result<R>,
-    ) -> Result<R, PolicyFailure> {
+        config: &str,
+        request: &bindings::Compensation,
+    ) -> Result<Option<bindings::Decision>, PolicyFailure> {
+        if !policy.has_compensate {
+            return Ok(None);
+        }
+        let mut store = self.store(label, self.limits.deadline_ms)?;
+        let started = Instant::now();
+        self.instantiations.fetch_add(1, Ordering::Relaxed);
+        let out = (|| {
+            let instance = policy.pre.instance_pre().instantiate(&mut store)?;
+            let func = instance
+                .get_typed_func::<(&str, &bindings::Compensation), (bindings::Decision,)>(
+                    &mut store,
+                    "compensate",
+                )?;
+            let (decision,) = func.call(&mut store, (config, request))?;
+            Ok(decision)
+        })()
+        .map_err(|e| classify_error(e, &store));
+        crate::metrics::policy_call(
+            started.elapsed(),
+            out.as_ref().err().map(PolicyFailure::kind),
+        );
+        out.map(Some)
+    }
+
+    /// A fresh store with the configured limits and a CPU deadline of
+    /// `deadline_ms` epoch ticks.
+    fn store(&self, label: &str, deadline_ms: u64) -> Result<Store<HostState>, PolicyFailure> {
         // Core instances, tables and memories a store may hold: room for a
         // Python component's ~40 core modules.
         let limits = Limiter {
@@ -495,6 +533,19 @@ impl PolicyEngine {
                 .set_fuel(fuel)
                 .map_err(|e| PolicyFailure::Instantiate(e.to_string()))?;
         }
+        Ok(store)
+    }
+
+    /// [`PolicyEngine::call`] with a CPU deadline of `deadline_ms` epoch
+    /// ticks (1 ms each) instead of `policy.deadline_ms`.
+    fn call_with_deadline<R>(
+        &self,
+        policy: &CompiledPolicy,
+        label: &str,
+        deadline_ms: u64,
+        f: impl FnOnce(&bindings::Policy, &mut Store<HostState>) -> wasmtime::Result<R>,
+    ) -> Result<R, PolicyFailure> {
+        let mut store = self.store(label, deadline_ms)?;
         let started = Instant::now();
         self.instantiations.fetch_add(1, Ordering::Relaxed);
         let instance = policy
@@ -508,6 +559,40 @@ impl PolicyEngine {
         );
         out
     }
+}
+
+/// Links the interfaces of the earlier world versions
+/// ([`bindings::EARLIER_WORLDS`]) to the same host functions, so their
+/// components load: `log` and `clock` of 0.1.0 are those of today, and
+/// `types` has no functions.
+fn add_earlier_worlds(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    use bindings::effectgate::policy::clock::Host as _;
+    use bindings::effectgate::policy::log::{Host as _, Level};
+    for world in bindings::EARLIER_WORLDS {
+        let Some(version) = world.rsplit('@').next() else {
+            continue;
+        };
+        linker.instance(&format!("effectgate:policy/types@{version}"))?;
+        linker
+            .instance(&format!("effectgate:policy/log@{version}"))?
+            .func_wrap(
+                "log",
+                |mut store: wasmtime::StoreContextMut<'_, HostState>,
+                 (level, message, fields): (Level, String, Vec<(String, String)>)| {
+                    store.data_mut().log(level, message, fields);
+                    Ok(())
+                },
+            )?;
+        linker
+            .instance(&format!("effectgate:policy/clock@{version}"))?
+            .func_wrap(
+                "now-ms",
+                |mut store: wasmtime::StoreContextMut<'_, HostState>, (): ()| {
+                    Ok((store.data_mut().now_ms(),))
+                },
+            )?;
+    }
+    Ok(())
 }
 
 fn classify_error(e: wasmtime::Error, store: &Store<HostState>) -> PolicyFailure {

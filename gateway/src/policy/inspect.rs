@@ -28,19 +28,31 @@ pub(super) fn initial_memory_bytes(bytes: &[u8]) -> u64 {
 }
 
 /// The policy-world names a component imports or exports under a version
-/// other than ours, if any.
+/// other than ours or an earlier one we still load, if any.
 pub(super) fn other_world(engine: &Engine, component: &Component) -> Option<String> {
     let ty = component.component_type();
     let mut names: Vec<String> = ty.imports(engine).map(|(n, _)| n.to_owned()).collect();
     names.extend(ty.exports(engine).map(|(n, _)| n.to_owned()));
-    let ours = bindings::WORLD.rsplit('@').next().unwrap_or_default();
+    let known: Vec<&str> = std::iter::once(bindings::WORLD)
+        .chain(bindings::EARLIER_WORLDS.iter().copied())
+        .filter_map(|w| w.rsplit('@').next())
+        .collect();
     let other: Vec<String> = names
         .into_iter()
         .filter(|n| {
-            n.starts_with("effectgate:policy/") && n.rsplit_once('@').map(|(_, v)| v) != Some(ours)
+            n.starts_with("effectgate:policy/")
+                && !n.rsplit_once('@').is_some_and(|(_, v)| known.contains(&v))
         })
         .collect();
     (!other.is_empty()).then(|| other.join(", "))
+}
+
+/// Whether the component exports `compensate` (world 0.2.0 and later).
+pub(super) fn exports_compensate(engine: &Engine, component: &Component) -> bool {
+    component
+        .component_type()
+        .exports(engine)
+        .any(|(n, _)| n == "compensate")
 }
 
 /// The WASI interfaces the host links (any 0.2.x version), as
@@ -66,8 +78,12 @@ const PROVIDED_WASI: &[&str] = &[
     "wasi:cli/terminal-stderr",
 ];
 
-/// The policy world's own interfaces, as a component imports them.
+/// The policy world's own interfaces, as a component imports them (this
+/// version and the earlier ones the host links too).
 const PROVIDED_POLICY: &[&str] = &[
+    "effectgate:policy/types@0.2.0",
+    "effectgate:policy/log@0.2.0",
+    "effectgate:policy/clock@0.2.0",
     "effectgate:policy/types@0.1.0",
     "effectgate:policy/log@0.1.0",
     "effectgate:policy/clock@0.1.0",

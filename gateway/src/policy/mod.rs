@@ -1,6 +1,8 @@
 //! Tenant policies as WebAssembly components.
 //!
-//! - [`bindings`]: the `effectgate:policy@0.1.0` world (`wit/policy.wit`);
+//! - [`bindings`]: the `effectgate:policy@0.2.0` world (`wit/policy.wit`;
+//!   components of 0.1.0 load too, without `compensate`);
+//! - [`compensate`]: the `compensate` decision and its defaults;
 //! - [`engine`]: the wasmtime host (compile once, `InstancePre` cached by
 //!   content hash, a fresh `Store` per call with memory, epoch-deadline and
 //!   optional fuel limits);
@@ -25,6 +27,7 @@
 pub mod bindings;
 pub mod cases;
 mod chain;
+pub mod compensate;
 pub mod disk_cache;
 pub mod engine;
 mod failure;

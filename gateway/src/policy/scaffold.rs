@@ -214,7 +214,8 @@ const RUST_LIB: &str = r##"//! {{name}}: an effectgate policy for the {{world}} 
 wit_bindgen::generate!({ path: "wit", world: "policy" });
 
 // The world's `use` brings Decision, Request, Operation, ResponseHead,
-// FailureClass and ReplayVerdict into this module; the rest are here.
+// FailureClass, ReplayVerdict and Compensation into this module; the rest
+// are here.
 use effectgate::policy::types::{Allow, EffectClass};
 
 struct Policy;
@@ -251,6 +252,22 @@ impl Guest for Policy {
             EffectClass::Notification | EffectClass::Payment => ReplayVerdict::SameOperationOnly,
             EffectClass::Permission => ReplayVerdict::Revalidate,
             EffectClass::Irreversible => ReplayVerdict::Manual,
+        }
+    }
+
+    /// May an operator compensate (undo) a completed operation with the
+    /// compensating request in `request`? The gateway's defaults: an
+    /// approval for permission and irreversible operations, allow for the rest.
+    fn compensate(config: String, request: Compensation) -> Decision {
+        let _ = config;
+        match request.operation.effect_class {
+            EffectClass::Permission | EffectClass::Irreversible => Decision::RequireApproval(
+                "compensating this operation needs an approval".into(),
+            ),
+            _ => Decision::Allow(Allow {
+                effect_class: None,
+                add_headers: Vec::new(),
+            }),
         }
     }
 }
@@ -300,7 +317,7 @@ const JS_POLICY: &str = r#"// {{name}}: an effectgate policy for the {{world}} w
 // WIT names ("payment", "same-operation-only"), option<T> is T or
 // undefined, and a decision is {tag: "allow", val: {effectClass, addHeaders}},
 // {tag: "deny", val: {status, reason}} or {tag: "require-approval", val: reason}.
-// Log with `import { log } from "effectgate:policy/log@0.1.0"`:
+// Log with `import { log } from "effectgate:policy/log@0.2.0"`:
 // log("info", "message", [["key", "value"]]).
 
 // The JSON Schema of the per-tenant config; the gateway validates every
@@ -330,6 +347,17 @@ const REPLAY = {
 };
 export function replay(config, op) {
   return REPLAY[op.effectClass] ?? "manual";
+}
+
+// May an operator compensate (undo) a completed operation with the
+// compensating request in `request`? The gateway's defaults: an approval
+// for permission and irreversible operations, allow for the rest.
+export function compensate(config, request) {
+  const cls = request.operation.effectClass;
+  if (cls === "permission" || cls === "irreversible") {
+    return { tag: "require-approval", val: "compensating this operation needs an approval" };
+  }
+  return { tag: "allow", val: { effectClass: undefined, addHeaders: [] } };
 }
 "#;
 
@@ -370,8 +398,10 @@ import json
 import wit_world
 from wit_world.imports.types import (
     Allow,
+    Compensation,
     Decision,
     Decision_Allow,
+    Decision_RequireApproval,
     EffectClass,
     FailureClass,
     Operation,
@@ -409,6 +439,14 @@ class WitWorld(wit_world.WitWorld):
     def replay(self, config: str, op: Operation) -> ReplayVerdict:
         """May an operation be replayed? The gateway's defaults by effect class."""
         return REPLAY[op.effect_class]
+
+    def compensate(self, config: str, request: Compensation) -> Decision:
+        """May an operator compensate (undo) a completed operation with the
+        compensating request in ``request``? The gateway's defaults: an
+        approval for permission and irreversible operations, allow for the rest."""
+        if request.operation.effect_class in (EffectClass.PERMISSION, EffectClass.IRREVERSIBLE):
+            return Decision_RequireApproval("compensating this operation needs an approval")
+        return Decision_Allow(Allow(effect_class=None, add_headers=[]))
 "#;
 
 const PY_BUILD: &str = r#"#!/usr/bin/env bash

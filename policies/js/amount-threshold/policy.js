@@ -17,7 +17,7 @@
 //           | {tag: "require-approval", val: reason}
 //   enums (effect class, failure class, replay verdict): their WIT names.
 
-import { log } from "effectgate:policy/log@0.1.0";
+import { log } from "effectgate:policy/log@0.2.0";
 
 const SCHEMA = JSON.stringify({
   $schema: "https://json-schema.org/draft/2020-12/schema",
@@ -128,4 +128,14 @@ const REPLAY_DEFAULTS = {
 
 export function replay(_config, op) {
   return REPLAY_DEFAULTS[op.effectClass] ?? "manual";
+}
+
+// The gateway's compensation defaults: an approval for permission and
+// irreversible operations, allow for the rest.
+export function compensate(_config, request) {
+  const cls = request.operation.effectClass;
+  if (cls === "permission" || cls === "irreversible") {
+    return requireApproval(`compensating a ${cls} operation needs an approval`);
+  }
+  return allow();
 }

@@ -18,6 +18,7 @@ import wit_world
 from wit_world.imports import log
 from wit_world.imports.types import (
     Allow,
+    Compensation,
     Decision,
     Decision_Allow,
     Decision_Deny,
@@ -134,3 +135,10 @@ class WitWorld(wit_world.WitWorld):
 
     def replay(self, config: str, op: Operation) -> ReplayVerdict:
         return REPLAY[op.effect_class]
+
+    def compensate(self, config: str, request: Compensation) -> Decision:
+        # The gateway's defaults: an approval for permission and
+        # irreversible operations, allow for the rest.
+        if request.operation.effect_class in (EffectClass.PERMISSION, EffectClass.IRREVERSIBLE):
+            return Decision_RequireApproval("compensating this operation needs an approval")
+        return allow()

@@ -22,8 +22,10 @@ import json
 import wit_world
 from wit_world.imports.types import (
     Allow,
+    Compensation,
     Decision,
     Decision_Allow,
+    Decision_RequireApproval,
     EffectClass,
     FailureClass,
     Operation,
@@ -88,3 +90,10 @@ class WitWorld(wit_world.WitWorld):
             overrides = {}
         named = overrides.get(class_name(op.effect_class)) if isinstance(overrides, dict) else None
         return VERDICTS.get(named, DEFAULTS[op.effect_class])
+
+    def compensate(self, config: str, request: Compensation) -> Decision:
+        # The gateway's defaults: an approval for permission and
+        # irreversible operations, allow for the rest.
+        if request.operation.effect_class in (EffectClass.PERMISSION, EffectClass.IRREVERSIBLE):
+            return Decision_RequireApproval("compensating this operation needs an approval")
+        return Decision_Allow(Allow(effect_class=None, add_headers=[]))

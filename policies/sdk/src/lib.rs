@@ -2,7 +2,7 @@
 //!
 //! Implement [`Policy`] for a type and export it with [`export_policy!`]; build
 //! with `cargo build --target wasm32-wasip2 --release` and the result is a
-//! component for the `effectgate:policy@0.1.0` world (`wit/policy.wit`).
+//! component for the `effectgate:policy@0.2.0` world (`wit/policy.wit`).
 //!
 //! ```ignore
 //! use effectgate_policy_sdk::*;
@@ -36,14 +36,15 @@ pub mod bindings {
 pub use wit_bindgen as __wit_bindgen;
 
 pub use bindings::effectgate::policy::types::{
-    Allow, Decision, Deny, EffectClass, FailureClass, Header, Operation, OperationState,
-    ReplayVerdict, Request, ResponseHead,
+    Allow, Compensation, Decision, Deny, EffectClass, FailureClass, Header, Operation,
+    OperationState, ReplayVerdict, Request, ResponseHead,
 };
 pub use serde_json::{self, Value, json};
 
 /// A policy. Every method but [`Policy::config_schema`] has a default:
 /// allow every request, classify failures as unknown (the gateway's own
-/// rules apply), and the replay defaults of [`default_replay`].
+/// rules apply), the replay defaults of [`default_replay`] and the
+/// compensation defaults of [`default_compensate`].
 pub trait Policy {
     /// The JSON Schema of this policy's per-tenant config.
     fn config_schema() -> String;
@@ -65,6 +66,26 @@ pub trait Policy {
     fn replay(config: &Value, op: &Operation) -> ReplayVerdict {
         let _ = config;
         default_replay(op.effect_class)
+    }
+
+    /// Decides whether an operator may compensate (undo) a COMPLETED
+    /// operation with the compensating request in `request`: allow, deny,
+    /// or require an approval of that exact request.
+    fn compensate(config: &Value, request: &Compensation) -> Decision {
+        let _ = config;
+        default_compensate(request.operation.effect_class)
+    }
+}
+
+/// The gateway's compensation defaults: permission and irreversible
+/// operations need an approval; payment, notification, derived and
+/// analytics ones are allowed for operators.
+pub fn default_compensate(class: EffectClass) -> Decision {
+    match class {
+        EffectClass::Permission | EffectClass::Irreversible => {
+            require_approval("compensating this operation needs an approval")
+        }
+        _ => allow(),
     }
 }
 
@@ -191,6 +212,9 @@ macro_rules! export_policy {
             }
             fn replay(config: ::std::string::String, op: $crate::Operation) -> $crate::ReplayVerdict {
                 <$ty as $crate::Policy>::replay(&$crate::__config(&config), &op)
+            }
+            fn compensate(config: ::std::string::String, request: $crate::Compensation) -> $crate::Decision {
+                <$ty as $crate::Policy>::compensate(&$crate::__config(&config), &request)
             }
         }
         $crate::bindings::export!(__EffectgatePolicyExport with_types_in $crate::bindings);

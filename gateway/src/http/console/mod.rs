@@ -14,7 +14,7 @@
 //! | `/console` | counts: pending approvals, UNKNOWN, dead-letter depth and oldest age |
 //! | `/console/approvals` | pending approvals with the exact request and the policy's reason |
 //! | `/console/operations?state=S` | operations by state (`DEAD` = dead letters) |
-//! | `/console/operations/{id}` | the transition timeline, attempts, policy decisions, replay |
+//! | `/console/operations/{id}` | the transition timeline, attempts, policy decisions, replay, compensate (COMPLETED operations) |
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -122,6 +122,7 @@ pub fn routes() -> Router<AppState> {
         .route("/console/operations", get(operations))
         .route("/console/operations/{id}", get(operation))
         .route("/console/operations/{id}/replay", post(replay))
+        .route("/console/operations/{id}/compensate", post(compensate))
         .layer(axum::middleware::from_fn(secure_cookies))
 }
 
@@ -539,6 +540,47 @@ async fn replay(
         &id,
         f.force.is_some(),
         reason,
+    )
+    .await
+    {
+        Ok((_, v)) => serde_json::to_string_pretty(&v).unwrap_or_default(),
+        Err(e) => serde_json::to_string_pretty(&crate::http::error::Problem::problem(&e))
+            .unwrap_or_default(),
+    };
+    operation_page(&app, &s, &id, Some(result)).await
+}
+
+#[derive(Debug, Deserialize)]
+struct CompensateForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    reason: String,
+}
+
+/// The console's Compensate button (operators, COMPLETED operations):
+/// [`crate::ops::compensate::compensate_as`], its report shown on the page.
+async fn compensate(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<CompensateForm>,
+) -> Response {
+    let Some(s) = session(&app, &headers) else {
+        return login_redirect();
+    };
+    if let Some(r) = csrf_refused(&s, &f.csrf) {
+        return r;
+    }
+    let reason = Some(f.reason).filter(|r| !r.trim().is_empty());
+    let wait = std::time::Duration::from_millis(app.settings().reconcile.duplicate_wait_ms);
+    let result = match crate::ops::compensate::compensate_as(
+        &app,
+        &s.principal,
+        &s.principal.tenant.clone(),
+        &id,
+        reason,
+        wait,
     )
     .await
     {

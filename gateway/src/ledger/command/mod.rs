@@ -25,6 +25,9 @@
 //! | [`NoteApproval`] | AWAITING_APPROVAL | AWAITING_APPROVAL | source state | decider |
 //! | [`RefuseApproval`] | AWAITING_APPROVAL | FAILED | fingerprint | decider or reconciler |
 //! | [`UseApproval`] | AWAITING_APPROVAL | EXECUTING | fingerprint | lease owner |
+//! | [`ReserveCompensation`] | ∅ | RESERVED | new key | operator, the original and the reason |
+//! | [`NoteCompensation`] | COMPLETED | COMPLETED | source state (in the reservation's transaction) | operator |
+//! | [`CompleteCompensation`] | COMPLETED | COMPENSATED | source state (in the compensation's COMPLETED transaction) | operator, the compensation and the reason |
 //!
 //! [`apply`] is the one function that writes a command: it refuses a pair
 //! outside the command's sources and targets or the state machine
@@ -38,12 +41,14 @@
 //! version.
 
 mod approvals;
+mod compensation;
 mod executor;
 mod recovery;
 
 use std::borrow::Cow;
 
 pub(super) use approvals::{NoteApproval, RefuseApproval, UseApproval};
+pub(super) use compensation::{CompleteCompensation, NoteCompensation, ReserveCompensation};
 pub(super) use executor::{
     AwaitApproval, ClaimLease, ExtendLease, Lease, NoteRetry, RecordOutcome, Reserve,
 };
@@ -471,6 +476,9 @@ mod tests {
         assert!(stays_inside::<NoteApproval>());
         assert!(stays_inside::<RefuseApproval>());
         assert!(stays_inside::<UseApproval>());
+        assert!(stays_inside::<ReserveCompensation>());
+        assert!(stays_inside::<NoteCompensation>());
+        assert!(stays_inside::<CompleteCompensation>());
         // SelfAudit names every state; the state machine picks the ones
         // that may stay.
         assert!(SelfAudit::SOURCES.iter().any(|s| s.can_transition_to(*s)));

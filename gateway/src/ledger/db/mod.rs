@@ -69,6 +69,7 @@ macro_rules! dispatch {
 }
 
 mod approvals;
+mod compensation;
 
 impl Ledger {
     /// Opens (creating if missing) the SQLite file at `path` and applies the

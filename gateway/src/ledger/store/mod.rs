@@ -4,6 +4,7 @@
 //! sweeps and keeps approvals and the outbox.
 
 mod approvals;
+mod compensation;
 mod outbox;
 mod reads;
 mod reconcile;

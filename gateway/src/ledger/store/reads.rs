@@ -237,7 +237,13 @@ impl<D: Dialect> Store<D> {
             tx.commit().await?;
             return Ok(0);
         }
-        for table in ["transitions", "attempts", "policy_decisions", "approvals"] {
+        for table in [
+            "transitions",
+            "attempts",
+            "policy_decisions",
+            "approvals",
+            "compensations",
+        ] {
             sql::<D>(&format!(
                 "DELETE FROM {table} WHERE (tenant_id, operation_id) IN \
                  (SELECT tenant_id, operation_id FROM operations WHERE scan_owner = ?)"

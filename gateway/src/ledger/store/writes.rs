@@ -111,6 +111,10 @@ impl<D: Dialect> Store<D> {
             };
             insert_attempt::<D>(&mut tx, &attempt).await?;
         }
+        if outcome.state == super::super::State::Completed {
+            // A compensation's original becomes COMPENSATED with it.
+            super::compensation::complete_original::<D>(&mut tx, cmd.op, now).await?;
+        }
         tx.commit().await?;
         Ok(true)
     }
@@ -170,7 +174,7 @@ impl<D: Dialect> Store<D> {
     }
 }
 
-async fn insert_decisions<D: Dialect>(
+pub(super) async fn insert_decisions<D: Dialect>(
     conn: &mut Conn<D>,
     op: OpRef<'_>,
     fingerprint: &str,
@@ -240,12 +244,16 @@ async fn insert_attempt<D: Dialect>(
 
 /// Deletes what the ledger keeps about a forgotten operation besides its
 /// row: transitions, attempts, policy decisions and approvals.
-async fn forget_history<D: Dialect>(conn: &mut Conn<D>, op: OpRef<'_>) -> Result<(), sqlx::Error> {
+pub(super) async fn forget_history<D: Dialect>(
+    conn: &mut Conn<D>,
+    op: OpRef<'_>,
+) -> Result<(), sqlx::Error> {
     for text in [
         "DELETE FROM transitions WHERE tenant_id = ? AND operation_id = ?",
         "DELETE FROM attempts WHERE tenant_id = ? AND operation_id = ?",
         "DELETE FROM policy_decisions WHERE tenant_id = ? AND operation_id = ?",
         "DELETE FROM approvals WHERE tenant_id = ? AND operation_id = ?",
+        "DELETE FROM compensations WHERE tenant_id = ? AND operation_id = ?",
     ] {
         sql::<D>(text)
             .bind(op.tenant)

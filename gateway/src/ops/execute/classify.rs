@@ -140,6 +140,9 @@ pub(super) fn classify(
             o.response_status = Some(code);
             o.response_headers = stored_headers(route, &head.headers);
             let reply_body = store_body(&mut o, body);
+            if o.state == OpState::Completed {
+                check_success(route, &head.headers, &mut o);
+            }
             if o.state == OpState::Unknown {
                 let e = OpError::OutcomeUnknown {
                     operation_id: op.operation_id.clone(),
@@ -164,6 +167,39 @@ pub(super) fn classify(
             }
             (o, Ok(reply))
         }
+    }
+}
+
+/// A compensation's `success = { pointer, equals }`: a 2xx whose JSON body
+/// holds another value there (or none) did not take effect: FAILED,
+/// stored, never retried.
+fn check_success(route: &Route, headers: &HeaderMap, o: &mut Outcome) {
+    let crate::config::SuccessRule::Pointer { pointer, equals } = &route.success else {
+        return;
+    };
+    let coding = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok());
+    let body = o.response_body.as_deref().unwrap_or_default();
+    let decoded = match coding {
+        Some(c) => crate::encoding::decode(c, body, 1 << 20).ok(),
+        None => Some(body.to_vec()),
+    };
+    let found = decoded
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v.pointer(pointer).cloned())
+        .map(|v| match v {
+            serde_json::Value::String(s) => s,
+            other => other.to_string(),
+        });
+    if found.as_deref() != Some(equals.as_str()) {
+        o.state = OpState::Failed;
+        o.error_kind = Some("success-not-confirmed".into());
+        o.reason = format!(
+            "the provider answered 2xx, but {pointer} is {} where the route's success rule expects {equals:?}",
+            found.map_or("missing".to_owned(), |f| format!("{f:?}"))
+        );
+        o.error_detail = Some(o.reason.clone());
     }
 }
 

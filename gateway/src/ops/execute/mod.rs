@@ -245,7 +245,11 @@ async fn request_headers(route: &Route, op: &Operation, claim: &Claim) -> Header
     // caller's MCP session still existing. Every other execution (a retry
     // after a read-back, an approved request, a requeue) runs in a session
     // of the gateway's own.
-    if route.mcp.is_some() && !(claim.attempt == 1 && op.state == OpState::Reserved) {
+    // A compensation's tool call never had a caller's session.
+    let callers_session = claim.attempt == 1
+        && op.state == OpState::Reserved
+        && crate::config::compensated_id(&op.operation_id).is_none();
+    if route.mcp.is_some() && !callers_session {
         own_mcp_session(route, op, &mut headers).await;
     }
     headers.insert(

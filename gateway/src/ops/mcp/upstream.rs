@@ -75,6 +75,7 @@ pub async fn read_back(
     route: &Route,
     rb: &crate::config::ReadBack,
     op: &crate::ledger::Operation,
+    reference: Option<&str>,
 ) -> crate::ops::read_back::ReadBackResult {
     use crate::ops::read_back::ReadBackResult;
     let Some(tool) = &rb.tool else {
@@ -86,6 +87,8 @@ pub async fn read_back(
         provider_key: &op.provider_key,
         body: &body,
         tenant: &op.tenant_id,
+        reference,
+        response: &Value::Null,
     };
     let path = rb.path.render(&vars, crate::template::url_encode);
     let args: serde_json::Map<String, Value> = rb

@@ -1,4 +1,4 @@
-//! Test policy built against `effectgate:policy@0.2.0` (`wit/policy.wit`
+//! Test policy built against `effectgate:policy@0.9.0` (`wit/policy.wit`
 //! here), a version this gateway does not speak.
 
 wit_bindgen::generate!({ path: "wit", world: "policy" });
