@@ -143,8 +143,20 @@ impl Telemetry {
 /// Installing a second subscriber in one process is not an error: the
 /// first one stays (tests start several gateways in one process).
 pub fn init(format: LogFormat, settings: &TelemetrySettings) -> anyhow::Result<Telemetry> {
+    init_with(format, settings, "effectgate=info,warn")
+}
+
+/// [`init`] with another log filter when `RUST_LOG` is unset (the bench
+/// logs warnings only).
+///
+/// Errors: as [`init`].
+pub fn init_with(
+    format: LogFormat,
+    settings: &TelemetrySettings,
+    default_filter: &str,
+) -> anyhow::Result<Telemetry> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| "effectgate=info,warn".into());
+        .unwrap_or_else(|_| default_filter.into());
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let fmt = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()

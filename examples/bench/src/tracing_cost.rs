@@ -100,13 +100,16 @@ pub async fn export_on_off(
     tokio::spawn(async move {
         let _ = axum::serve(l, app).await;
     });
-    let telemetry = effectgate::telemetry::init(
+    // Logs: warnings only, as the other scenarios (which run with no
+    // subscriber at all) write none either.
+    let telemetry = effectgate::telemetry::init_with(
         effectgate::telemetry::LogFormat::Text,
         &effectgate::telemetry::TelemetrySettings {
             traces_endpoint: Some(effectgate::telemetry::traces_url(&endpoint)),
             sampling_ratio: 1.0,
             ..Default::default()
         },
+        "warn",
     )?;
     let (gw, _dir2) = gateway(up, hash).await?;
     let (p_on, e_on) = measure(client, &gw, "on", n, c).await;
