@@ -185,6 +185,7 @@ pub fn init_with(
                     tracing_subscriber::filter::Targets::new()
                         .with_target("effectgate", tracing::Level::DEBUG),
                 );
+            EXPORTING.store(true, std::sync::atomic::Ordering::Relaxed);
             (Some(layer), Some(provider))
         }
     };
@@ -292,25 +293,43 @@ pub fn extract(headers: &HeaderMap) -> opentelemetry::Context {
     TraceContextPropagator::new().extract(&opentelemetry_http::HeaderExtractor(headers))
 }
 
-/// Makes `cx` the parent of `span` (no-op without export: the span then has
-/// no OpenTelemetry data).
-pub fn set_parent(span: &tracing::Span, cx: opentelemetry::Context) {
-    let _ = span.set_parent(cx);
+static EXPORTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this process exports spans ([`init`] installed an exporter).
+/// Without export the helpers below skip every OpenTelemetry step, so a
+/// request pays nothing for them.
+pub fn exporting() -> bool {
+    EXPORTING.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// `span`'s OpenTelemetry span context, when spans are exported and it
+/// has a valid one.
+fn span_context(span: &tracing::Span) -> Option<SpanContext> {
+    if !exporting() {
+        return None;
+    }
+    let cx = span.context();
+    let sc = cx.span().span_context().clone();
+    sc.is_valid().then_some(sc)
+}
+
+/// Makes the W3C Trace Context of `headers` the parent of `span` (no-op
+/// without export).
+pub fn set_parent_from(span: &tracing::Span, headers: &HeaderMap) {
+    if exporting() {
+        let _ = span.set_parent(extract(headers));
+    }
 }
 
 /// The `traceparent` of `span`, if it has an OpenTelemetry context (export on).
 pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
-    let cx = span.context();
-    let sc = cx.span().span_context().clone();
-    sc.is_valid().then(|| format_traceparent(&sc))
+    span_context(span).map(|sc| format_traceparent(&sc))
 }
 
 /// The trace id (32 lowercase hex digits) of `span`, or of the caller's
 /// `traceparent` when export is off.
 pub fn trace_id_of(span: &tracing::Span, headers: &HeaderMap) -> Option<String> {
-    let cx = span.context();
-    let sc = cx.span().span_context().clone();
-    if sc.is_valid() {
+    if let Some(sc) = span_context(span) {
         return Some(sc.trace_id().to_string());
     }
     headers
@@ -351,9 +370,7 @@ pub fn parse_traceparent(value: &str) -> Option<SpanContext> {
 pub fn inject_attempt(span: &tracing::Span, stored: Option<&str>, headers: &mut HeaderMap) {
     headers.remove(TRACEPARENT);
     headers.remove(TRACESTATE);
-    let cx = span.context();
-    let sc = cx.span().span_context().clone();
-    let sc = if sc.is_valid() {
+    let sc = if let Some(sc) = span_context(span) {
         sc
     } else if let Some(parent) = stored.and_then(parse_traceparent) {
         SpanContext::new(
@@ -381,15 +398,21 @@ pub fn inject_attempt(span: &tracing::Span, stored: Option<&str>, headers: &mut 
 /// `traceparent`): reconciliation runs in a trace of its own that points
 /// back to the original request.
 pub fn link_to(span: &tracing::Span, stored: Option<&str>) {
+    if !exporting() {
+        return;
+    }
     if let Some(sc) = stored.and_then(parse_traceparent) {
         span.add_link(sc);
     }
 }
 
 /// Renames `span` for the exporter (the span is already started, so
-/// recording `otel.name` would not reach it).
-pub fn rename(span: &tracing::Span, name: String) {
-    span.context().span().update_name(name);
+/// recording `otel.name` would not reach it); `name` is built only when
+/// spans are exported.
+pub fn rename(span: &tracing::Span, name: impl FnOnce() -> String) {
+    if exporting() {
+        span.context().span().update_name(name());
+    }
 }
 
 tokio::task_local! {

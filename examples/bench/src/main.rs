@@ -623,39 +623,11 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     let mock = mock_provider::spawn("127.0.0.1:0".parse()?).await?;
-    let dir = tempfile::tempdir()?;
     let hash: String = effectgate::config::key_digest(CLIENT_KEY)
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let toml = format!(
-        r#"
-[listen]
-proxy = "127.0.0.1:0"
-admin = "127.0.0.1:0"
-[storage]
-path = "{db}"
-[[tenants]]
-id = "bench"
-keys = [{{ role = "client", sha256 = "{hash}" }}]
-[[routes]]
-name = "pass"
-prefix = "/pass/"
-upstream = "{up}"
-mode = "pass"
-[[routes]]
-name = "pay"
-prefix = "/pay/"
-upstream = "{up}"
-effectful_methods = ["POST"]
-provider_idempotency_header = "Idempotency-Key"
-"#,
-        db = dir.path().join("bench.db").display(),
-        up = mock.url()
-    );
-    let cfg = dir.path().join("bench.toml");
-    std::fs::write(&cfg, toml)?;
-    let gw = effectgate::Gateway::start(effectgate::config::load(Some(&cfg))?).await?;
+    let (gw, _dir) = tracing_cost::gateway(&mock.url(), &hash).await?;
 
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);

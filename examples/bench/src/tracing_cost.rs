@@ -9,8 +9,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::{HttpClient, Stats, run};
 
-/// A gateway with a pass-through and an effectful route in front of `up`.
-async fn gateway(up: &str, hash: &str) -> anyhow::Result<(effectgate::Gateway, tempfile::TempDir)> {
+/// A gateway with a pass-through route `/pass/` and an effectful route
+/// `/pay/` in front of `up`, for the bench client key (`hash`); also the
+/// gateway of scenarios (b)–(d).
+pub async fn gateway(
+    up: &str,
+    hash: &str,
+) -> anyhow::Result<(effectgate::Gateway, tempfile::TempDir)> {
     let dir = tempfile::tempdir()?;
     let toml = format!(
         r#"

@@ -104,7 +104,7 @@ fn request_span(req: &Request, listener: &'static str) -> tracing::Span {
         effectgate.state = tracing::field::Empty,
         effectgate.fence = tracing::field::Empty,
     );
-    crate::telemetry::set_parent(&span, crate::telemetry::extract(req.headers()));
+    crate::telemetry::set_parent_from(&span, req.headers());
     if let Some(t) = crate::telemetry::trace_id_of(&span, req.headers()) {
         span.record("trace_id", t.as_str());
     }
@@ -136,7 +136,7 @@ pub fn record_route(method: &http::Method, name: &str, prefix: &str) {
     let span = tracing::Span::current();
     span.record("http.route", prefix);
     span.record("effectgate.route", name);
-    crate::telemetry::rename(&span, format!("{method} {prefix}"));
+    crate::telemetry::rename(&span, || format!("{method} {prefix}"));
 }
 
 #[cfg(test)]
