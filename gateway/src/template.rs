@@ -425,8 +425,15 @@ pub fn body_value(content_type: Option<&str>, bytes: &[u8]) -> Value {
     root
 }
 
-/// Percent-encodes a value for a URL path or query component.
+/// Percent-encodes a value for a URL path or query component: every byte
+/// but `A-Z a-z 0-9 * - . _` as `%XX` (a space as `%20`), so a value never
+/// adds a `/`, `?` or `#`. A value that is all dots (`.`, `..`) is encoded
+/// whole (`%2E`): as a path segment it would otherwise name this or the
+/// parent resource (RFC 3986 §5.2.4 removes dot segments).
 pub fn url_encode(s: &str) -> String {
+    if !s.is_empty() && s.bytes().all(|b| b == b'.') {
+        return "%2E".repeat(s.len());
+    }
     form_urlencoded::byte_serialize(s.as_bytes())
         .collect::<String>()
         .replace('+', "%20")
@@ -457,6 +464,20 @@ mod tests {
         let body = json!({"client_ref": "a b&c"});
         let s = t.render(&vars(&body, &Value::Null, None), url_encode);
         assert_eq!(s, "/v1/charges?ref=a%20b%26c&k=eg_1&op=o%2F1");
+    }
+
+    #[test]
+    fn dot_segments_are_encoded() {
+        let t = Template::parse("/v1/charges/{body:/id}/refunds").unwrap();
+        for (id, want) in [
+            (".", "/v1/charges/%2E/refunds"),
+            ("..", "/v1/charges/%2E%2E/refunds"),
+            ("a.b", "/v1/charges/a.b/refunds"),
+            ("../x", "/v1/charges/..%2Fx/refunds"),
+        ] {
+            let body = json!({ "id": id });
+            assert_eq!(t.render(&vars(&body, &Value::Null, None), url_encode), want);
+        }
     }
 
     #[test]

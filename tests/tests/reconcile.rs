@@ -571,3 +571,56 @@ async fn the_reconciler_sweeps_expired_keys_but_keeps_dead_letters_and_unknowns(
         "dead letters stay"
     );
 }
+
+#[tokio::test]
+async fn a_retry_after_a_pause_past_the_lease_sends_nothing() {
+    // The first attempt gets a 503 with `Retry-After: 1`. While the
+    // executor waits to retry, its lease runs out (the clock jumps past it,
+    // as for a process paused that long) and another owner claims the
+    // operation. The retry must renew the lease under its fencing token
+    // first, find it taken, and send nothing.
+    let (app, clock) = app_with_read_back().await;
+    app.mock.provider.set_faults(Faults {
+        fail_503_times: 1,
+        retry_after_s: Some(1),
+        ..Default::default()
+    });
+    let ledger = &app.gw.state.ledger;
+    let takeover = async {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while ledger.attempts("a", "paused").await.unwrap().is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the 503 was never noted"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        clock.advance(10 * 60_000);
+        let op = ledger.get("a", "paused").await.unwrap().unwrap();
+        assert_eq!(op.state, effectgate::ledger::State::Executing);
+        ledger
+            .claim(
+                ("a", "paused"),
+                effectgate::ledger::State::Executing,
+                op.version,
+                "other-owner",
+                60_000,
+                "lease expired",
+            )
+            .await
+            .unwrap()
+            .expect("the expired lease is taken over")
+    };
+    let (r, claim) = tokio::join!(app.charge("paused", BODY), takeover);
+    assert_eq!(r.status(), 409);
+    assert_eq!(
+        app.provider_calls().0,
+        1,
+        "only the attempt that got the 503 reached the provider"
+    );
+    assert_eq!(app.mock.provider.effects(), 0);
+    let op = ledger.get("a", "paused").await.unwrap().unwrap();
+    assert_eq!(op.state, effectgate::ledger::State::Executing);
+    assert_eq!(op.fence, claim.fence);
+    assert_eq!(op.lease_owner.as_deref(), Some("other-owner"));
+}

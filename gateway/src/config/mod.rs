@@ -385,23 +385,40 @@ pub fn load_file(path: Option<&Path>) -> Result<ConfigFile, ConfigError> {
             .split("__"),
     );
     fig.extract::<ConfigFile>().map_err(|e| {
-        let mut path = String::new();
-        for (i, part) in e.path.iter().enumerate() {
-            if part.parse::<usize>().is_ok() {
-                path.push_str(&format!("[{part}]"));
-            } else {
-                if i > 0 {
-                    path.push('.');
-                }
-                path.push_str(part);
-            }
-        }
+        let path = field_path(&e.path);
         let mut message = describe(&e.kind);
         if let Some(var) = env_var_for(&e.path) {
             message.push_str(&format!(" (set by the environment variable {var})"));
         }
         ConfigError::new(path, message)
     })
+}
+
+/// A field path as written in messages: `routes[0].upstream`. An array
+/// index is `[n]`; a key that is not a bare TOML key (`A-Za-z0-9_-`, TOML
+/// 1.0 §Keys) is quoted as TOML quotes it (`tenants[0]."a.b"`), so a key
+/// with a dot, a space or nothing in it names one field, not several.
+fn field_path(parts: &[String]) -> String {
+    let mut path = String::new();
+    for (i, part) in parts.iter().enumerate() {
+        let bare = !part.is_empty()
+            && part
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if bare && i > 0 && part.bytes().all(|b| b.is_ascii_digit()) {
+            path.push_str(&format!("[{part}]"));
+            continue;
+        }
+        if i > 0 {
+            path.push('.');
+        }
+        if bare {
+            path.push_str(part);
+        } else {
+            path.push_str(&toml::Value::String(part.clone()).to_string());
+        }
+    }
+    path
 }
 
 /// The prefix of the environment variables that override config fields.

@@ -157,3 +157,15 @@ fn policy_permits_and_breaker_have_defaults_and_bad_values_name_the_field() {
     let e = parse("[policy]\nbreaker_cooldown_ms = 0\n").unwrap_err();
     assert_eq!(e.path, "policy.breaker_cooldown_ms");
 }
+
+#[test]
+fn a_key_that_is_not_bare_is_named_quoted() {
+    // `"up.stream"` is one key: the path must not read as `up` → `stream`.
+    let e = parse("[[routes]]\nprefix = \"/a/\"\nupstream = \"http://x\"\n\"up.stream\" = 1\n")
+        .unwrap_err();
+    assert_eq!(e.path, "routes[0].\"up.stream\"", "{e}");
+    let e = parse("[[routes]]\nprefix = \"/a/\"\nupstream = \"http://x\"\n\"\" = 1\n").unwrap_err();
+    assert_eq!(e.path, "routes[0].\"\"", "{e}");
+    let e = parse("\"a b\" = 1\n").unwrap_err();
+    assert_eq!(e.path, "\"a b\"", "{e}");
+}

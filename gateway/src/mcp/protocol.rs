@@ -44,6 +44,15 @@ impl ToolCache {
     }
 }
 
+/// Whether a `Content-Type` value names `text/event-stream`. Media types
+/// are case-insensitive (RFC 9110 §8.3.1), and parameters may follow.
+pub fn is_event_stream(content_type: &str) -> bool {
+    content_type
+        .split(';')
+        .next()
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("text/event-stream"))
+}
+
 /// Reads one JSON-RPC message out of an upstream answer, JSON or SSE
 /// (`text/event-stream`, the last `data:` event carrying a result or error).
 pub fn rpc_message(headers: &HeaderMap, body: &[u8]) -> Option<Value> {
@@ -51,7 +60,7 @@ pub fn rpc_message(headers: &HeaderMap, body: &[u8]) -> Option<Value> {
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    if ct.starts_with("text/event-stream") {
+    if is_event_stream(ct) {
         // SSE lines end in CRLF, LF or CR (and events in a blank line).
         let text = String::from_utf8_lossy(body)
             .replace("\r\n", "\n")

@@ -34,7 +34,9 @@ use crate::policy::{Verdict, evaluate_chain_async};
 use crate::state::{AppState, Runtime};
 
 mod upstream;
-pub use crate::mcp::protocol::{PROTOCOL_VERSION, ToolCache, rpc_message, tool_outcome};
+pub use crate::mcp::protocol::{
+    PROTOCOL_VERSION, ToolCache, is_event_stream, rpc_message, tool_outcome,
+};
 pub use upstream::{open_session, read_back, reconciled_result};
 
 /// A `tools/call` that goes through the ledger.

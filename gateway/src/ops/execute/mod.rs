@@ -299,10 +299,12 @@ async fn run_inner(
         crate::failpoint::hit("before-send");
         // A claim that took long to land (a wait for a connection or a row
         // lock, a pause of this process) may hold little of its lease:
-        // renew it under the fencing token before sending. If another owner
-        // took over meanwhile, the renewal fails and nothing is sent.
-        if attempt_no == claim.attempt
-            && claim.lease_expires_at - ledger.clock().now_ms() < lease_ms / 2
+        // renew it under the fencing token before sending. Every retry
+        // renews it too: the wait before it (or a pause of this process
+        // during that wait) may have outlasted the lease, and another owner
+        // may hold the operation now. If the renewal fails, nothing is sent.
+        if (attempt_no != claim.attempt
+            || claim.lease_expires_at - ledger.clock().now_ms() < lease_ms / 2)
             && !ledger
                 .extend_lease(&op.tenant_id, &op.operation_id, claim.fence, lease_ms)
                 .await?
@@ -546,7 +548,7 @@ async fn attempt(
                         .headers
                         .get(header::CONTENT_TYPE)
                         .and_then(|v| v.to_str().ok())
-                        .is_some_and(|c| c.starts_with("text/event-stream")))
+                        .is_some_and(crate::ops::mcp::is_event_stream))
                 .then_some(&head.headers),
             ),
         )
