@@ -9,7 +9,9 @@
 //! Other actions work too: `before-send=sleep(1500)` stalls the attempt
 //! (blocking its thread) after the claim, before anything is sent.
 //!
-//! Points: `after-reserve` (the operation is RESERVED, nothing sent),
+//! Points: `after-claim` (a new operation was reserved and claimed in one
+//! commit: EXECUTING under its first lease, nothing sent), `after-reserve`
+//! (a compensation is RESERVED, nothing sent),
 //! `before-send` (claimed, about to renew the lease if needed and send),
 //! `before-record` (the provider answered, the ledger has not recorded it),
 //! `after-record` (recorded, the caller not yet answered).
@@ -31,6 +33,25 @@ pub fn hit(name: &str) {
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub fn hit(_name: &str) {}
+
+/// Whether failure injection `name` is on with a `return(<prefix>)`
+/// whose prefix starts `key` (always false without the `failpoints`
+/// feature). Point: `ledger-commit-fail` (the batch holding a write of an
+/// operation id with that prefix fails its `COMMIT`).
+#[cfg(feature = "failpoints")]
+pub fn names(name: &str, key: &str) -> bool {
+    fail::fail_point!(name, |prefix: Option<String>| prefix
+        .is_some_and(|p| key.starts_with(p.as_str())));
+    false
+}
+
+/// Whether failure injection `name` names `key` (always false without
+/// the `failpoints` feature).
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn names(_name: &str, _key: &str) -> bool {
+    false
+}
 
 /// Reads `FAILPOINTS` from the environment (binary start-up).
 pub fn setup() {

@@ -30,6 +30,9 @@
 //! | `effectgate_tenant_limited_total` | counter | `tenant`, `limit` |
 //! | `effectgate_tenant_stored_bytes` | gauge | `tenant` |
 //! | `effectgate_retention_swept_total` | counter | — |
+//! | `effectgate_ledger_batch_size` | histogram | — (ledger writes per group commit; buckets [`BATCH_SIZE_BUCKETS`]) |
+//! | `effectgate_ledger_commit_seconds` | histogram | — (time of one group commit) |
+//! | `effectgate_ledger_batch_failures_total` | counter | — (group commits that failed) |
 //!
 //! Histograms have the buckets of [`LATENCY_BUCKETS`] (seconds). Every
 //! family exists from start-up ([`register_all`]): at 0 for every label set
@@ -219,6 +222,19 @@ pub fn register_all(labels: &Labels<'_>) {
         "Policy call time by policy."
     );
     describe_histogram!(
+        "effectgate_ledger_batch_size",
+        "Ledger writes per group commit."
+    );
+    describe_histogram!(
+        "effectgate_ledger_commit_seconds",
+        metrics::Unit::Seconds,
+        "Time of one group commit (COMMIT to durable)."
+    );
+    describe_counter!(
+        "effectgate_ledger_batch_failures_total",
+        "Group commits that failed (every write in them got ledger-unavailable)."
+    );
+    describe_histogram!(
         "effectgate_read_back_latency_seconds",
         metrics::Unit::Seconds,
         "Read-back response time."
@@ -297,6 +313,23 @@ pub fn register_all(labels: &Labels<'_>) {
     let _ = gauge!("effectgate_outbox_pending_events");
     let _ = gauge!("effectgate_ledger_up");
     let _ = histogram!("effectgate_policy_evaluation_seconds");
+    let _ = histogram!("effectgate_ledger_batch_size");
+    let _ = histogram!("effectgate_ledger_commit_seconds");
+    counter!("effectgate_ledger_batch_failures_total").absolute(0);
+}
+
+/// Buckets of `effectgate_ledger_batch_size` (writes per commit).
+pub const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+
+/// A group commit of `size` ledger writes took `d`.
+pub fn ledger_batch(size: usize, d: Duration) {
+    histogram!("effectgate_ledger_batch_size").record(size as f64);
+    histogram!("effectgate_ledger_commit_seconds").record(d.as_secs_f64());
+}
+
+/// A group commit failed.
+pub fn ledger_batch_failed() {
+    counter!("effectgate_ledger_batch_failures_total").increment(1);
 }
 
 /// A policy named `policy` (a module name from the config) ran for `d`.
@@ -340,6 +373,13 @@ pub fn handle() -> PrometheusHandle {
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()
                 .set_buckets(LATENCY_BUCKETS)
+                .expect("the bucket list is not empty")
+                .set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Full(
+                        "effectgate_ledger_batch_size".into(),
+                    ),
+                    BATCH_SIZE_BUCKETS,
+                )
                 .expect("the bucket list is not empty")
                 .build_recorder();
             let handle = recorder.handle();

@@ -5,7 +5,10 @@
 //! effect per operation.
 //!
 //! Crash points:
-//! - `after-reserve`: the operation is RESERVED, nothing was sent;
+//! - `after-claim`: the operation was reserved and claimed in one commit
+//!   (EXECUTING under its first lease), nothing was sent; recovery: the
+//!   lease expires, the operation becomes UNKNOWN and the reconciler reads
+//!   back or attempts it with the same provider key;
 //! - `after-send`: the provider applied the effect and is still answering
 //!   (the test kills the gateway while the provider delays its reply);
 //! - `before-record`: the provider answered, the ledger has not recorded it;
@@ -202,8 +205,8 @@ async fn crash_point(point: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_after_reserve() {
-    crash_point("after-reserve").await;
+async fn kill_after_claim() {
+    crash_point("after-claim").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -128,6 +128,11 @@ impl ConfigFile {
             ("storage.acquire_timeout_ms", storage.acquire_timeout_ms),
             ("storage.statement_timeout_ms", storage.statement_timeout_ms),
             ("storage.call_timeout_ms", storage.call_timeout_ms),
+            (
+                "storage.write_batch_max",
+                u64::from(storage.write_batch_max),
+            ),
+            ("storage.write_batch_bytes", storage.write_batch_bytes),
         ] {
             if value == 0 {
                 return Err(ConfigError::new(field, "must be at least 1"));

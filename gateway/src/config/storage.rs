@@ -53,6 +53,20 @@ pub struct StorageSpec {
     /// including waiting for a connection; past it the call fails (503 for
     /// a request) even when the network hangs without an error. Default 10000.
     pub call_timeout_ms: u64,
+    /// Most ledger writes committed together (one transaction, one
+    /// fsync): the writer takes every write waiting, up to this many, each
+    /// in its own savepoint. Default 256; at least 1 (1: one commit per
+    /// write).
+    pub write_batch_max: u32,
+    /// Body bytes (request and response bodies) past which a batch of
+    /// writes is committed at once, in bytes. Default 16777216 (16 MiB).
+    pub write_batch_bytes: u64,
+    /// Bytes of terminal answers (COMPLETED, FAILED) kept in memory to
+    /// answer duplicates without reading the row and its bodies from the
+    /// ledger (an LRU by tenant, operation id and fingerprint, checked
+    /// against the row's version on every use). Default 67108864 (64 MiB);
+    /// 0 turns it off.
+    pub replay_cache_bytes: u64,
 }
 
 /// The ledger backend a [`StorageSpec`] selects.
@@ -153,6 +167,9 @@ impl Default for StorageSpec {
             statement_timeout_ms: 5000,
             idle_timeout_ms: 600_000,
             call_timeout_ms: 10_000,
+            write_batch_max: 256,
+            write_batch_bytes: 16 << 20,
+            replay_cache_bytes: 64 << 20,
         }
     }
 }

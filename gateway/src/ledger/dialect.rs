@@ -31,8 +31,6 @@ pub(super) type Query<D> = sqlx::query::Query<
 pub(super) type Conn<D> = <<D as Dialect>::Db as sqlx::Database>::Connection;
 /// A connection pool of dialect `D`'s database.
 pub(super) type Pool<D> = sqlx::Pool<<D as Dialect>::Db>;
-/// An open transaction of dialect `D`'s database.
-pub(super) type Tx<D> = sqlx::Transaction<'static, <D as Dialect>::Db>;
 
 /// What differs between the ledger's backends: the sqlx database, the
 /// statement text, where time comes from and how work claims lock rows.
@@ -49,6 +47,8 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
     /// instance is claiming right now (empty where one writer is all
     /// there is).
     const SKIP_LOCKED: &'static str;
+    /// What opens a write batch's transaction.
+    const BEGIN: &'static str;
 
     /// `sql` as this backend takes it (converted once, then cached).
     fn q(sql: &str) -> &'static str;

@@ -40,6 +40,7 @@ mod compensation;
 mod db;
 mod dialect;
 mod postgres;
+mod replay_cache;
 mod sqlite;
 mod store;
 
@@ -561,6 +562,10 @@ pub enum LedgerError {
     /// A ledger call took longer than `storage.call_timeout_ms` (ms given).
     #[error("ledger call timed out after {0} ms")]
     Timeout(u64),
+    /// The commit of the batch holding this write failed: nothing of it
+    /// was kept (the database's message).
+    #[error("ledger commit failed: {0}")]
+    BatchCommit(String),
     /// `[storage]` names no usable ledger.
     #[error("storage.url: {0}")]
     Config(String),

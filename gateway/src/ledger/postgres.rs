@@ -21,7 +21,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use super::dialect::{Conn, Dialect, Pool, ledger_row, sqlx_glue};
-use super::store::Store;
+use super::store::{BatchLimits, Store};
 use super::{LedgerClock, LedgerError};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
@@ -39,6 +39,7 @@ impl Dialect for PgDialect {
     const NAME: &'static str = "postgres";
     const ROW_ORDER: &'static str = "seq";
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
+    const BEGIN: &'static str = "BEGIN";
 
     fn q(sql: &str) -> &'static str {
         super::dialect::cached(sql, super::dialect::dollar_placeholders)
@@ -89,6 +90,7 @@ pub(super) struct PgSettings<'a> {
     pub acquire_timeout_ms: u64,
     pub statement_timeout_ms: u64,
     pub idle_timeout_ms: u64,
+    pub batch: BatchLimits,
 }
 
 impl Store<PgDialect> {
@@ -149,7 +151,7 @@ impl Store<PgDialect> {
             .connect_with(opts)
             .await?;
         MIGRATOR.run(&pool).await?;
-        let store = Self::new(pool.clone(), pool, clock);
+        let store = Self::new(pool.clone(), pool, clock, s.batch);
         store.now().await?;
         Ok(store)
     }

@@ -1,8 +1,9 @@
 //! The SQLite effect ledger: one file, for one gateway process.
 //!
-//! Writes go through a pool of one connection (SQLite serialises writers;
-//! one connection avoids `SQLITE_BUSY` on transaction upgrade), reads
-//! through a separate pool. The file runs in WAL mode with
+//! Writes go through the group-commit writer (`store/writer.rs`) on a pool
+//! of one connection (SQLite serialises writers; its batches start with
+//! `BEGIN IMMEDIATE`, so no statement has to upgrade a lock), reads through
+//! a separate pool. The file runs in WAL mode with
 //! `synchronous = FULL`, so a committed transition survives a crash of the
 //! process or the machine. Times come from the gateway's clock.
 
@@ -12,7 +13,7 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 use super::dialect::{Conn, Dialect, Pool, ledger_row, sqlx_glue};
-use super::store::Store;
+use super::store::{BatchLimits, Store};
 use super::{Clock, LedgerClock, LedgerError};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -30,6 +31,9 @@ impl Dialect for SqliteDialect {
     const NAME: &'static str = "sqlite";
     const ROW_ORDER: &'static str = "rowid";
     const SKIP_LOCKED: &'static str = "";
+    /// Takes the write lock up front (another process holding it is waited
+    /// for `busy_timeout_ms`), so no statement of the batch has to upgrade.
+    const BEGIN: &'static str = "BEGIN IMMEDIATE";
 
     fn q(sql: &str) -> &'static str {
         super::dialect::cached(sql, str::to_owned)
@@ -52,6 +56,14 @@ impl Dialect for SqliteDialect {
     ) -> Result<(), sqlx::Error> {
         clock.shift(ms);
         Ok(())
+    }
+}
+
+/// `storage.write_batch_max` and `storage.write_batch_bytes`.
+pub(super) fn batch_limits(storage: &crate::config::StorageSpec) -> BatchLimits {
+    BatchLimits {
+        max_writes: storage.write_batch_max as usize,
+        max_bytes: usize::try_from(storage.write_batch_bytes).unwrap_or(usize::MAX),
     }
 }
 
@@ -82,6 +94,6 @@ impl Store<SqliteDialect> {
             .max_connections(storage.max_read_connections)
             .connect_with(opts)
             .await?;
-        Ok(Self::new(write, read, clock))
+        Ok(Self::new(write, read, clock, batch_limits(storage)))
     }
 }

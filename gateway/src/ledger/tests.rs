@@ -84,3 +84,163 @@ fn no_source_spells_a_quoted_state_name() {
         found.join("\n")
     );
 }
+
+/// A new operation for the replay cache tests.
+fn new_op(id: &str, fingerprint: &str) -> NewOperation {
+    NewOperation {
+        tenant_id: "t".into(),
+        operation_id: id.into(),
+        route: "pay".into(),
+        method: "POST".into(),
+        path: "v1/charges".into(),
+        query: None,
+        fingerprint: fingerprint.into(),
+        provider_key: format!("pk-{id}"),
+        effect_class: None,
+        request_content_type: None,
+        request_body: b"{}".to_vec(),
+        request_headers: Vec::new(),
+        trace_context: None,
+        principal: "client".into(),
+        retention_ms: 60_000,
+        awaiting_approval: false,
+        decisions: Vec::new(),
+        approval: None,
+    }
+}
+
+/// A COMPLETED operation `id` of tenant `t` (fingerprint `fp`).
+async fn completed(ledger: &Ledger, id: &str) -> Operation {
+    let (_, claim) = ledger
+        .reserve_and_claim(&new_op(id, "fp"), "gw", 60_000, "test")
+        .await
+        .unwrap();
+    let claim = claim.expect("claimed");
+    let mut outcome = Outcome::new(State::Completed, "provider answered 201");
+    outcome.response_status = Some(201);
+    outcome.response_body = Some(b"{\"id\":\"ch_1\"}".to_vec());
+    assert!(
+        ledger
+            .record_outcome("t", id, claim.fence, State::Executing, "gw", &outcome)
+            .await
+            .unwrap()
+    );
+    ledger.get("t", id).await.unwrap().unwrap()
+}
+
+/// The replay cache answers a duplicate with the ledger's row as it is:
+/// never another tenant's or fingerprint's entry, and never the cached
+/// COMPLETED after a compensation changed it or after it expired and was
+/// swept.
+#[tokio::test]
+async fn the_replay_cache_never_serves_a_changed_expired_or_foreign_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let ledger = Ledger::open(&dir.path().join("l.db"), 2, 5000, clock.clone())
+        .await
+        .unwrap();
+    let op = completed(&ledger, "k").await;
+    // First read fills, second is served (same row).
+    let first = ledger
+        .get_for_duplicate("t", "k", "fp")
+        .await
+        .unwrap()
+        .unwrap();
+    let again = ledger
+        .get_for_duplicate("t", "k", "fp")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((first.version, again.version), (op.version, op.version));
+    assert_eq!(again.response_body, op.response_body);
+    // Another tenant: nothing. Another fingerprint: the ledger's row (its
+    // own fingerprint, for the 422), never an entry cached for it.
+    assert!(
+        ledger
+            .get_for_duplicate("u", "k", "fp")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let other = ledger
+        .get_for_duplicate("t", "k", "fp-b")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(other.fingerprint, "fp");
+
+    // A compensation reserved and recorded: the original is COMPENSATED.
+    let mut comp = new_op("k#compensation", "fp-c");
+    comp.provider_key = "pk-comp".into();
+    let link = NewCompensation {
+        operation_id: "k".into(),
+        requested_by: "operator".into(),
+        reason: "refund".into(),
+        reference: None,
+    };
+    let CompensationReservation::Created(child) =
+        ledger.reserve_compensation(&comp, &link).await.unwrap()
+    else {
+        panic!("compensation created")
+    };
+    let noted = ledger
+        .get_for_duplicate("t", "k", "fp")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        noted.version > op.version,
+        "the audit row is seen, not the cache"
+    );
+    let claim = ledger
+        .claim(
+            ("t", &child.operation_id),
+            State::Reserved,
+            child.version,
+            "gw",
+            60_000,
+            "test",
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let done = Outcome::new(State::Completed, "refunded");
+    assert!(
+        ledger
+            .record_outcome(
+                "t",
+                &child.operation_id,
+                claim.fence,
+                State::Executing,
+                "gw",
+                &done
+            )
+            .await
+            .unwrap()
+    );
+    let after = ledger
+        .get_for_duplicate("t", "k", "fp")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(after.state, State::Compensated);
+
+    // Expired and swept: gone, not served from memory.
+    let other = completed(&ledger, "k2").await;
+    assert!(
+        ledger
+            .get_for_duplicate("t", "k2", "fp")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    clock.advance(other.expires_at - clock.now_ms() + 1);
+    while ledger.sweep_expired(100, 0).await.unwrap() == 100 {}
+    assert!(
+        ledger
+            .get_for_duplicate("t", "k2", "fp")
+            .await
+            .unwrap()
+            .is_none()
+    );
+}

@@ -85,6 +85,11 @@ impl Flow<'_> {
             .await?
         {
             Reserved::Op(op) => *op,
+            Reserved::Claimed(op, claim) => {
+                crate::metrics::request(&self.route.name, "forwarded");
+                return crate::ops::execute::execute_for_caller(self.app, self.route, *op, claim)
+                    .await;
+            }
             Reserved::Answered(a) => return a,
         };
         claim_and_execute(self.app, self.route, op).await
@@ -176,8 +181,10 @@ impl Flow<'_> {
     }
 
     /// Step 6: reserves the operation (the tenant stamped into the body
-    /// where the route's read-back checks it). A request that needs an
-    /// approval, or whose key was taken meanwhile, is answered here.
+    /// where the route's read-back checks it) and, when it needs no
+    /// approval, claims its lease in the same ledger commit. A request
+    /// that needs an approval, or whose key was taken meanwhile, is
+    /// answered here.
     async fn reserve(
         &self,
         admission: Admission,
@@ -235,19 +242,34 @@ impl Flow<'_> {
             decisions: admission.decisions,
             approval: admission.approval,
         };
-        Ok(match app.ledger.reserve(&new).await? {
-            Reservation::Created(op) if op.state == OpState::AwaitingApproval => {
+        let reserved = if new.awaiting_approval {
+            (app.ledger.reserve(&new).await?, None)
+        } else {
+            app.ledger
+                .reserve_and_claim(
+                    &new,
+                    &app.instance_id,
+                    crate::ops::execute::lease_ms(app),
+                    "lease claimed for attempt",
+                )
+                .await?
+        };
+        Ok(match reserved {
+            (Reservation::Created(op), _) if op.state == OpState::AwaitingApproval => {
                 crate::metrics::request(&route.name, "awaiting-approval");
                 Reserved::Answered(resume_awaiting(app, route, op).await)
             }
-            Reservation::Created(op) => {
-                crate::failpoint::hit("after-reserve");
+            (Reservation::Created(op), Some(claim)) => {
+                crate::failpoint::hit("after-claim");
+                Reserved::Claimed(Box::new(op), claim)
+            }
+            (Reservation::Created(op), None) => Reserved::Op(Box::new(op)),
+            (Reservation::Existing(op), _)
+                if op.state == OpState::Reserved && op.fingerprint == fp =>
+            {
                 Reserved::Op(Box::new(op))
             }
-            Reservation::Existing(op) if op.state == OpState::Reserved && op.fingerprint == fp => {
-                Reserved::Op(Box::new(op))
-            }
-            Reservation::Existing(op) => {
+            (Reservation::Existing(op), _) => {
                 Reserved::Answered(answer_existing(app, route, op, fp).await)
             }
         })
@@ -268,6 +290,9 @@ struct Admission {
 enum Reserved {
     /// A RESERVED operation to claim and run.
     Op(Box<Operation>),
+    /// A new operation (as reserved) whose lease the reservation claimed:
+    /// to run.
+    Claimed(Box<Operation>, crate::ledger::Claim),
     /// The caller's answer, already decided.
     Answered(Answer),
 }
@@ -325,12 +350,16 @@ pub async fn known_operation(
     key: &str,
     fp: &str,
 ) -> Result<Option<Operation>, OpError> {
-    Ok(app.ledger.get(tenant, key).await?.filter(|op| {
-        op.expires_at > app.ledger.clock().now_ms()
-            && (op.state.is_terminal()
-                || op.fingerprint != fp
-                || op.state == OpState::AwaitingApproval)
-    }))
+    Ok(app
+        .ledger
+        .get_for_duplicate(tenant, key, fp)
+        .await?
+        .filter(|op| {
+            op.expires_at > app.ledger.clock().now_ms()
+                && (op.state.is_terminal()
+                    || op.fingerprint != fp
+                    || op.state == OpState::AwaitingApproval)
+        }))
 }
 
 /// Step 3b: a tenant with `tenants[].max_stored_bytes` may reserve a new

@@ -29,6 +29,7 @@ pub struct Ledger {
     db: Db,
     clock: Arc<dyn Clock>,
     call_timeout: Duration,
+    replay: Arc<super::replay_cache::ReplayCache>,
 }
 
 #[derive(Debug, Clone)]
@@ -60,6 +61,7 @@ macro_rules! dispatch {
                 db.system.name = $self.backend_name(),
                 effectgate.ledger.command = stringify!($m),
                 effectgate.ledger.result = tracing::field::Empty,
+                effectgate.batch_size = tracing::field::Empty,
             );
             let r = tracing::Instrument::instrument(run, span.clone()).await;
             span.record("effectgate.ledger.result", if r.is_ok() { "ok" } else { "error" });
@@ -125,6 +127,7 @@ impl Ledger {
                     acquire_timeout_ms: storage.acquire_timeout_ms,
                     statement_timeout_ms: storage.statement_timeout_ms,
                     idle_timeout_ms: storage.idle_timeout_ms,
+                    batch: super::sqlite::batch_limits(storage),
                 };
                 let clock = LedgerClock::new(Arc::new(super::SystemClock));
                 let open = Store::<PgDialect>::open(&settings, clock);
@@ -148,6 +151,9 @@ impl Ledger {
             db,
             clock,
             call_timeout,
+            replay: Arc::new(super::replay_cache::ReplayCache::new(
+                usize::try_from(storage.replay_cache_bytes).unwrap_or(usize::MAX),
+            )),
         })
     }
 
@@ -244,6 +250,39 @@ impl Ledger {
         dispatch!(self, get(tenant, operation_id))
     }
 
+    /// [`Ledger::get`] for a duplicate request with fingerprint
+    /// `fingerprint`: a COMPLETED or FAILED operation of `tenant` with that
+    /// fingerprint is served from the replay cache while the ledger still
+    /// has it at the version and last change it was cached at (one read of
+    /// two integers, not of the row and its bodies); anything else is read
+    /// from the ledger, and a terminal answer read is cached
+    /// (`storage.replay_cache_bytes`). The caller still compares
+    /// fingerprints: a miss returns whatever the ledger holds.
+    ///
+    /// Errors: the ledger can't be read.
+    pub async fn get_for_duplicate(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        fingerprint: &str,
+    ) -> Result<Option<Operation>, LedgerError> {
+        let now = self.clock.now_ms();
+        if let Some(op) = self.replay.get(tenant, operation_id, fingerprint, now) {
+            let current = dispatch!(self, version_of(tenant, operation_id))?;
+            if current == Some((op.version, op.updated_at)) {
+                return Ok(Some(Operation::clone(&op)));
+            }
+            self.replay.remove(tenant, operation_id, fingerprint);
+        }
+        let op = self.get(tenant, operation_id).await?;
+        if let Some(op) = &op
+            && op.fingerprint == fingerprint
+        {
+            self.replay.put(op);
+        }
+        Ok(op)
+    }
+
     /// The attempts log of one operation, oldest first.
     pub async fn attempts(
         &self,
@@ -334,7 +373,29 @@ impl Ledger {
     /// existing row unchanged. A terminal operation past its key retention
     /// is deleted first, so its key starts fresh (draft §2.3).
     pub async fn reserve(&self, new: &NewOperation) -> Result<Reservation, LedgerError> {
-        dispatch!(self, reserve(new))
+        dispatch!(self, reserve(new, None)).map(|(r, _)| r)
+    }
+
+    /// [`Ledger::reserve`], and when it created the operation and it
+    /// awaits no approval, claims its lease for `owner` for `lease_ms`
+    /// (RESERVED → EXECUTING, fencing token 1, attempt 1) in the same
+    /// transaction, so the call makes one durable write before the
+    /// provider is called. Returns the reservation (the operation as
+    /// reserved, before the claim) and the claim, if it was made.
+    ///
+    /// Errors: the database's.
+    pub async fn reserve_and_claim(
+        &self,
+        new: &NewOperation,
+        owner: &str,
+        lease_ms: i64,
+        reason: &str,
+    ) -> Result<(Reservation, Option<Claim>), LedgerError> {
+        let lease = Lease {
+            owner,
+            ms: lease_ms,
+        };
+        dispatch!(self, reserve(new, Some((lease, reason))))
     }
 
     /// Claims the lease on an operation and moves it `from → EXECUTING`, if

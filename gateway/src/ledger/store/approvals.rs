@@ -95,7 +95,7 @@ impl<D: Dialect> Store<D> {
         operation_id: &str,
         kind: &str,
     ) -> Result<Option<Approval>, LedgerError> {
-        let mut conn = self.write.acquire().await?;
+        let mut conn = self.writer.begin(0).await?;
         let row = sql::<D>(&format!(
             "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant_id = ? AND operation_id = ? AND kind = ? \
              ORDER BY created_at DESC, {} DESC LIMIT 1",
@@ -106,6 +106,7 @@ impl<D: Dialect> Store<D> {
         .bind(kind)
         .fetch_optional(&mut conn)
         .await?;
+        conn.commit().await?;
         Ok(row.as_ref().map(approval_from_row).transpose()?)
     }
 
@@ -274,7 +275,7 @@ impl<D: Dialect> Store<D> {
         approval_id: &str,
     ) -> Result<bool, LedgerError> {
         let now = self.now().await?;
-        let mut conn = self.write.acquire().await?;
+        let mut conn = self.writer.begin(0).await?;
         let n = sql::<D>(
             "UPDATE approvals SET status = 'used', used_at = ? WHERE tenant_id = ? AND id = ? AND kind = 'replay' \
              AND status = 'approved'",
@@ -284,6 +285,7 @@ impl<D: Dialect> Store<D> {
         .bind(approval_id)
         .execute(&mut conn)
         .await?;
+        conn.commit().await?;
         Ok(n == 1)
     }
 
@@ -315,7 +317,7 @@ impl<D: Dialect> Store<D> {
     /// event, in one transaction. Returns whether it was still pending or
     /// approved.
     async fn expire_approval(&self, a: &Approval, now: i64) -> Result<bool, LedgerError> {
-        let mut tx = self.write.begin().await?;
+        let mut tx = self.writer.begin(0).await?;
         // An approval granted but never used expires too: it can't
         // authorise anything after its expiry.
         let done = sql::<D>(

@@ -8,6 +8,7 @@ mod compensation;
 mod outbox;
 mod reads;
 mod reconcile;
+mod writer;
 mod writes;
 
 use std::fmt;
@@ -15,8 +16,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::command::{self, Command};
-use super::dialect::{Dialect, Pool, Tx};
+use super::dialect::{Dialect, Pool};
 use super::{LedgerClock, LedgerError, State};
+pub(super) use writer::BatchLimits;
+use writer::{BatchTx, Writer};
 
 /// The states no automatic transition leaves, as bound for
 /// `state IN (?, ?, ?)`.
@@ -24,7 +27,11 @@ const TERMINAL: [State; 3] = [State::Completed, State::Failed, State::Compensate
 
 /// The ledger over one backend. Cheap to clone.
 pub(super) struct Store<D: Dialect> {
-    /// Writes (SQLite: a pool of one connection).
+    /// Every write: the group-commit writer (`writer.rs`), over a pool of
+    /// one connection on SQLite and the shared pool on PostgreSQL.
+    writer: Writer<D>,
+    /// The pool the writer takes its connection from (PostgreSQL: also
+    /// the reads' pool and the clock's).
     write: Pool<D>,
     /// Reads (PostgreSQL: the same pool).
     read: Pool<D>,
@@ -36,6 +43,7 @@ pub(super) struct Store<D: Dialect> {
 impl<D: Dialect> Clone for Store<D> {
     fn clone(&self) -> Self {
         Self {
+            writer: self.writer.clone(),
             write: self.write.clone(),
             read: self.read.clone(),
             clock: self.clock.clone(),
@@ -56,10 +64,18 @@ impl<D: Dialect> fmt::Debug for Store<D> {
 }
 
 impl<D: Dialect> Store<D> {
-    /// A store writing through `write` and reading through `read` (they
-    /// may be the same pool), stamping rows with `clock`.
-    pub(super) fn new(write: Pool<D>, read: Pool<D>, clock: Arc<LedgerClock>) -> Self {
+    /// A store writing through a group-commit writer over `write` (batches
+    /// bounded by `limits`) and reading through `read` (they may be the
+    /// same pool), stamping rows with `clock`. Must be called inside a
+    /// Tokio runtime (the writer's committer task).
+    pub(super) fn new(
+        write: Pool<D>,
+        read: Pool<D>,
+        clock: Arc<LedgerClock>,
+        limits: BatchLimits,
+    ) -> Self {
         Self {
+            writer: Writer::new(write.clone(), limits),
             write,
             read,
             clock,
@@ -72,16 +88,17 @@ impl<D: Dialect> Store<D> {
         D::now(&self.write, &self.clock).await
     }
 
-    /// Opens a write transaction and reads now inside it.
-    async fn begin(&self) -> Result<(Tx<D>, i64), sqlx::Error> {
-        let mut tx = self.write.begin().await?;
+    /// Takes a place in the writer's open batch (a savepoint of its
+    /// transaction) and reads now inside it.
+    async fn begin(&self) -> Result<(BatchTx<D>, i64), sqlx::Error> {
+        let mut tx = self.writer.begin(0).await?;
         let now = D::now_in(&mut tx, &self.clock).await?;
         Ok((tx, now))
     }
 
     /// [`command::check`]s `cmd` (an illegal one opens no transaction),
     /// then [`Store::begin`]s.
-    async fn begin_for<C: Command>(&self, cmd: &C) -> Result<(Tx<D>, i64), LedgerError> {
+    async fn begin_for<C: Command>(&self, cmd: &C) -> Result<(BatchTx<D>, i64), LedgerError> {
         command::check(cmd)?;
         Ok(self.begin().await?)
     }

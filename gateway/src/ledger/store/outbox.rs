@@ -94,7 +94,7 @@ impl<D: Dialect> Store<D> {
         next_attempt_at: i64,
     ) -> Result<bool, LedgerError> {
         let now = self.now().await?;
-        let mut conn = self.write.acquire().await?;
+        let mut conn = self.writer.begin(0).await?;
         let n = sql::<D>("UPDATE outbox SET attempts = attempts + 1, lease_owner = NULL, lease_expires_at = NULL, \
              delivered_at = CASE WHEN ? THEN ? ELSE NULL END, last_error = ?, next_attempt_at = ? \
              WHERE event_id = ? AND lease_owner = ? AND delivered_at IS NULL")
@@ -106,6 +106,7 @@ impl<D: Dialect> Store<D> {
         .bind(owner)
         .execute(&mut conn)
         .await?;
+        conn.commit().await?;
         Ok(n == 1)
     }
 
@@ -143,7 +144,7 @@ impl<D: Dialect> Store<D> {
         error: &str,
     ) -> Result<bool, LedgerError> {
         let now = self.now().await?;
-        let mut conn = self.write.acquire().await?;
+        let mut conn = self.writer.begin(0).await?;
         let n = sql::<D>(
             "UPDATE outbox SET attempts = attempts + 1, lease_owner = NULL, lease_expires_at = NULL, \
              last_error = ?, dead_lettered_at = ? \
@@ -155,6 +156,7 @@ impl<D: Dialect> Store<D> {
         .bind(owner)
         .execute(&mut conn)
         .await?;
+        conn.commit().await?;
         Ok(n == 1)
     }
 

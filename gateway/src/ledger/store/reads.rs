@@ -26,7 +26,7 @@ impl<D: Dialect> Store<D> {
     /// See [`crate::ledger::Ledger::provider_key_secret`].
     pub(crate) async fn provider_key_secret(&self) -> Result<Vec<u8>, LedgerError> {
         let fresh: [u8; 32] = rand::random();
-        let mut conn = self.write.acquire().await?;
+        let mut conn = self.writer.begin(0).await?;
         sql::<D>("INSERT INTO meta (name, value) VALUES ('provider_key_secret', ?) ON CONFLICT (name) DO NOTHING")
             .bind(fresh.as_slice())
             .execute(&mut conn)
@@ -34,6 +34,7 @@ impl<D: Dialect> Store<D> {
         let row = sql::<D>("SELECT value FROM meta WHERE name = 'provider_key_secret'")
             .fetch_one(&mut conn)
             .await?;
+        conn.commit().await?;
         Ok(row.get("value")?)
     }
 
@@ -45,6 +46,26 @@ impl<D: Dialect> Store<D> {
     ) -> Result<Option<Operation>, LedgerError> {
         let mut conn = self.read.acquire().await?;
         Ok(fetch_op::<D>(&mut conn, tenant, operation_id).await?)
+    }
+
+    /// The version and last change (ms since epoch) of an operation, if it
+    /// exists (the replay cache's check).
+    pub(crate) async fn version_of(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+    ) -> Result<Option<(i64, i64)>, LedgerError> {
+        let mut conn = self.read.acquire().await?;
+        let row = sql::<D>(
+            "SELECT version, updated_at FROM operations WHERE tenant_id = ? AND operation_id = ?",
+        )
+        .bind(tenant)
+        .bind(operation_id)
+        .fetch_optional(&mut conn)
+        .await?;
+        row.map(|r| Ok((r.get("version")?, r.get("updated_at")?)))
+            .transpose()
+            .map_err(|e: sqlx::Error| e.into())
     }
 
     /// See [`crate::ledger::Ledger::attempts`].
@@ -187,13 +208,15 @@ impl<D: Dialect> Store<D> {
 
     /// See [`crate::ledger::Ledger::release_scan`].
     pub(crate) async fn release_scan(&self, owner: &str) -> Result<u64, LedgerError> {
-        let mut conn = self.write.acquire().await?;
-        Ok(sql::<D>(
+        let mut conn = self.writer.begin(0).await?;
+        let n = sql::<D>(
             "UPDATE operations SET scan_owner = NULL, scan_expires_at = NULL WHERE scan_owner = ?",
         )
         .bind(owner)
         .execute(&mut conn)
-        .await?)
+        .await?;
+        conn.commit().await?;
+        Ok(n)
     }
 
     /// See [`crate::ledger::Ledger::sweep_expired`].

@@ -50,8 +50,10 @@ impl<D: Dialect> Store<D> {
     pub(crate) async fn unschedule(&self, cmd: &Unschedule<'_>) -> Result<bool, LedgerError> {
         command::check(cmd)?;
         // No transaction: one statement, and the time is not used.
-        let mut conn = self.write.acquire().await?;
-        Ok(command::apply::<D, _>(&mut conn, cmd, 0).await?.is_some())
+        let mut conn = self.writer.begin(0).await?;
+        let applied = command::apply::<D, _>(&mut conn, cmd, 0).await?.is_some();
+        conn.commit().await?;
+        Ok(applied)
     }
 
     /// See [`crate::ledger::Ledger::audit`].

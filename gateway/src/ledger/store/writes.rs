@@ -2,7 +2,7 @@
 //! extend a lease; policy decisions and the attempts log.
 
 use super::super::command::{
-    self, AwaitApproval, ClaimLease, ExtendLease, NoteRetry, OpRef, RecordOutcome, Reserve,
+    self, AwaitApproval, ClaimLease, ExtendLease, Lease, NoteRetry, OpRef, RecordOutcome, Reserve,
 };
 use super::super::dialect::{Conn, Dialect, clean, sql};
 use super::super::{Claim, DecisionRecord, LedgerError, NewOperation, Reservation};
@@ -10,21 +10,34 @@ use super::reads::fetch_op;
 use super::{Store, TERMINAL};
 
 impl<D: Dialect> Store<D> {
-    /// See [`crate::ledger::Ledger::reserve`].
-    pub(crate) async fn reserve(&self, new: &NewOperation) -> Result<Reservation, LedgerError> {
+    /// See [`crate::ledger::Ledger::reserve`] and
+    /// [`crate::ledger::Ledger::reserve_and_claim`]: with `claim`, a
+    /// created operation that awaits no approval is also claimed
+    /// (RESERVED → EXECUTING) in the same transaction.
+    pub(crate) async fn reserve(
+        &self,
+        new: &NewOperation,
+        claim: Option<(Lease<'_>, &str)>,
+    ) -> Result<(Reservation, Option<Claim>), LedgerError> {
         // The existing row can vanish between the insert that found it and
         // the read of it (the retention sweeper deleted it, expired): then
         // the key is free and the next try creates the operation.
         for _ in 0..3 {
-            if let Some(r) = self.reserve_once(new).await? {
+            if let Some(r) = self.reserve_once(new, claim).await? {
                 return Ok(r);
             }
         }
         Err(LedgerError::Db(sqlx::Error::RowNotFound))
     }
 
-    async fn reserve_once(&self, new: &NewOperation) -> Result<Option<Reservation>, LedgerError> {
+    async fn reserve_once(
+        &self,
+        new: &NewOperation,
+        claim: Option<(Lease<'_>, &str)>,
+    ) -> Result<Option<(Reservation, Option<Claim>)>, LedgerError> {
         let (mut tx, now) = self.begin().await?;
+        tx.add_bytes(new.request_body.len());
+        tx.inject(&new.operation_id);
         let expired = sql::<D>(
             "DELETE FROM operations WHERE tenant_id = ? AND operation_id = ? AND updated_at + retention_ms <= ? \
              AND state IN (?, ?, ?) AND NOT dead_letter",
@@ -63,12 +76,34 @@ impl<D: Dialect> Store<D> {
         let Some(op) = fetch_op::<D>(&mut tx, &new.tenant_id, &new.operation_id).await? else {
             return Ok(None);
         };
+        // The claim of a new operation rides in its reservation's commit:
+        // one durable write before the provider is called, not two. The
+        // operation is returned as reserved (the claim is what changed).
+        let mut claimed = None;
+        if created
+            && !new.awaiting_approval
+            && let Some((lease, reason)) = claim
+        {
+            let cmd = ClaimLease {
+                op: OpRef::new(&new.tenant_id, &new.operation_id),
+                from: op.state,
+                version: op.version,
+                lease,
+                reason,
+            };
+            claimed = command::apply::<D, _>(&mut tx, &cmd, now)
+                .await?
+                .map(|a| a.claim(lease.expires_at(now)));
+        }
         tx.commit().await?;
-        Ok(Some(if created {
-            Reservation::Created(op)
-        } else {
-            Reservation::Existing(op)
-        }))
+        Ok(Some((
+            if created {
+                Reservation::Created(op)
+            } else {
+                Reservation::Existing(op)
+            },
+            claimed,
+        )))
     }
 
     /// See [`crate::ledger::Ledger::claim`].
@@ -87,6 +122,7 @@ impl<D: Dialect> Store<D> {
         cmd: &RecordOutcome<'_>,
     ) -> Result<bool, LedgerError> {
         let (mut tx, now) = self.begin_for(cmd).await?;
+        tx.add_bytes(cmd.outcome.response_body.as_ref().map_or(0, Vec::len));
         let Some(applied) = command::apply::<D, _>(&mut tx, cmd, now).await? else {
             self.count_stale_fence();
             tracing::warn!(

@@ -1,0 +1,576 @@
+//! Group commit: every ledger write shares its transaction, and its
+//! fsync, with the writes waiting beside it.
+//!
+//! The [`Writer`] owns the write connection. A write ([`Writer::begin`])
+//! waits for its turn on it (turns are handed out first come, first
+//! served), runs its statements inside a `SAVEPOINT` of the open batch
+//! transaction and releases the savepoint ([`BatchTx::commit`]); a write
+//! that fails, loses its compare-and-swap with an error, or is dropped
+//! half-way is rolled back to its savepoint, so it never takes the others
+//! down with it. The writer's task then commits the batch once, with every
+//! write that queued up meanwhile, and only after that `COMMIT` returned
+//! (durable: `synchronous = FULL` on SQLite, the server's own durability
+//! on PostgreSQL) answers each write. A batch is committed at once when it
+//! holds `storage.write_batch_max` writes or `storage.write_batch_bytes`
+//! of bodies.
+//!
+//! A `COMMIT` that fails fails every write of its batch: each gets
+//! [`LedgerError::BatchCommit`] (503 `ledger-unavailable` for a request)
+//! and none of them happened.
+
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use tokio::sync::{Mutex, Notify, OwnedMutexGuard, oneshot};
+
+use super::super::LedgerError;
+use super::super::dialect::{Conn, Dialect, Pool, sql};
+
+/// What one write of a batch hears back: the batch's size, or why its
+/// commit failed.
+type Answer = Result<usize, Arc<str>>;
+
+/// The batching limits (`storage.write_batch_max`,
+/// `storage.write_batch_bytes`).
+#[derive(Debug, Clone, Copy)]
+pub(in crate::ledger) struct BatchLimits {
+    /// Most writes in one commit (at least 1).
+    pub max_writes: usize,
+    /// Body bytes past which a batch commits at once.
+    pub max_bytes: usize,
+}
+
+/// The write connection and the open batch.
+struct Batch<D: Dialect> {
+    /// The connection (`None` after a failure that may have broken it:
+    /// the next write takes a fresh one from the pool).
+    conn: Option<sqlx::pool::PoolConnection<D::Db>>,
+    /// Whether `BEGIN` was sent.
+    open: bool,
+    /// A write's savepoint is still open: its owner was dropped before it
+    /// finished. Rolled back before anything else runs.
+    abandoned: bool,
+    /// Whether a failure injection (`ledger-commit-fail`) marked this
+    /// batch to fail its `COMMIT`.
+    poisoned: bool,
+    /// The writes waiting for this batch's commit.
+    waiting: Vec<oneshot::Sender<Answer>>,
+    /// Their body bytes.
+    bytes: usize,
+}
+
+struct Shared<D: Dialect> {
+    batch: Arc<Mutex<Batch<D>>>,
+    pool: Pool<D>,
+    limits: BatchLimits,
+    /// Wakes the committer task: a batch has writes waiting.
+    wake: Arc<Notify>,
+    /// Writes waiting for their turn on the connection.
+    queued: AtomicUsize,
+    /// Batches committed since start.
+    commits: AtomicU64,
+}
+
+impl<D: Dialect> Drop for Shared<D> {
+    fn drop(&mut self) {
+        // Lets the committer task see that the ledger is gone and end.
+        self.wake.notify_one();
+    }
+}
+
+/// The ledger's one writer. Cheap to clone.
+pub(in crate::ledger) struct Writer<D: Dialect> {
+    shared: Arc<Shared<D>>,
+}
+
+impl<D: Dialect> Clone for Writer<D> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<D: Dialect> std::fmt::Debug for Writer<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer")
+            .field("limits", &self.shared.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Dialect> Writer<D> {
+    /// A writer taking its connection from `pool` (SQLite: a pool of one;
+    /// PostgreSQL: the shared pool, of which it holds one connection), and
+    /// its committer task. Must be called inside a Tokio runtime.
+    pub(in crate::ledger) fn new(pool: Pool<D>, limits: BatchLimits) -> Self {
+        let wake = Arc::new(Notify::new());
+        let shared = Arc::new(Shared {
+            batch: Arc::new(Mutex::new(Batch {
+                conn: None,
+                open: false,
+                abandoned: false,
+                poisoned: false,
+                waiting: Vec::new(),
+                bytes: 0,
+            })),
+            pool,
+            limits: BatchLimits {
+                max_writes: limits.max_writes.max(1),
+                max_bytes: limits.max_bytes.max(1),
+            },
+            wake: wake.clone(),
+            queued: AtomicUsize::new(0),
+            commits: AtomicU64::new(0),
+        });
+        tokio::spawn(committer(Arc::downgrade(&shared), wake));
+        Self { shared }
+    }
+
+    /// Waits for the write connection and opens a savepoint for one write
+    /// in the current batch (opening the batch if none is open). `bytes`
+    /// is the size of the bodies it writes, for `storage.write_batch_bytes`.
+    ///
+    /// Errors: the connection can't be had or the savepoint can't be made.
+    pub(in crate::ledger) async fn begin(&self, bytes: usize) -> Result<BatchTx<D>, sqlx::Error> {
+        self.shared.queued.fetch_add(1, Ordering::Relaxed);
+        let waited = Queued(&self.shared.queued);
+        let mut guard = self.shared.batch.clone().lock_owned().await;
+        drop(waited);
+        if let Err(e) = prepare(&self.shared.pool, &mut guard).await {
+            abort(&mut guard, &e.to_string()).await;
+            return Err(e);
+        }
+        Ok(BatchTx {
+            guard: Some(guard),
+            shared: self.shared.clone(),
+            bytes,
+        })
+    }
+}
+
+impl<D: Dialect> Writer<D> {
+    /// Writes waiting for their turn on the connection now.
+    #[cfg(test)]
+    pub(in crate::ledger) fn queued(&self) -> usize {
+        self.shared.queued.load(Ordering::Relaxed)
+    }
+
+    /// Batches committed since start.
+    #[cfg(test)]
+    pub(in crate::ledger) fn commits(&self) -> u64 {
+        self.shared.commits.load(Ordering::Relaxed)
+    }
+}
+
+/// Counts a write out of the queue when it got its turn (or was dropped
+/// while waiting).
+struct Queued<'a>(&'a AtomicUsize);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Makes the batch ready for one more write: a connection, no abandoned
+/// savepoint, `BEGIN` sent, a new savepoint.
+async fn prepare<D: Dialect>(pool: &Pool<D>, b: &mut Batch<D>) -> Result<(), sqlx::Error> {
+    if b.conn.is_none() {
+        b.conn = Some(pool.acquire().await?);
+    }
+    let conn = b.conn.as_mut().expect("just set");
+    if b.abandoned {
+        sql::<D>("ROLLBACK TO SAVEPOINT effectgate_write")
+            .execute(conn)
+            .await?;
+        sql::<D>("RELEASE SAVEPOINT effectgate_write")
+            .execute(conn)
+            .await?;
+        b.abandoned = false;
+    }
+    if !b.open {
+        sql::<D>(D::BEGIN).execute(conn).await?;
+        b.open = true;
+    }
+    sql::<D>("SAVEPOINT effectgate_write").execute(conn).await?;
+    b.abandoned = true;
+    Ok(())
+}
+
+/// Rolls the open batch back and answers its writes with `why`. The
+/// connection is dropped when even the rollback fails.
+async fn abort<D: Dialect>(b: &mut Batch<D>, why: &str) {
+    if b.open
+        && let Some(conn) = b.conn.as_mut()
+        && sql::<D>("ROLLBACK").execute(conn).await.is_err()
+    {
+        b.conn = None;
+    }
+    b.open = false;
+    b.abandoned = false;
+    b.poisoned = false;
+    b.bytes = 0;
+    let why: Arc<str> = why.into();
+    let n = b.waiting.len();
+    for w in b.waiting.drain(..) {
+        let _ = w.send(Err(why.clone()));
+    }
+    if n > 0 {
+        crate::metrics::ledger_batch_failed();
+    }
+}
+
+/// Commits the open batch and answers its writes.
+async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) {
+    if !b.open {
+        return;
+    }
+    let Some(conn) = b.conn.as_mut() else {
+        abort(b, "the ledger's write connection was lost").await;
+        return;
+    };
+    if b.abandoned {
+        let undo = async {
+            sql::<D>("ROLLBACK TO SAVEPOINT effectgate_write")
+                .execute(&mut *conn)
+                .await?;
+            sql::<D>("RELEASE SAVEPOINT effectgate_write")
+                .execute(&mut *conn)
+                .await
+        };
+        if let Err(e) = undo.await {
+            abort(b, &e.to_string()).await;
+            return;
+        }
+        b.abandoned = false;
+    }
+    let size = b.waiting.len();
+    let started = Instant::now();
+    let result = if b.poisoned {
+        Err("injected commit failure (ledger-commit-fail)".to_owned())
+    } else {
+        sql::<D>("COMMIT")
+            .execute(conn)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    match result {
+        Ok(()) => {
+            crate::metrics::ledger_batch(size, started.elapsed());
+            shared.commits.fetch_add(1, Ordering::Relaxed);
+            b.open = false;
+            b.bytes = 0;
+            for w in b.waiting.drain(..) {
+                let _ = w.send(Ok(size));
+            }
+        }
+        Err(why) => {
+            tracing::error!(batch_size = size, error = %why, "ledger batch commit failed");
+            abort(b, &why).await;
+        }
+    }
+}
+
+/// The committer: commits a batch whenever a write is waiting for one.
+async fn committer<D: Dialect>(shared: Weak<Shared<D>>, wake: Arc<Notify>) {
+    loop {
+        wake.notified().await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        // Queues behind the writes already waiting for the connection:
+        // they join this batch first.
+        let mut b = shared.batch.clone().lock_owned().await;
+        commit_batch(&shared, &mut b).await;
+    }
+}
+
+/// One write's place in the open batch: its savepoint on the write
+/// connection (the transaction's connection dereferences to it).
+pub(in crate::ledger) struct BatchTx<D: Dialect> {
+    guard: Option<OwnedMutexGuard<Batch<D>>>,
+    shared: Arc<Shared<D>>,
+    bytes: usize,
+}
+
+impl<D: Dialect> BatchTx<D> {
+    /// Counts `bytes` more body bytes for `storage.write_batch_bytes`.
+    pub(in crate::ledger) fn add_bytes(&mut self, bytes: usize) {
+        self.bytes = self.bytes.saturating_add(bytes);
+    }
+
+    /// Marks the batch to fail its commit when the `ledger-commit-fail`
+    /// failure injection names a prefix of `operation_id` (tests; a no-op
+    /// without the `failpoints` feature).
+    pub(in crate::ledger) fn inject(&mut self, operation_id: &str) {
+        if crate::failpoint::names("ledger-commit-fail", operation_id)
+            && let Some(b) = self.guard.as_mut()
+        {
+            b.poisoned = true;
+        }
+    }
+
+    /// Releases the savepoint and waits until the batch holding this write
+    /// is committed. Returns the batch's size (writes in it); the ledger
+    /// span of the call records it as `effectgate.batch_size`.
+    ///
+    /// Errors: the savepoint can't be released, or the batch's `COMMIT`
+    /// failed ([`LedgerError::BatchCommit`]: nothing of this write was
+    /// kept).
+    pub(in crate::ledger) async fn commit(mut self) -> Result<usize, LedgerError> {
+        let mut b = self.guard.take().expect("a write commits once");
+        let conn = b.conn.as_mut().expect("a write holds the connection");
+        if let Err(e) = sql::<D>("RELEASE SAVEPOINT effectgate_write")
+            .execute(conn)
+            .await
+        {
+            // Still abandoned: the next write or the committer rolls it back.
+            return Err(e.into());
+        }
+        b.abandoned = false;
+        let (tx, rx) = oneshot::channel();
+        b.waiting.push(tx);
+        b.bytes = b.bytes.saturating_add(self.bytes);
+        let limits = self.shared.limits;
+        if b.waiting.len() >= limits.max_writes || b.bytes >= limits.max_bytes {
+            commit_batch(&self.shared, &mut b).await;
+        } else if b.waiting.len() == 1 {
+            self.shared.wake.notify_one();
+        }
+        drop(b);
+        match rx.await {
+            Ok(Ok(size)) => {
+                tracing::Span::current().record("effectgate.batch_size", size);
+                Ok(size)
+            }
+            Ok(Err(why)) => Err(LedgerError::BatchCommit(why.to_string())),
+            Err(_) => Err(LedgerError::BatchCommit(
+                "the ledger writer stopped before committing".into(),
+            )),
+        }
+    }
+}
+
+impl<D: Dialect> Deref for BatchTx<D> {
+    type Target = Conn<D>;
+    fn deref(&self) -> &Conn<D> {
+        self.guard
+            .as_ref()
+            .and_then(|b| b.conn.as_deref())
+            .expect("a write holds the connection")
+    }
+}
+
+impl<D: Dialect> DerefMut for BatchTx<D> {
+    fn deref_mut(&mut self) -> &mut Conn<D> {
+        self.guard
+            .as_mut()
+            .and_then(|b| b.conn.as_deref_mut())
+            .expect("a write holds the connection")
+    }
+}
+
+impl<D: Dialect> Drop for BatchTx<D> {
+    fn drop(&mut self) {
+        // Dropped before commit (an error, a cancelled call): its savepoint
+        // stays marked abandoned and is rolled back before the next write
+        // or the commit. If the batch has writes waiting, make sure it
+        // still gets committed.
+        if let Some(b) = self.guard.take()
+            && !b.waiting.is_empty()
+        {
+            self.shared.wake.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::super::dialect::LedgerRow;
+    use super::super::super::sqlite::SqliteDialect;
+    use super::super::super::{LedgerClock, NewOperation, Reservation, SystemClock};
+    use super::super::Store;
+    use super::*;
+    use crate::config::StorageSpec;
+    use crate::ledger::command::{ClaimLease, Lease, OpRef};
+
+    fn new_op(id: &str) -> NewOperation {
+        NewOperation {
+            tenant_id: "t".into(),
+            operation_id: id.into(),
+            route: "pay".into(),
+            method: "POST".into(),
+            path: "v1/charges".into(),
+            query: None,
+            fingerprint: "fp".into(),
+            provider_key: format!("pk-{id}"),
+            effect_class: None,
+            request_content_type: None,
+            request_body: b"{}".to_vec(),
+            request_headers: Vec::new(),
+            trace_context: None,
+            principal: "client".into(),
+            retention_ms: 86_400_000,
+            awaiting_approval: false,
+            decisions: Vec::new(),
+            approval: None,
+        }
+    }
+
+    async fn store(dir: &std::path::Path) -> Store<SqliteDialect> {
+        let storage = StorageSpec {
+            path: dir.join("ledger.db"),
+            ..StorageSpec::default()
+        };
+        Store::<SqliteDialect>::open(&storage, LedgerClock::new(Arc::new(SystemClock)))
+            .await
+            .expect("open the ledger")
+    }
+
+    /// Waits (bounded) until `n` writes queue for the connection.
+    async fn until_queued(store: &Store<SqliteDialect>, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while store.writer.queued() < n {
+            assert!(Instant::now() < deadline, "{n} writes never queued");
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn claim_of<'a>(id: &'a str, version: i64) -> ClaimLease<'a> {
+        ClaimLease {
+            op: OpRef::new("t", id),
+            from: crate::ledger::State::Reserved,
+            version,
+            lease: Lease {
+                owner: "gw-1",
+                ms: 60_000,
+            },
+            reason: "test",
+        }
+    }
+
+    /// One batch holds a write that commits, a write that loses its
+    /// compare-and-swap, a write that fails half-way (dropped after a
+    /// statement) and another that commits: one COMMIT, the good writes
+    /// are durable, the loser changed nothing and the failed write's
+    /// statement is gone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lost_compare_and_swap_or_a_failed_write_never_aborts_the_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(dir.path()).await;
+        for id in ["a", "b", "c"] {
+            let (r, _) = store.reserve(&new_op(id), None).await.unwrap();
+            assert!(matches!(r, Reservation::Created(_)));
+        }
+        let before = store.writer.commits();
+        // Hold the connection so the writes below queue up behind it.
+        let holder = store.writer.begin(0).await.unwrap();
+        let s = store.clone();
+        let a = tokio::spawn(async move { s.claim(&claim_of("a", 1)).await });
+        until_queued(&store, 1).await;
+        let s = store.clone();
+        let lost = tokio::spawn(async move { s.claim(&claim_of("b", 7)).await });
+        until_queued(&store, 2).await;
+        let s = store.clone();
+        let failed = tokio::spawn(async move {
+            let mut tx = s.writer.begin(0).await.unwrap();
+            sql::<SqliteDialect>("INSERT INTO meta (name, value) VALUES ('half-way', x'00')")
+                .execute(&mut tx)
+                .await
+                .unwrap();
+            // An error return: the write is dropped before its commit.
+            drop(tx);
+        });
+        until_queued(&store, 3).await;
+        let s = store.clone();
+        let c = tokio::spawn(async move { s.claim(&claim_of("c", 1)).await });
+        until_queued(&store, 4).await;
+        // The holder, a and c wait for the commit; the loser and the failed
+        // write are answered without one (they wrote nothing).
+        assert_eq!(holder.commit().await.unwrap(), 3, "one batch");
+
+        let a = a.await.unwrap().unwrap().expect("a is claimed");
+        assert_eq!((a.fence, a.attempt, a.version), (1, 1, 2));
+        assert_eq!(lost.await.unwrap().unwrap(), None, "b lost its CAS");
+        failed.await.unwrap();
+        assert!(c.await.unwrap().unwrap().is_some(), "c is claimed");
+        assert_eq!(store.writer.commits(), before + 1, "one COMMIT");
+
+        // What a fresh connection reads from the file.
+        let reopened = self::store(dir.path()).await;
+        let state = |id: &'static str| {
+            let r = reopened.clone();
+            async move { r.get("t", id).await.unwrap().unwrap() }
+        };
+        let (a, b, c) = (state("a").await, state("b").await, state("c").await);
+        assert_eq!(
+            (a.state, a.version, a.fence),
+            (crate::ledger::State::Executing, 2, 1)
+        );
+        assert_eq!(
+            (b.state, b.version, b.fence),
+            (crate::ledger::State::Reserved, 1, 0)
+        );
+        assert_eq!(
+            (c.state, c.version, c.fence),
+            (crate::ledger::State::Executing, 2, 1)
+        );
+        let mut conn = reopened.read.acquire().await.unwrap();
+        let half = sql::<SqliteDialect>("SELECT COUNT(*) AS n FROM meta WHERE name = 'half-way'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            half.get::<i64>("n").unwrap(),
+            0,
+            "the failed write left nothing"
+        );
+    }
+
+    /// A reservation with a claim is one write: the operation is EXECUTING
+    /// under fencing token 1 after one commit, with both transitions.
+    #[tokio::test]
+    async fn reserve_and_claim_is_one_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(dir.path()).await;
+        let before = store.writer.commits();
+        let lease = Lease {
+            owner: "gw-1",
+            ms: 60_000,
+        };
+        let (r, claim) = store
+            .reserve(&new_op("x"), Some((lease, "lease claimed for attempt")))
+            .await
+            .unwrap();
+        let Reservation::Created(op) = r else {
+            panic!("created")
+        };
+        assert_eq!(op.state, crate::ledger::State::Reserved);
+        let claim = claim.expect("claimed");
+        assert_eq!((claim.fence, claim.attempt, claim.version), (1, 1, 2));
+        assert_eq!(store.writer.commits(), before + 1);
+        let row = store.get("t", "x").await.unwrap().unwrap();
+        assert_eq!(row.state, crate::ledger::State::Executing);
+        let steps: Vec<_> = store
+            .transitions("t", "x")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| (t.from_state, t.to_state))
+            .collect();
+        use crate::ledger::State::{Executing, Reserved};
+        assert_eq!(steps, vec![(None, Reserved), (Some(Reserved), Executing)]);
+        // A duplicate reserves nothing and claims nothing.
+        let (r, claim) = store
+            .reserve(&new_op("x"), Some((lease, "lease claimed for attempt")))
+            .await
+            .unwrap();
+        assert!(matches!(r, Reservation::Existing(_)) && claim.is_none());
+    }
+}
