@@ -80,9 +80,34 @@ struct Setup {
 }
 
 
-async fn app_with(rx: &Receiver, s: Setup) -> TestApp {
+/// A gateway of the inbox tests, with the name of its Stripe source:
+/// unique per gateway, so its metric series (the recorder is
+/// process-wide) are its own.
+struct App {
+    app: TestApp,
+    src: String,
+}
+
+impl std::ops::Deref for App {
+    type Target = TestApp;
+    fn deref(&self) -> &TestApp {
+        &self.app
+    }
+}
+
+/// The metrics text, with this gateway's Stripe source named `stripe`.
+async fn metrics_of(app: &App) -> String {
+    app.metrics()
+        .await
+        .replace(&format!("source=\"{}\"", app.src), "source=\"stripe\"")
+}
+
+async fn app_with(rx: &Receiver, s: Setup) -> App {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let src = format!("stripe-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
     env();
-    spawn_with(Opts {
+    let app = spawn_with(Opts {
         route_extra: "[routes.read_back]\npath = \"/v1/charges?idempotency_key={provider_key}\"\n\
              found_pointer = \"/data/0\"\nmatch = { \"/idempotency_key\" = \"{provider_key}\" }\n\
              reference_pointer = \"/id\"\nsettle_delay_ms = 0\n"
@@ -96,7 +121,7 @@ async fn app_with(rx: &Receiver, s: Setup) -> TestApp {
         ),
         more: format!(
             "[reconcile]\nenabled = false\n\n\
-             [[inbox]]\nname = \"stripe\"\ntenant = \"a\"\nscheme = \"stripe\"\n\
+             [[inbox]]\nname = \"{src}\"\ntenant = \"a\"\nscheme = \"stripe\"\n\
              secrets = [{{ env = \"TEST_INBOX_STRIPE\" }}, {{ env = \"TEST_INBOX_STRIPE_NEXT\" }}]\n\
              max_body_bytes = 4096\n{}\n\
              [[inbox]]\nname = \"sw\"\ntenant = \"a\"\nscheme = \"standard-webhooks\"\n\
@@ -109,7 +134,8 @@ async fn app_with(rx: &Receiver, s: Setup) -> TestApp {
         storage: s.storage,
         ..Default::default()
     })
-    .await
+    .await;
+    App { app, src }
 }
 
 /// Now, in unix seconds, by the gateway's clock.
@@ -117,10 +143,10 @@ fn now_s(app: &TestApp) -> i64 {
     app.gw.state.ledger.clock().now_ms().div_euclid(1000)
 }
 
-async fn post_stripe(app: &TestApp, body: &str, header: Option<&str>) -> reqwest::Response {
+async fn post_stripe(app: &App, body: &str, header: Option<&str>) -> reqwest::Response {
     let mut b = app
         .http
-        .post(app.proxy("/inbox/stripe"))
+        .post(app.proxy(&format!("/inbox/{}", app.src)))
         .header("content-type", "application/json");
     if let Some(h) = header {
         b = b.header("stripe-signature", h);
@@ -129,7 +155,7 @@ async fn post_stripe(app: &TestApp, body: &str, header: Option<&str>) -> reqwest
 }
 
 /// POSTs `body` to the Stripe source, signed now.
-async fn stripe_event(app: &TestApp, body: &str) -> reqwest::Response {
+async fn stripe_event(app: &App, body: &str) -> reqwest::Response {
     let h = stripe_header(STRIPE_SECRET, now_s(app), body);
     post_stripe(app, body, Some(&h)).await
 }
@@ -277,7 +303,7 @@ async fn the_stripe_scheme_agrees_with_the_stripe_sdk_both_ways() {
     assert_eq!(p["check"], "timestamp-outside-tolerance");
 
     // Only the two verified events are in the inbox.
-    let mut ids: Vec<String> = inbox_list(&app, "?source=stripe")
+    let mut ids: Vec<String> = inbox_list(&app, &format!("?source={}", app.src))
         .await
         .iter()
         .map(|e| e["event_id"].as_str().unwrap().to_owned())
@@ -500,14 +526,19 @@ async fn bad_input_is_refused_counted_and_not_stored(storage: Option<StorageSpec
         .await
         .unwrap();
     assert_eq!(r.status(), 404);
-    let r = app.http.get(app.proxy("/inbox/stripe")).send().await.unwrap();
+    let r = app
+        .http
+        .get(app.proxy(&format!("/inbox/{}", app.src)))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 405);
 
     // Nothing refused was stored; each refusal was counted.
     let events = inbox_list(&app, "").await;
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(events[0]["event_id"], "evt_rotated");
-    let m = app.metrics().await;
+    let m = metrics_of(&app).await;
     for (check, n) in [
         ("signature-missing", 1.0),
         ("signature-malformed", 1.0),
@@ -563,7 +594,7 @@ async fn a_duplicate_sent_ten_times_at_once_is_stored_and_delivered_once(
         let v: Value = r.json().await.unwrap();
         assert_eq!(
             v["delivery_id"],
-            effectgate::ledger::delivery_id("a", "stripe", "evt_dup")
+            effectgate::ledger::delivery_id("a", &app.src, "evt_dup")
         );
         states.push(v["state"].as_str().unwrap().to_owned());
     }
@@ -585,7 +616,7 @@ async fn a_duplicate_sent_ten_times_at_once_is_stored_and_delivered_once(
     );
     assert_eq!(deliveries(&app, &rx, 2).await.len(), 1);
     assert_eq!(inbox_list(&app, "").await.len(), 1);
-    let m = app.metrics().await;
+    let m = metrics_of(&app).await;
     assert_eq!(
         metric(
             &m,
@@ -694,7 +725,7 @@ async fn a_lost_reply_whose_webhook_comes_first_completes_without_a_read_back(
     assert!(
         reasons
             .iter()
-            .any(|r| r.contains("inbox: stripe event evt_paid (charge.succeeded) says the effect exists")),
+            .any(|r| *r == format!("inbox: {} event evt_paid (charge.succeeded) says the effect exists", app.src)),
         "{reasons:?}"
     );
     // The timeline shows the event and what it did.
@@ -714,7 +745,7 @@ async fn a_lost_reply_whose_webhook_comes_first_completes_without_a_read_back(
     let again = stripe_event(&app, &body).await;
     assert_eq!(again.json::<Value>().await.unwrap()["state"], "duplicate");
     assert_eq!(app.op_json("k1").await["version"], op["version"]);
-    let m = app.metrics().await;
+    let m = metrics_of(&app).await;
     assert_eq!(
         metric(
             &m,
@@ -825,7 +856,7 @@ fn versioned(id: &str, key: &str, version: i64) -> String {
     )
 }
 
-async fn state_of(app: &TestApp, body: &str) -> String {
+async fn state_of(app: &App, body: &str) -> String {
     let r = stripe_event(app, body).await;
     assert_eq!(r.status(), 200);
     r.json::<Value>().await.unwrap()["state"]
@@ -866,7 +897,7 @@ async fn out_of_order_events_are_delivered_in_order(storage: Option<StorageSpec>
     assert_eq!(stale[0]["event_id"], "e1b");
     // Another key is ordered on its own.
     assert_eq!(state_of(&app, &versioned("f1", "cus_2", 1)).await, "accepted");
-    let m = app.metrics().await;
+    let m = metrics_of(&app).await;
     assert_eq!(
         metric(&m, "effectgate_inbox_received_total{source=\"stripe\",outcome=\"held\"}"),
         1.0
@@ -911,7 +942,7 @@ async fn a_permanent_gap_is_delivered_flagged(storage: Option<StorageSpec>) {
     // v2 arriving after the gap closed is stale: v3 is never reverted.
     assert_eq!(state_of(&app, &versioned("e2", "cus_1", 2)).await, "stale");
     assert_eq!(deliveries(&app, &rx, 3).await.len(), 2);
-    let m = app.metrics().await;
+    let m = metrics_of(&app).await;
     assert_eq!(
         metric(&m, "effectgate_inbox_gaps_total{source=\"stripe\",outcome=\"delivered\"}"),
         1.0
@@ -941,17 +972,17 @@ async fn a_permanent_gap_is_quarantined_then_released_or_dropped(storage: Option
     // (The gateway's own relay loop may get there first.)
     effectgate::workers::inbox::tick(&app.gw.state).await.unwrap();
     assert_eq!(delivered_ids(&deliveries(&app, &rx, 1).await), vec!["e1"]);
-    let q = inbox_list(&app, "?state=quarantined&source=stripe").await;
+    let q = inbox_list(&app, &format!("?state=quarantined&source={}", app.src)).await;
     let mut ids: Vec<&str> = q.iter().map(|e| e["event_id"].as_str().unwrap()).collect();
     ids.sort();
     assert_eq!(ids, vec!["e3", "g2"]);
-    let m = app.metrics().await;
+    let m = metrics_of(&app).await;
     assert_eq!(metric(&m, "effectgate_inbox_quarantined_events{source=\"stripe\"}"), 2.0);
     assert!(metric(&m, "effectgate_inbox_quarantine_oldest_age_seconds{source=\"stripe\"}") >= 60.0);
 
     let decide = |who: &'static str, id: &str, action: &str| {
         app.http
-            .post(app.admin(&format!("/admin/tenants/a/inbox/stripe/{id}/{action}")))
+            .post(app.admin(&format!("/admin/tenants/a/inbox/{}/{id}/{action}", app.src)))
             .bearer_auth(who)
             .send()
     };
@@ -973,7 +1004,7 @@ async fn a_permanent_gap_is_quarantined_then_released_or_dropped(storage: Option
     // Past the dropped event its key goes on: v3 of cus_2 is applied.
     assert_eq!(state_of(&app, &versioned("g3", "cus_2", 3)).await, "accepted");
     assert_eq!(state_of(&app, &versioned("g1", "cus_2", 1)).await, "stale");
-    let m = app.metrics().await;
+    let m = metrics_of(&app).await;
     assert_eq!(metric(&m, "effectgate_inbox_quarantined_events{source=\"stripe\"}"), 0.0);
     assert_eq!(
         metric(&m, "effectgate_inbox_gaps_total{source=\"stripe\",outcome=\"quarantined\"}"),

@@ -140,7 +140,7 @@ async fn queue_delivery<D: Dialect>(
     let ordering = ev
         .sequence_key
         .as_ref()
-        .map(|k| format!("inbox\u{0}{}\u{0}{}\u{0}{k}", ev.tenant_id, ev.source));
+        .map(|k| format!("inbox:{}:{}:{k}", ev.tenant_id, ev.source));
     insert_event_as::<D>(
         &mut *conn,
         &id,
