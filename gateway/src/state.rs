@@ -279,7 +279,8 @@ impl AppState {
         // without a restart.
         self.listener_certs.reload()?;
         register_metrics(&settings);
-        self.ledger.set_event_subscriptions(subscriptions(&settings));
+        self.ledger
+            .set_event_subscriptions(subscriptions(&settings));
         self.runtime.store(Arc::new(Runtime { settings, policies }));
         self.engine.retain(&keep);
         tracing::info!(%summary, "configuration reloaded");

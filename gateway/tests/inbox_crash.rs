@@ -181,10 +181,16 @@ async fn an_event_stored_before_a_crash_is_delivered_once_after_restart() {
     assert_eq!(r.status(), 200);
     let v: serde_json::Value = r.json().await.unwrap();
     let id = v["delivery_id"].as_str().unwrap().to_owned();
-    assert_eq!(id, effectgate::ledger::delivery_id("t", "stripe", "evt_crash"));
+    assert_eq!(
+        id,
+        effectgate::ledger::delivery_id("t", "stripe", "evt_crash")
+    );
     let status = wait_exit(child).await;
     assert_eq!(status.signal(), Some(9));
-    assert!(got.lock().unwrap().is_empty(), "nothing delivered before the crash");
+    assert!(
+        got.lock().unwrap().is_empty(),
+        "nothing delivered before the crash"
+    );
 
     let _child = start(&s, None);
     ready(&http, s.admin).await;
@@ -196,7 +202,10 @@ async fn an_event_stored_before_a_crash_is_delivered_once_after_restart() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["state"], "duplicate");
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap()["state"],
+        "duplicate"
+    );
     let deadline = Instant::now() + Duration::from_secs(20);
     while got.lock().unwrap().is_empty() {
         assert!(Instant::now() < deadline, "never delivered after restart");

@@ -79,7 +79,6 @@ struct Setup {
     hook_events: Option<String>,
 }
 
-
 /// A gateway of the inbox tests, with the name of its Stripe source:
 /// unique per gateway, so its metric series (the recorder is
 /// process-wide) are its own.
@@ -105,7 +104,11 @@ async fn metrics_of(app: &App) -> String {
 async fn app_with(rx: &Receiver, s: Setup) -> App {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
-    let src = format!("stripe-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+    let src = format!(
+        "stripe-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
     env();
     let app = spawn_with(Opts {
         route_extra: "[routes.read_back]\npath = \"/v1/charges?idempotency_key={provider_key}\"\n\
@@ -373,8 +376,17 @@ async fn standard_webhooks_agree_with_the_standardwebhooks_package_in_and_out() 
     let ts = now_s(&app);
 
     // In: signed by the package, verified by effectgate (event id = webhook-id).
-    let sig = python(&py, SW_PY, &["sign", SW_SECRET, "msg_1", &ts.to_string(), &body]).await;
-    assert_eq!(sig, sw_signature(SW_SECRET, "msg_1", ts, &body), "the same bytes");
+    let sig = python(
+        &py,
+        SW_PY,
+        &["sign", SW_SECRET, "msg_1", &ts.to_string(), &body],
+    )
+    .await;
+    assert_eq!(
+        sig,
+        sw_signature(SW_SECRET, "msg_1", ts, &body),
+        "the same bytes"
+    );
     let post = |id: &str, sig: &str, ts: i64| {
         app.http
             .post(app.proxy("/inbox/sw"))
@@ -390,7 +402,10 @@ async fn standard_webhooks_agree_with_the_standardwebhooks_package_in_and_out() 
     // The same signature on another id: refused.
     let r = post("msg_2", &sig, ts).await.unwrap();
     assert_eq!(r.status(), 400);
-    assert_eq!(r.json::<Value>().await.unwrap()["check"], "signature-mismatch");
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["check"],
+        "signature-mismatch"
+    );
     // Ten minutes old: refused after the signature checked out.
     let old = ts - 600;
     let r = post("msg_3", &sw_signature(SW_SECRET, "msg_3", old, &body), old)
@@ -444,8 +459,22 @@ async fn bad_input_is_refused_counted_and_not_stored(storage: Option<StorageSpec
     let no_id = json!({"type": "charge.succeeded"}).to_string();
     let big = charge_event("evt_big", "x", json!({"pad": "x".repeat(5000)}));
     let cases: Vec<(&str, String, Option<String>, u16, &str, &str)> = vec![
-        ("no header", good.clone(), None, 400, "signature-missing", "header:Stripe-Signature"),
-        ("malformed", good.clone(), Some("v1=zz".into()), 400, "signature-malformed", "header:Stripe-Signature"),
+        (
+            "no header",
+            good.clone(),
+            None,
+            400,
+            "signature-missing",
+            "header:Stripe-Signature",
+        ),
+        (
+            "malformed",
+            good.clone(),
+            Some("v1=zz".into()),
+            400,
+            "signature-malformed",
+            "header:Stripe-Signature",
+        ),
         (
             "mismatch",
             good.clone(),
@@ -549,9 +578,8 @@ async fn bad_input_is_refused_counted_and_not_stored(storage: Option<StorageSpec
         ("body-too-large", 1.0),
         ("sequence-missing", 0.0),
     ] {
-        let line = format!(
-            "effectgate_inbox_rejected_total{{source=\"stripe\",check=\"{check}\"}}"
-        );
+        let line =
+            format!("effectgate_inbox_rejected_total{{source=\"stripe\",check=\"{check}\"}}");
         assert_eq!(metric(&m, &line), n, "{check}");
     }
     assert_eq!(
@@ -636,7 +664,10 @@ async fn a_github_style_hmac_source_takes_its_event_id_from_a_header() {
     let rx = spawn_receiver().await;
     let app = app_with(&rx, Setup::default()).await;
     let body = json!({"action": "opened", "number": 7}).to_string();
-    let sig = format!("sha256={}", hex::encode(hmac_of(GH_SECRET.as_bytes(), &[body.as_bytes()])));
+    let sig = format!(
+        "sha256={}",
+        hex::encode(hmac_of(GH_SECRET.as_bytes(), &[body.as_bytes()]))
+    );
     let post = |sig: String, id: &'static str| {
         app.http
             .post(app.proxy("/inbox/gh"))
@@ -650,9 +681,14 @@ async fn a_github_style_hmac_source_takes_its_event_id_from_a_header() {
     assert_eq!(r.json::<Value>().await.unwrap()["state"], "accepted");
     let r = post(sig.clone(), "d-1").await.unwrap();
     assert_eq!(r.json::<Value>().await.unwrap()["state"], "duplicate");
-    let r = post(format!("sha256={}", "0".repeat(64)), "d-2").await.unwrap();
+    let r = post(format!("sha256={}", "0".repeat(64)), "d-2")
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
-    assert_eq!(r.json::<Value>().await.unwrap()["check"], "signature-mismatch");
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["check"],
+        "signature-mismatch"
+    );
     // Tenant b's events are tenant b's: a's admin doesn't see them.
     assert!(inbox_list(&app, "?source=gh").await.is_empty());
     let r = app
@@ -723,14 +759,19 @@ async fn a_lost_reply_whose_webhook_comes_first_completes_without_a_read_back(
         .map(|t| t["reason"].as_str().unwrap())
         .collect();
     assert!(
-        reasons
-            .iter()
-            .any(|r| *r == format!("inbox: {} event evt_paid (charge.succeeded) says the effect exists", app.src)),
+        reasons.iter().any(|r| *r
+            == format!(
+                "inbox: {} event evt_paid (charge.succeeded) says the effect exists",
+                app.src
+            )),
         "{reasons:?}"
     );
     // The timeline shows the event and what it did.
     assert_eq!(op["inbox_events"][0]["event_id"], "evt_paid");
-    assert_eq!(op["inbox_events"][0]["resolution"], "completed: charge.succeeded");
+    assert_eq!(
+        op["inbox_events"][0]["resolution"],
+        "completed: charge.succeeded"
+    );
 
     // The caller's retry is the replay; the provider saw no read-back and
     // one charge.
@@ -786,7 +827,10 @@ async fn an_event_naming_another_tenants_provider_key_is_ignored(storage: Option
         .json()
         .await
         .unwrap();
-    assert_eq!(op["state"], "UNKNOWN", "another tenant's event resolves nothing");
+    assert_eq!(
+        op["state"], "UNKNOWN",
+        "another tenant's event resolves nothing"
+    );
     assert_eq!(op["inbox_events"], json!([]));
     let ev = &inbox_list(&app, "").await[0];
     assert_eq!(ev["event_id"], "evt_cross");
@@ -828,7 +872,11 @@ async fn a_failure_event_only_starts_a_read_back() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(state, "COMPLETED");
-    assert_eq!(app.mock.provider.readbacks(), 1, "one read-back, started by the event");
+    assert_eq!(
+        app.mock.provider.readbacks(),
+        1,
+        "one read-back, started by the event"
+    );
     let op = app.op_json("k1").await;
     assert_eq!(
         op["inbox_events"][0]["resolution"],
@@ -867,7 +915,12 @@ async fn state_of(app: &App, body: &str) -> String {
 
 fn delivered_ids(got: &[Delivery]) -> Vec<String> {
     got.iter()
-        .map(|d| d.json()["data"]["provider_event_id"].as_str().unwrap().to_owned())
+        .map(|d| {
+            d.json()["data"]["provider_event_id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
         .collect()
 }
 
@@ -884,8 +937,14 @@ async fn out_of_order_events_are_delivered_in_order(storage: Option<StorageSpec>
     .await;
     assert_eq!(state_of(&app, &versioned("e3", "cus_1", 3)).await, "held");
     assert!(deliveries(&app, &rx, 0).await.is_empty(), "v3 waits");
-    assert_eq!(state_of(&app, &versioned("e1", "cus_1", 1)).await, "accepted");
-    assert_eq!(state_of(&app, &versioned("e2", "cus_1", 2)).await, "accepted");
+    assert_eq!(
+        state_of(&app, &versioned("e1", "cus_1", 1)).await,
+        "accepted"
+    );
+    assert_eq!(
+        state_of(&app, &versioned("e2", "cus_1", 2)).await,
+        "accepted"
+    );
     let got = deliveries(&app, &rx, 3).await;
     assert_eq!(delivered_ids(&got), vec!["e1", "e2", "e3"]);
     assert!(got.iter().all(|d| d.header("effectgate-gap").is_none()));
@@ -896,14 +955,23 @@ async fn out_of_order_events_are_delivered_in_order(storage: Option<StorageSpec>
     assert_eq!(stale.len(), 1);
     assert_eq!(stale[0]["event_id"], "e1b");
     // Another key is ordered on its own.
-    assert_eq!(state_of(&app, &versioned("f1", "cus_2", 1)).await, "accepted");
+    assert_eq!(
+        state_of(&app, &versioned("f1", "cus_2", 1)).await,
+        "accepted"
+    );
     let m = metrics_of(&app).await;
     assert_eq!(
-        metric(&m, "effectgate_inbox_received_total{source=\"stripe\",outcome=\"held\"}"),
+        metric(
+            &m,
+            "effectgate_inbox_received_total{source=\"stripe\",outcome=\"held\"}"
+        ),
         1.0
     );
     assert_eq!(
-        metric(&m, "effectgate_inbox_received_total{source=\"stripe\",outcome=\"stale\"}"),
+        metric(
+            &m,
+            "effectgate_inbox_received_total{source=\"stripe\",outcome=\"stale\"}"
+        ),
         1.0
     );
 }
@@ -924,16 +992,29 @@ async fn a_permanent_gap_is_delivered_flagged(storage: Option<StorageSpec>) {
         },
     )
     .await;
-    assert_eq!(state_of(&app, &versioned("e1", "cus_1", 1)).await, "accepted");
+    assert_eq!(
+        state_of(&app, &versioned("e1", "cus_1", 1)).await,
+        "accepted"
+    );
     assert_eq!(state_of(&app, &versioned("e3", "cus_1", 3)).await, "held");
     // Within the window nothing changes.
-    assert!(effectgate::workers::inbox::tick(&app.gw.state).await.unwrap().is_empty());
+    assert!(
+        effectgate::workers::inbox::tick(&app.gw.state)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(delivered_ids(&deliveries(&app, &rx, 1).await), vec!["e1"]);
     app.gw.state.ledger.shift_clock(60_001).await.unwrap();
     // (The gateway's own relay loop may get there first.)
-    effectgate::workers::inbox::tick(&app.gw.state).await.unwrap();
+    effectgate::workers::inbox::tick(&app.gw.state)
+        .await
+        .unwrap();
     let e3 = inbox_list(&app, "?state=accepted").await;
-    let e3 = e3.iter().find(|e| e["event_id"] == "e3").expect("e3 accepted");
+    let e3 = e3
+        .iter()
+        .find(|e| e["event_id"] == "e3")
+        .expect("e3 accepted");
     assert_eq!(e3["gap"], true);
     let got = deliveries(&app, &rx, 2).await;
     assert_eq!(delivered_ids(&got), vec!["e1", "e3"]);
@@ -944,7 +1025,10 @@ async fn a_permanent_gap_is_delivered_flagged(storage: Option<StorageSpec>) {
     assert_eq!(deliveries(&app, &rx, 3).await.len(), 2);
     let m = metrics_of(&app).await;
     assert_eq!(
-        metric(&m, "effectgate_inbox_gaps_total{source=\"stripe\",outcome=\"delivered\"}"),
+        metric(
+            &m,
+            "effectgate_inbox_gaps_total{source=\"stripe\",outcome=\"delivered\"}"
+        ),
         1.0
     );
 }
@@ -965,20 +1049,33 @@ async fn a_permanent_gap_is_quarantined_then_released_or_dropped(storage: Option
         },
     )
     .await;
-    assert_eq!(state_of(&app, &versioned("e1", "cus_1", 1)).await, "accepted");
+    assert_eq!(
+        state_of(&app, &versioned("e1", "cus_1", 1)).await,
+        "accepted"
+    );
     assert_eq!(state_of(&app, &versioned("e3", "cus_1", 3)).await, "held");
     assert_eq!(state_of(&app, &versioned("g2", "cus_2", 2)).await, "held");
     app.gw.state.ledger.shift_clock(60_001).await.unwrap();
     // (The gateway's own relay loop may get there first.)
-    effectgate::workers::inbox::tick(&app.gw.state).await.unwrap();
+    effectgate::workers::inbox::tick(&app.gw.state)
+        .await
+        .unwrap();
     assert_eq!(delivered_ids(&deliveries(&app, &rx, 1).await), vec!["e1"]);
     let q = inbox_list(&app, &format!("?state=quarantined&source={}", app.src)).await;
     let mut ids: Vec<&str> = q.iter().map(|e| e["event_id"].as_str().unwrap()).collect();
     ids.sort();
     assert_eq!(ids, vec!["e3", "g2"]);
     let m = metrics_of(&app).await;
-    assert_eq!(metric(&m, "effectgate_inbox_quarantined_events{source=\"stripe\"}"), 2.0);
-    assert!(metric(&m, "effectgate_inbox_quarantine_oldest_age_seconds{source=\"stripe\"}") >= 60.0);
+    assert_eq!(
+        metric(&m, "effectgate_inbox_quarantined_events{source=\"stripe\"}"),
+        2.0
+    );
+    assert!(
+        metric(
+            &m,
+            "effectgate_inbox_quarantine_oldest_age_seconds{source=\"stripe\"}"
+        ) >= 60.0
+    );
 
     let decide = |who: &'static str, id: &str, action: &str| {
         app.http
@@ -987,12 +1084,21 @@ async fn a_permanent_gap_is_quarantined_then_released_or_dropped(storage: Option
             .send()
     };
     // An approver may not; another tenant's operator gets 404.
-    assert_eq!(decide(APPROVER_A, "e3", "release").await.unwrap().status(), 403);
-    assert_eq!(decide(ADMIN_B, "e3", "release").await.unwrap().status(), 404);
+    assert_eq!(
+        decide(APPROVER_A, "e3", "release").await.unwrap().status(),
+        403
+    );
+    assert_eq!(
+        decide(ADMIN_B, "e3", "release").await.unwrap().status(),
+        404
+    );
     let r = decide(OPERATOR_A, "e3", "release").await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.json::<Value>().await.unwrap()["changed"], json!(["e3"]));
-    assert_eq!(decide(OPERATOR_A, "e3", "release").await.unwrap().status(), 409);
+    assert_eq!(
+        decide(OPERATOR_A, "e3", "release").await.unwrap().status(),
+        409
+    );
     let r = decide(OPERATOR_A, "g2", "drop").await.unwrap();
     assert_eq!(r.status(), 200);
     let got = deliveries(&app, &rx, 2).await;
@@ -1002,12 +1108,21 @@ async fn a_permanent_gap_is_quarantined_then_released_or_dropped(storage: Option
     assert_eq!(dropped.len(), 1);
     assert_eq!(dropped[0]["event_id"], "g2");
     // Past the dropped event its key goes on: v3 of cus_2 is applied.
-    assert_eq!(state_of(&app, &versioned("g3", "cus_2", 3)).await, "accepted");
+    assert_eq!(
+        state_of(&app, &versioned("g3", "cus_2", 3)).await,
+        "accepted"
+    );
     assert_eq!(state_of(&app, &versioned("g1", "cus_2", 1)).await, "stale");
     let m = metrics_of(&app).await;
-    assert_eq!(metric(&m, "effectgate_inbox_quarantined_events{source=\"stripe\"}"), 0.0);
     assert_eq!(
-        metric(&m, "effectgate_inbox_gaps_total{source=\"stripe\",outcome=\"quarantined\"}"),
+        metric(&m, "effectgate_inbox_quarantined_events{source=\"stripe\"}"),
+        0.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "effectgate_inbox_gaps_total{source=\"stripe\",outcome=\"quarantined\"}"
+        ),
         2.0
     );
 }
@@ -1074,7 +1189,12 @@ async fn every_transition_reports_its_event_and_a_fenced_off_one_none(
         drop_after_effect_times: 1,
         ..Default::default()
     });
-    assert!(app.charge("k-lost", CHARGE).await.status().is_server_error());
+    assert!(
+        app.charge("k-lost", CHARGE)
+            .await
+            .status()
+            .is_server_error()
+    );
     let n = app.mock.provider.charges().len() - 1;
     let lost_charge = app.mock.provider.charges()[n].id.clone();
     let body = event_for(&app, n, "evt_lost", "charge.succeeded");
@@ -1088,7 +1208,12 @@ async fn every_transition_reports_its_event_and_a_fenced_off_one_none(
         drop_after_effect_times: 1,
         ..Default::default()
     });
-    assert!(app.charge("k-fence", CHARGE).await.status().is_server_error());
+    assert!(
+        app.charge("k-fence", CHARGE)
+            .await
+            .status()
+            .is_server_error()
+    );
     let ledger = &app.gw.state.ledger;
     let op = ledger.get("a", "k-fence").await.unwrap().unwrap();
     let old = ledger
@@ -1103,18 +1228,34 @@ async fn every_transition_reports_its_event_and_a_fenced_off_one_none(
         .await
         .unwrap()
         .unwrap();
-    let done = effectgate::ledger::Outcome::new(
-        effectgate::ledger::State::Completed,
-        "test: found",
+    let done =
+        effectgate::ledger::Outcome::new(effectgate::ledger::State::Completed, "test: found");
+    assert!(
+        !ledger
+            .record_outcome(
+                "a",
+                "k-fence",
+                old.fence,
+                effectgate::ledger::State::Unknown,
+                "gw-old",
+                &done
+            )
+            .await
+            .unwrap()
     );
-    assert!(!ledger
-        .record_outcome("a", "k-fence", old.fence, effectgate::ledger::State::Unknown, "gw-old", &done)
-        .await
-        .unwrap());
-    assert!(ledger
-        .record_outcome("a", "k-fence", new.fence, effectgate::ledger::State::Unknown, "gw-new", &done)
-        .await
-        .unwrap());
+    assert!(
+        ledger
+            .record_outcome(
+                "a",
+                "k-fence",
+                new.fence,
+                effectgate::ledger::State::Unknown,
+                "gw-new",
+                &done
+            )
+            .await
+            .unwrap()
+    );
 
     let want = vec![
         ("operation.completed", "k-ok"),
@@ -1151,7 +1292,10 @@ async fn every_transition_reports_its_event_and_a_fenced_off_one_none(
         .unwrap();
     assert_eq!(reconciled["data"]["from_state"], "UNKNOWN");
     assert_eq!(reconciled["data"]["to_state"], "COMPLETED");
-    assert_eq!(reconciled["data"]["provider_reference"], lost_charge.as_str());
+    assert_eq!(
+        reconciled["data"]["provider_reference"],
+        lost_charge.as_str()
+    );
 }
 both!(
     every_transition_reports_its_event_and_a_fenced_off_one_none_sqlite,
@@ -1168,7 +1312,15 @@ async fn without_a_subscription_only_the_default_operation_events_go_out() {
         drop_after_effect_times: 1,
         ..Default::default()
     });
-    assert!(app.charge("k-lost", CHARGE).await.status().is_server_error());
+    assert!(
+        app.charge("k-lost", CHARGE)
+            .await
+            .status()
+            .is_server_error()
+    );
     let got = operation_events(&deliveries(&app, &rx, 1).await);
-    assert_eq!(got, vec![("operation.unknown".to_owned(), "k-lost".to_owned())]);
+    assert_eq!(
+        got,
+        vec![("operation.unknown".to_owned(), "k-lost".to_owned())]
+    );
 }

@@ -442,7 +442,10 @@ impl ConfigFile {
                     )
                 })?;
                 let events = match &w.events {
-                    None => DEFAULT_OPERATION_EVENTS.iter().map(|e| (*e).to_owned()).collect(),
+                    None => DEFAULT_OPERATION_EVENTS
+                        .iter()
+                        .map(|e| (*e).to_owned())
+                        .collect(),
                     Some(list) => {
                         for e in list {
                             if !OPERATION_EVENTS.contains(&e.as_str()) {

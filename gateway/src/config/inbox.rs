@@ -293,7 +293,12 @@ fn pointer(path: &str, p: &str) -> Result<String, ConfigError> {
 }
 
 /// Reads one secret as bytes; `standard-webhooks` decodes `whsec_<base64>`.
-fn secret(path: &str, s: &SecretSpec, base_dir: &Path, scheme: SignatureScheme) -> Result<Vec<u8>, ConfigError> {
+fn secret(
+    path: &str,
+    s: &SecretSpec,
+    base_dir: &Path,
+    scheme: SignatureScheme,
+) -> Result<Vec<u8>, ConfigError> {
     let raw = match (&s.env, &s.file) {
         (Some(var), None) => std::env::var(var).map_err(|_| {
             ConfigError::new(
@@ -302,9 +307,15 @@ fn secret(path: &str, s: &SecretSpec, base_dir: &Path, scheme: SignatureScheme) 
             )
         })?,
         (None, Some(f)) => {
-            let f = if f.is_relative() { base_dir.join(f) } else { f.clone() };
+            let f = if f.is_relative() {
+                base_dir.join(f)
+            } else {
+                f.clone()
+            };
             std::fs::read_to_string(&f)
-                .map_err(|e| ConfigError::new(format!("{path}.file"), format!("{}: {e}", f.display())))?
+                .map_err(|e| {
+                    ConfigError::new(format!("{path}.file"), format!("{}: {e}", f.display()))
+                })?
                 .trim()
                 .to_owned()
         }
@@ -349,7 +360,10 @@ pub(super) fn inbox_source(
     let p = format!("inbox[{i}]");
     if s.name.is_empty()
         || s.name.len() > 64
-        || !s.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        || !s
+            .name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
     {
         return Err(ConfigError::new(
             format!("{p}.name"),
@@ -363,9 +377,11 @@ pub(super) fn inbox_source(
         ));
     }
     let header = match (s.scheme, &s.header) {
-        (SignatureScheme::HmacSha256, Some(h)) => Some(HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
-            ConfigError::new(format!("{p}.header"), format!("not a header name: {h:?}"))
-        })?),
+        (SignatureScheme::HmacSha256, Some(h)) => {
+            Some(HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                ConfigError::new(format!("{p}.header"), format!("not a header name: {h:?}"))
+            })?)
+        }
         (SignatureScheme::HmacSha256, None) => {
             return Err(ConfigError::new(
                 format!("{p}.header"),
@@ -393,7 +409,10 @@ pub(super) fn inbox_source(
         .map(|(k, sec)| secret(&format!("{p}.secrets[{k}]"), sec, base_dir, s.scheme))
         .collect::<Result<Vec<_>, _>>()?;
     if s.tolerance_ms == 0 {
-        return Err(ConfigError::new(format!("{p}.tolerance_ms"), "must be at least 1"));
+        return Err(ConfigError::new(
+            format!("{p}.tolerance_ms"),
+            "must be at least 1",
+        ));
     }
     let event_id = match s.event_id.as_deref() {
         None if s.scheme == SignatureScheme::StandardWebhooks => {
@@ -403,14 +422,20 @@ pub(super) fn inbox_source(
         Some(h) if h.starts_with("header:") => {
             let name = &h["header:".len()..];
             EventIdAt::Header(HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
-                ConfigError::new(format!("{p}.event_id"), format!("not a header name: {name:?}"))
+                ConfigError::new(
+                    format!("{p}.event_id"),
+                    format!("not a header name: {name:?}"),
+                )
             })?)
         }
         Some(ptr) => EventIdAt::Pointer(pointer(&format!("{p}.event_id"), ptr)?),
     };
     let event_type = pointer(&format!("{p}.event_type"), &s.event_type)?;
     if s.max_body_bytes == 0 {
-        return Err(ConfigError::new(format!("{p}.max_body_bytes"), "must be at least 1"));
+        return Err(ConfigError::new(
+            format!("{p}.max_body_bytes"),
+            "must be at least 1",
+        ));
     }
     if s.dedupe_window_ms < s.tolerance_ms {
         return Err(ConfigError::new(
@@ -438,7 +463,10 @@ pub(super) fn inbox_source(
         }
     };
     if ordering.is_some() && s.reorder_window_ms == 0 {
-        return Err(ConfigError::new(format!("{p}.reorder_window_ms"), "must be at least 1"));
+        return Err(ConfigError::new(
+            format!("{p}.reorder_window_ms"),
+            "must be at least 1",
+        ));
     }
     let mut resolves = Vec::new();
     for (k, r) in s.resolves.iter().enumerate() {
@@ -497,13 +525,19 @@ fn resolves_rule(
                 ));
             };
             let Some(rt) = routes.iter().find(|x| &x.name == route) else {
-                return Err(ConfigError::new(format!("{p}.route"), format!("no route {route:?}")));
+                return Err(ConfigError::new(
+                    format!("{p}.route"),
+                    format!("no route {route:?}"),
+                ));
             };
             let mut fields = Vec::new();
             for (ptr, value) in &r.match_fields {
                 let ptr = pointer(&format!("{p}.match"), ptr)?;
-                let t = crate::template::Template::parse_for(value, crate::template::Placeholders::ReadBack)
-                    .map_err(|e| ConfigError::new(format!("{p}.match.{ptr}"), e))?;
+                let t = crate::template::Template::parse_for(
+                    value,
+                    crate::template::Placeholders::ReadBack,
+                )
+                .map_err(|e| ConfigError::new(format!("{p}.match.{ptr}"), e))?;
                 fields.push((ptr, t));
             }
             // Tied to this tenant as a read-back `match` must be: by the

@@ -200,7 +200,12 @@ async fn metrics(State(app): State<AppState>) -> Response {
             let of = |state: &str| rows.iter().find(|(s, st, _, _)| s == source && st == state);
             let held = of("held").map_or(0, |r| r.2);
             let q = of("quarantined");
-            crate::metrics::inbox_gauges(source, held, q.map_or(0, |r| r.2), age(q.and_then(|r| r.3)));
+            crate::metrics::inbox_gauges(
+                source,
+                held,
+                q.map_or(0, |r| r.2),
+                age(q.and_then(|r| r.3)),
+            );
         }
     }
     (
@@ -350,8 +355,12 @@ async fn decide_inbox(
     headers: HeaderMap,
 ) -> Result<Response, OpError> {
     let principal = app.authorize_admin(&headers, &tenant, OPERATORS)?;
-    let events = crate::ops::operator::decide_inbox(&app, &principal, (&source, &event_id), &action).await?;
-    Ok(axum::Json(json!({ "event_id": event_id, "action": action, "changed": events })).into_response())
+    let events =
+        crate::ops::operator::decide_inbox(&app, &principal, (&source, &event_id), &action).await?;
+    Ok(
+        axum::Json(json!({ "event_id": event_id, "action": action, "changed": events }))
+            .into_response(),
+    )
 }
 
 /// Reloads the configuration and policies (admin role of any tenant):

@@ -77,7 +77,9 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<&'a str, OpError> {
 }
 
 fn check_time(src: &InboxSource, field: &str, ts_s: i64, now_ms: i64) -> Result<(), OpError> {
-    let off = now_ms.saturating_sub(ts_s.saturating_mul(1000)).unsigned_abs();
+    let off = now_ms
+        .saturating_sub(ts_s.saturating_mul(1000))
+        .unsigned_abs();
     if off > src.tolerance_ms {
         return Err(reject(
             "timestamp-outside-tolerance",
@@ -98,7 +100,12 @@ fn check_time(src: &InboxSource, field: &str, ts_s: i64, now_ms: i64) -> Result<
 /// Errors: [`OpError::InboxRejected`] with check `signature-missing`,
 /// `signature-malformed`, `signature-mismatch` or
 /// `timestamp-outside-tolerance`.
-pub fn verify(src: &InboxSource, headers: &HeaderMap, body: &[u8], now_ms: i64) -> Result<(), OpError> {
+pub fn verify(
+    src: &InboxSource,
+    headers: &HeaderMap,
+    body: &[u8],
+    now_ms: i64,
+) -> Result<(), OpError> {
     match src.scheme {
         SignatureScheme::Stripe => {
             let name = "Stripe-Signature";
@@ -225,7 +232,10 @@ pub fn parse(src: &InboxSource, headers: &HeaderMap, body: &[u8]) -> Result<Pars
     let (event_id, field) = match &src.event_id {
         EventIdAt::Pointer(p) => (text_at(&json, p), format!("body:{p}")),
         EventIdAt::Header(h) => (
-            headers.get(h).and_then(|v| v.to_str().ok()).map(str::to_owned),
+            headers
+                .get(h)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
             format!("header:{h}"),
         ),
     };
@@ -242,14 +252,27 @@ pub fn parse(src: &InboxSource, headers: &HeaderMap, body: &[u8]) -> Result<Pars
     let ordering = match &src.ordering {
         None => None,
         Some((kp, sp)) => {
-            let key = text_at(&json, kp).filter(|k| !k.is_empty()).ok_or_else(|| {
-                reject("sequence-missing", format!("body:{kp}"), "no sequence key there")
-            })?;
+            let key = text_at(&json, kp)
+                .filter(|k| !k.is_empty())
+                .ok_or_else(|| {
+                    reject(
+                        "sequence-missing",
+                        format!("body:{kp}"),
+                        "no sequence key there",
+                    )
+                })?;
             let seq = json
                 .pointer(sp)
-                .and_then(|v| v.as_i64().or_else(|| v.as_str().and_then(|s| s.parse().ok())))
+                .and_then(|v| {
+                    v.as_i64()
+                        .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+                })
                 .ok_or_else(|| {
-                    reject("sequence-missing", format!("body:{sp}"), "no integer sequence there")
+                    reject(
+                        "sequence-missing",
+                        format!("body:{sp}"),
+                        "no integer sequence there",
+                    )
                 })?;
             Some((key, seq))
         }
@@ -555,17 +578,44 @@ mod tests {
         let now = 1_700_000_000_000;
         let sig = |key: &[u8], t: i64| {
             let mut h = HeaderMap::new();
-            let v = format!("t={t},v1={}", hex_mac(key, format!("{t}.{}", std::str::from_utf8(body).unwrap()).as_bytes()));
+            let v = format!(
+                "t={t},v1={}",
+                hex_mac(
+                    key,
+                    format!("{t}.{}", std::str::from_utf8(body).unwrap()).as_bytes()
+                )
+            );
             h.insert("stripe-signature", v.parse().unwrap());
             h
         };
-        assert_eq!(check(verify(&src, &sig(b"old", now / 1000), body, now)), "ok");
-        assert_eq!(check(verify(&src, &sig(b"new", now / 1000), body, now)), "ok");
-        assert_eq!(check(verify(&src, &sig(b"other", now / 1000), body, now)), "signature-mismatch");
-        assert_eq!(check(verify(&src, &sig(b"new", now / 1000 - 301), body, now)), "timestamp-outside-tolerance");
-        assert_eq!(check(verify(&src, &sig(b"new", now / 1000 + 301), body, now)), "timestamp-outside-tolerance");
-        assert_eq!(check(verify(&src, &sig(b"new", now / 1000 - 299), body, now)), "ok");
-        assert_eq!(check(verify(&src, &HeaderMap::new(), body, now)), "signature-missing");
+        assert_eq!(
+            check(verify(&src, &sig(b"old", now / 1000), body, now)),
+            "ok"
+        );
+        assert_eq!(
+            check(verify(&src, &sig(b"new", now / 1000), body, now)),
+            "ok"
+        );
+        assert_eq!(
+            check(verify(&src, &sig(b"other", now / 1000), body, now)),
+            "signature-mismatch"
+        );
+        assert_eq!(
+            check(verify(&src, &sig(b"new", now / 1000 - 301), body, now)),
+            "timestamp-outside-tolerance"
+        );
+        assert_eq!(
+            check(verify(&src, &sig(b"new", now / 1000 + 301), body, now)),
+            "timestamp-outside-tolerance"
+        );
+        assert_eq!(
+            check(verify(&src, &sig(b"new", now / 1000 - 299), body, now)),
+            "ok"
+        );
+        assert_eq!(
+            check(verify(&src, &HeaderMap::new(), body, now)),
+            "signature-missing"
+        );
         let mut h = HeaderMap::new();
         h.insert("stripe-signature", "t=abc".parse().unwrap());
         assert_eq!(check(verify(&src, &h, body, now)), "signature-malformed");
@@ -584,14 +634,20 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("webhook-id", "msg_1".parse().unwrap());
         h.insert("webhook-timestamp", "1700000000".parse().unwrap());
-        h.insert("webhook-signature", format!("v1,AAAA v1,{sig}").parse().unwrap());
+        h.insert(
+            "webhook-signature",
+            format!("v1,AAAA v1,{sig}").parse().unwrap(),
+        );
         assert_eq!(check(verify(&src, &h, body, now)), "ok");
         h.insert("webhook-id", "msg_2".parse().unwrap());
         assert_eq!(check(verify(&src, &h, body, now)), "signature-mismatch");
 
         let gh = source(SignatureScheme::HmacSha256, &[b"gh"]);
         let mut h = HeaderMap::new();
-        h.insert("x-hub-signature-256", format!("sha256={}", hex_mac(b"gh", body)).parse().unwrap());
+        h.insert(
+            "x-hub-signature-256",
+            format!("sha256={}", hex_mac(b"gh", body)).parse().unwrap(),
+        );
         assert_eq!(check(verify(&gh, &h, body, now)), "ok");
         h.insert("x-hub-signature-256", "sha256=nothex".parse().unwrap());
         assert_eq!(check(verify(&gh, &h, body, now)), "signature-malformed");
@@ -602,8 +658,16 @@ mod tests {
         let mut src = source(SignatureScheme::Stripe, &[b"k"]);
         src.ordering = Some(("/data/id".into(), "/data/v".into()));
         let h = HeaderMap::new();
-        let p = parse(&src, &h, br#"{"id":"e","type":"x","data":{"id":"k1","v":"7"}}"#).unwrap();
-        assert_eq!((p.event_id.as_str(), p.event_type.as_deref()), ("e", Some("x")));
+        let p = parse(
+            &src,
+            &h,
+            br#"{"id":"e","type":"x","data":{"id":"k1","v":"7"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (p.event_id.as_str(), p.event_type.as_deref()),
+            ("e", Some("x"))
+        );
         assert_eq!(p.ordering, Some(("k1".into(), 7)));
         let refused = |b: &[u8]| match parse(&src, &h, b) {
             Err(OpError::InboxRejected { check, .. }) => check,
@@ -611,6 +675,9 @@ mod tests {
         };
         assert_eq!(refused(b"[1]"), "body-not-json");
         assert_eq!(refused(br#"{"id":""}"#), "event-id-missing");
-        assert_eq!(refused(br#"{"id":"e","data":{"id":"k1"}}"#), "sequence-missing");
+        assert_eq!(
+            refused(br#"{"id":"e","data":{"id":"k1"}}"#),
+            "sequence-missing"
+        );
     }
 }

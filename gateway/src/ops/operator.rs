@@ -101,9 +101,18 @@ pub async fn decide_inbox(
     };
     let changed = app
         .ledger
-        .decide_quarantined((&principal.tenant, source, event_id), act, deliver, &principal.name)
+        .decide_quarantined(
+            (&principal.tenant, source, event_id),
+            act,
+            deliver,
+            &principal.name,
+        )
         .await?
-        .ok_or_else(|| OpError::Conflict(format!("inbox event {event_id:?} of {source:?} is not quarantined")))?;
+        .ok_or_else(|| {
+            OpError::Conflict(format!(
+                "inbox event {event_id:?} of {source:?} is not quarantined"
+            ))
+        })?;
     tracing::warn!(tenant = %principal.tenant, source, event_id, action, actor = %principal.name,
         changed = ?changed, "inbox: quarantined event decided by an operator");
     Ok(changed)

@@ -32,16 +32,22 @@ pub async fn tick(app: &AppState) -> Result<Vec<String>, WorkerError> {
     }
     for (tenant, source, key) in keys {
         // A source removed by a reload: its held events wait (deliver).
-        let (quarantine, deliver) = settings
-            .inbox
-            .get(&source)
-            .map_or((false, false), |s| (s.on_gap == OnGap::Quarantine, s.deliver));
+        let (quarantine, deliver) = settings.inbox.get(&source).map_or((false, false), |s| {
+            (s.on_gap == OnGap::Quarantine, s.deliver)
+        });
         let done = app
             .ledger
             .close_gap((&tenant, &source, &key), quarantine, deliver)
             .await?;
         if let Some(first) = done.first() {
-            crate::metrics::inbox_gap(&source, if quarantine { "quarantined" } else { "delivered" });
+            crate::metrics::inbox_gap(
+                &source,
+                if quarantine {
+                    "quarantined"
+                } else {
+                    "delivered"
+                },
+            );
             tracing::warn!(tenant = %tenant, source = %source, sequence_key = %key, event_id = %first,
                 quarantined = quarantine, "inbox: a sequence gap did not fill within the reorder window");
         }

@@ -498,7 +498,12 @@ async fn inbox(
     inbox_page(&app, &s, q.get("state").cloned(), None).await
 }
 
-async fn inbox_page(app: &AppState, s: &Session, state: Option<String>, result: Option<String>) -> Response {
+async fn inbox_page(
+    app: &AppState,
+    s: &Session,
+    state: Option<String>,
+    result: Option<String>,
+) -> Response {
     if let Some(st) = &state
         && !crate::ledger::INBOX_STATES.contains(&st.as_str())
     {
@@ -550,14 +555,19 @@ async fn decide_inbox(
     if let Some(r) = csrf_refused(&s, &f.csrf) {
         return r;
     }
-    if !matches!(s.principal.role, crate::config::Role::Admin | crate::config::Role::Operator) {
+    if !matches!(
+        s.principal.role,
+        crate::config::Role::Admin | crate::config::Role::Operator
+    ) {
         return OpError::Forbidden {
             role: s.principal.role.as_str(),
             action: "release or drop inbox events",
         }
         .into_response();
     }
-    match crate::ops::operator::decide_inbox(&app, &s.principal, (&source, &event_id), &f.action).await {
+    match crate::ops::operator::decide_inbox(&app, &s.principal, (&source, &event_id), &f.action)
+        .await
+    {
         Ok(changed) => {
             let msg = format!("{}: {}", f.action, changed.join(", "));
             inbox_page(&app, &s, None, Some(msg)).await

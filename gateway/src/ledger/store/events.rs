@@ -85,13 +85,31 @@ mod tests {
 
     #[test]
     fn each_transition_reports_its_event() {
-        assert_eq!(event_type(Some(Executing), Unknown, false), Some("operation.unknown"));
+        assert_eq!(
+            event_type(Some(Executing), Unknown, false),
+            Some("operation.unknown")
+        );
         assert_eq!(event_type(Some(Unknown), Unknown, false), None);
-        assert_eq!(event_type(Some(Unknown), Completed, false), Some("operation.reconciled"));
-        assert_eq!(event_type(Some(Unknown), Failed, true), Some("operation.dead_lettered"));
-        assert_eq!(event_type(Some(Executing), Failed, true), Some("operation.dead_lettered"));
-        assert_eq!(event_type(Some(Executing), Completed, false), Some("operation.completed"));
-        assert_eq!(event_type(Some(Executing), Failed, false), Some("operation.failed"));
+        assert_eq!(
+            event_type(Some(Unknown), Completed, false),
+            Some("operation.reconciled")
+        );
+        assert_eq!(
+            event_type(Some(Unknown), Failed, true),
+            Some("operation.dead_lettered")
+        );
+        assert_eq!(
+            event_type(Some(Executing), Failed, true),
+            Some("operation.dead_lettered")
+        );
+        assert_eq!(
+            event_type(Some(Executing), Completed, false),
+            Some("operation.completed")
+        );
+        assert_eq!(
+            event_type(Some(Executing), Failed, false),
+            Some("operation.failed")
+        );
         assert_eq!(event_type(Some(Completed), Completed, false), None);
         assert_eq!(event_type(Some(Reserved), Executing, false), None);
     }

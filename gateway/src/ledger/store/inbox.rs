@@ -231,7 +231,14 @@ async fn release_held<D: Dialect>(
         let Some(ev) = row.as_ref().map(inbox_from_row).transpose()? else {
             break;
         };
-        set_state::<D>(&mut *conn, (tenant, source, &ev.event_id), "accepted", None, false).await?;
+        set_state::<D>(
+            &mut *conn,
+            (tenant, source, &ev.event_id),
+            "accepted",
+            None,
+            false,
+        )
+        .await?;
         if deliver {
             queue_delivery::<D>(&mut *conn, &ev, false, now).await?;
         }
@@ -279,7 +286,8 @@ impl<D: Dialect> Store<D> {
             }
         };
         if state != "accepted" {
-            let held = (state == "held").then(|| now.saturating_add(ev.ordering.map_or(0, |o| o.reorder_window_ms)));
+            let held = (state == "held")
+                .then(|| now.saturating_add(ev.ordering.map_or(0, |o| o.reorder_window_ms)));
             set_state::<D>(&mut tx, id, state, held, false).await?;
             tx.commit().await?;
             return Ok(Received::Stored {
@@ -297,9 +305,15 @@ impl<D: Dialect> Store<D> {
             None
         };
         if let Some(o) = ev.ordering {
-            released = release_held::<D>(&mut tx, (ev.tenant, ev.source, o.key), o.sequence, ev.deliver, now)
-                .await?
-                .0;
+            released = release_held::<D>(
+                &mut tx,
+                (ev.tenant, ev.source, o.key),
+                o.sequence,
+                ev.deliver,
+                now,
+            )
+            .await?
+            .0;
         }
         tx.commit().await?;
         Ok(Received::Stored {
@@ -368,7 +382,8 @@ impl<D: Dialect> Store<D> {
             queue_delivery::<D>(&mut tx, &ev, true, now).await?;
         }
         let seq = ev.sequence.unwrap_or(last).max(last);
-        let (mut done, _) = release_held::<D>(&mut tx, (tenant, source, key), seq, deliver, now).await?;
+        let (mut done, _) =
+            release_held::<D>(&mut tx, (tenant, source, key), seq, deliver, now).await?;
         tx.commit().await?;
         done.insert(0, ev.event_id);
         Ok(done)
@@ -420,7 +435,8 @@ impl<D: Dialect> Store<D> {
             };
             let last = lock_sequence::<D>(&mut tx, (tenant, source), &o, now).await?;
             let (more, _) =
-                release_held::<D>(&mut tx, (tenant, source, key), seq.max(last), deliver, now).await?;
+                release_held::<D>(&mut tx, (tenant, source, key), seq.max(last), deliver, now)
+                    .await?;
             done.extend(more);
         }
         tx.commit().await?;
@@ -488,7 +504,9 @@ impl<D: Dialect> Store<D> {
     }
 
     /// See [`crate::ledger::Ledger::inbox_gauges`].
-    pub(crate) async fn inbox_gauges(&self) -> Result<Vec<(String, String, i64, Option<i64>)>, LedgerError> {
+    pub(crate) async fn inbox_gauges(
+        &self,
+    ) -> Result<Vec<(String, String, i64, Option<i64>)>, LedgerError> {
         let mut conn = self.read.acquire().await?;
         let rows = sql::<D>(
             "SELECT source, state, COUNT(*) AS n, MIN(received_at) AS oldest FROM inbox \
@@ -497,7 +515,14 @@ impl<D: Dialect> Store<D> {
         .fetch_all(&mut conn)
         .await?;
         rows.iter()
-            .map(|r| Ok((r.get("source")?, r.get("state")?, r.get("n")?, r.get("oldest")?)))
+            .map(|r| {
+                Ok((
+                    r.get("source")?,
+                    r.get("state")?,
+                    r.get("n")?,
+                    r.get("oldest")?,
+                ))
+            })
             .collect::<Result<_, sqlx::Error>>()
             .map_err(Into::into)
     }
