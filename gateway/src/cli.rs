@@ -65,6 +65,31 @@ enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
+    /// Inspect the inbox (provider webhooks received).
+    Inbox {
+        #[command(subcommand)]
+        command: InboxCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum InboxCommand {
+    /// List a tenant's inbox events, newest first, one line each.
+    List {
+        /// Tenant id.
+        tenant: String,
+        /// Only this source (`[[inbox]]` name).
+        #[arg(long)]
+        source: Option<String>,
+        /// Only this state: accepted, stale, held, quarantined, dropped.
+        #[arg(long)]
+        state: Option<String>,
+        /// At most this many rows.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        #[command(flatten)]
+        config: ConfigArg,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -290,6 +315,50 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             // Policy calls block (and a policy's stdout/stderr block on the
             // runtime): run the whole command on the blocking pool.
             return tokio::task::spawn_blocking(move || policy_command(command)).await?;
+        }
+        Command::Inbox {
+            command:
+                InboxCommand::List {
+                    tenant,
+                    source,
+                    state,
+                    limit,
+                    config: c,
+                },
+        } => {
+            if let Some(s) = &state
+                && !crate::ledger::INBOX_STATES.contains(&s.as_str())
+            {
+                eprintln!(
+                    "--state: unknown inbox state {s:?}; expected one of {}",
+                    crate::ledger::INBOX_STATES.join(", ")
+                );
+                return Ok(ExitCode::from(2));
+            }
+            let ledger = open(c).await?;
+            let events = ledger
+                .inbox_events(&tenant, source.as_deref(), state.as_deref(), limit)
+                .await?;
+            println!(
+                "{:<16} {:<32} {:<24} {:<12} {:<24} RECEIVED (UTC)",
+                "SOURCE", "EVENT", "TYPE", "STATE", "OPERATION"
+            );
+            for e in events {
+                println!(
+                    "{:<16} {:<32} {:<24} {:<12} {:<24} {}",
+                    e.source,
+                    e.event_id,
+                    e.event_type.as_deref().unwrap_or("-"),
+                    if e.gap {
+                        format!("{} (gap)", e.state)
+                    } else {
+                        e.state.clone()
+                    },
+                    e.operation_id.as_deref().unwrap_or("-"),
+                    crate::times::rfc3339(e.received_at)
+                        .unwrap_or_else(|| format!("{} ms", e.received_at))
+                );
+            }
         }
         Command::Ledger { command } => match command {
             LedgerCommand::Show {

@@ -14,7 +14,10 @@
 //! (a compensation is RESERVED, nothing sent),
 //! `before-send` (claimed, about to renew the lease if needed and send),
 //! `before-record` (the provider answered, the ledger has not recorded it),
-//! `after-record` (recorded, the caller not yet answered).
+//! `after-record` (recorded, the caller not yet answered),
+//! `before-outcome-commit` (an outcome and its operation event written,
+//! the transaction not yet committed), `before-deliver` (the relay holds
+//! an outbox event, about to POST it).
 
 /// Passes crash point `name`.
 #[cfg(feature = "failpoints")]

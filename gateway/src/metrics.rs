@@ -33,6 +33,14 @@
 //! | `effectgate_ledger_batch_size` | histogram | — (ledger writes per group commit; buckets [`BATCH_SIZE_BUCKETS`]) |
 //! | `effectgate_ledger_commit_seconds` | histogram | — (time of one group commit) |
 //! | `effectgate_ledger_batch_failures_total` | counter | — (group commits that failed) |
+//! | `effectgate_inbox_received_total` | counter | `source`, `outcome` (`accepted`, `duplicate`, `stale`, `held`) |
+//! | `effectgate_inbox_rejected_total` | counter | `source`, `check` (see [`INBOX_CHECKS`]) |
+//! | `effectgate_inbox_gaps_total` | counter | `source`, `outcome` (`delivered`, `quarantined`) |
+//! | `effectgate_inbox_resolutions_total` | counter | `source`, `outcome` (`completed`, `read-back`, `ignored`) |
+//! | `effectgate_inbox_held_events` | gauge | `source` |
+//! | `effectgate_inbox_quarantined_events` | gauge | `source` |
+//! | `effectgate_inbox_quarantine_oldest_age_seconds` | gauge | `source` |
+//! | `effectgate_inbox_delivery_lag_seconds` | histogram | `source` (receipt to the tenant's 2xx) |
 //!
 //! Histograms have the buckets of [`LATENCY_BUCKETS`] (seconds). Every
 //! family exists from start-up ([`register_all`]): at 0 for every label set
@@ -93,6 +101,18 @@ pub const POLICY_FAILURE_KINDS: &[&str] = &[
     "circuit-open",
 ];
 
+/// Checks an inbox request can fail (`effectgate_inbox_rejected_total`).
+pub const INBOX_CHECKS: &[&str] = &[
+    "signature-missing",
+    "signature-malformed",
+    "signature-mismatch",
+    "timestamp-outside-tolerance",
+    "body-too-large",
+    "body-not-json",
+    "event-id-missing",
+    "sequence-missing",
+];
+
 /// What [`register_all`] needs of the configuration: the label values it
 /// defines.
 #[derive(Debug, Default)]
@@ -105,6 +125,8 @@ pub struct Labels<'a> {
     pub policies: Vec<(&'a str, &'a str)>,
     /// Tenants with a stored-bytes quota.
     pub quota_tenants: Vec<&'a str>,
+    /// Inbox source names.
+    pub inbox_sources: Vec<&'a str>,
 }
 
 /// Registers every family at 0 for every label set `labels` defines (and
@@ -316,6 +338,7 @@ pub fn register_all(labels: &Labels<'_>) {
     let _ = histogram!("effectgate_ledger_batch_size");
     let _ = histogram!("effectgate_ledger_commit_seconds");
     counter!("effectgate_ledger_batch_failures_total").absolute(0);
+    register_inbox(&labels.inbox_sources);
 }
 
 /// Buckets of `effectgate_ledger_batch_size` (writes per commit).
@@ -330,6 +353,106 @@ pub fn ledger_batch(size: usize, d: Duration) {
 /// A group commit failed.
 pub fn ledger_batch_failed() {
     counter!("effectgate_ledger_batch_failures_total").increment(1);
+}
+
+fn register_inbox(sources: &[&str]) {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        "effectgate_inbox_received_total",
+        "Verified webhook events by what receiving them did."
+    );
+    describe_counter!(
+        "effectgate_inbox_rejected_total",
+        "Webhook requests refused (400/413), by the check that failed; never stored."
+    );
+    describe_counter!(
+        "effectgate_inbox_gaps_total",
+        "Sequence gaps that did not fill within the reorder window."
+    );
+    describe_counter!(
+        "effectgate_inbox_resolutions_total",
+        "What webhook events did to the UNKNOWN operations they named."
+    );
+    describe_gauge!("effectgate_inbox_held_events", "Events held for a gap.");
+    describe_gauge!(
+        "effectgate_inbox_quarantined_events",
+        "Events quarantined for an operator."
+    );
+    describe_gauge!(
+        "effectgate_inbox_quarantine_oldest_age_seconds",
+        "Age of the oldest quarantined event."
+    );
+    describe_histogram!(
+        "effectgate_inbox_delivery_lag_seconds",
+        metrics::Unit::Seconds,
+        "From an event's receipt to the tenant's 2xx for its delivery."
+    );
+    for &source in sources {
+        for outcome in ["accepted", "duplicate", "stale", "held"] {
+            counter!("effectgate_inbox_received_total", "source" => source.to_owned(), "outcome" => outcome)
+                .absolute(0);
+        }
+        for &check in INBOX_CHECKS {
+            counter!("effectgate_inbox_rejected_total", "source" => source.to_owned(), "check" => check)
+                .absolute(0);
+        }
+        for outcome in ["delivered", "quarantined"] {
+            counter!("effectgate_inbox_gaps_total", "source" => source.to_owned(), "outcome" => outcome)
+                .absolute(0);
+        }
+        for outcome in ["completed", "read-back", "ignored"] {
+            counter!("effectgate_inbox_resolutions_total", "source" => source.to_owned(), "outcome" => outcome)
+                .absolute(0);
+        }
+        for name in [
+            "effectgate_inbox_held_events",
+            "effectgate_inbox_quarantined_events",
+            "effectgate_inbox_quarantine_oldest_age_seconds",
+        ] {
+            let _ = gauge!(name, "source" => source.to_owned());
+        }
+        let _ = histogram!("effectgate_inbox_delivery_lag_seconds", "source" => source.to_owned());
+    }
+}
+
+/// A verified event from `source` was received with `outcome`.
+pub fn inbox_received(source: &str, outcome: &'static str) {
+    counter!("effectgate_inbox_received_total", "source" => source.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
+/// A request to `source` failed `check` (one of [`INBOX_CHECKS`]).
+pub fn inbox_rejected(source: &str, check: &'static str) {
+    counter!("effectgate_inbox_rejected_total", "source" => source.to_owned(), "check" => check)
+        .increment(1);
+}
+
+/// A gap of `source` did not fill: its next event was `outcome`.
+pub fn inbox_gap(source: &str, outcome: &'static str) {
+    counter!("effectgate_inbox_gaps_total", "source" => source.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
+/// An event of `source` named an operation, and did `outcome` to it.
+pub fn inbox_resolution(source: &str, outcome: &'static str) {
+    counter!("effectgate_inbox_resolutions_total", "source" => source.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
+/// An event of `source` was delivered `lag` after its receipt.
+pub fn inbox_delivered(source: &str, lag: Duration) {
+    histogram!("effectgate_inbox_delivery_lag_seconds", "source" => source.to_owned())
+        .record(lag.as_secs_f64());
+}
+
+/// Scrape-time inbox gauges of `source`: held and quarantined events, and
+/// the oldest quarantined one's age (s).
+pub fn inbox_gauges(source: &str, held: i64, quarantined: i64, oldest_quarantined_s: f64) {
+    gauge!("effectgate_inbox_held_events", "source" => source.to_owned()).set(held as f64);
+    gauge!("effectgate_inbox_quarantined_events", "source" => source.to_owned())
+        .set(quarantined as f64);
+    gauge!("effectgate_inbox_quarantine_oldest_age_seconds", "source" => source.to_owned())
+        .set(oldest_quarantined_s);
 }
 
 /// A policy named `policy` (a module name from the config) ran for `d`.

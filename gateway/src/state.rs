@@ -128,6 +128,16 @@ impl ListenerCerts {
     }
 }
 
+/// The operation events each tenant with a webhook receives
+/// (`tenants[].webhook.events`).
+fn subscriptions(settings: &Settings) -> crate::ledger::Subscriptions {
+    settings
+        .webhooks
+        .iter()
+        .map(|(t, w)| (t.clone(), w.events.clone()))
+        .collect()
+}
+
 /// Registers every metric family at 0 for the label sets `settings`
 /// defines (see [`crate::metrics::register_all`]).
 pub fn register_metrics(settings: &Settings) {
@@ -157,6 +167,7 @@ pub fn register_metrics(settings: &Settings) {
             .filter(|(_, l)| l.max_stored_bytes.is_some())
             .map(|(t, _)| t.as_str())
             .collect(),
+        inbox_sources: settings.inbox.keys().map(String::as_str).collect(),
     });
 }
 
@@ -179,6 +190,7 @@ impl AppState {
         let listener_certs = Arc::new(ListenerCerts::load(&settings)?);
         let ledger = Ledger::open_storage(&settings.storage, clock).await?;
         let secret = ledger.provider_key_secret().await?;
+        ledger.set_event_subscriptions(subscriptions(&settings));
         crate::metrics::handle();
         register_metrics(&settings);
         let instance_id = format!(
@@ -267,6 +279,8 @@ impl AppState {
         // without a restart.
         self.listener_certs.reload()?;
         register_metrics(&settings);
+        self.ledger
+            .set_event_subscriptions(subscriptions(&settings));
         self.runtime.store(Arc::new(Runtime { settings, policies }));
         self.engine.retain(&keep);
         tracing::info!(%summary, "configuration reloaded");

@@ -15,14 +15,15 @@ fn repo() -> PathBuf {
 }
 
 /// A gateway whose config defines every kind of label: a bound policy, a
-/// tenant with a stored-bytes quota, an MCP route.
+/// tenant with a stored-bytes quota, an MCP route, an inbox source.
 async fn full_app() -> TestApp {
     spawn_with(Opts {
         tenant_a: format!(
             "max_stored_bytes = 1000000\n[[tenants.policies]]\nroute = \"payments\"\nmodule = \"{}\"\nconfig = {{ threshold = 100000 }}\n",
             policy_wasm("amount_threshold").display()
         ),
-        more: "[[routes]]\nname = \"tools\"\nprefix = \"/tools/\"\nupstream = \"http://127.0.0.1:9\"\nmode = \"mcp\"\neffect_class = \"notification\"\n".into(),
+        more: "[[routes]]\nname = \"tools\"\nprefix = \"/tools/\"\nupstream = \"http://127.0.0.1:9\"\nmode = \"mcp\"\neffect_class = \"notification\"\n\
+               [[inbox]]\nname = \"stripe\"\ntenant = \"a\"\nscheme = \"stripe\"\nsecrets = [{ env = \"MOCK_PROVIDER_SECRET\" }]\n".into(),
         ..Default::default()
     })
     .await
@@ -88,6 +89,10 @@ async fn a_fresh_gateway_exports_every_readme_family_at_zero() {
         "effectgate_unknown_oldest_age_seconds{tenant=\"b\"} 0",
         "effectgate_dead_letters{tenant=\"b\"} 0",
         "effectgate_upstream_latency_seconds_count{route=\"payments\"} 0",
+        "effectgate_inbox_received_total{source=\"stripe\",outcome=\"duplicate\"} 0",
+        "effectgate_inbox_rejected_total{source=\"stripe\",check=\"signature-mismatch\"} 0",
+        "effectgate_inbox_quarantined_events{source=\"stripe\"} 0",
+        "effectgate_inbox_delivery_lag_seconds_count{source=\"stripe\"} 0",
     ] {
         assert!(text.contains(series), "{series} in\n{text}");
     }

@@ -47,6 +47,17 @@ impl ConfigFile {
             &base_dir,
         )?;
         let telemetry = telemetry(&self.telemetry, |k| std::env::var(k).ok())?;
+        let mut inbox = std::collections::BTreeMap::new();
+        for (i, spec) in self.inbox.iter().enumerate() {
+            let src = super::inbox::inbox_source(i, spec, &tenants, &routes, &base_dir)?;
+            if inbox.contains_key(&src.name) {
+                return Err(ConfigError::new(
+                    format!("inbox[{i}].name"),
+                    format!("{:?} names another source too", src.name),
+                ));
+            }
+            inbox.insert(src.name.clone(), std::sync::Arc::new(src));
+        }
         if self.shutdown.drain_ms == 0 {
             return Err(ConfigError::new("shutdown.drain_ms", "must be at least 1"));
         }
@@ -70,6 +81,7 @@ impl ConfigFile {
             mcp_tools,
             telemetry,
             shutdown: self.shutdown,
+            inbox,
         })
     }
 
@@ -434,12 +446,33 @@ impl ConfigFile {
                         format!("environment variable {} is not set", w.secret_env),
                     )
                 })?;
+                let events = match &w.events {
+                    None => DEFAULT_OPERATION_EVENTS
+                        .iter()
+                        .map(|e| (*e).to_owned())
+                        .collect(),
+                    Some(list) => {
+                        for e in list {
+                            if !OPERATION_EVENTS.contains(&e.as_str()) {
+                                return Err(ConfigError::new(
+                                    format!("{wp}.events"),
+                                    format!(
+                                        "unknown event {e:?}; expected any of {}",
+                                        OPERATION_EVENTS.join(", ")
+                                    ),
+                                ));
+                            }
+                        }
+                        list.iter().cloned().collect()
+                    }
+                };
                 webhooks.insert(
                     t.id.clone(),
                     Webhook {
                         url,
                         secret: secret.into_bytes(),
                         client,
+                        events,
                     },
                 );
             }

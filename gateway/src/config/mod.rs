@@ -58,6 +58,7 @@ mod compensation;
 mod convert;
 mod convert_route;
 mod egress;
+mod inbox;
 mod read_back;
 mod route_spec;
 mod spec;
@@ -66,6 +67,7 @@ mod storage;
 use read_back::read_back;
 
 pub use compensation::*;
+pub use inbox::*;
 pub use route_spec::*;
 pub use spec::*;
 pub use storage::*;
@@ -116,6 +118,8 @@ pub struct Settings {
     pub telemetry: crate::telemetry::TelemetrySettings,
     /// `[shutdown]`.
     pub shutdown: ShutdownSpec,
+    /// `[[inbox]]` sources, by name.
+    pub inbox: std::collections::BTreeMap<String, std::sync::Arc<InboxSource>>,
 }
 
 /// A tenant's call limits, ready to check.

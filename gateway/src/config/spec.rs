@@ -39,6 +39,9 @@ pub struct ConfigFile {
     /// Graceful shutdown.
     #[serde(default)]
     pub shutdown: ShutdownSpec,
+    /// Webhook sources (`POST /inbox/<name>` on the proxy listener).
+    #[serde(default)]
+    pub inbox: Vec<super::inbox::InboxSpec>,
 }
 
 /// `[telemetry]`: trace export over OTLP/HTTP (protobuf). Export is on when
@@ -608,7 +611,28 @@ pub struct WebhookSpec {
     /// As `routes[].proxy_credentials_env`.
     #[serde(default)]
     pub proxy_credentials_env: Option<String>,
+    /// Operation events delivered besides approvals and inbox events:
+    /// any of [`OPERATION_EVENTS`]. Default `operation.unknown`,
+    /// `operation.dead_lettered`, `operation.reconciled`.
+    #[serde(default)]
+    pub events: Option<Vec<String>>,
 }
+
+/// The operation events a webhook can subscribe to.
+pub const OPERATION_EVENTS: &[&str] = &[
+    "operation.unknown",
+    "operation.dead_lettered",
+    "operation.reconciled",
+    "operation.completed",
+    "operation.failed",
+];
+
+/// The operation events a webhook gets without `events`.
+pub const DEFAULT_OPERATION_EVENTS: &[&str] = &[
+    "operation.unknown",
+    "operation.dead_lettered",
+    "operation.reconciled",
+];
 
 /// A validated webhook.
 #[derive(Debug, Clone)]
@@ -619,6 +643,8 @@ pub struct Webhook {
     pub secret: Vec<u8>,
     /// The client deliveries go out with (TLS and proxy settings applied).
     pub client: crate::egress::HttpClient,
+    /// Operation events it receives.
+    pub events: std::collections::BTreeSet<String>,
 }
 
 /// `[[tenants.keys]]`: one gateway API key. Exactly one of `sha256`, `env`,

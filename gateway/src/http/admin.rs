@@ -11,6 +11,9 @@
 //! | `POST /admin/tenants/{t}/operations/{id}/requeue` | admin, operator of `t` |
 //! | `POST /admin/tenants/{t}/operations/{id}/resolve` | admin, operator of `t` |
 //! | `POST /admin/tenants/{t}/operations/{id}/compensate` | operator of `t` |
+//! | `GET /admin/tenants/{t}/inbox?source=S&state=X&limit=N` | admin, operator, approver of `t` |
+//! | `POST /admin/tenants/{t}/inbox/{source}/{event_id}/release` | admin, operator of `t` |
+//! | `POST /admin/tenants/{t}/inbox/{source}/{event_id}/drop` | admin, operator of `t` |
 //! | `POST /admin/reload` | any tenant's admin |
 //!
 //! A key of another tenant gets 404, never 403: it must not learn whether
@@ -63,6 +66,11 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/admin/tenants/{tenant}/operations/{operation_id}/resolve",
             post(resolve),
+        )
+        .route("/admin/tenants/{tenant}/inbox", get(list_inbox))
+        .route(
+            "/admin/tenants/{tenant}/inbox/{source}/{event_id}/{action}",
+            post(decide_inbox),
         )
         .route("/admin/reload", post(reload))
         .route(
@@ -187,6 +195,19 @@ async fn metrics(State(app): State<AppState>) -> Response {
     let pending = app.ledger.pending_events().await.unwrap_or(0);
     let oldest_event = app.ledger.oldest_pending_event_at().await.ok().flatten();
     crate::metrics::scrape_gauges(counts.is_ok(), pending, age(oldest_event));
+    if let Ok(rows) = app.ledger.inbox_gauges().await {
+        for source in settings.inbox.keys() {
+            let of = |state: &str| rows.iter().find(|(s, st, _, _)| s == source && st == state);
+            let held = of("held").map_or(0, |r| r.2);
+            let q = of("quarantined");
+            crate::metrics::inbox_gauges(
+                source,
+                held,
+                q.map_or(0, |r| r.2),
+                age(q.and_then(|r| r.3)),
+            );
+        }
+    }
     (
         [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         crate::metrics::handle().render(),
@@ -283,6 +304,63 @@ async fn dead_events(
     let mut body = json!({ "dead_events": events });
     crate::times::annotate(&mut body);
     Ok(axum::Json(body).into_response())
+}
+
+/// `GET /admin/tenants/{t}/inbox?source=S&state=X&limit=N`: the tenant's
+/// inbox events, newest first: `{"events": [{source, event_id,
+/// event_type, state, sequence_key, sequence, gap, received_at,
+/// held_until, outbox_event_id, operation_id, resolution, …_rfc3339}]}`.
+/// `state` is one of `accepted`, `stale`, `held`, `quarantined`,
+/// `dropped`. Roles: admin, operator, approver.
+async fn list_inbox(
+    State(app): State<AppState>,
+    Path(tenant): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Result<Response, OpError> {
+    app.authorize_admin(&headers, &tenant, READERS)?;
+    let limit = limit_param(&app, &q, &["source", "state", "limit"])?;
+    if let Some(s) = q.get("state")
+        && !crate::ledger::INBOX_STATES.contains(&s.as_str())
+    {
+        return Err(OpError::BadRequest {
+            field: "query:state".into(),
+            message: format!(
+                "unknown inbox state {s:?}; expected one of {}",
+                crate::ledger::INBOX_STATES.join(", ")
+            ),
+        });
+    }
+    let events = app
+        .ledger
+        .inbox_events(
+            &tenant,
+            q.get("source").map(String::as_str),
+            q.get("state").map(String::as_str),
+            limit,
+        )
+        .await?;
+    let mut body = json!({ "events": events });
+    crate::times::annotate(&mut body);
+    Ok(axum::Json(body).into_response())
+}
+
+/// `POST /admin/tenants/{t}/inbox/{source}/{event_id}/release|drop`
+/// (operator): a quarantined event is delivered (flagged as after a gap)
+/// or dropped; its sequence key goes on past it. The row keeps the
+/// principal and the time. 409 unless the event is quarantined.
+async fn decide_inbox(
+    State(app): State<AppState>,
+    Path((tenant, source, event_id, action)): Path<(String, String, String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, OpError> {
+    let principal = app.authorize_admin(&headers, &tenant, OPERATORS)?;
+    let events =
+        crate::ops::operator::decide_inbox(&app, &principal, (&source, &event_id), &action).await?;
+    Ok(
+        axum::Json(json!({ "event_id": event_id, "action": action, "changed": events }))
+            .into_response(),
+    )
 }
 
 /// Reloads the configuration and policies (admin role of any tenant):

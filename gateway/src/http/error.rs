@@ -48,6 +48,10 @@ impl Problem for OpError {
             OpError::TenantLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             OpError::QuotaExceeded { .. } => StatusCode::INSUFFICIENT_STORAGE,
             OpError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            OpError::InboxRejected { check, .. } if *check == "body-too-large" => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
+            OpError::InboxRejected { .. } => StatusCode::BAD_REQUEST,
             OpError::ProviderUnreachable(_) => StatusCode::BAD_GATEWAY,
             OpError::LedgerUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             OpError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -132,6 +136,10 @@ impl Problem for OpError {
                 );
             }
             OpError::BadRequest { field, .. } => {
+                body.insert("field".into(), json!(field));
+            }
+            OpError::InboxRejected { check, field, .. } => {
+                body.insert("check".into(), json!(check));
                 body.insert("field".into(), json!(field));
             }
             OpError::CompensationUnresolved { placeholder, .. } => {

@@ -9,6 +9,7 @@ pub mod console;
 pub mod encoding;
 pub mod error;
 pub mod guards;
+pub mod inbox;
 pub mod listener;
 pub mod mcp;
 pub mod observe;

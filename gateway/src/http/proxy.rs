@@ -34,6 +34,12 @@ pub fn router(state: AppState) -> Router {
                 OpError::MethodNotAllowed("only GET on /approvals/{id}".into())
             }),
         )
+        .route(
+            "/inbox/{name}",
+            axum::routing::post(crate::http::inbox::receive).fallback(|| async {
+                OpError::MethodNotAllowed("only POST on /inbox/{name}".into())
+            }),
+        )
         .fallback(handle)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -39,6 +39,7 @@ mod command;
 mod compensation;
 mod db;
 mod dialect;
+mod inbox;
 mod postgres;
 mod replay_cache;
 mod sqlite;
@@ -54,6 +55,10 @@ use serde::Serialize;
 pub use approval::{Approval, DeadEvent, Decision as ApprovalDecision, NewApproval, OutboxEvent};
 pub use compensation::{CompensationLink, CompensationReservation, NewCompensation};
 pub use db::Ledger;
+pub use inbox::{
+    INBOX_STATES, InboxEvent, NewInboxEvent, Ordering as InboxOrdering, Received, delivery_id,
+};
+pub use store::{QuarantineAction, Subscriptions, event_type as operation_event_type};
 
 /// A source of time in ms since the Unix epoch. Injected so tests can
 /// drive lease expiry without sleeping.

@@ -167,6 +167,17 @@ pub enum OpError {
         /// What is wrong.
         message: String,
     },
+    /// 400 (413 for `body-too-large`): a webhook to an inbox source failed
+    /// `check` (one of [`crate::metrics::INBOX_CHECKS`]); nothing was stored.
+    #[error("{message}")]
+    InboxRejected {
+        /// The check that failed, e.g. `signature-mismatch`.
+        check: &'static str,
+        /// The header or body field it concerns, e.g. `header:Stripe-Signature`.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
     /// 502: the provider could not be reached and nothing was sent.
     #[error("the provider could not be reached: {0}")]
     ProviderUnreachable(String),
@@ -207,6 +218,7 @@ impl OpError {
             OpError::TenantLimited { .. } => "tenant-limited",
             OpError::QuotaExceeded { .. } => "tenant-quota-exceeded",
             OpError::BadRequest { .. } => "bad-request",
+            OpError::InboxRejected { check, .. } => check,
             OpError::CompensationUnresolved { .. } => "compensation-unresolved",
             OpError::ProviderUnreachable(_) => "provider-unreachable",
             OpError::LedgerUnavailable(_) => "ledger-unavailable",

@@ -11,6 +11,7 @@ pub mod backoff;
 pub mod compensate;
 pub mod error;
 pub mod execute;
+pub mod inbox;
 pub mod mcp;
 pub mod operator;
 pub mod read_back;

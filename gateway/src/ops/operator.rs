@@ -60,8 +60,62 @@ pub async fn operation_json(app: &AppState, op: &Operation) -> Result<serde_json
     if let Some(original) = crate::config::compensated_id(&op.operation_id) {
         body["compensates"] = json!(original);
     }
+    // Provider webhooks that named it, and what each did.
+    body["inbox_events"] = json!(
+        app.ledger
+            .inbox_for_operation(&op.tenant_id, &op.operation_id)
+            .await?
+    );
     crate::times::annotate(&mut body);
     Ok(body)
+}
+
+/// An operator's decision on a quarantined inbox event `(source,
+/// event_id)` of the principal's tenant: `action` is `release` (delivered
+/// with the gap flag) or `drop`. Returns the events it changed, in order
+/// (held events behind it are released too). Logged with the principal;
+/// the row keeps who and when.
+///
+/// Errors: 400 for another action, 404 for an unknown source of this
+/// tenant, 409 when the event is not quarantined.
+pub async fn decide_inbox(
+    app: &AppState,
+    principal: &Principal,
+    (source, event_id): (&str, &str),
+    action: &str,
+) -> Result<Vec<String>, OpError> {
+    let act = match action {
+        "release" => crate::ledger::QuarantineAction::Release,
+        "drop" => crate::ledger::QuarantineAction::Drop,
+        other => {
+            return Err(OpError::BadRequest {
+                field: "path:action".into(),
+                message: format!("unknown action {other:?}; expected release or drop"),
+            });
+        }
+    };
+    let settings = app.settings();
+    let deliver = match settings.inbox.get(source) {
+        Some(s) if s.tenant == principal.tenant => s.deliver,
+        _ => return Err(OpError::NotFound(format!("no inbox source {source:?}"))),
+    };
+    let changed = app
+        .ledger
+        .decide_quarantined(
+            (&principal.tenant, source, event_id),
+            act,
+            deliver,
+            &principal.name,
+        )
+        .await?
+        .ok_or_else(|| {
+            OpError::Conflict(format!(
+                "inbox event {event_id:?} of {source:?} is not quarantined"
+            ))
+        })?;
+    tracing::warn!(tenant = %principal.tenant, source, event_id, action, actor = %principal.name,
+        changed = ?changed, "inbox: quarantined event decided by an operator");
+    Ok(changed)
 }
 
 /// The operation `operation_id` of `tenant`.

@@ -3,6 +3,7 @@
 //! lease expiry), the outbox relay (signed webhooks) and the retention
 //! sweeper.
 
+pub mod inbox;
 pub mod outbox;
 pub mod reconciler;
 pub mod sweeper;

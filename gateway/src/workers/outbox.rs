@@ -1,6 +1,11 @@
-//! The outbox relay: delivers approval events to tenants' webhooks, at
-//! least once, signed with HMAC-SHA256, from the outbox table the events
-//! were written to in the same transaction as the change they announce.
+//! The outbox relay: delivers events (approvals, operation events, inbox
+//! events) to tenants' webhooks, at least once, from the outbox table the
+//! events were written to in the same transaction as the change they
+//! announce. Each POST is signed twice: `Effectgate-Signature` (hex
+//! HMAC-SHA256 of the body) and Standard Webhooks (`webhook-id` = the
+//! event id, stable across redeliveries; `webhook-timestamp`;
+//! `webhook-signature: v1,<base64 HMAC-SHA256 of "id.timestamp.body">`,
+//! keyed with the base64 after `whsec_` when the secret has that prefix).
 
 use std::time::Duration;
 
@@ -15,6 +20,9 @@ use tracing::Instrument;
 /// least once, signed. Runs until `shutdown`.
 pub async fn relay(app: AppState, mut shutdown: tokio::sync::watch::Receiver<bool>) {
     loop {
+        if let Err(e) = crate::workers::inbox::tick(&app).await {
+            tracing::warn!(error = %e, "inbox gap check failed");
+        }
         if let Err(e) = relay_once(&app).await {
             tracing::warn!(error = %e, "outbox relay failed");
         }
@@ -31,6 +39,27 @@ pub fn signature(secret: &[u8], body: &[u8]) -> String {
         <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC accepts any key length");
     mac.update(body);
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// Standard Webhooks `webhook-signature` value for message `id` at unix
+/// second `ts` with `body`: `v1,<base64 HMAC-SHA256 of "id.ts.body">`,
+/// keyed with [`crate::config::standard_webhooks_key`] of `secret`.
+pub fn standard_signature(secret: &[u8], id: &str, ts: i64, body: &[u8]) -> String {
+    use base64::Engine;
+    let key = std::str::from_utf8(secret)
+        .ok()
+        .and_then(crate::config::standard_webhooks_key)
+        .unwrap_or_else(|| secret.to_vec());
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&key).expect("HMAC accepts any key length");
+    mac.update(id.as_bytes());
+    mac.update(b".");
+    mac.update(ts.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    format!(
+        "v1,{}",
+        base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+    )
 }
 
 /// Events delivered at the same time by one relay.
@@ -113,11 +142,26 @@ async fn deliver(
         effectgate.attempt = ev.attempts + 1,
     );
     let body = ev.payload.clone().into_bytes();
-    let req = http::Request::post(hook.url.clone())
+    let ts = app.ledger.clock().now_ms().div_euclid(1000);
+    let inbox = (ev.event_type == "inbox.event")
+        .then(|| serde_json::from_slice::<serde_json::Value>(&body).ok())
+        .flatten()
+        .map(|v| v["data"].clone());
+    let mut req = http::Request::post(hook.url.clone())
         .header(http::header::CONTENT_TYPE, "application/json")
         .header("effectgate-event-id", &ev.event_id)
         .header("effectgate-event-type", &ev.event_type)
         .header("effectgate-signature", signature(&hook.secret, &body))
+        .header("webhook-id", &ev.event_id)
+        .header("webhook-timestamp", ts.to_string())
+        .header(
+            "webhook-signature",
+            standard_signature(&hook.secret, &ev.event_id, ts, &body),
+        );
+    if inbox.as_ref().is_some_and(|d| d["gap"] == true) {
+        req = req.header("effectgate-gap", "true");
+    }
+    let req = req
         .body(crate::forward::OutboundBody::from(body))
         .map_err(|e| WorkerError::Request(e.to_string()))?;
     let result = tokio::time::timeout(timeout, hook.client.request(req))
@@ -137,9 +181,18 @@ async fn deliver(
     let now = app.ledger.clock().now_ms();
     match result {
         Ok(Ok(r)) if r.status().is_success() => {
-            app.ledger
+            let done = app
+                .ledger
                 .event_attempted(&ev.event_id, &app.instance_id, true, None, now)
                 .await?;
+            if let (true, Some(d)) = (done, &inbox) {
+                let source = d["source"].as_str().unwrap_or("");
+                let received = d["received_at"].as_i64().unwrap_or(now);
+                crate::metrics::inbox_delivered(
+                    source,
+                    Duration::from_millis(u64::try_from(now.saturating_sub(received)).unwrap_or(0)),
+                );
+            }
             Ok(true)
         }
         other => {

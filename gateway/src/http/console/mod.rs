@@ -78,6 +78,7 @@ fn env() -> &'static Environment<'static> {
             ("approvals.html", include_str!("templates/approvals.html")),
             ("operations.html", include_str!("templates/operations.html")),
             ("operation.html", include_str!("templates/operation.html")),
+            ("inbox.html", include_str!("templates/inbox.html")),
         ] {
             env.add_template(name, src)
                 .expect("console templates parse");
@@ -120,6 +121,11 @@ pub fn routes() -> Router<AppState> {
         .route("/console/approvals", get(approvals))
         .route("/console/approvals/{id}/decide", post(decide))
         .route("/console/operations", get(operations))
+        .route("/console/inbox", get(inbox))
+        .route(
+            "/console/inbox/{source}/{event_id}/decide",
+            post(decide_inbox),
+        )
         .route("/console/operations/{id}", get(operation))
         .route("/console/operations/{id}/replay", post(replay))
         .route("/console/operations/{id}/compensate", post(compensate))
@@ -476,6 +482,96 @@ async fn operations(
                 context! { label => label, operations => minijinja::Value::from_serialize(&ops) },
             ),
         ),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /console/inbox?state=S`: the tenant's inbox events, newest first.
+async fn inbox(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let Some(s) = session(&app, &headers) else {
+        return login_redirect();
+    };
+    inbox_page(&app, &s, q.get("state").cloned(), None).await
+}
+
+async fn inbox_page(
+    app: &AppState,
+    s: &Session,
+    state: Option<String>,
+    result: Option<String>,
+) -> Response {
+    if let Some(st) = &state
+        && !crate::ledger::INBOX_STATES.contains(&st.as_str())
+    {
+        return OpError::BadRequest {
+            field: "query:state".into(),
+            message: format!("unknown inbox state {st:?}"),
+        }
+        .into_response();
+    }
+    let events = app
+        .ledger
+        .inbox_events(&s.principal.tenant, None, state.as_deref(), 200)
+        .await;
+    match events {
+        Ok(events) => render(
+            "inbox.html",
+            merge(
+                page_ctx(s),
+                context! {
+                    label => state.unwrap_or_else(|| "all".into()),
+                    states => crate::ledger::INBOX_STATES,
+                    events => minijinja::Value::from_serialize(&events),
+                    can_decide => matches!(s.principal.role, crate::config::Role::Admin | crate::config::Role::Operator),
+                    result => result,
+                },
+            ),
+        ),
+        Err(e) => OpError::from(e).into_response(),
+    }
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct InboxForm {
+    csrf: String,
+    action: String,
+}
+
+/// `POST /console/inbox/{source}/{event_id}/decide`: release or drop a
+/// quarantined event (operator, admin), as the admin API does.
+async fn decide_inbox(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path((source, event_id)): Path<(String, String)>,
+    Form(f): Form<InboxForm>,
+) -> Response {
+    let Some(s) = session(&app, &headers) else {
+        return login_redirect();
+    };
+    if let Some(r) = csrf_refused(&s, &f.csrf) {
+        return r;
+    }
+    if !matches!(
+        s.principal.role,
+        crate::config::Role::Admin | crate::config::Role::Operator
+    ) {
+        return OpError::Forbidden {
+            role: s.principal.role.as_str(),
+            action: "release or drop inbox events",
+        }
+        .into_response();
+    }
+    match crate::ops::operator::decide_inbox(&app, &s.principal, (&source, &event_id), &f.action)
+        .await
+    {
+        Ok(changed) => {
+            let msg = format!("{}: {}", f.action, changed.join(", "));
+            inbox_page(&app, &s, None, Some(msg)).await
+        }
         Err(e) => e.into_response(),
     }
 }

@@ -72,6 +72,7 @@ macro_rules! dispatch {
 
 mod approvals;
 mod compensation;
+mod inbox;
 
 impl Ledger {
     /// Opens (creating if missing) the SQLite file at `path` and applies the

@@ -5,6 +5,8 @@
 
 mod approvals;
 mod compensation;
+mod events;
+mod inbox;
 mod outbox;
 mod reads;
 mod reconcile;
@@ -14,6 +16,9 @@ mod writes;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+pub use events::{Subscriptions, event_type};
+pub use inbox::QuarantineAction;
 
 use super::command::{self, Command};
 use super::dialect::{Dialect, Pool};
@@ -38,6 +43,8 @@ pub(super) struct Store<D: Dialect> {
     /// The ledger's clock (PostgreSQL: follows the database clock).
     pub(super) clock: Arc<LedgerClock>,
     stale_fence_rejections: Arc<AtomicU64>,
+    /// Operation events each tenant receives (set from the config).
+    subscriptions: Arc<arc_swap::ArcSwap<Subscriptions>>,
 }
 
 impl<D: Dialect> Clone for Store<D> {
@@ -48,6 +55,7 @@ impl<D: Dialect> Clone for Store<D> {
             read: self.read.clone(),
             clock: self.clock.clone(),
             stale_fence_rejections: self.stale_fence_rejections.clone(),
+            subscriptions: self.subscriptions.clone(),
         }
     }
 }
@@ -80,7 +88,13 @@ impl<D: Dialect> Store<D> {
             read,
             clock,
             stale_fence_rejections: Arc::new(AtomicU64::new(0)),
+            subscriptions: Arc::default(),
         }
+    }
+
+    /// Sets the operation events each tenant receives.
+    pub(super) fn set_subscriptions(&self, subs: Subscriptions) {
+        self.subscriptions.store(Arc::new(subs));
     }
 
     /// Now, in ms since the Unix epoch ([`Dialect::now`]).

@@ -16,6 +16,24 @@ pub(super) async fn insert_event<D: Dialect>(
     now: i64,
 ) -> Result<(), sqlx::Error> {
     let event_id = format!("evt_{}", hex::encode(rand::random::<[u8; 12]>()));
+    insert_event_as::<D>(conn, &event_id, tenant, event_type, payload, now, None).await?;
+    Ok(())
+}
+
+/// [`insert_event`] under a given `event_id` (stable: derived from what
+/// it announces) and `ordering_key`: the events of one ordering key are
+/// delivered one after another, in the order they were written. Returns
+/// whether it was written (an event id already queued is not written
+/// again).
+pub(super) async fn insert_event_as<D: Dialect>(
+    conn: &mut Conn<D>,
+    event_id: &str,
+    tenant: &str,
+    event_type: &str,
+    payload: serde_json::Value,
+    now: i64,
+    ordering_key: Option<&str>,
+) -> Result<bool, sqlx::Error> {
     let body = serde_json::json!({
         "event_id": event_id,
         "type": event_type,
@@ -23,16 +41,18 @@ pub(super) async fn insert_event<D: Dialect>(
         "created_at": now,
         "data": payload,
     });
-    sql::<D>("INSERT INTO outbox (event_id, tenant_id, event_type, payload, created_at, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?)")
-        .bind(&event_id)
+    let n = sql::<D>("INSERT INTO outbox (event_id, tenant_id, event_type, payload, created_at, next_attempt_at, ordering_key) \
+         VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING")
+        .bind(event_id)
         .bind(tenant)
         .bind(event_type)
         .bind(body.to_string())
         .bind(now)
         .bind(now)
+        .bind(ordering_key)
         .execute(conn)
         .await?;
-    Ok(())
+    Ok(n == 1)
 }
 
 fn event_from_row<R: LedgerRow>(r: &R) -> Result<OutboxEvent, sqlx::Error> {
@@ -60,17 +80,22 @@ impl<D: Dialect> Store<D> {
         // down) never delays another's past one round. A window function
         // can't take row locks, so the candidates are picked unlocked and
         // the UPDATE checks the claim condition again on each row it locks:
-        // two relays never claim one event.
-        let rows = sql::<D>("UPDATE outbox SET lease_owner = ?1, lease_expires_at = ?2 WHERE event_id IN ( \
+        // two relays never claim one event. An event with an ordering
+        // key waits while an earlier one of its key is undelivered (and
+        // not dead-lettered), so they reach the receiver in order.
+        let rows = sql::<D>(&format!("UPDATE outbox SET lease_owner = ?1, lease_expires_at = ?2 WHERE event_id IN ( \
                SELECT event_id FROM ( \
                  SELECT event_id, created_at, \
                    ROW_NUMBER() OVER (PARTITION BY tenant_id ORDER BY created_at) AS rank_in_tenant \
                  FROM outbox WHERE delivered_at IS NULL AND dead_lettered_at IS NULL AND next_attempt_at <= ?3 \
-                 AND (lease_expires_at IS NULL OR lease_expires_at <= ?3)) due \
+                 AND (lease_expires_at IS NULL OR lease_expires_at <= ?3) \
+                 AND (ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM outbox earlier \
+                   WHERE earlier.ordering_key = outbox.ordering_key AND earlier.delivered_at IS NULL \
+                   AND earlier.dead_lettered_at IS NULL AND earlier.{order} < outbox.{order}))) due \
                ORDER BY rank_in_tenant, created_at LIMIT ?4) \
              AND delivered_at IS NULL AND dead_lettered_at IS NULL AND next_attempt_at <= ?3 \
              AND (lease_expires_at IS NULL OR lease_expires_at <= ?3) \
-             RETURNING event_id, tenant_id, event_type, payload, attempts, created_at")
+             RETURNING event_id, tenant_id, event_type, payload, attempts, created_at", order = D::ROW_ORDER))
         .bind(owner)
         .bind(now.saturating_add(lease_ms))
         .bind(now)

@@ -12,9 +12,20 @@ impl<D: Dialect> Store<D> {
     /// See [`crate::ledger::Ledger::expire_lease`].
     pub(crate) async fn expire_lease(&self, cmd: &ExpireLease<'_>) -> Result<bool, LedgerError> {
         let (mut tx, now) = self.begin_for(cmd).await?;
-        if command::apply::<D, _>(&mut tx, cmd, now).await?.is_none() {
+        let Some(applied) = command::apply::<D, _>(&mut tx, cmd, now).await? else {
             return Ok(false);
-        }
+        };
+        let reported = super::events::Reported {
+            op: cmd.op,
+            from: Some(super::super::State::Executing),
+            to: super::super::State::Unknown,
+            version: applied.version,
+            dead_letter: false,
+            reason: "lease expired: the owner may have sent the request",
+            provider_reference: None,
+        };
+        let subs = self.subscriptions.load_full();
+        super::events::report::<D>(&mut tx, &subs, &reported, now).await?;
         tx.commit().await?;
         Ok(true)
     }

@@ -151,6 +151,18 @@ impl<D: Dialect> Store<D> {
             // A compensation's original becomes COMPENSATED with it.
             super::compensation::complete_original::<D>(&mut tx, cmd.op, now).await?;
         }
+        let reported = super::events::Reported {
+            op: cmd.op,
+            from: Some(cmd.from),
+            to: outcome.state,
+            version: applied.version,
+            dead_letter: outcome.dead_letter.is_some(),
+            reason: &outcome.reason,
+            provider_reference: outcome.provider_reference.as_deref(),
+        };
+        let subs = self.subscriptions.load_full();
+        super::events::report::<D>(&mut tx, &subs, &reported, now).await?;
+        crate::failpoint::hit("before-outcome-commit");
         tx.commit().await?;
         Ok(true)
     }

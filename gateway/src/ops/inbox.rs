@@ -1,0 +1,683 @@
+//! Receiving provider webhooks: signature and timestamp checks, the event
+//! id, the deduplicating insert with its ordering decision and delivery
+//! (one ledger transaction), then what the event says about the operation
+//! it names (`resolves`).
+//!
+//! Signature schemes (`inbox[].scheme`):
+//! - `stripe`: `Stripe-Signature: t=<unix s>,v1=<hex>[,v1=<hex>…]`, each
+//!   `v1` an HMAC-SHA256 of `"<t>.<body>"` with the secret as written
+//!   (Stripe's `Webhook.construct_event`);
+//! - `standard-webhooks`: `webhook-id`, `webhook-timestamp` (unix s) and
+//!   `webhook-signature: v1,<base64> [v1,<base64>…]`, each an HMAC-SHA256
+//!   of `"<id>.<timestamp>.<body>"` keyed with the base64 after `whsec_`
+//!   (standardwebhooks.com, "Verifying webhook authenticity");
+//! - `hmac-sha256`: the named header holds `sha256=<hex>` (or bare hex)
+//!   of the body (GitHub's `X-Hub-Signature-256`). It carries no
+//!   timestamp: a replay is stopped by the dedupe window only.
+//!
+//! Either configured secret verifies (rotation). A timestamp more than
+//! `tolerance_ms` away from now, in either direction, is refused after the
+//! signature checked out. Every refusal is counted by its check and
+//! nothing of it is stored.
+
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use http::HeaderMap;
+use serde_json::Value;
+use sha2::Sha256;
+
+use crate::config::{EventIdAt, InboxSource, ResolveBy, Resolves, SignatureScheme};
+use crate::ledger::{InboxOrdering, NewInboxEvent, Outcome, Received, State};
+use crate::ops::OpError;
+use crate::state::AppState;
+
+/// Longest event id accepted (bytes).
+pub const MAX_EVENT_ID_BYTES: usize = 255;
+
+fn reject(check: &'static str, field: impl Into<String>, message: impl Into<String>) -> OpError {
+    OpError::InboxRejected {
+        check,
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+fn mac(secret: &[u8]) -> Hmac<Sha256> {
+    <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC accepts any key length")
+}
+
+/// Whether `sig` is the HMAC-SHA256 of `parts` under one of `secrets`
+/// (compared in constant time).
+fn signed_by(secrets: &[Vec<u8>], parts: &[&[u8]], sig: &[u8]) -> bool {
+    secrets.iter().any(|s| {
+        let mut m = mac(s);
+        for p in parts {
+            m.update(p);
+        }
+        m.verify_slice(sig).is_ok()
+    })
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<&'a str, OpError> {
+    let field = format!("header:{name}");
+    let v = headers.get(name).ok_or_else(|| {
+        reject(
+            "signature-missing",
+            field.clone(),
+            format!("the {name} header is required"),
+        )
+    })?;
+    v.to_str().map_err(|_| {
+        reject(
+            "signature-malformed",
+            field,
+            format!("the {name} header is not visible ASCII"),
+        )
+    })
+}
+
+fn check_time(src: &InboxSource, field: &str, ts_s: i64, now_ms: i64) -> Result<(), OpError> {
+    let off = now_ms
+        .saturating_sub(ts_s.saturating_mul(1000))
+        .unsigned_abs();
+    if off > src.tolerance_ms {
+        return Err(reject(
+            "timestamp-outside-tolerance",
+            format!("header:{field}"),
+            format!(
+                "the signed timestamp is {} s away from now; at most {} s is accepted",
+                off / 1000,
+                src.tolerance_ms / 1000
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the request's signature and timestamp under `src`'s scheme at
+/// `now_ms`.
+///
+/// Errors: [`OpError::InboxRejected`] with check `signature-missing`,
+/// `signature-malformed`, `signature-mismatch` or
+/// `timestamp-outside-tolerance`.
+pub fn verify(
+    src: &InboxSource,
+    headers: &HeaderMap,
+    body: &[u8],
+    now_ms: i64,
+) -> Result<(), OpError> {
+    match src.scheme {
+        SignatureScheme::Stripe => {
+            let name = "Stripe-Signature";
+            let v = header(headers, name)?;
+            let mut t = None;
+            let mut sigs = Vec::new();
+            for item in v.split(',') {
+                match item.trim().split_once('=') {
+                    Some(("t", x)) => t = x.parse::<i64>().ok(),
+                    Some(("v1", x)) => sigs.extend(hex::decode(x).ok()),
+                    _ => {}
+                }
+            }
+            let (Some(t), false) = (t, sigs.is_empty()) else {
+                return Err(reject(
+                    "signature-malformed",
+                    "header:Stripe-Signature",
+                    "expected t=<unix seconds>,v1=<hex HMAC-SHA256>",
+                ));
+            };
+            let ts = t.to_string();
+            if !sigs
+                .iter()
+                .any(|s| signed_by(&src.secrets, &[ts.as_bytes(), b".", body], s))
+            {
+                return Err(reject(
+                    "signature-mismatch",
+                    "header:Stripe-Signature",
+                    "no v1 signature matches the body under the source's secrets",
+                ));
+            }
+            check_time(src, "Stripe-Signature", t, now_ms)
+        }
+        SignatureScheme::StandardWebhooks => {
+            let id = header(headers, "webhook-id")?;
+            let ts = header(headers, "webhook-timestamp")?;
+            let sig = header(headers, "webhook-signature")?;
+            let t: i64 = ts.trim().parse().map_err(|_| {
+                reject(
+                    "signature-malformed",
+                    "header:webhook-timestamp",
+                    "expected unix seconds",
+                )
+            })?;
+            let b64 = base64::engine::general_purpose::STANDARD;
+            let sigs: Vec<Vec<u8>> = sig
+                .split(' ')
+                .filter_map(|s| s.strip_prefix("v1,"))
+                .filter_map(|s| b64.decode(s).ok())
+                .collect();
+            if sigs.is_empty() {
+                return Err(reject(
+                    "signature-malformed",
+                    "header:webhook-signature",
+                    "expected v1,<base64 HMAC-SHA256> (space-separated)",
+                ));
+            }
+            let parts: [&[u8]; 5] = [id.as_bytes(), b".", ts.as_bytes(), b".", body];
+            if !sigs.iter().any(|s| signed_by(&src.secrets, &parts, s)) {
+                return Err(reject(
+                    "signature-mismatch",
+                    "header:webhook-signature",
+                    "no v1 signature matches the message under the source's secrets",
+                ));
+            }
+            check_time(src, "webhook-timestamp", t, now_ms)
+        }
+        SignatureScheme::HmacSha256 => {
+            let h = src.header.as_ref().map_or("x-signature", |h| h.as_str());
+            let v = header(headers, h)?;
+            let hexed = v.trim().strip_prefix("sha256=").unwrap_or(v.trim());
+            let sig = hex::decode(hexed).map_err(|_| {
+                reject(
+                    "signature-malformed",
+                    format!("header:{h}"),
+                    "expected sha256=<hex HMAC-SHA256 of the body>",
+                )
+            })?;
+            if !signed_by(&src.secrets, &[body], &sig) {
+                return Err(reject(
+                    "signature-mismatch",
+                    format!("header:{h}"),
+                    "the signature does not match the body under the source's secrets",
+                ));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The text at `ptr` in `v`: a string as it is, a number or boolean
+/// written out; `None` for anything else or nothing.
+pub fn text_at(v: &Value, ptr: &str) -> Option<String> {
+    match v.pointer(ptr)? {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+/// A verified event, read.
+#[derive(Debug, Clone)]
+pub struct Parsed {
+    /// The body as JSON.
+    pub json: Value,
+    /// The event id.
+    pub event_id: String,
+    /// Its type, if the body names one.
+    pub event_type: Option<String>,
+    /// `(sequence key, sequence)`, when the source orders events.
+    pub ordering: Option<(String, i64)>,
+}
+
+/// Reads the event id, type and sequence of a verified body.
+///
+/// Errors: [`OpError::InboxRejected`] with check `body-not-json`,
+/// `event-id-missing` or `sequence-missing`.
+pub fn parse(src: &InboxSource, headers: &HeaderMap, body: &[u8]) -> Result<Parsed, OpError> {
+    let json: Value = serde_json::from_slice(body)
+        .ok()
+        .filter(Value::is_object)
+        .ok_or_else(|| reject("body-not-json", "body", "the body is not a JSON object"))?;
+    let (event_id, field) = match &src.event_id {
+        EventIdAt::Pointer(p) => (text_at(&json, p), format!("body:{p}")),
+        EventIdAt::Header(h) => (
+            headers
+                .get(h)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+            format!("header:{h}"),
+        ),
+    };
+    let event_id = event_id
+        .filter(|s| !s.is_empty() && s.len() <= MAX_EVENT_ID_BYTES)
+        .ok_or_else(|| {
+            reject(
+                "event-id-missing",
+                field,
+                format!("no event id (a string of 1..={MAX_EVENT_ID_BYTES} bytes) there"),
+            )
+        })?;
+    let event_type = text_at(&json, &src.event_type);
+    let ordering = match &src.ordering {
+        None => None,
+        Some((kp, sp)) => {
+            let key = text_at(&json, kp)
+                .filter(|k| !k.is_empty())
+                .ok_or_else(|| {
+                    reject(
+                        "sequence-missing",
+                        format!("body:{kp}"),
+                        "no sequence key there",
+                    )
+                })?;
+            let seq = json
+                .pointer(sp)
+                .and_then(|v| {
+                    v.as_i64()
+                        .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+                })
+                .ok_or_else(|| {
+                    reject(
+                        "sequence-missing",
+                        format!("body:{sp}"),
+                        "no integer sequence there",
+                    )
+                })?;
+            Some((key, seq))
+        }
+    };
+    Ok(Parsed {
+        json,
+        event_id,
+        event_type,
+        ordering,
+    })
+}
+
+/// What receiving a webhook did, for the answer to the provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receipt {
+    /// The provider's event id.
+    pub event_id: String,
+    /// `accepted`, `stale`, `held` or `duplicate`.
+    pub state: String,
+    /// The delivery's event id (the consumer's `webhook-id`), when queued.
+    pub delivery_id: Option<String>,
+}
+
+/// Receives one webhook for `src`: verified, read, stored once (with its
+/// ordering decision and delivery) and applied to the operation it names.
+/// The answer is due as soon as this returns: the event is durable.
+///
+/// Errors: [`OpError::InboxRejected`] (counted by check; nothing stored),
+/// or the ledger's.
+pub async fn receive(
+    app: &AppState,
+    src: &InboxSource,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Receipt, OpError> {
+    let now = app.ledger.clock().now_ms();
+    let parsed = match verify(src, headers, body, now).and_then(|()| parse(src, headers, body)) {
+        Ok(p) => p,
+        Err(e) => {
+            if let OpError::InboxRejected { check, .. } = &e {
+                crate::metrics::inbox_rejected(&src.name, check);
+                tracing::info!(source = %src.name, check, "inbox: webhook refused");
+            }
+            return Err(e);
+        }
+    };
+    let payload = String::from_utf8_lossy(body);
+    let ordering = parsed.ordering.as_ref().map(|(k, s)| InboxOrdering {
+        key: k,
+        sequence: *s,
+        gaps: src.sequence_gaps,
+        start: src.sequence_start,
+        reorder_window_ms: i64::try_from(src.reorder_window_ms).unwrap_or(i64::MAX),
+    });
+    let got = app
+        .ledger
+        .receive_inbox(&NewInboxEvent {
+            tenant: &src.tenant,
+            source: &src.name,
+            event_id: &parsed.event_id,
+            event_type: parsed.event_type.as_deref(),
+            payload: &payload,
+            deliver: src.deliver,
+            ordering,
+        })
+        .await?;
+    let (state, delivery_id) = match got {
+        Received::Duplicate => {
+            crate::metrics::inbox_received(&src.name, "duplicate");
+            let delivery_id = crate::ledger::delivery_id(&src.tenant, &src.name, &parsed.event_id);
+            return Ok(Receipt {
+                event_id: parsed.event_id,
+                state: "duplicate".into(),
+                delivery_id: Some(delivery_id),
+            });
+        }
+        Received::Stored {
+            state,
+            outbox_event_id,
+            released,
+        } => {
+            let m = match state.as_str() {
+                "stale" => "stale",
+                "held" => "held",
+                _ => "accepted",
+            };
+            crate::metrics::inbox_received(&src.name, m);
+            if !released.is_empty() {
+                tracing::info!(source = %src.name, released = ?released, "inbox: held events released in order");
+            }
+            (state, outbox_event_id)
+        }
+    };
+    resolve(app, src, &parsed).await?;
+    Ok(Receipt {
+        event_id: parsed.event_id,
+        state,
+        delivery_id,
+    })
+}
+
+/// What an event says of the operation it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Says {
+    Succeeded,
+    Failed,
+}
+
+/// Applies `src`'s `resolves` rules to a newly stored event: the first
+/// rule whose event types include this one and that names an operation of
+/// the source's tenant decides. A success for an UNKNOWN operation
+/// records it COMPLETED under a reconciliation lease (the fenced write a
+/// read-back "found" makes); a failure only starts a read-back now.
+async fn resolve(app: &AppState, src: &InboxSource, ev: &Parsed) -> Result<(), OpError> {
+    let Some(ty) = ev.event_type.as_deref() else {
+        return Ok(());
+    };
+    for rule in &src.resolves {
+        let says = if rule.succeeded.iter().any(|t| t == ty) {
+            Says::Succeeded
+        } else if rule.failed.iter().any(|t| t == ty) {
+            Says::Failed
+        } else {
+            continue;
+        };
+        let Some(op) = named(app, &src.tenant, rule, &ev.json).await? else {
+            continue;
+        };
+        let id = (src.tenant.as_str(), src.name.as_str(), ev.event_id.as_str());
+        let resolution = apply(app, src, rule, ev, ty, says, op.clone()).await?;
+        app.ledger
+            .note_inbox_resolution(id, Some(&op.operation_id), &resolution)
+            .await?;
+        return Ok(());
+    }
+    Ok(())
+}
+
+/// The operation of `tenant` that `rule` finds for `event`, if any. Only
+/// this tenant's operations are searched: another tenant's provider key
+/// or reference finds nothing.
+async fn named(
+    app: &AppState,
+    tenant: &str,
+    rule: &Resolves,
+    event: &Value,
+) -> Result<Option<crate::ledger::Operation>, OpError> {
+    Ok(match &rule.by {
+        ResolveBy::ProviderKey(p) => match text_at(event, p) {
+            Some(k) => app.ledger.operation_named(tenant, Some(&k), None).await?,
+            None => None,
+        },
+        ResolveBy::Reference(p) => match text_at(event, p) {
+            Some(r) => app.ledger.operation_named(tenant, None, Some(&r)).await?,
+            None => None,
+        },
+        ResolveBy::Match { route, fields } => {
+            let limit = app.settings().limits.max_list_limit;
+            let ops = app
+                .ledger
+                .list(Some(tenant), Some(State::Unknown), limit)
+                .await?;
+            ops.into_iter().filter(|o| &o.route == route).find(|o| {
+                let body =
+                    crate::template::body_value(o.request_content_type.as_deref(), &o.request_body);
+                let vars = crate::template::Vars {
+                    operation_id: &o.operation_id,
+                    provider_key: &o.provider_key,
+                    body: &body,
+                    tenant: &o.tenant_id,
+                    reference: None,
+                    response: &Value::Null,
+                };
+                fields.iter().all(|(p, t)| {
+                    text_at(event, p).is_some_and(|v| v == t.render(&vars, |s| s.to_owned()))
+                })
+            })
+        }
+    })
+}
+
+async fn apply(
+    app: &AppState,
+    src: &InboxSource,
+    rule: &Resolves,
+    ev: &Parsed,
+    ty: &str,
+    says: Says,
+    op: crate::ledger::Operation,
+) -> Result<String, OpError> {
+    if op.state != State::Unknown {
+        crate::metrics::inbox_resolution(&src.name, "ignored");
+        return Ok(format!("ignored: the operation is {}", op.state));
+    }
+    if says == Says::Failed {
+        // An event is not proof of absence: read back now instead.
+        crate::metrics::inbox_resolution(&src.name, "read-back");
+        let app2 = app.clone();
+        app.lifecycle.executions.spawn(async move {
+            if let Err(e) = crate::ops::reconcile::reconcile_op(&app2, op).await {
+                tracing::warn!(error = %e, "inbox: read-back after a failure event failed");
+            }
+        });
+        return Ok(format!("read-back: {ty} says it failed; read back now"));
+    }
+    let actor = format!("inbox:{}", src.name);
+    let Some(lease) = app
+        .ledger
+        .lease_for_reconcile(
+            &op.tenant_id,
+            &op.operation_id,
+            op.version,
+            &app.instance_id,
+            i64::try_from(app.settings().reconcile.lease_ms).unwrap_or(i64::MAX),
+            &format!("inbox: {} event {} ({ty})", src.name, ev.event_id),
+        )
+        .await?
+    else {
+        crate::metrics::inbox_resolution(&src.name, "ignored");
+        return Ok("ignored: another owner holds the operation".into());
+    };
+    let object = ev.json.pointer(&rule.object).unwrap_or(&ev.json);
+    let body = serde_json::to_vec(object).unwrap_or_default();
+    let mut o = Outcome::new(
+        State::Completed,
+        format!(
+            "inbox: {} event {} ({ty}) says the effect exists",
+            src.name, ev.event_id
+        ),
+    );
+    o.response_status = Some(200);
+    o.response_headers = vec![("content-type".into(), "application/json".into())];
+    o.response_body_bytes = Some(body.len() as i64);
+    o.response_body = Some(body);
+    o.provider_reference = rule.reference.as_deref().and_then(|p| text_at(&ev.json, p));
+    if !app
+        .ledger
+        .record_outcome(
+            &op.tenant_id,
+            &op.operation_id,
+            lease.fence,
+            State::Unknown,
+            &actor,
+            &o,
+        )
+        .await?
+    {
+        crate::metrics::inbox_resolution(&src.name, "ignored");
+        return Ok("ignored: fenced off by a newer owner".into());
+    }
+    crate::metrics::inbox_resolution(&src.name, "completed");
+    tracing::info!(tenant = %op.tenant_id, operation_id = %op.operation_id, source = %src.name,
+        event_id = %ev.event_id, "inbox: UNKNOWN operation completed from a webhook event");
+    Ok(format!("completed: {ty}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{InboxSource, OnGap};
+
+    fn source(scheme: SignatureScheme, secrets: &[&[u8]]) -> InboxSource {
+        InboxSource {
+            name: "s".into(),
+            tenant: "t".into(),
+            scheme,
+            header: (scheme == SignatureScheme::HmacSha256)
+                .then(|| http::HeaderName::from_static("x-hub-signature-256")),
+            secrets: secrets.iter().map(|s| s.to_vec()).collect(),
+            tolerance_ms: 300_000,
+            event_id: EventIdAt::Pointer("/id".into()),
+            event_type: "/type".into(),
+            max_body_bytes: 1024,
+            dedupe_window_ms: 300_000,
+            deliver: true,
+            ordering: None,
+            sequence_gaps: true,
+            sequence_start: 1,
+            reorder_window_ms: 1,
+            on_gap: OnGap::Deliver,
+            resolves: Vec::new(),
+        }
+    }
+
+    fn hex_mac(key: &[u8], msg: &[u8]) -> String {
+        let mut m = mac(key);
+        m.update(msg);
+        hex::encode(m.finalize().into_bytes())
+    }
+
+    fn check(r: Result<(), OpError>) -> &'static str {
+        match r {
+            Ok(()) => "ok",
+            Err(OpError::InboxRejected { check, .. }) => check,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn stripe_signatures_verify_under_either_secret_and_within_the_tolerance() {
+        let src = source(SignatureScheme::Stripe, &[b"old", b"new"]);
+        let body = br#"{"id":"evt_1"}"#;
+        let now = 1_700_000_000_000;
+        let sig = |key: &[u8], t: i64| {
+            let mut h = HeaderMap::new();
+            let v = format!(
+                "t={t},v1={}",
+                hex_mac(
+                    key,
+                    format!("{t}.{}", std::str::from_utf8(body).unwrap()).as_bytes()
+                )
+            );
+            h.insert("stripe-signature", v.parse().unwrap());
+            h
+        };
+        assert_eq!(
+            check(verify(&src, &sig(b"old", now / 1000), body, now)),
+            "ok"
+        );
+        assert_eq!(
+            check(verify(&src, &sig(b"new", now / 1000), body, now)),
+            "ok"
+        );
+        assert_eq!(
+            check(verify(&src, &sig(b"other", now / 1000), body, now)),
+            "signature-mismatch"
+        );
+        assert_eq!(
+            check(verify(&src, &sig(b"new", now / 1000 - 301), body, now)),
+            "timestamp-outside-tolerance"
+        );
+        assert_eq!(
+            check(verify(&src, &sig(b"new", now / 1000 + 301), body, now)),
+            "timestamp-outside-tolerance"
+        );
+        assert_eq!(
+            check(verify(&src, &sig(b"new", now / 1000 - 299), body, now)),
+            "ok"
+        );
+        assert_eq!(
+            check(verify(&src, &HeaderMap::new(), body, now)),
+            "signature-missing"
+        );
+        let mut h = HeaderMap::new();
+        h.insert("stripe-signature", "t=abc".parse().unwrap());
+        assert_eq!(check(verify(&src, &h, body, now)), "signature-malformed");
+    }
+
+    #[test]
+    fn standard_webhooks_and_hmac_signatures_verify() {
+        use base64::Engine;
+        let key = b"0123456789abcdef";
+        let src = source(SignatureScheme::StandardWebhooks, &[key]);
+        let body = b"{}";
+        let now = 1_700_000_000_000;
+        let mut m = mac(key);
+        m.update(b"msg_1.1700000000.{}");
+        let sig = base64::engine::general_purpose::STANDARD.encode(m.finalize().into_bytes());
+        let mut h = HeaderMap::new();
+        h.insert("webhook-id", "msg_1".parse().unwrap());
+        h.insert("webhook-timestamp", "1700000000".parse().unwrap());
+        h.insert(
+            "webhook-signature",
+            format!("v1,AAAA v1,{sig}").parse().unwrap(),
+        );
+        assert_eq!(check(verify(&src, &h, body, now)), "ok");
+        h.insert("webhook-id", "msg_2".parse().unwrap());
+        assert_eq!(check(verify(&src, &h, body, now)), "signature-mismatch");
+
+        let gh = source(SignatureScheme::HmacSha256, &[b"gh"]);
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-hub-signature-256",
+            format!("sha256={}", hex_mac(b"gh", body)).parse().unwrap(),
+        );
+        assert_eq!(check(verify(&gh, &h, body, now)), "ok");
+        h.insert("x-hub-signature-256", "sha256=nothex".parse().unwrap());
+        assert_eq!(check(verify(&gh, &h, body, now)), "signature-malformed");
+    }
+
+    #[test]
+    fn the_event_id_and_sequence_are_read_or_refused() {
+        let mut src = source(SignatureScheme::Stripe, &[b"k"]);
+        src.ordering = Some(("/data/id".into(), "/data/v".into()));
+        let h = HeaderMap::new();
+        let p = parse(
+            &src,
+            &h,
+            br#"{"id":"e","type":"x","data":{"id":"k1","v":"7"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (p.event_id.as_str(), p.event_type.as_deref()),
+            ("e", Some("x"))
+        );
+        assert_eq!(p.ordering, Some(("k1".into(), 7)));
+        let refused = |b: &[u8]| match parse(&src, &h, b) {
+            Err(OpError::InboxRejected { check, .. }) => check,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(refused(b"[1]"), "body-not-json");
+        assert_eq!(refused(br#"{"id":""}"#), "event-id-missing");
+        assert_eq!(
+            refused(br#"{"id":"e","data":{"id":"k1"}}"#),
+            "sequence-missing"
+        );
+    }
+}

@@ -1,0 +1,1326 @@
+//! The inbox: provider webhooks at `POST /inbox/<name>`, verified by
+//! signature (agreeing with Stripe's SDK and the `standardwebhooks`
+//! package), stored once, ordered per sequence key, delivered to the
+//! tenant through the outbox (Standard Webhooks signed), and used to
+//! resolve UNKNOWN operations. Each scenario runs on SQLite and, with
+//! `TEST_POSTGRES_URL`, on PostgreSQL.
+
+use std::time::Duration;
+
+use base64::Engine;
+use effectgate::config::StorageSpec;
+use effectgate_tests::receiver::{Delivery, Receiver, spawn_receiver};
+use effectgate_tests::*;
+use hmac::{Hmac, Mac};
+use serde_json::{Value, json};
+use sha2::Sha256;
+
+const STRIPE_SECRET: &str = "whsec_test_stripe_inbox_secret";
+const STRIPE_SECRET_NEXT: &str = "whsec_test_stripe_inbox_secret_rotated";
+/// The tenant's delivery secret (Standard Webhooks form: base64 after `whsec_`).
+const HOOK_SECRET: &str = "whsec_Y29uc3VtZXItc2VjcmV0LTAxMjM0NTY3ODk=";
+/// A Standard Webhooks source's secret.
+const SW_SECRET: &str = "whsec_c291cmNlLXNlY3JldC1hYmNkZWZnaGlqaw==";
+const GH_SECRET: &str = "gh-secret";
+
+fn env() {
+    // SAFETY: set before any gateway reads its config; the same values in every test.
+    unsafe {
+        std::env::set_var("TEST_INBOX_STRIPE", STRIPE_SECRET);
+        std::env::set_var("TEST_INBOX_STRIPE_NEXT", STRIPE_SECRET_NEXT);
+        std::env::set_var("TEST_INBOX_HOOK", HOOK_SECRET);
+        std::env::set_var("TEST_INBOX_SW", SW_SECRET);
+        std::env::set_var("TEST_INBOX_GH", GH_SECRET);
+    }
+}
+
+fn hmac_of(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
+    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(key).unwrap();
+    for p in parts {
+        m.update(p);
+    }
+    m.finalize().into_bytes().to_vec()
+}
+
+/// `Stripe-Signature` for `body` at unix second `t`, as Stripe computes it.
+fn stripe_header(secret: &str, t: i64, body: &str) -> String {
+    let sig = hmac_of(
+        secret.as_bytes(),
+        &[t.to_string().as_bytes(), b".", body.as_bytes()],
+    );
+    format!("t={t},v1={}", hex::encode(sig))
+}
+
+/// Standard Webhooks `webhook-signature` of `(id, ts, body)` under a `whsec_` secret.
+fn sw_signature(secret: &str, id: &str, ts: i64, body: &str) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let key = b64.decode(secret.trim_start_matches("whsec_")).unwrap();
+    let sig = hmac_of(
+        &key,
+        &[
+            id.as_bytes(),
+            b".",
+            ts.to_string().as_bytes(),
+            b".",
+            body.as_bytes(),
+        ],
+    );
+    format!("v1,{}", b64.encode(sig))
+}
+
+/// The config of the inbox tests: a Stripe source `stripe` of tenant `a`
+/// (resolving by provider key, with `extra` lines), a Standard Webhooks
+/// source `sw`, a GitHub-style source `gh`, and tenant `a`'s webhook.
+#[derive(Default)]
+struct Setup {
+    stripe_extra: String,
+    storage: Option<StorageSpec>,
+    /// `events = […]` of tenant a's webhook (TOML), if set.
+    hook_events: Option<String>,
+}
+
+/// A gateway of the inbox tests, with the name of its Stripe source:
+/// unique per gateway, so its metric series (the recorder is
+/// process-wide) are its own.
+struct App {
+    app: TestApp,
+    src: String,
+}
+
+impl std::ops::Deref for App {
+    type Target = TestApp;
+    fn deref(&self) -> &TestApp {
+        &self.app
+    }
+}
+
+/// The metrics text, with this gateway's Stripe source named `stripe`.
+async fn metrics_of(app: &App) -> String {
+    app.metrics()
+        .await
+        .replace(&format!("source=\"{}\"", app.src), "source=\"stripe\"")
+}
+
+async fn app_with(rx: &Receiver, s: Setup) -> App {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let src = format!(
+        "stripe-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    env();
+    let app = spawn_with(Opts {
+        route_extra: "[routes.read_back]\npath = \"/v1/charges?idempotency_key={provider_key}\"\n\
+             found_pointer = \"/data/0\"\nmatch = { \"/idempotency_key\" = \"{provider_key}\" }\n\
+             reference_pointer = \"/id\"\nsettle_delay_ms = 0\n"
+            .into(),
+        tenant_a: format!(
+            "webhook = {{ url = \"{}\", secret_env = \"TEST_INBOX_HOOK\"{} }}",
+            rx.url,
+            s.hook_events
+                .map(|e| format!(", events = {e}"))
+                .unwrap_or_default()
+        ),
+        more: format!(
+            "[reconcile]\nenabled = false\n\n\
+             [[inbox]]\nname = \"{src}\"\ntenant = \"a\"\nscheme = \"stripe\"\n\
+             secrets = [{{ env = \"TEST_INBOX_STRIPE\" }}, {{ env = \"TEST_INBOX_STRIPE_NEXT\" }}]\n\
+             max_body_bytes = 4096\n{}\n\
+             [[inbox]]\nname = \"sw\"\ntenant = \"a\"\nscheme = \"standard-webhooks\"\n\
+             secrets = [{{ env = \"TEST_INBOX_SW\" }}]\n\n\
+             [[inbox]]\nname = \"gh\"\ntenant = \"b\"\nscheme = \"hmac-sha256\"\nheader = \"X-Hub-Signature-256\"\n\
+             event_id = \"header:X-GitHub-Delivery\"\nevent_type = \"/action\"\n\
+             secrets = [{{ env = \"TEST_INBOX_GH\" }}]\n",
+            s.stripe_extra
+        ),
+        storage: s.storage,
+        ..Default::default()
+    })
+    .await;
+    App { app, src }
+}
+
+/// Now, in unix seconds, by the gateway's clock.
+fn now_s(app: &TestApp) -> i64 {
+    app.gw.state.ledger.clock().now_ms().div_euclid(1000)
+}
+
+async fn post_stripe(app: &App, body: &str, header: Option<&str>) -> reqwest::Response {
+    let mut b = app
+        .http
+        .post(app.proxy(&format!("/inbox/{}", app.src)))
+        .header("content-type", "application/json");
+    if let Some(h) = header {
+        b = b.header("stripe-signature", h);
+    }
+    b.body(body.to_owned()).send().await.unwrap()
+}
+
+/// POSTs `body` to the Stripe source, signed now.
+async fn stripe_event(app: &App, body: &str) -> reqwest::Response {
+    let h = stripe_header(STRIPE_SECRET, now_s(app), body);
+    post_stripe(app, body, Some(&h)).await
+}
+
+fn charge_event(id: &str, ty: &str, object: Value) -> String {
+    json!({"id": id, "object": "event", "type": ty, "data": {"object": object}}).to_string()
+}
+
+/// Runs relay passes until `rx` holds `n` deliveries (bounded), then one
+/// more pass, and returns them all.
+async fn deliveries(app: &TestApp, rx: &Receiver, n: usize) -> Vec<Delivery> {
+    for _ in 0..200 {
+        effectgate::workers::outbox::relay_once(&app.gw.state)
+            .await
+            .unwrap();
+        if rx.got.lock().unwrap().len() >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    effectgate::workers::outbox::relay_once(&app.gw.state)
+        .await
+        .unwrap();
+    rx.got.lock().unwrap().clone()
+}
+
+async fn inbox_list(app: &TestApp, query: &str) -> Vec<Value> {
+    let r = app
+        .http
+        .get(app.admin(&format!("/admin/tenants/a/inbox{query}")))
+        .bearer_auth(ADMIN_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    v["events"].as_array().unwrap().clone()
+}
+
+fn metric(text: &str, line_start: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(line_start))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no metric line {line_start}"))
+}
+
+/// Two tests running `$f` (an async fn of `Option<StorageSpec>`): on SQLite, and on PostgreSQL.
+macro_rules! both {
+    ($sqlite:ident, $pg:ident, $f:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $sqlite() {
+            $f(None).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $pg() {
+            let Some(url) = pg::url() else { return };
+            $f(Some(pg::storage(&url))).await;
+        }
+    };
+}
+
+// ---------------------------------------------------------------------------
+// Signatures agree with the providers' own code.
+// ---------------------------------------------------------------------------
+
+const STRIPE_PY: &str = r#"
+import sys, stripe
+mode, secret, payload = sys.argv[1], sys.argv[2], sys.argv[3]
+if mode == "sign":
+    print(stripe.WebhookSignature.generate_signature_header(payload, secret))
+else:
+    try:
+        event = stripe.Webhook.construct_event(payload, sys.argv[4], secret)
+        print("ok " + event.id)
+    except stripe.SignatureVerificationError as e:
+        print("refused")
+"#;
+
+async fn python(py: &std::path::Path, script: &str, args: &[&str]) -> String {
+    let out = tokio::process::Command::new(py)
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "python: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stripe_scheme_agrees_with_the_stripe_sdk_both_ways() {
+    let Some(py) = test_python(&["stripe"]) else {
+        return;
+    };
+    let rx = spawn_receiver().await;
+    let app = app_with(&rx, Setup::default()).await;
+
+    // Signed by the SDK: effectgate accepts it.
+    let body = charge_event("evt_sdk_1", "charge.succeeded", json!({"id": "ch_9"}));
+    let header = python(&py, STRIPE_PY, &["sign", STRIPE_SECRET, &body]).await;
+    let r = post_stripe(&app, &body, Some(&header)).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["state"], "accepted");
+    assert_eq!(v["event_id"], "evt_sdk_1");
+
+    // Signed by the SDK under another secret: both refuse it.
+    let body2 = charge_event("evt_sdk_2", "charge.succeeded", json!({"id": "ch_9"}));
+    let wrong = python(&py, STRIPE_PY, &["sign", "whsec_other", &body2]).await;
+    assert_eq!(
+        python(&py, STRIPE_PY, &["verify", STRIPE_SECRET, &body2, &wrong]).await,
+        "refused"
+    );
+    let r = post_stripe(&app, &body2, Some(&wrong)).await;
+    assert_eq!(r.status(), 400);
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["check"], "signature-mismatch");
+
+    // Signed the way effectgate verifies (this test's HMAC over "t.body"):
+    // the SDK's construct_event accepts it, and so does effectgate.
+    let body3 = charge_event("evt_sdk_3", "charge.succeeded", json!({"id": "ch_9"}));
+    let mine = stripe_header(STRIPE_SECRET, now_s(&app), &body3);
+    assert_eq!(
+        python(&py, STRIPE_PY, &["verify", STRIPE_SECRET, &body3, &mine]).await,
+        "ok evt_sdk_3"
+    );
+    assert_eq!(post_stripe(&app, &body3, Some(&mine)).await.status(), 200);
+
+    // An old timestamp, correctly signed: both refuse it (5 min tolerance).
+    let body4 = charge_event("evt_sdk_4", "charge.succeeded", json!({"id": "ch_9"}));
+    let old = stripe_header(STRIPE_SECRET, now_s(&app) - 600, &body4);
+    assert_eq!(
+        python(&py, STRIPE_PY, &["verify", STRIPE_SECRET, &body4, &old]).await,
+        "refused"
+    );
+    let r = post_stripe(&app, &body4, Some(&old)).await;
+    assert_eq!(r.status(), 400);
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["check"], "timestamp-outside-tolerance");
+
+    // Only the two verified events are in the inbox.
+    let mut ids: Vec<String> = inbox_list(&app, &format!("?source={}", app.src))
+        .await
+        .iter()
+        .map(|e| e["event_id"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, vec!["evt_sdk_1", "evt_sdk_3"]);
+}
+
+const SW_PY: &str = r#"
+import sys, json
+from standardwebhooks.webhooks import Webhook
+mode, secret = sys.argv[1], sys.argv[2]
+wh = Webhook(secret)
+if mode == "sign":
+    from datetime import datetime, timezone
+    msg_id, ts, body = sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    print(wh.sign(msg_id, datetime.fromtimestamp(ts, tz=timezone.utc), body))
+else:
+    # verify: a JSON list of deliveries [{headers, body}]
+    out = []
+    for d in json.loads(sys.stdin.read()):
+        try:
+            wh.verify(d["body"], d["headers"])
+            out.append("ok")
+        except Exception as e:
+            out.append("refused: %s" % e)
+    print(json.dumps(out))
+"#;
+
+async fn sw_verify(py: &std::path::Path, secret: &str, got: &[Delivery]) -> Vec<String> {
+    use tokio::io::AsyncWriteExt;
+    let input: Vec<Value> = got
+        .iter()
+        .map(|d| {
+            let headers: serde_json::Map<String, Value> = d
+                .headers
+                .iter()
+                .map(|(n, v)| (n.clone(), json!(v)))
+                .collect();
+            json!({"headers": headers, "body": String::from_utf8_lossy(&d.body)})
+        })
+        .collect();
+    let mut child = tokio::process::Command::new(py)
+        .args(["-c", SW_PY, "verify", secret])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(Value::Array(input).to_string().as_bytes())
+        .await
+        .unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().await.unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standard_webhooks_agree_with_the_standardwebhooks_package_in_and_out() {
+    let Some(py) = test_python(&["standardwebhooks"]) else {
+        return;
+    };
+    let rx = spawn_receiver().await;
+    let app = app_with(&rx, Setup::default()).await;
+    let body = json!({"type": "email.delivered", "data": {"id": "m_1"}}).to_string();
+    let ts = now_s(&app);
+
+    // In: signed by the package, verified by effectgate (event id = webhook-id).
+    let sig = python(
+        &py,
+        SW_PY,
+        &["sign", SW_SECRET, "msg_1", &ts.to_string(), &body],
+    )
+    .await;
+    assert_eq!(
+        sig,
+        sw_signature(SW_SECRET, "msg_1", ts, &body),
+        "the same bytes"
+    );
+    let post = |id: &str, sig: &str, ts: i64| {
+        app.http
+            .post(app.proxy("/inbox/sw"))
+            .header("webhook-id", id)
+            .header("webhook-timestamp", ts.to_string())
+            .header("webhook-signature", sig)
+            .body(body.clone())
+            .send()
+    };
+    let r = post("msg_1", &sig, ts).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["state"], "accepted");
+    // The same signature on another id: refused.
+    let r = post("msg_2", &sig, ts).await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["check"],
+        "signature-mismatch"
+    );
+    // Ten minutes old: refused after the signature checked out.
+    let old = ts - 600;
+    let r = post("msg_3", &sw_signature(SW_SECRET, "msg_3", old, &body), old)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["check"],
+        "timestamp-outside-tolerance"
+    );
+
+    // Out: the delivery to the tenant verifies with the package under the
+    // tenant's secret, and its webhook-id is the stable delivery id.
+    let got = deliveries(&app, &rx, 1).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(sw_verify(&py, HOOK_SECRET, &got).await, vec!["ok"]);
+    assert_ne!(
+        sw_verify(&py, SW_SECRET, &got).await,
+        vec!["ok"],
+        "another secret does not verify it"
+    );
+    let d = &got[0];
+    assert_eq!(
+        d.header("webhook-id"),
+        Some(effectgate::ledger::delivery_id("a", "sw", "msg_1").as_str())
+    );
+    let v = d.json();
+    assert_eq!(v["type"], "inbox.event");
+    assert_eq!(v["data"]["source"], "sw");
+    assert_eq!(v["data"]["provider_event_id"], "msg_1");
+    assert_eq!(v["data"]["event"]["data"]["id"], "m_1");
+    assert_eq!(d.header("effectgate-gap"), None);
+}
+
+// ---------------------------------------------------------------------------
+// Bad input: 400/413 naming the check, counted, never stored.
+// ---------------------------------------------------------------------------
+
+async fn bad_input_is_refused_counted_and_not_stored(storage: Option<StorageSpec>) {
+    let rx = spawn_receiver().await;
+    let app = app_with(
+        &rx,
+        Setup {
+            storage,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let t = now_s(&app);
+    let good = charge_event("evt_ok", "charge.succeeded", json!({"id": "ch_1"}));
+    let no_id = json!({"type": "charge.succeeded"}).to_string();
+    let big = charge_event("evt_big", "x", json!({"pad": "x".repeat(5000)}));
+    let cases: Vec<(&str, String, Option<String>, u16, &str, &str)> = vec![
+        (
+            "no header",
+            good.clone(),
+            None,
+            400,
+            "signature-missing",
+            "header:Stripe-Signature",
+        ),
+        (
+            "malformed",
+            good.clone(),
+            Some("v1=zz".into()),
+            400,
+            "signature-malformed",
+            "header:Stripe-Signature",
+        ),
+        (
+            "mismatch",
+            good.clone(),
+            Some(stripe_header("whsec_wrong", t, &good)),
+            400,
+            "signature-mismatch",
+            "header:Stripe-Signature",
+        ),
+        (
+            "tampered body",
+            good.replace("ch_1", "ch_2"),
+            Some(stripe_header(STRIPE_SECRET, t, &good)),
+            400,
+            "signature-mismatch",
+            "header:Stripe-Signature",
+        ),
+        (
+            "future timestamp",
+            good.clone(),
+            Some(stripe_header(STRIPE_SECRET, t + 900, &good)),
+            400,
+            "timestamp-outside-tolerance",
+            "header:Stripe-Signature",
+        ),
+        (
+            "not JSON",
+            "not json".into(),
+            Some(stripe_header(STRIPE_SECRET, t, "not json")),
+            400,
+            "body-not-json",
+            "body",
+        ),
+        (
+            "no event id",
+            no_id.clone(),
+            Some(stripe_header(STRIPE_SECRET, t, &no_id)),
+            400,
+            "event-id-missing",
+            "body:/id",
+        ),
+        (
+            "too large",
+            big.clone(),
+            Some(stripe_header(STRIPE_SECRET, t, &big)),
+            413,
+            "body-too-large",
+            "body",
+        ),
+    ];
+    for (what, body, header, status, check, field) in &cases {
+        let r = post_stripe(&app, body, header.as_deref()).await;
+        assert_eq!(r.status().as_u16(), *status, "{what}");
+        assert_eq!(
+            r.headers()["content-type"],
+            "application/problem+json",
+            "{what}"
+        );
+        let p: Value = r.json().await.unwrap();
+        assert_eq!(p["check"], *check, "{what}: {p}");
+        assert_eq!(p["field"], *field, "{what}: {p}");
+        assert_eq!(
+            p["type"],
+            format!("urn:effectgate:problem:{check}"),
+            "{what}"
+        );
+        assert_eq!(p["status"], *status, "{what}");
+    }
+    // A rotated secret verifies too.
+    let rotated = charge_event("evt_rotated", "charge.succeeded", json!({"id": "ch_1"}));
+    let h = stripe_header(STRIPE_SECRET_NEXT, t, &rotated);
+    assert_eq!(post_stripe(&app, &rotated, Some(&h)).await.status(), 200);
+    // An unknown source is 404; GET is 405.
+    let r = app
+        .http
+        .post(app.proxy("/inbox/nope"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let r = app
+        .http
+        .get(app.proxy(&format!("/inbox/{}", app.src)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+
+    // Nothing refused was stored; each refusal was counted.
+    let events = inbox_list(&app, "").await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["event_id"], "evt_rotated");
+    let m = metrics_of(&app).await;
+    for (check, n) in [
+        ("signature-missing", 1.0),
+        ("signature-malformed", 1.0),
+        ("signature-mismatch", 2.0),
+        ("timestamp-outside-tolerance", 1.0),
+        ("body-not-json", 1.0),
+        ("event-id-missing", 1.0),
+        ("body-too-large", 1.0),
+        ("sequence-missing", 0.0),
+    ] {
+        let line =
+            format!("effectgate_inbox_rejected_total{{source=\"stripe\",check=\"{check}\"}}");
+        assert_eq!(metric(&m, &line), n, "{check}");
+    }
+    assert_eq!(
+        metric(
+            &m,
+            "effectgate_inbox_received_total{source=\"stripe\",outcome=\"accepted\"}"
+        ),
+        1.0
+    );
+}
+both!(
+    bad_input_is_refused_counted_and_not_stored_sqlite,
+    bad_input_is_refused_counted_and_not_stored_postgres,
+    bad_input_is_refused_counted_and_not_stored
+);
+
+// ---------------------------------------------------------------------------
+// Dedupe.
+// ---------------------------------------------------------------------------
+
+async fn a_duplicate_sent_ten_times_at_once_is_stored_and_delivered_once(
+    storage: Option<StorageSpec>,
+) {
+    let rx = spawn_receiver().await;
+    let app = app_with(
+        &rx,
+        Setup {
+            storage,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let body = charge_event("evt_dup", "charge.updated", json!({"id": "ch_1"}));
+    let header = stripe_header(STRIPE_SECRET, now_s(&app), &body);
+    let sends = (0..10).map(|_| post_stripe(&app, &body, Some(&header)));
+    let answers = futures_util::future::join_all(sends).await;
+    let mut states = Vec::new();
+    for r in answers {
+        assert_eq!(r.status(), 200);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(
+            v["delivery_id"],
+            effectgate::ledger::delivery_id("a", &app.src, "evt_dup")
+        );
+        states.push(v["state"].as_str().unwrap().to_owned());
+    }
+    states.sort();
+    let mut want = vec!["duplicate".to_owned(); 9];
+    want.insert(0, "accepted".into());
+    assert_eq!(states, want);
+    let got = deliveries(&app, &rx, 1).await;
+    assert_eq!(got.len(), 1, "delivered once");
+    assert_eq!(got[0].json()["data"]["provider_event_id"], "evt_dup");
+    // And later: a redelivery from the provider still changes nothing.
+    assert_eq!(
+        post_stripe(&app, &body, Some(&header))
+            .await
+            .json::<Value>()
+            .await
+            .unwrap()["state"],
+        "duplicate"
+    );
+    assert_eq!(deliveries(&app, &rx, 2).await.len(), 1);
+    assert_eq!(inbox_list(&app, "").await.len(), 1);
+    let m = metrics_of(&app).await;
+    assert_eq!(
+        metric(
+            &m,
+            "effectgate_inbox_received_total{source=\"stripe\",outcome=\"duplicate\"}"
+        ),
+        10.0
+    );
+}
+both!(
+    a_duplicate_sent_ten_times_at_once_is_stored_and_delivered_once_sqlite,
+    a_duplicate_sent_ten_times_at_once_is_stored_and_delivered_once_postgres,
+    a_duplicate_sent_ten_times_at_once_is_stored_and_delivered_once
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_github_style_hmac_source_takes_its_event_id_from_a_header() {
+    let rx = spawn_receiver().await;
+    let app = app_with(&rx, Setup::default()).await;
+    let body = json!({"action": "opened", "number": 7}).to_string();
+    let sig = format!(
+        "sha256={}",
+        hex::encode(hmac_of(GH_SECRET.as_bytes(), &[body.as_bytes()]))
+    );
+    let post = |sig: String, id: &'static str| {
+        app.http
+            .post(app.proxy("/inbox/gh"))
+            .header("x-hub-signature-256", sig)
+            .header("x-github-delivery", id)
+            .body(body.clone())
+            .send()
+    };
+    let r = post(sig.clone(), "d-1").await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["state"], "accepted");
+    let r = post(sig.clone(), "d-1").await.unwrap();
+    assert_eq!(r.json::<Value>().await.unwrap()["state"], "duplicate");
+    let r = post(format!("sha256={}", "0".repeat(64)), "d-2")
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["check"],
+        "signature-mismatch"
+    );
+    // Tenant b's events are tenant b's: a's admin doesn't see them.
+    assert!(inbox_list(&app, "?source=gh").await.is_empty());
+    let r = app
+        .http
+        .get(app.admin("/admin/tenants/b/inbox?source=gh"))
+        .bearer_auth(ADMIN_B)
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["events"].as_array().unwrap().len(), 1);
+    assert_eq!(v["events"][0]["event_type"], "opened");
+}
+
+// ---------------------------------------------------------------------------
+// Webhook-driven reconciliation.
+// ---------------------------------------------------------------------------
+
+const CHARGE: &str = r#"{"amount":100,"currency":"eur","client_ref":"r-1"}"#;
+
+const RESOLVES: &str = "[[inbox.resolves]]\nsucceeded = [\"charge.succeeded\"]\nfailed = [\"charge.failed\"]\n\
+     provider_key = \"/data/object/metadata/idempotency_key\"\nreference = \"/data/object/id\"\n";
+
+/// The `charge.<ty>` event of the provider's charge `n`, naming its
+/// provider key in the metadata (as a Stripe integration sets it).
+fn event_for(app: &TestApp, n: usize, id: &str, ty: &str) -> String {
+    let c = &app.mock.provider.charges()[n];
+    charge_event(
+        id,
+        ty,
+        json!({"id": c.id, "object": "charge", "amount": c.amount,
+               "metadata": {"idempotency_key": c.idempotency_key}}),
+    )
+}
+
+async fn a_lost_reply_whose_webhook_comes_first_completes_without_a_read_back(
+    storage: Option<StorageSpec>,
+) {
+    let rx = spawn_receiver().await;
+    let app = app_with(
+        &rx,
+        Setup {
+            storage,
+            stripe_extra: RESOLVES.into(),
+            ..Setup::default()
+        },
+    )
+    .await;
+    app.mock.provider.set_faults(mock_provider::Faults {
+        drop_after_effect_times: 1,
+        ..Default::default()
+    });
+    let first = app.charge("k1", CHARGE).await;
+    assert!(first.status().is_server_error(), "{}", first.status());
+    assert_eq!(app.op_json("k1").await["state"], "UNKNOWN");
+    assert_eq!(app.mock.provider.charges().len(), 1);
+
+    let body = event_for(&app, 0, "evt_paid", "charge.succeeded");
+    let r = stripe_event(&app, &body).await;
+    assert_eq!(r.status(), 200);
+    let op = app.op_json("k1").await;
+    assert_eq!(op["state"], "COMPLETED");
+    assert_eq!(op["provider_reference"], "ch_1");
+    let reasons: Vec<&str> = op["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["reason"].as_str().unwrap())
+        .collect();
+    assert!(
+        reasons.iter().any(|r| *r
+            == format!(
+                "inbox: {} event evt_paid (charge.succeeded) says the effect exists",
+                app.src
+            )),
+        "{reasons:?}"
+    );
+    // The timeline shows the event and what it did.
+    assert_eq!(op["inbox_events"][0]["event_id"], "evt_paid");
+    assert_eq!(
+        op["inbox_events"][0]["resolution"],
+        "completed: charge.succeeded"
+    );
+
+    // The caller's retry is the replay; the provider saw no read-back and
+    // one charge.
+    let retry = app.charge("k1", CHARGE).await;
+    assert_eq!(retry.status(), 200);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let v: Value = retry.json().await.unwrap();
+    assert_eq!(v["id"], "ch_1");
+    assert_eq!(app.mock.provider.readbacks(), 0, "no read-back call");
+    assert_eq!(app.provider_calls(), (1, 0));
+    // A redelivery of the event is a duplicate and changes nothing.
+    let again = stripe_event(&app, &body).await;
+    assert_eq!(again.json::<Value>().await.unwrap()["state"], "duplicate");
+    assert_eq!(app.op_json("k1").await["version"], op["version"]);
+    let m = metrics_of(&app).await;
+    assert_eq!(
+        metric(
+            &m,
+            "effectgate_inbox_resolutions_total{source=\"stripe\",outcome=\"completed\"}"
+        ),
+        1.0
+    );
+}
+both!(
+    a_lost_reply_whose_webhook_comes_first_completes_without_a_read_back_sqlite,
+    a_lost_reply_whose_webhook_comes_first_completes_without_a_read_back_postgres,
+    a_lost_reply_whose_webhook_comes_first_completes_without_a_read_back
+);
+
+async fn an_event_naming_another_tenants_provider_key_is_ignored(storage: Option<StorageSpec>) {
+    let rx = spawn_receiver().await;
+    let app = app_with(
+        &rx,
+        Setup {
+            storage,
+            stripe_extra: RESOLVES.into(),
+            ..Setup::default()
+        },
+    )
+    .await;
+    app.mock.provider.set_faults(mock_provider::Faults {
+        drop_after_effect_times: 1,
+        ..Default::default()
+    });
+    // Tenant b's operation is UNKNOWN; tenant a's source names its key.
+    let r = app.charge_as(KEY_B, "kb", CHARGE).await;
+    assert!(r.status().is_server_error());
+    let body = event_for(&app, 0, "evt_cross", "charge.succeeded");
+    assert_eq!(stripe_event(&app, &body).await.status(), 200);
+    let op: Value = app
+        .operation(ADMIN_B, "b", "kb")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        op["state"], "UNKNOWN",
+        "another tenant's event resolves nothing"
+    );
+    assert_eq!(op["inbox_events"], json!([]));
+    let ev = &inbox_list(&app, "").await[0];
+    assert_eq!(ev["event_id"], "evt_cross");
+    assert_eq!(ev["operation_id"], Value::Null);
+    assert_eq!(ev["resolution"], Value::Null);
+}
+both!(
+    an_event_naming_another_tenants_provider_key_is_ignored_sqlite,
+    an_event_naming_another_tenants_provider_key_is_ignored_postgres,
+    an_event_naming_another_tenants_provider_key_is_ignored
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_event_only_starts_a_read_back() {
+    let rx = spawn_receiver().await;
+    let app = app_with(
+        &rx,
+        Setup {
+            stripe_extra: RESOLVES.into(),
+            ..Setup::default()
+        },
+    )
+    .await;
+    app.mock.provider.set_faults(mock_provider::Faults {
+        drop_after_effect_times: 1,
+        ..Default::default()
+    });
+    assert!(app.charge("k1", CHARGE).await.status().is_server_error());
+    // The event says failed, but the charge exists: the read-back it
+    // starts finds it.
+    let body = event_for(&app, 0, "evt_failed", "charge.failed");
+    assert_eq!(stripe_event(&app, &body).await.status(), 200);
+    let mut state = Value::Null;
+    for _ in 0..200 {
+        state = app.op_json("k1").await["state"].clone();
+        if state == "COMPLETED" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(state, "COMPLETED");
+    assert_eq!(
+        app.mock.provider.readbacks(),
+        1,
+        "one read-back, started by the event"
+    );
+    let op = app.op_json("k1").await;
+    assert_eq!(
+        op["inbox_events"][0]["resolution"],
+        "read-back: charge.failed says it failed; read back now"
+    );
+    assert_eq!(app.mock.provider.charges().len(), 1);
+}
+
+// ---------------------------------------------------------------------------
+// Ordering by sequence key.
+// ---------------------------------------------------------------------------
+
+fn ordered(on_gap: &str) -> String {
+    format!(
+        "sequence_key = \"/data/object/id\"\nsequence = \"/data/object/version\"\n\
+         reorder_window_ms = 60000\non_gap = \"{on_gap}\"\n"
+    )
+}
+
+fn versioned(id: &str, key: &str, version: i64) -> String {
+    charge_event(
+        id,
+        "customer.updated",
+        json!({"id": key, "version": version}),
+    )
+}
+
+async fn state_of(app: &App, body: &str) -> String {
+    let r = stripe_event(app, body).await;
+    assert_eq!(r.status(), 200);
+    r.json::<Value>().await.unwrap()["state"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn delivered_ids(got: &[Delivery]) -> Vec<String> {
+    got.iter()
+        .map(|d| {
+            d.json()["data"]["provider_event_id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect()
+}
+
+async fn out_of_order_events_are_delivered_in_order(storage: Option<StorageSpec>) {
+    let rx = spawn_receiver().await;
+    let app = app_with(
+        &rx,
+        Setup {
+            storage,
+            stripe_extra: ordered("deliver"),
+            ..Setup::default()
+        },
+    )
+    .await;
+    assert_eq!(state_of(&app, &versioned("e3", "cus_1", 3)).await, "held");
+    assert!(deliveries(&app, &rx, 0).await.is_empty(), "v3 waits");
+    assert_eq!(
+        state_of(&app, &versioned("e1", "cus_1", 1)).await,
+        "accepted"
+    );
+    assert_eq!(
+        state_of(&app, &versioned("e2", "cus_1", 2)).await,
+        "accepted"
+    );
+    let got = deliveries(&app, &rx, 3).await;
+    assert_eq!(delivered_ids(&got), vec!["e1", "e2", "e3"]);
+    assert!(got.iter().all(|d| d.header("effectgate-gap").is_none()));
+    // v1 again under a new event id: older than v3, stale, not delivered.
+    assert_eq!(state_of(&app, &versioned("e1b", "cus_1", 1)).await, "stale");
+    assert_eq!(deliveries(&app, &rx, 4).await.len(), 3);
+    let stale = inbox_list(&app, "?state=stale").await;
+    assert_eq!(stale.len(), 1);
+    assert_eq!(stale[0]["event_id"], "e1b");
+    // Another key is ordered on its own.
+    assert_eq!(
+        state_of(&app, &versioned("f1", "cus_2", 1)).await,
+        "accepted"
+    );
+    let m = metrics_of(&app).await;
+    assert_eq!(
+        metric(
+            &m,
+            "effectgate_inbox_received_total{source=\"stripe\",outcome=\"held\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "effectgate_inbox_received_total{source=\"stripe\",outcome=\"stale\"}"
+        ),
+        1.0
+    );
+}
+both!(
+    out_of_order_events_are_delivered_in_order_sqlite,
+    out_of_order_events_are_delivered_in_order_postgres,
+    out_of_order_events_are_delivered_in_order
+);
+
+async fn a_permanent_gap_is_delivered_flagged(storage: Option<StorageSpec>) {
+    let rx = spawn_receiver().await;
+    let app = app_with(
+        &rx,
+        Setup {
+            storage,
+            stripe_extra: ordered("deliver"),
+            ..Setup::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        state_of(&app, &versioned("e1", "cus_1", 1)).await,
+        "accepted"
+    );
+    assert_eq!(state_of(&app, &versioned("e3", "cus_1", 3)).await, "held");
+    // Within the window nothing changes.
+    assert!(
+        effectgate::workers::inbox::tick(&app.gw.state)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(delivered_ids(&deliveries(&app, &rx, 1).await), vec!["e1"]);
+    app.gw.state.ledger.shift_clock(60_001).await.unwrap();
+    // (The gateway's own relay loop may get there first.)
+    effectgate::workers::inbox::tick(&app.gw.state)
+        .await
+        .unwrap();
+    let e3 = inbox_list(&app, "?state=accepted").await;
+    let e3 = e3
+        .iter()
+        .find(|e| e["event_id"] == "e3")
+        .expect("e3 accepted");
+    assert_eq!(e3["gap"], true);
+    let got = deliveries(&app, &rx, 2).await;
+    assert_eq!(delivered_ids(&got), vec!["e1", "e3"]);
+    assert_eq!(got[1].header("effectgate-gap"), Some("true"));
+    assert_eq!(got[1].json()["data"]["gap"], true);
+    // v2 arriving after the gap closed is stale: v3 is never reverted.
+    assert_eq!(state_of(&app, &versioned("e2", "cus_1", 2)).await, "stale");
+    assert_eq!(deliveries(&app, &rx, 3).await.len(), 2);
+    let m = metrics_of(&app).await;
+    assert_eq!(
+        metric(
+            &m,
+            "effectgate_inbox_gaps_total{source=\"stripe\",outcome=\"delivered\"}"
+        ),
+        1.0
+    );
+}
+both!(
+    a_permanent_gap_is_delivered_flagged_sqlite,
+    a_permanent_gap_is_delivered_flagged_postgres,
+    a_permanent_gap_is_delivered_flagged
+);
+
+async fn a_permanent_gap_is_quarantined_then_released_or_dropped(storage: Option<StorageSpec>) {
+    let rx = spawn_receiver().await;
+    let app = app_with(
+        &rx,
+        Setup {
+            storage,
+            stripe_extra: ordered("quarantine"),
+            ..Setup::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        state_of(&app, &versioned("e1", "cus_1", 1)).await,
+        "accepted"
+    );
+    assert_eq!(state_of(&app, &versioned("e3", "cus_1", 3)).await, "held");
+    assert_eq!(state_of(&app, &versioned("g2", "cus_2", 2)).await, "held");
+    app.gw.state.ledger.shift_clock(60_001).await.unwrap();
+    // (The gateway's own relay loop may get there first.)
+    effectgate::workers::inbox::tick(&app.gw.state)
+        .await
+        .unwrap();
+    assert_eq!(delivered_ids(&deliveries(&app, &rx, 1).await), vec!["e1"]);
+    let q = inbox_list(&app, &format!("?state=quarantined&source={}", app.src)).await;
+    let mut ids: Vec<&str> = q.iter().map(|e| e["event_id"].as_str().unwrap()).collect();
+    ids.sort();
+    assert_eq!(ids, vec!["e3", "g2"]);
+    let m = metrics_of(&app).await;
+    assert_eq!(
+        metric(&m, "effectgate_inbox_quarantined_events{source=\"stripe\"}"),
+        2.0
+    );
+    assert!(
+        metric(
+            &m,
+            "effectgate_inbox_quarantine_oldest_age_seconds{source=\"stripe\"}"
+        ) >= 60.0
+    );
+
+    let decide = |who: &'static str, id: &str, action: &str| {
+        app.http
+            .post(app.admin(&format!("/admin/tenants/a/inbox/{}/{id}/{action}", app.src)))
+            .bearer_auth(who)
+            .send()
+    };
+    // An approver may not; another tenant's operator gets 404.
+    assert_eq!(
+        decide(APPROVER_A, "e3", "release").await.unwrap().status(),
+        403
+    );
+    assert_eq!(
+        decide(ADMIN_B, "e3", "release").await.unwrap().status(),
+        404
+    );
+    let r = decide(OPERATOR_A, "e3", "release").await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["changed"], json!(["e3"]));
+    assert_eq!(
+        decide(OPERATOR_A, "e3", "release").await.unwrap().status(),
+        409
+    );
+    let r = decide(OPERATOR_A, "g2", "drop").await.unwrap();
+    assert_eq!(r.status(), 200);
+    let got = deliveries(&app, &rx, 2).await;
+    assert_eq!(delivered_ids(&got), vec!["e1", "e3"]);
+    assert_eq!(got[1].header("effectgate-gap"), Some("true"));
+    let dropped = inbox_list(&app, "?state=dropped").await;
+    assert_eq!(dropped.len(), 1);
+    assert_eq!(dropped[0]["event_id"], "g2");
+    // Past the dropped event its key goes on: v3 of cus_2 is applied.
+    assert_eq!(
+        state_of(&app, &versioned("g3", "cus_2", 3)).await,
+        "accepted"
+    );
+    assert_eq!(state_of(&app, &versioned("g1", "cus_2", 1)).await, "stale");
+    let m = metrics_of(&app).await;
+    assert_eq!(
+        metric(&m, "effectgate_inbox_quarantined_events{source=\"stripe\"}"),
+        0.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "effectgate_inbox_gaps_total{source=\"stripe\",outcome=\"quarantined\"}"
+        ),
+        2.0
+    );
+}
+both!(
+    a_permanent_gap_is_quarantined_then_released_or_dropped_sqlite,
+    a_permanent_gap_is_quarantined_then_released_or_dropped_postgres,
+    a_permanent_gap_is_quarantined_then_released_or_dropped
+);
+
+// ---------------------------------------------------------------------------
+// Operation events out.
+// ---------------------------------------------------------------------------
+
+/// `(type, operation_id)` of the operation events delivered, in order.
+fn operation_events(got: &[Delivery]) -> Vec<(String, String)> {
+    got.iter()
+        .map(Delivery::json)
+        .filter(|v| v["type"].as_str().unwrap().starts_with("operation."))
+        .map(|v| {
+            (
+                v["type"].as_str().unwrap().to_owned(),
+                v["data"]["operation_id"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+async fn every_transition_reports_its_event_and_a_fenced_off_one_none(
+    storage: Option<StorageSpec>,
+) {
+    let rx = spawn_receiver().await;
+    let app = app_with(
+        &rx,
+        Setup {
+            storage,
+            stripe_extra: RESOLVES.into(),
+            hook_events: Some(
+                "[\"operation.unknown\", \"operation.dead_lettered\", \"operation.reconciled\", \
+                 \"operation.completed\", \"operation.failed\"]"
+                    .into(),
+            ),
+        },
+    )
+    .await;
+    let faults = |f: mock_provider::Faults| app.mock.provider.set_faults(f);
+    // COMPLETED.
+    assert_eq!(app.charge("k-ok", CHARGE).await.status(), 200);
+    // FAILED (a permanent 402).
+    faults(mock_provider::Faults {
+        fail_status_times: 1,
+        fail_status: 402,
+        ..Default::default()
+    });
+    assert_eq!(app.charge("k-declined", CHARGE).await.status(), 402);
+    // Dead letter (503 until the retry budget is spent).
+    faults(mock_provider::Faults {
+        fail_503_times: 100,
+        ..Default::default()
+    });
+    assert_eq!(app.charge("k-dead", CHARGE).await.status(), 503);
+    assert_eq!(app.op_json("k-dead").await["dead_letter"], true);
+    // UNKNOWN, then reconciled by its webhook.
+    faults(mock_provider::Faults {
+        drop_after_effect_times: 1,
+        ..Default::default()
+    });
+    assert!(
+        app.charge("k-lost", CHARGE)
+            .await
+            .status()
+            .is_server_error()
+    );
+    let n = app.mock.provider.charges().len() - 1;
+    let lost_charge = app.mock.provider.charges()[n].id.clone();
+    let body = event_for(&app, n, "evt_lost", "charge.succeeded");
+    assert_eq!(stripe_event(&app, &body).await.status(), 200);
+    assert_eq!(app.op_json("k-lost").await["state"], "COMPLETED");
+
+    // UNKNOWN again; two reconciliation leases: the older one's write is
+    // fenced off and rolls back, reporting nothing; the newer one's is
+    // reported once.
+    faults(mock_provider::Faults {
+        drop_after_effect_times: 1,
+        ..Default::default()
+    });
+    assert!(
+        app.charge("k-fence", CHARGE)
+            .await
+            .status()
+            .is_server_error()
+    );
+    let ledger = &app.gw.state.ledger;
+    let op = ledger.get("a", "k-fence").await.unwrap().unwrap();
+    let old = ledger
+        .lease_for_reconcile("a", "k-fence", op.version, "gw-old", 1_000, "test")
+        .await
+        .unwrap()
+        .unwrap();
+    ledger.shift_clock(1_001).await.unwrap();
+    let op = ledger.get("a", "k-fence").await.unwrap().unwrap();
+    let new = ledger
+        .lease_for_reconcile("a", "k-fence", op.version, "gw-new", 60_000, "test")
+        .await
+        .unwrap()
+        .unwrap();
+    let done =
+        effectgate::ledger::Outcome::new(effectgate::ledger::State::Completed, "test: found");
+    assert!(
+        !ledger
+            .record_outcome(
+                "a",
+                "k-fence",
+                old.fence,
+                effectgate::ledger::State::Unknown,
+                "gw-old",
+                &done
+            )
+            .await
+            .unwrap()
+    );
+    assert!(
+        ledger
+            .record_outcome(
+                "a",
+                "k-fence",
+                new.fence,
+                effectgate::ledger::State::Unknown,
+                "gw-new",
+                &done
+            )
+            .await
+            .unwrap()
+    );
+
+    let want = vec![
+        ("operation.completed", "k-ok"),
+        ("operation.failed", "k-declined"),
+        ("operation.dead_lettered", "k-dead"),
+        ("operation.unknown", "k-lost"),
+        ("operation.reconciled", "k-lost"),
+        ("operation.unknown", "k-fence"),
+        ("operation.reconciled", "k-fence"),
+    ];
+    let mut got = Vec::new();
+    for _ in 0..100 {
+        got = operation_events(&deliveries(&app, &rx, 0).await);
+        if got.len() >= want.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let want: Vec<(String, String)> = want
+        .into_iter()
+        .map(|(a, b)| (a.to_owned(), b.to_owned()))
+        .collect();
+    let mut sorted_got = got.clone();
+    sorted_got.sort();
+    let mut sorted_want = want.clone();
+    sorted_want.sort();
+    assert_eq!(sorted_got, sorted_want, "delivered: {got:?}");
+    // Each delivery names the transition it reports.
+    let all = rx.got.lock().unwrap().clone();
+    let reconciled = all
+        .iter()
+        .map(Delivery::json)
+        .find(|v| v["type"] == "operation.reconciled" && v["data"]["operation_id"] == "k-lost")
+        .unwrap();
+    assert_eq!(reconciled["data"]["from_state"], "UNKNOWN");
+    assert_eq!(reconciled["data"]["to_state"], "COMPLETED");
+    assert_eq!(
+        reconciled["data"]["provider_reference"],
+        lost_charge.as_str()
+    );
+}
+both!(
+    every_transition_reports_its_event_and_a_fenced_off_one_none_sqlite,
+    every_transition_reports_its_event_and_a_fenced_off_one_none_postgres,
+    every_transition_reports_its_event_and_a_fenced_off_one_none
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_subscription_only_the_default_operation_events_go_out() {
+    let rx = spawn_receiver().await;
+    let app = app_with(&rx, Setup::default()).await;
+    assert_eq!(app.charge("k-ok", CHARGE).await.status(), 200);
+    app.mock.provider.set_faults(mock_provider::Faults {
+        drop_after_effect_times: 1,
+        ..Default::default()
+    });
+    assert!(
+        app.charge("k-lost", CHARGE)
+            .await
+            .status()
+            .is_server_error()
+    );
+    let got = operation_events(&deliveries(&app, &rx, 1).await);
+    assert_eq!(
+        got,
+        vec![("operation.unknown".to_owned(), "k-lost".to_owned())]
+    );
+}
