@@ -271,6 +271,18 @@ reference_pointer = "/id"
         "ledger command spans under the request: {:?}",
         of_trace.iter().map(|s| &s.name).collect::<Vec<_>>()
     );
+    // The reservation (claimed in the same commit) carries the size of
+    // the group commit it rode in.
+    let reserve = of_trace
+        .iter()
+        .find(|s| s.name == "ledger reserve" && under_request(s))
+        .expect("a ledger reserve span");
+    assert!(
+        attr(reserve, "effectgate.batch_size")
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|n| n >= 1),
+        "effectgate.batch_size on {reserve:?}"
+    );
     let mut attempts: Vec<&&Span> = of_trace.iter().filter(|s| is_attempt(s)).collect();
     attempts.sort_by_key(|s| attr(s, "effectgate.attempt"));
     assert_eq!(attempts.len(), 2);

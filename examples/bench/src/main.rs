@@ -24,6 +24,7 @@
 //! Run: `cargo run --release -p bench -- --requests 5000 --concurrency 32`
 
 mod flood;
+mod targets;
 mod tracing_cost;
 
 use std::sync::Arc;
@@ -76,6 +77,10 @@ struct Args {
     /// skipped.
     #[arg(long)]
     postgres: Option<String>,
+    /// Also measure resident memory after 1,000 and after 100,000
+    /// effectful calls (takes a while).
+    #[arg(long)]
+    memory: bool,
 }
 
 const CLIENT_KEY: &str = "bench-client-key";
@@ -193,7 +198,7 @@ async fn shared_ledger(
     args: &Args,
     direct: &Stats,
     sqlite: &Stats,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<f64> {
     let dir = tempfile::tempdir()?;
     let schema = format!("bench_{:016x}", rand::random::<u64>());
     let toml = format!(
@@ -272,7 +277,7 @@ provider_idempotency_header = "Idempotency-Key"
         e.rps / direct.rps,
         f.rps / direct.rps
     );
-    Ok(())
+    Ok(e.rps)
 }
 
 /// Pass-through over HTTPS: the mock provider behind TLS (a CA and
@@ -663,6 +668,7 @@ async fn main() -> anyhow::Result<()> {
         true,
     )
     .await;
+    let batches = targets::batch_totals();
     let cc = run(
         "(c) effectgate, effectful, unique keys",
         &client,
@@ -673,16 +679,55 @@ async fn main() -> anyhow::Result<()> {
         true,
     )
     .await;
+    let batch = targets::average_batch(batches, targets::batch_totals());
     let d = run(
         "(d) effectgate, duplicates of one key",
         &client,
-        pay,
+        pay.clone(),
         n,
         c,
         |_| Some("dup-key".into()),
         true,
     )
     .await;
+    let one = run(
+        "(c1) effectgate, effectful, 1 connection",
+        &client,
+        pay.clone(),
+        (n / 10).max(200),
+        1,
+        |i| Some(format!("one-{i}")),
+        true,
+    )
+    .await;
+    let fsync = targets::fsync_ms(dir.path())?;
+    let memory = if args.memory {
+        let small = run(
+            "(m) 1,000 effectful",
+            &client,
+            pay.clone(),
+            1_000,
+            c,
+            |i| Some(format!("m1-{i}")),
+            true,
+        )
+        .await;
+        let at_1k = targets::rss_mib();
+        let big = run(
+            "(m) 100,000 effectful",
+            &client,
+            pay.clone(),
+            100_000,
+            c,
+            |i| Some(format!("m2-{i}")),
+            true,
+        )
+        .await;
+        let at_100k = targets::rss_mib();
+        Some((at_1k, at_100k, small.errors + big.errors))
+    } else {
+        None
+    };
 
     println!(
         "requests per scenario: {n}, concurrency: {c}, ledger: SQLite (WAL, synchronous={:?})",
@@ -692,7 +737,7 @@ async fn main() -> anyhow::Result<()> {
         "{:<42} {:>10} {:>10} {:>10} {:>7}",
         "scenario", "req/s", "p50 µs", "p99 µs", "errors"
     );
-    for s in [&a, &b, &cc, &d] {
+    for s in [&a, &b, &cc, &d, &one] {
         println!(
             "{:<42} {:>10.0} {:>10} {:>10} {:>7}",
             s.name, s.rps, s.p50_us, s.p99_us, s.errors
@@ -705,6 +750,57 @@ async fn main() -> anyhow::Result<()> {
         d.rps / a.rps
     );
     gw.shutdown().await;
+    let mut rows = vec![
+        targets::Row {
+            what: format!("effectful, unique keys, {c} connections / pass-through"),
+            measured: format!(
+                "{:.3}× (average commit batch {batch:.1} writes)",
+                cc.rps / b.rps
+            ),
+            aim: "≥ 0.15×",
+            met: Some(cc.rps / b.rps >= 0.15),
+        },
+        targets::Row {
+            what: "effectful, 1 connection, p50 / (2 fsyncs + 0.5 ms)".into(),
+            measured: format!(
+                "{:.2} ms / {:.2} ms (one fsync here: {fsync:.2} ms)",
+                one.p50_us as f64 / 1000.0,
+                2.0 * fsync + 0.5
+            ),
+            aim: "≤ 1",
+            met: Some(one.p50_us as f64 / 1000.0 <= 2.0 * fsync + 0.5),
+        },
+        targets::Row {
+            what: "duplicates of one key / pass-through".into(),
+            measured: format!("{:.3}×", d.rps / b.rps),
+            aim: "≥ 1.0×",
+            met: Some(d.rps / b.rps >= 1.0),
+        },
+        targets::Row {
+            what: "pass-through / nginx proxy_pass (keep-alive upstream)".into(),
+            measured: if std::path::Path::new("/usr/sbin/nginx").exists() {
+                "nginx is installed; this bench does not start it yet".into()
+            } else {
+                "skipped: nginx is not installed".into()
+            },
+            aim: "≥ 0.9×",
+            met: None,
+        },
+    ];
+    rows.push(match memory {
+        Some((Some(small), Some(big), errors)) => targets::Row {
+            what: "RSS after 100,000 / after 1,000 effectful calls".into(),
+            measured: format!("{big:.0} MiB / {small:.0} MiB ({errors} errors)"),
+            aim: "≤ +64 MiB + replay cache",
+            met: Some(big - small <= 128.0),
+        },
+        _ => targets::Row {
+            what: "RSS after 100,000 / after 1,000 effectful calls".into(),
+            measured: "pass --memory".into(),
+            aim: "≤ +64 MiB + replay cache",
+            met: None,
+        },
+    });
     flood::slow_header_flood(&client, &mock.url(), &hash, (n / 5).max(200)).await?;
     https_pass_through(&client, &hash, &args, &b).await?;
 
@@ -713,12 +809,27 @@ async fn main() -> anyhow::Result<()> {
         .clone()
         .or_else(|| std::env::var("BENCH_POSTGRES_URL").ok())
         .filter(|u| !u.is_empty());
-    match postgres {
-        Some(url) => shared_ledger(&client, &mock, &hash, &url, &args, &a, &cc).await?,
-        None => {
-            println!("PostgreSQL scenarios skipped: pass --postgres URL or set BENCH_POSTGRES_URL")
+    rows.push(match postgres {
+        Some(url) => {
+            let pg = shared_ledger(&client, &mock, &hash, &url, &args, &a, &cc).await?;
+            targets::Row {
+                what: "PostgreSQL, 1 instance / SQLite, effectful".into(),
+                measured: format!("{:.3}×", pg / cc.rps),
+                aim: "≥ 0.5×",
+                met: Some(pg / cc.rps >= 0.5),
+            }
         }
-    }
+        None => {
+            println!("PostgreSQL scenarios skipped: pass --postgres URL or set BENCH_POSTGRES_URL");
+            targets::Row {
+                what: "PostgreSQL, 1 instance / SQLite, effectful".into(),
+                measured: "pass --postgres URL".into(),
+                aim: "≥ 0.5×",
+                met: None,
+            }
+        }
+    });
+    targets::print(&rows);
 
     let threshold = args.policy_dir.join("amount_threshold.wasm");
     if threshold.exists() {

@@ -576,6 +576,20 @@ pub enum LedgerError {
     Config(String),
 }
 
+/// How often one PostgreSQL ledger call runs again after losing a
+/// deadlock (SQLSTATE 40P01) or a serialization failure (40001).
+pub(crate) const DEADLOCK_RETRIES: u32 = 3;
+
+impl LedgerError {
+    /// Whether the database refused the write for a deadlock (SQLSTATE
+    /// `40P01`) or a serialization failure (`40001`): then nothing of it
+    /// was kept and it may simply run again.
+    pub fn is_deadlock(&self) -> bool {
+        matches!(self, LedgerError::Db(sqlx::Error::Database(e))
+            if matches!(e.code().as_deref(), Some("40P01" | "40001")))
+    }
+}
+
 impl From<sqlx::Error> for LedgerError {
     fn from(e: sqlx::Error) -> Self {
         LedgerError::Db(e)

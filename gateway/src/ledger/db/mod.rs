@@ -49,7 +49,26 @@ macro_rules! dispatch {
         let run = async {
             match &$self.db {
                 Db::Sqlite(s) => s.$m($($a),*).await,
-                Db::Postgres(p) => $self.bounded(p.$m($($a),*)).await,
+                Db::Postgres(p) => {
+                    $self
+                        .bounded(async {
+                            // A write that lost a deadlock with another
+                            // instance's batch was rolled back to its
+                            // savepoint and changed nothing: it runs again,
+                            // in the writer's next batch.
+                            let mut tries = 0;
+                            loop {
+                                match p.$m($($a),*).await {
+                                    Err(e) if tries < $crate::ledger::DEADLOCK_RETRIES && e.is_deadlock() => {
+                                        tries += 1;
+                                        tracing::debug!(tries, error = %e, "ledger write retried after a deadlock");
+                                    }
+                                    r => break r,
+                                }
+                            }
+                        })
+                        .await
+                }
             }
         };
         if tracing::Span::current().is_none() {

@@ -140,8 +140,16 @@ impl<D: Dialect> Writer<D> {
         let mut guard = self.shared.batch.clone().lock_owned().await;
         drop(waited);
         if let Err(e) = prepare(&self.shared.pool, &mut guard).await {
+            // The connection may have broken (the database restarted, the
+            // network dropped it): the open batch is lost with it. Its
+            // writes are told so, and this one tries a fresh connection.
             abort(&mut guard, &e.to_string()).await;
-            return Err(e);
+            discard(&mut guard);
+            if let Err(e) = prepare(&self.shared.pool, &mut guard).await {
+                abort(&mut guard, &e.to_string()).await;
+                discard(&mut guard);
+                return Err(e);
+            }
         }
         Ok(BatchTx {
             guard: Some(guard),
@@ -200,6 +208,16 @@ async fn prepare<D: Dialect>(pool: &Pool<D>, b: &mut Batch<D>) -> Result<(), sql
     Ok(())
 }
 
+/// Drops the write connection for good (out of the pool, whatever
+/// state it is in); the next write takes a fresh one.
+fn discard<D: Dialect>(b: &mut Batch<D>) {
+    if let Some(conn) = b.conn.take() {
+        drop(conn.detach());
+    }
+    b.open = false;
+    b.abandoned = false;
+}
+
 /// Rolls the open batch back and answers its writes with `why`. The
 /// connection is dropped when even the rollback fails.
 async fn abort<D: Dialect>(b: &mut Batch<D>, why: &str) {
@@ -207,7 +225,7 @@ async fn abort<D: Dialect>(b: &mut Batch<D>, why: &str) {
         && let Some(conn) = b.conn.as_mut()
         && sql::<D>("ROLLBACK").execute(conn).await.is_err()
     {
-        b.conn = None;
+        discard(b);
     }
     b.open = false;
     b.abandoned = false;
