@@ -59,13 +59,16 @@ fn sf_string(s: &str) -> String {
 
 /// Printable ASCII (what an sf-string may hold).
 fn printable(max: usize) -> impl Strategy<Value = String> {
-    proptest::collection::vec(0x20u8..0x7f, 1..=max)
-        .prop_map(|b| String::from_utf8(b).unwrap())
+    proptest::collection::vec(0x20u8..0x7f, 1..=max).prop_map(|b| String::from_utf8(b).unwrap())
 }
 
 /// An RFC 9651 Token: ALPHA or `*`, then tchar, `:` or `/`.
 fn sf_token(max: usize) -> impl Strategy<Value = String> {
-    let first = prop_oneof![Just('*'), proptest::char::range('a', 'z'), proptest::char::range('A', 'Z')];
+    let first = prop_oneof![
+        Just('*'),
+        proptest::char::range('a', 'z'),
+        proptest::char::range('A', 'Z')
+    ];
     let tchar = prop_oneof![
         proptest::char::range('a', 'z'),
         proptest::char::range('A', 'Z'),
@@ -549,7 +552,13 @@ fn toml_value() -> impl Strategy<Value = toml::Value> {
         any::<bool>().prop_map(toml::Value::Boolean),
         "\\PC{0,10}".prop_map(toml::Value::String),
         proptest::sample::select(vec![
-            "127.0.0.1:0", "http://127.0.0.1:9", "/x/", "a", "POST", "sqlite", "postgres://u@h/d",
+            "127.0.0.1:0",
+            "http://127.0.0.1:9",
+            "/x/",
+            "a",
+            "POST",
+            "sqlite",
+            "postgres://u@h/d",
         ])
         .prop_map(|s| toml::Value::String(s.to_owned())),
         (-1e6f64..1e6).prop_map(toml::Value::Float),
@@ -587,7 +596,15 @@ fn config_doc() -> impl Strategy<Value = toml::Table> {
 /// The config's top-level fields (`ConfigFile`): a check may name one the
 /// document left at its default.
 const TOP_LEVEL: [&str; 9] = [
-    "listen", "storage", "limits", "tenants", "routes", "reconcile", "policy", "telemetry", "shutdown",
+    "listen",
+    "storage",
+    "limits",
+    "tenants",
+    "routes",
+    "reconcile",
+    "policy",
+    "telemetry",
+    "shutdown",
 ];
 
 fn load_text(text: &str) -> Result<config::Settings, config::ConfigError> {
@@ -641,7 +658,10 @@ fn content_type(ct: &str) -> HeaderMap {
 
 /// A media type spelled in random case, with or without parameters.
 fn spelled_media_type(mt: &'static str) -> impl Strategy<Value = String> {
-    (proptest::collection::vec(any::<bool>(), mt.len()), proptest::sample::select(vec!["", "; charset=utf-8", " ;charset=UTF-8"]))
+    (
+        proptest::collection::vec(any::<bool>(), mt.len()),
+        proptest::sample::select(vec!["", "; charset=utf-8", " ;charset=UTF-8"]),
+    )
         .prop_map(move |(upper, params)| {
             let s: String = mt
                 .chars()
@@ -718,7 +738,11 @@ fn an_event_stream_in_any_case_is_read() {
     // was compared case-sensitively, so `Text/Event-Stream` (RFC 9110
     // §8.3.1: case-insensitive) was read as JSON and the result was lost.
     let body = b"event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n\n";
-    for ct in ["Text/Event-Stream", "TEXT/EVENT-STREAM; charset=utf-8", " text/event-stream"] {
+    for ct in [
+        "Text/Event-Stream",
+        "TEXT/EVENT-STREAM; charset=utf-8",
+        " text/event-stream",
+    ] {
         assert_eq!(
             rpc_message(&content_type(ct), body),
             Some(json!({"jsonrpc": "2.0", "id": 1, "result": {}})),
@@ -737,7 +761,9 @@ fn rendered(e: OpError) -> (StatusCode, HeaderMap, Value) {
     use http_body_util::BodyExt;
     let resp = e.into_response();
     let (parts, body) = resp.into_parts();
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     let bytes = rt.block_on(body.collect()).unwrap().to_bytes();
     let v: Value = serde_json::from_slice(&bytes).expect("problem+json is JSON");
     (parts.status, parts.headers, v)
