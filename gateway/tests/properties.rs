@@ -170,7 +170,7 @@ impl Spelling {
     fn string(&mut self, s: &str, out: &mut String) {
         out.push('"');
         for c in s.chars() {
-            let escape = self.next() % 4 == 0;
+            let escape = self.next().is_multiple_of(4);
             match c {
                 '"' => out.push_str("\\\""),
                 '\\' => out.push_str("\\\\"),
@@ -178,7 +178,7 @@ impl Spelling {
                 c if (c as u32) < 0x20 || escape => {
                     let mut units = [0u16; 2];
                     for u in c.encode_utf16(&mut units) {
-                        if self.next() % 2 == 0 {
+                        if self.next().is_multiple_of(2) {
                             out.push_str(&format!("\\u{u:04x}"));
                         } else {
                             out.push_str(&format!("\\u{u:04X}"));
@@ -354,9 +354,9 @@ fn form_spell(pairs: &[(String, String)], seed: u64) -> String {
         let mut out = String::new();
         for b in s.bytes() {
             match b {
-                b' ' if rng.next() % 2 == 0 => out.push('+'),
+                b' ' if rng.next().is_multiple_of(2) => out.push('+'),
                 b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'*'
-                    if rng.next() % 3 != 0 =>
+                    if !rng.next().is_multiple_of(3) =>
                 {
                     out.push(b as char)
                 }

@@ -938,11 +938,12 @@ fn the_sqlite_ledger_agrees_with_the_model() {
         Box::pin(async move {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("l.db");
-            let mut kept = dirs.lock().unwrap();
-            // Only the newest case's file is kept.
-            kept.clear();
-            kept.push(dir);
-            drop(kept);
+            {
+                // Only the newest case's file is kept.
+                let mut kept = dirs.lock().unwrap();
+                kept.clear();
+                kept.push(dir);
+            }
             Ledger::open(&path, 2, 5000, ManualClock::new(1_000_000))
                 .await
                 .unwrap()

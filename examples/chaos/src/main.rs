@@ -327,7 +327,7 @@ async fn run(args: &Args, bin: &std::path::Path, seed: u64) -> anyhow::Result<Ru
                 }
                 let mut g = gws.lock().await;
                 let g = &mut g[(r >> 8) as usize % n];
-                if (r >> 16) % 2 == 0 {
+                if (r >> 16).is_multiple_of(2) {
                     count(&counts, "gateway kill -9 + restart");
                     g.kill();
                     tokio::time::sleep(Duration::from_millis(100 + (r >> 24) % 700)).await;
@@ -361,7 +361,7 @@ async fn run(args: &Args, bin: &std::path::Path, seed: u64) -> anyhow::Result<Ru
                     break;
                 }
                 let relay = &relays[(r >> 8) as usize % relays.len()];
-                if (r >> 16) % 2 == 0 {
+                if (r >> 16).is_multiple_of(2) {
                     count(&counts, "database cut");
                     relay.cut();
                     tokio::time::sleep(Duration::from_millis(300 + (r >> 24) % 1200)).await;
