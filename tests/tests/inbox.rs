@@ -444,6 +444,16 @@ async fn standard_webhooks_agree_with_the_standardwebhooks_package_in_and_out() 
 // Bad input: 400/413 naming the check, counted, never stored.
 // ---------------------------------------------------------------------------
 
+/// (what, body, `Stripe-Signature`, status, check, field).
+type BadCase = (
+    &'static str,
+    String,
+    Option<String>,
+    u16,
+    &'static str,
+    &'static str,
+);
+
 async fn bad_input_is_refused_counted_and_not_stored(storage: Option<StorageSpec>) {
     let rx = spawn_receiver().await;
     let app = app_with(
@@ -458,7 +468,7 @@ async fn bad_input_is_refused_counted_and_not_stored(storage: Option<StorageSpec
     let good = charge_event("evt_ok", "charge.succeeded", json!({"id": "ch_1"}));
     let no_id = json!({"type": "charge.succeeded"}).to_string();
     let big = charge_event("evt_big", "x", json!({"pad": "x".repeat(5000)}));
-    let cases: Vec<(&str, String, Option<String>, u16, &str, &str)> = vec![
+    let cases: Vec<BadCase> = vec![
         (
             "no header",
             good.clone(),
@@ -1323,4 +1333,127 @@ async fn without_a_subscription_only_the_default_operation_events_go_out() {
         got,
         vec![("operation.unknown".to_owned(), "k-lost".to_owned())]
     );
+}
+
+// ---------------------------------------------------------------------------
+// The console's Inbox page.
+// ---------------------------------------------------------------------------
+
+fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+fn csrf_of(html: &str) -> String {
+    let field = "name=\"csrf\" value=\"";
+    let at = html.find(field).expect("a csrf field") + field.len();
+    html[at..].split('"').next().unwrap().to_owned()
+}
+
+/// A console session cookie (`eg_session=…`) for `key`.
+async fn console_session(app: &App, key: &str) -> String {
+    let r = no_redirects()
+        .get(app.admin("/console/login"))
+        .send()
+        .await
+        .unwrap();
+    let cookie = r
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .find(|c| c.starts_with("eg_login="))
+        .unwrap();
+    let login = cookie.split(';').next().unwrap().to_owned();
+    let token = csrf_of(&r.text().await.unwrap());
+    let r = no_redirects()
+        .post(app.admin("/console/login"))
+        .header("cookie", login)
+        .form(&[("key", key), ("csrf", token.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    r.headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .find(|c| c.starts_with("eg_session="))
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_lists_inbox_events_and_an_operator_releases_a_quarantined_one() {
+    let rx = spawn_receiver().await;
+    let app = app_with(
+        &rx,
+        Setup {
+            stripe_extra: ordered("quarantine"),
+            ..Setup::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        state_of(&app, &versioned("e1", "cus_1", 1)).await,
+        "accepted"
+    );
+    assert_eq!(state_of(&app, &versioned("e3", "cus_1", 3)).await, "held");
+    app.gw.state.ledger.shift_clock(60_001).await.unwrap();
+    effectgate::workers::inbox::tick(&app.gw.state)
+        .await
+        .unwrap();
+    let page = |cookie: String, q: &'static str| {
+        let app = &app;
+        async move {
+            no_redirects()
+                .get(app.admin(&format!("/console/inbox{q}")))
+                .header("cookie", cookie)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    };
+    // An approver sees the events, without the buttons.
+    let approver = console_session(&app, APPROVER_A).await;
+    let html = page(approver, "?state=quarantined").await;
+    assert!(html.contains("<h1>Inbox: quarantined</h1>"), "{html}");
+    assert!(html.contains(">e3<") && !html.contains(">e1<"), "{html}");
+    assert!(!html.contains("value=\"release\""), "{html}");
+    // An operator releases it: delivered with the gap flag.
+    let operator = console_session(&app, OPERATOR_A).await;
+    let html = page(operator.clone(), "").await;
+    assert!(
+        html.contains(">e1<") && html.contains("value=\"release\""),
+        "{html}"
+    );
+    let action = format!("/console/inbox/{}/e3/decide", app.src);
+    let forged = no_redirects()
+        .post(app.admin(&action))
+        .header("cookie", &operator)
+        .form(&[("action", "release"), ("csrf", "forged")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 403);
+    let done = no_redirects()
+        .post(app.admin(&action))
+        .header("cookie", &operator)
+        .form(&[("action", "release"), ("csrf", csrf_of(&html).as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(done.status(), 200);
+    assert!(done.text().await.unwrap().contains("release: e3"));
+    let got = deliveries(&app, &rx, 2).await;
+    assert_eq!(delivered_ids(&got), vec!["e1", "e3"]);
+    assert_eq!(got[1].header("effectgate-gap"), Some("true"));
 }

@@ -214,10 +214,7 @@ async fn release_held<D: Dialect>(
     now: i64,
 ) -> Result<(Vec<String>, i64), sqlx::Error> {
     let mut released = Vec::new();
-    loop {
-        let Some(next) = last.checked_add(1) else {
-            break;
-        };
+    while let Some(next) = last.checked_add(1) {
         let row = sql::<D>(&format!(
             "SELECT {INBOX_COLUMNS} FROM inbox WHERE tenant_id = ? AND source = ? AND sequence_key = ? \
              AND state = 'held' AND sequence = ? LIMIT 1"
