@@ -1457,3 +1457,53 @@ async fn the_console_lists_inbox_events_and_an_operator_releases_a_quarantined_o
     assert_eq!(delivered_ids(&got), vec!["e1", "e3"]);
     assert_eq!(got[1].header("effectgate-gap"), Some("true"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_match_rule_finds_the_unknown_operation_by_its_body_and_provider_key() {
+    let rx = spawn_receiver().await;
+    let app = app_with(
+        &rx,
+        Setup {
+            stripe_extra:
+                "[[inbox.resolves]]\nsucceeded = [\"charge.succeeded\"]\nroute = \"payments\"\n\
+                 reference = \"/data/object/id\"\n\
+                 match = { \"/data/object/metadata/order\" = \"{body:/client_ref}\", \
+                 \"/data/object/metadata/idempotency_key\" = \"{provider_key}\" }\n"
+                    .into(),
+            ..Setup::default()
+        },
+    )
+    .await;
+    app.mock.provider.set_faults(mock_provider::Faults {
+        drop_after_effect_times: 2,
+        ..Default::default()
+    });
+    assert!(app.charge("k1", CHARGE).await.status().is_server_error());
+    assert!(
+        app.charge("k2", &CHARGE.replace("r-1", "r-2"))
+            .await
+            .status()
+            .is_server_error()
+    );
+    let c = app.mock.provider.charges()[0].clone();
+    // The body field alone does not match (another order's key).
+    let wrong = charge_event(
+        "evt_wrong",
+        "charge.succeeded",
+        json!({"id": c.id, "metadata": {"order": "r-2", "idempotency_key": c.idempotency_key}}),
+    );
+    assert_eq!(stripe_event(&app, &wrong).await.status(), 200);
+    assert_eq!(app.op_json("k1").await["state"], "UNKNOWN");
+    assert_eq!(app.op_json("k2").await["state"], "UNKNOWN");
+    let right = charge_event(
+        "evt_right",
+        "charge.succeeded",
+        json!({"id": c.id, "metadata": {"order": "r-1", "idempotency_key": c.idempotency_key}}),
+    );
+    assert_eq!(stripe_event(&app, &right).await.status(), 200);
+    let op = app.op_json("k1").await;
+    assert_eq!(op["state"], "COMPLETED");
+    assert_eq!(op["provider_reference"], c.id.as_str());
+    assert_eq!(app.op_json("k2").await["state"], "UNKNOWN");
+    assert_eq!(app.mock.provider.readbacks(), 0);
+}
