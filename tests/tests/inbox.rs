@@ -662,6 +662,40 @@ async fn a_duplicate_sent_ten_times_at_once_is_stored_and_delivered_once(
         ),
         10.0
     );
+    assert_eq!(
+        metric(
+            &m,
+            "effectgate_inbox_delivery_lag_seconds_count{source=\"stripe\"}"
+        ),
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_past_the_dedupe_window_are_swept() {
+    let rx = spawn_receiver().await;
+    let app = app_with(
+        &rx,
+        Setup {
+            stripe_extra: "dedupe_window_ms = 300000\n".into(),
+            ..Setup::default()
+        },
+    )
+    .await;
+    let body = charge_event("evt_old", "charge.updated", json!({"id": "ch_1"}));
+    assert_eq!(state_of(&app, &body).await, "accepted");
+    assert_eq!(state_of(&app, &body).await, "duplicate");
+    // Within the window it stays.
+    app.gw.state.ledger.shift_clock(299_000).await.unwrap();
+    effectgate::workers::inbox::tick(&app.gw.state)
+        .await
+        .unwrap();
+    assert_eq!(inbox_list(&app, "").await.len(), 1);
+    app.gw.state.ledger.shift_clock(2_000).await.unwrap();
+    effectgate::workers::inbox::tick(&app.gw.state)
+        .await
+        .unwrap();
+    assert!(inbox_list(&app, "").await.is_empty());
 }
 both!(
     a_duplicate_sent_ten_times_at_once_is_stored_and_delivered_once_sqlite,
@@ -1026,6 +1060,7 @@ async fn a_permanent_gap_is_delivered_flagged(storage: Option<StorageSpec>) {
         .find(|e| e["event_id"] == "e3")
         .expect("e3 accepted");
     assert_eq!(e3["gap"], true);
+    assert!(e3["received_at_rfc3339"].as_str().unwrap().ends_with('Z'));
     let got = deliveries(&app, &rx, 2).await;
     assert_eq!(delivered_ids(&got), vec!["e1", "e3"]);
     assert_eq!(got[1].header("effectgate-gap"), Some("true"));
@@ -1117,6 +1152,17 @@ async fn a_permanent_gap_is_quarantined_then_released_or_dropped(storage: Option
     let dropped = inbox_list(&app, "?state=dropped").await;
     assert_eq!(dropped.len(), 1);
     assert_eq!(dropped[0]["event_id"], "g2");
+    // Both decisions are kept with the operator and the time.
+    assert_eq!(dropped[0]["decided_by"], "a:operator");
+    assert!(
+        dropped[0]["decided_at_rfc3339"].is_string(),
+        "{}",
+        dropped[0]
+    );
+    let released = inbox_list(&app, "?state=accepted").await;
+    let e3 = released.iter().find(|e| e["event_id"] == "e3").unwrap();
+    assert_eq!(e3["decided_by"], "a:operator");
+    assert_eq!(e3["gap"], true);
     // Past the dropped event its key goes on: v3 of cus_2 is applied.
     assert_eq!(
         state_of(&app, &versioned("g3", "cus_2", 3)).await,

@@ -9,7 +9,7 @@ use super::Store;
 use super::outbox::insert_event_as;
 
 const INBOX_COLUMNS: &str = "tenant_id, source, event_id, event_type, state, sequence_key, sequence, gap, \
-     payload, received_at, held_until, outbox_event_id, operation_id, resolution";
+     payload, received_at, held_until, outbox_event_id, operation_id, resolution, decided_by, decided_at";
 
 fn inbox_from_row<R: LedgerRow>(r: &R) -> Result<InboxEvent, sqlx::Error> {
     Ok(InboxEvent {
@@ -27,6 +27,8 @@ fn inbox_from_row<R: LedgerRow>(r: &R) -> Result<InboxEvent, sqlx::Error> {
         outbox_event_id: r.get("outbox_event_id")?,
         operation_id: r.get("operation_id")?,
         resolution: r.get("resolution")?,
+        decided_by: r.get("decided_by")?,
+        decided_at: r.get("decided_at")?,
     })
 }
 
