@@ -23,6 +23,8 @@ pub const TIME_FIELDS: &[&str] = &[
     "decided_at",
     "used_at",
     "dead_lettered_at",
+    "received_at",
+    "held_until",
 ];
 
 /// The lists and objects, inside those objects, whose items hold times too.
@@ -35,6 +37,8 @@ const NESTED: &[&str] = &[
     "approvals",
     "approval",
     "operation",
+    "events",
+    "inbox_events",
 ];
 
 /// `ms` since the epoch as RFC 3339 in UTC with milliseconds,

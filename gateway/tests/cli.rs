@@ -22,6 +22,7 @@ fn every_command_has_help() {
         vec!["ledger", "list", "--help"],
         vec!["ledger", "dead-letters", "--help"],
         vec!["ledger", "compensate", "--help"],
+        vec!["inbox", "list", "--help"],
         vec!["policy", "new", "--help"],
         vec!["policy", "wit", "--help"],
     ] {
@@ -318,4 +319,69 @@ fn policy_new_writes_a_project_per_language_and_refuses_bad_input() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "clap refuses the language");
     assert!(String::from_utf8_lossy(&out.stderr).contains("rust, js or python"));
+}
+
+#[tokio::test]
+async fn inbox_list_prints_a_tenants_events_with_iso_times() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("l.db");
+    let ledger = effectgate::ledger::Ledger::open(
+        &db,
+        1,
+        5000,
+        std::sync::Arc::new(effectgate::ledger::SystemClock),
+    )
+    .await
+    .unwrap();
+    for (id, key, seq) in [("evt_1", "cus_1", 1), ("evt_3", "cus_1", 3)] {
+        let got = ledger
+            .receive_inbox(&effectgate::ledger::NewInboxEvent {
+                tenant: "t",
+                source: "stripe",
+                event_id: id,
+                event_type: Some("customer.updated"),
+                payload: "{}",
+                deliver: false,
+                ordering: Some(effectgate::ledger::InboxOrdering {
+                    key,
+                    sequence: seq,
+                    gaps: true,
+                    start: 1,
+                    reorder_window_ms: 60_000,
+                }),
+            })
+            .await
+            .unwrap();
+        assert!(matches!(got, effectgate::ledger::Received::Stored { .. }));
+    }
+    let run = |args: &[&str]| {
+        effectgate()
+            .args(args)
+            .env("EFFECTGATE_STORAGE__PATH", &db)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["inbox", "list", "t"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("SOURCE"), "{text}");
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(
+        text.contains("evt_1") && text.contains("accepted"),
+        "{text}"
+    );
+    assert!(text.contains("evt_3") && text.contains("held"), "{text}");
+    assert!(text.contains("Z\n"), "ISO 8601 times: {text}");
+    let out = run(&["inbox", "list", "t", "--state", "held"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(text.contains("evt_3"));
+    let out = run(&["inbox", "list", "t", "--state", "bogus"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(run(&["inbox", "list", "other"]).status.success());
 }

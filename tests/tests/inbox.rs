@@ -444,6 +444,16 @@ async fn standard_webhooks_agree_with_the_standardwebhooks_package_in_and_out() 
 // Bad input: 400/413 naming the check, counted, never stored.
 // ---------------------------------------------------------------------------
 
+/// (what, body, `Stripe-Signature`, status, check, field).
+type BadCase = (
+    &'static str,
+    String,
+    Option<String>,
+    u16,
+    &'static str,
+    &'static str,
+);
+
 async fn bad_input_is_refused_counted_and_not_stored(storage: Option<StorageSpec>) {
     let rx = spawn_receiver().await;
     let app = app_with(
@@ -458,7 +468,7 @@ async fn bad_input_is_refused_counted_and_not_stored(storage: Option<StorageSpec
     let good = charge_event("evt_ok", "charge.succeeded", json!({"id": "ch_1"}));
     let no_id = json!({"type": "charge.succeeded"}).to_string();
     let big = charge_event("evt_big", "x", json!({"pad": "x".repeat(5000)}));
-    let cases: Vec<(&str, String, Option<String>, u16, &str, &str)> = vec![
+    let cases: Vec<BadCase> = vec![
         (
             "no header",
             good.clone(),
@@ -652,6 +662,40 @@ async fn a_duplicate_sent_ten_times_at_once_is_stored_and_delivered_once(
         ),
         10.0
     );
+    assert_eq!(
+        metric(
+            &m,
+            "effectgate_inbox_delivery_lag_seconds_count{source=\"stripe\"}"
+        ),
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_past_the_dedupe_window_are_swept() {
+    let rx = spawn_receiver().await;
+    let app = app_with(
+        &rx,
+        Setup {
+            stripe_extra: "dedupe_window_ms = 300000\n".into(),
+            ..Setup::default()
+        },
+    )
+    .await;
+    let body = charge_event("evt_old", "charge.updated", json!({"id": "ch_1"}));
+    assert_eq!(state_of(&app, &body).await, "accepted");
+    assert_eq!(state_of(&app, &body).await, "duplicate");
+    // Within the window it stays.
+    app.gw.state.ledger.shift_clock(299_000).await.unwrap();
+    effectgate::workers::inbox::tick(&app.gw.state)
+        .await
+        .unwrap();
+    assert_eq!(inbox_list(&app, "").await.len(), 1);
+    app.gw.state.ledger.shift_clock(2_000).await.unwrap();
+    effectgate::workers::inbox::tick(&app.gw.state)
+        .await
+        .unwrap();
+    assert!(inbox_list(&app, "").await.is_empty());
 }
 both!(
     a_duplicate_sent_ten_times_at_once_is_stored_and_delivered_once_sqlite,
@@ -1016,6 +1060,7 @@ async fn a_permanent_gap_is_delivered_flagged(storage: Option<StorageSpec>) {
         .find(|e| e["event_id"] == "e3")
         .expect("e3 accepted");
     assert_eq!(e3["gap"], true);
+    assert!(e3["received_at_rfc3339"].as_str().unwrap().ends_with('Z'));
     let got = deliveries(&app, &rx, 2).await;
     assert_eq!(delivered_ids(&got), vec!["e1", "e3"]);
     assert_eq!(got[1].header("effectgate-gap"), Some("true"));
@@ -1107,6 +1152,17 @@ async fn a_permanent_gap_is_quarantined_then_released_or_dropped(storage: Option
     let dropped = inbox_list(&app, "?state=dropped").await;
     assert_eq!(dropped.len(), 1);
     assert_eq!(dropped[0]["event_id"], "g2");
+    // Both decisions are kept with the operator and the time.
+    assert_eq!(dropped[0]["decided_by"], "a:operator");
+    assert!(
+        dropped[0]["decided_at_rfc3339"].is_string(),
+        "{}",
+        dropped[0]
+    );
+    let released = inbox_list(&app, "?state=accepted").await;
+    let e3 = released.iter().find(|e| e["event_id"] == "e3").unwrap();
+    assert_eq!(e3["decided_by"], "a:operator");
+    assert_eq!(e3["gap"], true);
     // Past the dropped event its key goes on: v3 of cus_2 is applied.
     assert_eq!(
         state_of(&app, &versioned("g3", "cus_2", 3)).await,
@@ -1323,4 +1379,177 @@ async fn without_a_subscription_only_the_default_operation_events_go_out() {
         got,
         vec![("operation.unknown".to_owned(), "k-lost".to_owned())]
     );
+}
+
+// ---------------------------------------------------------------------------
+// The console's Inbox page.
+// ---------------------------------------------------------------------------
+
+fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+fn csrf_of(html: &str) -> String {
+    let field = "name=\"csrf\" value=\"";
+    let at = html.find(field).expect("a csrf field") + field.len();
+    html[at..].split('"').next().unwrap().to_owned()
+}
+
+/// A console session cookie (`eg_session=…`) for `key`.
+async fn console_session(app: &App, key: &str) -> String {
+    let r = no_redirects()
+        .get(app.admin("/console/login"))
+        .send()
+        .await
+        .unwrap();
+    let cookie = r
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .find(|c| c.starts_with("eg_login="))
+        .unwrap();
+    let login = cookie.split(';').next().unwrap().to_owned();
+    let token = csrf_of(&r.text().await.unwrap());
+    let r = no_redirects()
+        .post(app.admin("/console/login"))
+        .header("cookie", login)
+        .form(&[("key", key), ("csrf", token.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    r.headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .find(|c| c.starts_with("eg_session="))
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_lists_inbox_events_and_an_operator_releases_a_quarantined_one() {
+    let rx = spawn_receiver().await;
+    let app = app_with(
+        &rx,
+        Setup {
+            stripe_extra: ordered("quarantine"),
+            ..Setup::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        state_of(&app, &versioned("e1", "cus_1", 1)).await,
+        "accepted"
+    );
+    assert_eq!(state_of(&app, &versioned("e3", "cus_1", 3)).await, "held");
+    app.gw.state.ledger.shift_clock(60_001).await.unwrap();
+    effectgate::workers::inbox::tick(&app.gw.state)
+        .await
+        .unwrap();
+    let page = |cookie: String, q: &'static str| {
+        let app = &app;
+        async move {
+            no_redirects()
+                .get(app.admin(&format!("/console/inbox{q}")))
+                .header("cookie", cookie)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    };
+    // An approver sees the events, without the buttons.
+    let approver = console_session(&app, APPROVER_A).await;
+    let html = page(approver, "?state=quarantined").await;
+    assert!(html.contains("<h1>Inbox: quarantined</h1>"), "{html}");
+    assert!(html.contains(">e3<") && !html.contains(">e1<"), "{html}");
+    assert!(!html.contains("value=\"release\""), "{html}");
+    // An operator releases it: delivered with the gap flag.
+    let operator = console_session(&app, OPERATOR_A).await;
+    let html = page(operator.clone(), "").await;
+    assert!(
+        html.contains(">e1<") && html.contains("value=\"release\""),
+        "{html}"
+    );
+    let action = format!("/console/inbox/{}/e3/decide", app.src);
+    let forged = no_redirects()
+        .post(app.admin(&action))
+        .header("cookie", &operator)
+        .form(&[("action", "release"), ("csrf", "forged")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 403);
+    let done = no_redirects()
+        .post(app.admin(&action))
+        .header("cookie", &operator)
+        .form(&[("action", "release"), ("csrf", csrf_of(&html).as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(done.status(), 200);
+    assert!(done.text().await.unwrap().contains("release: e3"));
+    let got = deliveries(&app, &rx, 2).await;
+    assert_eq!(delivered_ids(&got), vec!["e1", "e3"]);
+    assert_eq!(got[1].header("effectgate-gap"), Some("true"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_match_rule_finds_the_unknown_operation_by_its_body_and_provider_key() {
+    let rx = spawn_receiver().await;
+    let app = app_with(
+        &rx,
+        Setup {
+            stripe_extra:
+                "[[inbox.resolves]]\nsucceeded = [\"charge.succeeded\"]\nroute = \"payments\"\n\
+                 reference = \"/data/object/id\"\n\
+                 match = { \"/data/object/metadata/order\" = \"{body:/client_ref}\", \
+                 \"/data/object/metadata/idempotency_key\" = \"{provider_key}\" }\n"
+                    .into(),
+            ..Setup::default()
+        },
+    )
+    .await;
+    app.mock.provider.set_faults(mock_provider::Faults {
+        drop_after_effect_times: 2,
+        ..Default::default()
+    });
+    assert!(app.charge("k1", CHARGE).await.status().is_server_error());
+    assert!(
+        app.charge("k2", &CHARGE.replace("r-1", "r-2"))
+            .await
+            .status()
+            .is_server_error()
+    );
+    let c = app.mock.provider.charges()[0].clone();
+    // The body field alone does not match (another order's key).
+    let wrong = charge_event(
+        "evt_wrong",
+        "charge.succeeded",
+        json!({"id": c.id, "metadata": {"order": "r-2", "idempotency_key": c.idempotency_key}}),
+    );
+    assert_eq!(stripe_event(&app, &wrong).await.status(), 200);
+    assert_eq!(app.op_json("k1").await["state"], "UNKNOWN");
+    assert_eq!(app.op_json("k2").await["state"], "UNKNOWN");
+    let right = charge_event(
+        "evt_right",
+        "charge.succeeded",
+        json!({"id": c.id, "metadata": {"order": "r-1", "idempotency_key": c.idempotency_key}}),
+    );
+    assert_eq!(stripe_event(&app, &right).await.status(), 200);
+    let op = app.op_json("k1").await;
+    assert_eq!(op["state"], "COMPLETED");
+    assert_eq!(op["provider_reference"], c.id.as_str());
+    assert_eq!(app.op_json("k2").await["state"], "UNKNOWN");
+    assert_eq!(app.mock.provider.readbacks(), 0);
 }

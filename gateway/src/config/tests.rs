@@ -169,3 +169,80 @@ fn a_key_that_is_not_bare_is_named_quoted() {
     let e = parse("\"a b\" = 1\n").unwrap_err();
     assert_eq!(e.path, "\"a b\"", "{e}");
 }
+
+fn inbox_config(source: &str) -> String {
+    let dir = tempfile_dir();
+    std::fs::write(dir.join("whsec"), "whsec_from_file\n").unwrap();
+    format!(
+        "[[tenants]]\nid = \"t\"\n\
+         [[routes]]\nname = \"pay\"\nprefix = \"/pay/\"\nupstream = \"http://x\"\n\
+         [[inbox]]\nname = \"stripe\"\ntenant = \"t\"\nscheme = \"stripe\"\n\
+         secrets = [{{ file = \"{}\" }}]\n{source}",
+        dir.join("whsec").display()
+    )
+}
+
+#[test]
+fn an_inbox_source_is_checked_field_by_field() {
+    let s = parse(&inbox_config("")).unwrap();
+    let src = &s.inbox["stripe"];
+    assert_eq!(src.secrets, vec![b"whsec_from_file".to_vec()]);
+    assert_eq!(src.tolerance_ms, DEFAULT_TOLERANCE_MS);
+    assert_eq!(src.event_id, EventIdAt::Pointer("/id".into()));
+    for (extra, path) in [
+        ("header = \"X-Sig\"\n", "inbox[0].header"),
+        ("tolerance_ms = 0\n", "inbox[0].tolerance_ms"),
+        ("event_id = \"id\"\n", "inbox[0].event_id"),
+        ("sequence_key = \"/k\"\n", "inbox[0].sequence"),
+        ("dedupe_window_ms = 1000\n", "inbox[0].dedupe_window_ms"),
+        (
+            "[[inbox.resolves]]\nprovider_key = \"/k\"\n",
+            "inbox[0].resolves[0].succeeded",
+        ),
+        (
+            "[[inbox.resolves]]\nsucceeded = [\"x\"]\n",
+            "inbox[0].resolves[0].provider_key",
+        ),
+        (
+            "[[inbox.resolves]]\nsucceeded = [\"x\"]\nroute = \"nope\"\nmatch = { \"/a\" = \"{body:/a}\" }\n",
+            "inbox[0].resolves[0].route",
+        ),
+    ] {
+        let e = parse(&inbox_config(extra)).unwrap_err();
+        assert_eq!(e.path, path, "{extra}: {e}");
+    }
+    let e = parse(&inbox_config("tenant = \"x\"\n").replace("tenant = \"t\"\nscheme", "scheme"))
+        .unwrap_err();
+    assert_eq!(e.path, "inbox[0].tenant", "{e}");
+}
+
+#[test]
+fn a_match_rule_must_be_tied_to_the_tenant() {
+    // `{body:…}` alone could match another tenant's operation: refused.
+    let untied = "[[inbox.resolves]]\nsucceeded = [\"charge.succeeded\"]\nroute = \"pay\"\n\
+                  match = { \"/data/object/metadata/order\" = \"{body:/order}\" }\n";
+    let e = parse(&inbox_config(untied)).unwrap_err();
+    assert_eq!(e.path, "inbox[0].resolves[0].match");
+    assert!(e.message.contains("not tied to this tenant"), "{e}");
+    // With a {provider_key} condition it is tied.
+    let tied = "[[inbox.resolves]]\nsucceeded = [\"charge.succeeded\"]\nroute = \"pay\"\n\
+                match = { \"/data/object/metadata/order\" = \"{body:/order}\", \
+                \"/data/object/metadata/key\" = \"{provider_key}\" }\n";
+    let s = parse(&inbox_config(tied)).unwrap();
+    assert!(matches!(
+        s.inbox["stripe"].resolves[0].by,
+        ResolveBy::Match { .. }
+    ));
+    // `{tenant}` ties it only on a route that stamps the tenant.
+    let by_tenant = "[[inbox.resolves]]\nsucceeded = [\"charge.succeeded\"]\nroute = \"pay\"\n\
+                     match = { \"/data/object/metadata/tenant\" = \"{tenant}\" }\n";
+    assert_eq!(
+        parse(&inbox_config(by_tenant)).unwrap_err().path,
+        "inbox[0].resolves[0].match"
+    );
+    let stamped = inbox_config(by_tenant).replace(
+        "upstream = \"http://x\"\n",
+        "upstream = \"http://x\"\ntenant_scoped_field = \"/metadata/tenant\"\n",
+    );
+    assert!(parse(&stamped).is_ok());
+}

@@ -102,6 +102,10 @@ pub struct InboxEvent {
     pub operation_id: Option<String>,
     /// What the event did to it (`completed`, `read-back`, `ignored: …`).
     pub resolution: Option<String>,
+    /// The operator who released or dropped it (quarantined events).
+    pub decided_by: Option<String>,
+    /// When (ms since epoch).
+    pub decided_at: Option<i64>,
     /// The body as received.
     #[serde(skip)]
     pub payload: String,

@@ -9,7 +9,7 @@ use super::Store;
 use super::outbox::insert_event_as;
 
 const INBOX_COLUMNS: &str = "tenant_id, source, event_id, event_type, state, sequence_key, sequence, gap, \
-     payload, received_at, held_until, outbox_event_id, operation_id, resolution";
+     payload, received_at, held_until, outbox_event_id, operation_id, resolution, decided_by, decided_at";
 
 fn inbox_from_row<R: LedgerRow>(r: &R) -> Result<InboxEvent, sqlx::Error> {
     Ok(InboxEvent {
@@ -27,6 +27,8 @@ fn inbox_from_row<R: LedgerRow>(r: &R) -> Result<InboxEvent, sqlx::Error> {
         outbox_event_id: r.get("outbox_event_id")?,
         operation_id: r.get("operation_id")?,
         resolution: r.get("resolution")?,
+        decided_by: r.get("decided_by")?,
+        decided_at: r.get("decided_at")?,
     })
 }
 
@@ -214,10 +216,7 @@ async fn release_held<D: Dialect>(
     now: i64,
 ) -> Result<(Vec<String>, i64), sqlx::Error> {
     let mut released = Vec::new();
-    loop {
-        let Some(next) = last.checked_add(1) else {
-            break;
-        };
+    while let Some(next) = last.checked_add(1) {
         let row = sql::<D>(&format!(
             "SELECT {INBOX_COLUMNS} FROM inbox WHERE tenant_id = ? AND source = ? AND sequence_key = ? \
              AND state = 'held' AND sequence = ? LIMIT 1"
