@@ -632,7 +632,7 @@ async fn main() -> anyhow::Result<()> {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let (gw, _dir) = tracing_cost::gateway(&mock.url(), &hash).await?;
+    let (gw, dir) = tracing_cost::gateway(&mock.url(), &hash).await?;
 
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
