@@ -624,3 +624,35 @@ async fn a_retry_after_a_pause_past_the_lease_sends_nothing() {
     assert_eq!(op.fence, claim.fence);
     assert_eq!(op.lease_owner.as_deref(), Some("other-owner"));
 }
+
+#[tokio::test]
+async fn an_absent_read_back_sent_within_the_settle_delay_is_not_trusted_later() {
+    // Found by the chaos soak: a read-back sent within the settle delay
+    // whose answer is judged after it (a slow answer, or this process
+    // paused) was trusted as "absent", and a second attempt was sent
+    // while the first one's effect was still on its way to read-back.
+    let (app, clock) = app_with_read_back().await;
+    lose_reply(&app, "slow-rb").await;
+    app.mock.provider.set_faults(Faults {
+        readback_hidden: true,
+        readback_delay_ms: 300,
+        ..Default::default()
+    });
+    let pass_the_settle_delay = async {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while app.provider_calls().1 == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no read-back was sent"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        // The read-back is in flight: the settle delay (1000 ms) ends
+        // before its answer comes.
+        clock.advance(5_000);
+    };
+    let (steps, ()) = tokio::join!(app.tick(), pass_the_settle_delay);
+    assert_eq!(steps_for(&steps, "slow-rb"), vec![&Step::Settling]);
+    assert_eq!(app.provider_calls().0, 1, "no second attempt");
+    assert_eq!(app.op_json("slow-rb").await["state"], "UNKNOWN");
+}

@@ -143,7 +143,9 @@ timeout_ms = 1000
 
     async fn spawn(&mut self) -> anyhow::Result<()> {
         let http = reqwest::Client::new();
-        for _ in 0..5 {
+        // A start fails while the database is cut off (the relay refuses
+        // it) or a port was taken meanwhile: wait, new ports, again.
+        for _ in 0..40 {
             let cfg = self.dir.join(format!("gw{}.toml", self.index));
             std::fs::write(&cfg, self.config())?;
             let log = std::fs::OpenOptions::new()
@@ -173,9 +175,10 @@ timeout_ms = 1000
                     return Ok(());
                 }
                 if exited {
-                    // A port taken meanwhile: new ports, again.
+                    self.child = None;
                     self.proxy.store(free_port(), Ordering::SeqCst);
                     self.admin = free_port();
+                    tokio::time::sleep(Duration::from_millis(250)).await;
                     break;
                 }
                 if Instant::now() > deadline {
@@ -216,9 +219,11 @@ timeout_ms = 1000
         self.spawn().await
     }
 
-    /// Whether it is running.
-    pub fn running(&self) -> bool {
-        self.child.is_some()
+    /// Whether it is running (started, and not exited).
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     /// SIGSTOP.

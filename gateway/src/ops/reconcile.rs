@@ -158,6 +158,10 @@ async fn reconcile_steps(
             .and_then(|l| l.reference),
         None => None,
     };
+    // "Absent" counts from when the read-back was sent: an answer that
+    // arrives (or is looked at, after a pause of this process) past the
+    // settle delay may still describe the provider before it.
+    let sent_at = app.ledger.clock().now_ms();
     let result = read_back(route, rb, &op, reference.as_deref()).await;
     log_read_back(&op, &result);
     let step = ReadBackStep {
@@ -172,7 +176,7 @@ async fn reconcile_steps(
     };
     match result {
         ReadBackResult::Found { matched, reference } => step.found(&matched, reference).await,
-        ReadBackResult::Absent if step.op.settle_until.is_some_and(|t| step.now < t) => {
+        ReadBackResult::Absent if step.op.settle_until.is_some_and(|t| sent_at < t) => {
             step.settling().await
         }
         ReadBackResult::Absent => step.absent().await,
