@@ -219,7 +219,10 @@ impl<D: Dialect> Store<D> {
                     reason: &reason,
                     body: &body,
                 };
-                command::apply::<D, _>(&mut tx, &cmd, now).await?;
+                if let Some(applied) = command::apply::<D, _>(&mut tx, &cmd, now).await? {
+                    self.report_refused(&mut tx, op, applied.version, &reason, now)
+                        .await?;
+                }
             } else {
                 let reason = format!("approval {} approved by {by}{note}", a.id);
                 let cmd = NoteApproval {
@@ -342,19 +345,47 @@ impl<D: Dialect> Store<D> {
                     &a.id,
                 );
                 let reason = format!("approval {} expired", a.id);
+                let op = OpRef::new(&a.tenant_id, &a.operation_id);
                 let cmd = RefuseApproval {
-                    op: OpRef::new(&a.tenant_id, &a.operation_id),
+                    op,
                     fingerprint: &a.fingerprint,
                     actor: "reconciler",
                     reason: &reason,
                     body: &body,
                 };
-                command::apply::<D, _>(&mut tx, &cmd, now).await?;
+                if let Some(applied) = command::apply::<D, _>(&mut tx, &cmd, now).await? {
+                    self.report_refused(&mut tx, op, applied.version, &reason, now)
+                        .await?;
+                }
             }
             let payload = serde_json::json!({"approval_id": a.id, "operation_id": a.operation_id, "status": "expired"});
             insert_event::<D>(&mut tx, &a.tenant_id, "approval.expired", payload, now).await?;
         }
         tx.commit().await?;
         Ok(expired)
+    }
+
+    /// Queues the operation event of a refused (rejected or expired)
+    /// approval's operation, AWAITING_APPROVAL → FAILED at `version`
+    /// (`operation.failed`), in the refusal's transaction.
+    async fn report_refused(
+        &self,
+        conn: &mut Conn<D>,
+        op: OpRef<'_>,
+        version: i64,
+        reason: &str,
+        now: i64,
+    ) -> Result<(), sqlx::Error> {
+        let reported = super::events::Reported {
+            op,
+            from: Some(super::super::State::AwaitingApproval),
+            to: super::super::State::Failed,
+            version,
+            dead_letter: false,
+            reason,
+            provider_reference: None,
+        };
+        let subs = self.subscriptions.load_full();
+        super::events::report::<D>(conn, &subs, &reported, now).await
     }
 }

@@ -16,7 +16,10 @@ pub type Subscriptions = HashMap<String, BTreeSet<String>>;
 /// `operation.dead_lettered` (onto the terminal route),
 /// `operation.reconciled` (UNKNOWN → COMPLETED or FAILED),
 /// `operation.completed` / `operation.failed` (any other entry into
-/// COMPLETED or FAILED).
+/// COMPLETED or FAILED: a refused or expired approval is
+/// `operation.failed`). A dead letter requeued to UNKNOWN is
+/// `operation.unknown`; one requeued to RESERVED reports nothing until it
+/// ends again.
 pub fn event_type(from: Option<State>, to: State, dead_letter: bool) -> Option<&'static str> {
     match (from, to) {
         (_, State::Failed) if dead_letter => Some("operation.dead_lettered"),
@@ -112,5 +115,15 @@ mod tests {
         );
         assert_eq!(event_type(Some(Completed), Completed, false), None);
         assert_eq!(event_type(Some(Reserved), Executing, false), None);
+        // A refused or expired approval; a requeued dead letter.
+        assert_eq!(
+            event_type(Some(AwaitingApproval), Failed, false),
+            Some("operation.failed")
+        );
+        assert_eq!(
+            event_type(Some(Failed), Unknown, false),
+            Some("operation.unknown")
+        );
+        assert_eq!(event_type(Some(Failed), Reserved, false), None);
     }
 }

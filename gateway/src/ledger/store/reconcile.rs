@@ -83,6 +83,18 @@ impl<D: Dialect> Store<D> {
         let Some(applied) = command::apply::<D, _>(&mut tx, cmd, now).await? else {
             return Ok(None);
         };
+        // Back to UNKNOWN: `operation.unknown`, in this transaction.
+        let reported = super::events::Reported {
+            op: cmd.op,
+            from: Some(super::super::State::Failed),
+            to: cmd.to,
+            version: applied.version,
+            dead_letter: false,
+            reason: cmd.reason,
+            provider_reference: None,
+        };
+        let subs = self.subscriptions.load_full();
+        super::events::report::<D>(&mut tx, &subs, &reported, now).await?;
         tx.commit().await?;
         Ok(Some(applied.version))
     }
