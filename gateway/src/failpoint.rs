@@ -16,8 +16,11 @@
 //! `before-record` (the provider answered, the ledger has not recorded it),
 //! `after-record` (recorded, the caller not yet answered),
 //! `before-outcome-commit` (an outcome and its operation event written,
-//! the transaction not yet committed), `before-deliver` (the relay holds
-//! an outbox event, about to POST it).
+//! the transaction not yet committed), `before-inbox-commit` (a webhook
+//! event, its delivery and its resolution of the operation it names
+//! written, the transaction not yet committed), `after-inbox-commit`
+//! (committed, the provider not yet answered), `before-deliver` (the
+//! relay holds an outbox event, about to POST it).
 
 /// Passes crash point `name`.
 #[cfg(feature = "failpoints")]

@@ -349,6 +349,7 @@ async fn inbox_list_prints_a_tenants_events_with_iso_times() {
                     start: 1,
                     reorder_window_ms: 60_000,
                 }),
+                resolve: None,
             })
             .await
             .unwrap();

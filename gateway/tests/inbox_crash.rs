@@ -1,19 +1,26 @@
 //! The inbox and the operation events survive crashes: the gateway is
 //! killed (SIGKILL) between an event's durable insert and its delivery,
 //! and after a restart the consumer gets it exactly once by its
-//! `webhook-id`; and a transition killed before its commit never
-//! announces itself.
+//! `webhook-id`; an event that resolves an UNKNOWN operation is killed
+//! before and after its commit, and the operation ends COMPLETED from the
+//! event either way, without a read-back; and a transition killed before
+//! its commit never announces itself. Each runs on SQLite and, with
+//! `TEST_POSTGRES_URL`, on PostgreSQL (a fresh schema per test).
 
 use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use effectgate::config::StorageSpec;
+use effectgate::ledger::Ledger;
 use hmac::{Hmac, Mac};
+use serde_json::{Value, json};
 use sha2::Sha256;
 
 mod common;
-use common::{free_port, sha};
+use common::{free_port, fresh_schema, pg_url, sha};
 
 /// What the webhook receiver got: (webhook-id, body), in arrival order.
 type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
@@ -29,6 +36,76 @@ impl Drop for Killed {
 }
 
 const STRIPE_SECRET: &str = "whsec_crash_test";
+
+/// The ledger of one test's gateway.
+#[derive(Clone)]
+enum Backend {
+    /// A SQLite file in the test's directory.
+    Sqlite,
+    /// A fresh schema of the `TEST_POSTGRES_URL` database.
+    Postgres { url: String, schema: String },
+}
+
+impl Backend {
+    /// PostgreSQL, or `None` (the test is skipped) without `TEST_POSTGRES_URL`.
+    fn postgres() -> Option<Self> {
+        Some(Self::Postgres {
+            url: pg_url()?,
+            schema: fresh_schema(),
+        })
+    }
+
+    fn storage(&self, dir: &Path) -> StorageSpec {
+        match self {
+            Self::Sqlite => StorageSpec {
+                path: dir.join("l.db"),
+                ..StorageSpec::default()
+            },
+            Self::Postgres { url, schema } => StorageSpec {
+                url: Some(url.clone()),
+                schema: Some(schema.clone()),
+                max_connections: 2,
+                min_connections: 0,
+                ..StorageSpec::default()
+            },
+        }
+    }
+
+    /// The `[storage]` table of the gateway's config.
+    fn toml(&self, dir: &Path) -> String {
+        match self {
+            Self::Sqlite => format!("path = \"{}\"", dir.join("l.db").display()),
+            Self::Postgres { url, schema } => {
+                format!("url = \"{url}\"\nschema = \"{schema}\"\nmax_connections = 4")
+            }
+        }
+    }
+
+    /// The ledger, opened by the test itself (beside a running gateway).
+    async fn open(&self, dir: &Path) -> Ledger {
+        Ledger::open_storage(
+            &self.storage(dir),
+            Arc::new(effectgate::ledger::SystemClock),
+        )
+        .await
+        .unwrap()
+    }
+}
+
+/// Two tests running `$f` (an async fn of a [`Backend`]): on SQLite, and on PostgreSQL.
+macro_rules! both {
+    ($sqlite:ident, $pg:ident, $f:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $sqlite() {
+            $f(Backend::Sqlite).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $pg() {
+            let Some(b) = Backend::postgres() else { return };
+            $f(b).await;
+        }
+    };
+}
 
 async fn receiver() -> (String, Received) {
     let got: Received = Arc::default();
@@ -59,9 +136,22 @@ struct Setup {
     cfg: std::path::PathBuf,
     proxy: u16,
     admin: u16,
+    backend: Backend,
 }
 
-fn setup(hook: &str, upstream: &str, extra: &str) -> Setup {
+/// What a test's config varies.
+struct Knobs<'a> {
+    /// The webhook receiver.
+    hook: &'a str,
+    /// The route's upstream.
+    upstream: &'a str,
+    /// Whether the reconciler runs (off: only the inbox resolves).
+    reconcile: bool,
+    /// More lines of the `stripe` source.
+    inbox_extra: &'a str,
+}
+
+fn setup(backend: Backend, k: Knobs<'_>) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let (proxy, admin) = (free_port(), free_port());
     let cfg = dir.path().join("c.toml");
@@ -73,15 +163,16 @@ fn setup(hook: &str, upstream: &str, extra: &str) -> Setup {
 proxy = "127.0.0.1:{proxy}"
 admin = "127.0.0.1:{admin}"
 [storage]
-path = "{db}"
+{storage}
 [limits]
 lease_ms = 1000
 [reconcile]
+enabled = {reconcile}
 interval_ms = 100
 outbox_lease_ms = 300
 [[tenants]]
 id = "t"
-keys = [{{ role = "client", sha256 = "{c}" }}, {{ role = "operator", sha256 = "{o}" }}]
+keys = [{{ role = "client", sha256 = "{c}" }}, {{ role = "operator", sha256 = "{o}" }}, {{ role = "admin", sha256 = "{a}" }}]
 webhook = {{ url = "{hook}", secret_env = "HOOK_SECRET", events = ["operation.unknown", "operation.reconciled", "operation.completed", "operation.failed"] }}
 [[routes]]
 name = "pay"
@@ -101,9 +192,14 @@ scheme = "stripe"
 secrets = [{{ env = "STRIPE_WHSEC" }}]
 {extra}
 "#,
-            db = dir.path().join("l.db").display(),
+            storage = backend.toml(dir.path()),
+            reconcile = k.reconcile,
+            hook = k.hook,
+            upstream = k.upstream,
+            extra = k.inbox_extra,
             c = sha("client"),
             o = sha("operator"),
+            a = sha("admin"),
         ),
     )
     .unwrap();
@@ -112,6 +208,7 @@ secrets = [{{ env = "STRIPE_WHSEC" }}]
         cfg,
         proxy,
         admin,
+        backend,
     }
 }
 
@@ -155,31 +252,97 @@ async fn wait_exit(child: Killed) -> std::process::ExitStatus {
     .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_event_stored_before_a_crash_is_delivered_once_after_restart() {
-    let (hook, got) = receiver().await;
-    let s = setup(&hook, "http://127.0.0.1:9", "");
-    let http = reqwest::Client::new();
-    let child = start(&s, Some("before-deliver=return"));
-    ready(&http, s.admin).await;
-    let body = r#"{"id":"evt_crash","type":"charge.updated","data":{"object":{"id":"ch_1"}}}"#;
+/// `Stripe-Signature` of `body`, signed now.
+fn stripe_signature(body: &str) -> String {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
     let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(STRIPE_SECRET.as_bytes()).unwrap();
     mac.update(format!("{t}.{body}").as_bytes());
-    let header = format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()));
+    format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+async fn post_event(
+    http: &reqwest::Client,
+    s: &Setup,
+    header: &str,
+    body: &str,
+) -> reqwest::Result<reqwest::Response> {
+    http.post(format!("http://127.0.0.1:{}/inbox/stripe", s.proxy))
+        .header("stripe-signature", header)
+        .body(body.to_owned())
+        .send()
+        .await
+}
+
+async fn charge(
+    http: &reqwest::Client,
+    s: &Setup,
+    key: &str,
+) -> reqwest::Result<reqwest::Response> {
+    http.post(format!("http://127.0.0.1:{}/pay/v1/charges", s.proxy))
+        .bearer_auth("client")
+        .header("Idempotency-Key", key)
+        .body(r#"{"amount":1}"#)
+        .send()
+        .await
+}
+
+async fn operation(http: &reqwest::Client, s: &Setup, key: &str) -> Value {
     let r = http
-        .post(format!("http://127.0.0.1:{}/inbox/stripe", s.proxy))
-        .header("stripe-signature", &header)
-        .body(body)
+        .get(format!(
+            "http://127.0.0.1:{}/admin/tenants/t/operations/{key}",
+            s.admin
+        ))
+        .bearer_auth("admin")
         .send()
         .await
         .unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
+/// `(webhook-id, type)` of the distinct deliveries `got` holds (a
+/// redelivery after a crash has the same id), sorted.
+fn distinct(got: &Received) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = got
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(id, b)| {
+            let ty = serde_json::from_slice::<Value>(b).unwrap()["type"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            (id.clone(), ty)
+        })
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+async fn an_event_stored_before_a_crash_is_delivered_once_after_restart(backend: Backend) {
+    let (hook, got) = receiver().await;
+    let s = setup(
+        backend,
+        Knobs {
+            hook: &hook,
+            upstream: "http://127.0.0.1:9",
+            reconcile: true,
+            inbox_extra: "",
+        },
+    );
+    let http = reqwest::Client::new();
+    let child = start(&s, Some("before-deliver=return"));
+    ready(&http, s.admin).await;
+    let body = r#"{"id":"evt_crash","type":"charge.updated","data":{"object":{"id":"ch_1"}}}"#;
+    let header = stripe_signature(body);
+    let r = post_event(&http, &s, &header, body).await.unwrap();
     // Answered once durable: the relay dies right before delivering it.
     assert_eq!(r.status(), 200);
-    let v: serde_json::Value = r.json().await.unwrap();
+    let v: Value = r.json().await.unwrap();
     let id = v["delivery_id"].as_str().unwrap().to_owned();
     assert_eq!(
         id,
@@ -195,17 +358,8 @@ async fn an_event_stored_before_a_crash_is_delivered_once_after_restart() {
     let _child = start(&s, None);
     ready(&http, s.admin).await;
     // The provider's redelivery after the restart is a duplicate.
-    let r = http
-        .post(format!("http://127.0.0.1:{}/inbox/stripe", s.proxy))
-        .header("stripe-signature", &header)
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        r.json::<serde_json::Value>().await.unwrap()["state"],
-        "duplicate"
-    );
+    let r = post_event(&http, &s, &header, body).await.unwrap();
+    assert_eq!(r.json::<Value>().await.unwrap()["state"], "duplicate");
     let deadline = Instant::now() + Duration::from_secs(20);
     while got.lock().unwrap().is_empty() {
         assert!(Instant::now() < deadline, "never delivered after restart");
@@ -213,14 +367,7 @@ async fn an_event_stored_before_a_crash_is_delivered_once_after_restart() {
     }
     // Delivered and recorded: the outbox has nothing pending, and the
     // consumer saw the one id once.
-    let ledger = effectgate::ledger::Ledger::open(
-        &s.dir.path().join("l.db"),
-        1,
-        5000,
-        Arc::new(effectgate::ledger::SystemClock),
-    )
-    .await
-    .unwrap();
+    let ledger = s.backend.open(s.dir.path()).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let events = ledger.events("t").await.unwrap();
@@ -235,28 +382,35 @@ async fn an_event_stored_before_a_crash_is_delivered_once_after_restart() {
     let got = got.lock().unwrap().clone();
     let ids: Vec<&str> = got.iter().map(|(i, _)| i.as_str()).collect();
     assert_eq!(ids, vec![id.as_str()], "exactly once by webhook-id");
-    let body: serde_json::Value = serde_json::from_slice(&got[0].1).unwrap();
+    let body: Value = serde_json::from_slice(&got[0].1).unwrap();
     assert_eq!(body["data"]["provider_event_id"], "evt_crash");
 }
+both!(
+    an_event_stored_before_a_crash_is_delivered_once_after_restart_sqlite,
+    an_event_stored_before_a_crash_is_delivered_once_after_restart_postgres,
+    an_event_stored_before_a_crash_is_delivered_once_after_restart
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_transition_killed_before_its_commit_announces_nothing() {
+async fn a_transition_killed_before_its_commit_announces_nothing(backend: Backend) {
     let (hook, got) = receiver().await;
     let mock = mock_provider::spawn("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
-    let s = setup(&hook, &mock.url(), "");
+    let upstream = mock.url();
+    let s = setup(
+        backend,
+        Knobs {
+            hook: &hook,
+            upstream: &upstream,
+            reconcile: true,
+            inbox_extra: "",
+        },
+    );
     let http = reqwest::Client::new();
     let child = start(&s, Some("before-outcome-commit=return"));
     ready(&http, s.admin).await;
     // The charge happens; the gateway dies before COMPLETED commits.
-    let r = http
-        .post(format!("http://127.0.0.1:{}/pay/v1/charges", s.proxy))
-        .bearer_auth("client")
-        .header("Idempotency-Key", "k")
-        .body(r#"{"amount":1}"#)
-        .send()
-        .await;
+    let r = charge(&http, &s, "k").await;
     assert!(r.is_err(), "no answer: the process died");
     let status = wait_exit(child).await;
     assert_eq!(status.signal(), Some(9));
@@ -268,15 +422,9 @@ async fn a_transition_killed_before_its_commit_announces_nothing() {
     let _child = start(&s, None);
     ready(&http, s.admin).await;
     let types = || {
-        got.lock()
-            .unwrap()
-            .iter()
-            .map(|(_, b)| {
-                serde_json::from_slice::<serde_json::Value>(b).unwrap()["type"]
-                    .as_str()
-                    .unwrap()
-                    .to_owned()
-            })
+        distinct(&got)
+            .into_iter()
+            .map(|(_, t)| t)
             .collect::<Vec<_>>()
     };
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -289,3 +437,183 @@ async fn a_transition_killed_before_its_commit_announces_nothing() {
     assert_eq!(t, vec!["operation.reconciled", "operation.unknown"]);
     assert_eq!(mock.provider.charges().len(), 1);
 }
+both!(
+    a_transition_killed_before_its_commit_announces_nothing_sqlite,
+    a_transition_killed_before_its_commit_announces_nothing_postgres,
+    a_transition_killed_before_its_commit_announces_nothing
+);
+
+const RESOLVES: &str = "[[inbox.resolves]]\nsucceeded = [\"charge.succeeded\"]\nfailed = [\"charge.failed\"]\n\
+     provider_key = \"/data/object/metadata/idempotency_key\"\nreference = \"/data/object/id\"\n";
+
+/// A gateway killed at `point` while it stores a `charge.succeeded`
+/// event naming an UNKNOWN operation (its reply was lost after the
+/// charge). The reconciler is off: only the event can resolve it, and a
+/// caller's retry of an UNKNOWN operation would read back. Returns the
+/// gateway restarted without crash points.
+async fn killed_while_resolving(backend: Backend, point: &str) -> Restarted {
+    let (hook, got) = receiver().await;
+    let mock = mock_provider::spawn("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let upstream = mock.url();
+    let s = setup(
+        backend,
+        Knobs {
+            hook: &hook,
+            upstream: &upstream,
+            reconcile: false,
+            inbox_extra: RESOLVES,
+        },
+    );
+    let http = reqwest::Client::new();
+    let child = start(&s, Some(format!("{point}=return").as_str()));
+    ready(&http, s.admin).await;
+    mock.provider.set_faults(mock_provider::Faults {
+        drop_after_effect_times: 1,
+        ..Default::default()
+    });
+    let r = charge(&http, &s, "k").await.unwrap();
+    assert!(r.status().is_server_error(), "{}", r.status());
+    assert_eq!(operation(&http, &s, "k").await["state"], "UNKNOWN");
+    let c = mock.provider.charges()[0].clone();
+    let body = json!({"id": "evt_paid", "type": "charge.succeeded", "data": {"object": {
+        "id": c.id, "object": "charge", "amount": 1,
+        "metadata": {"idempotency_key": c.idempotency_key}}}})
+    .to_string();
+    let header = stripe_signature(&body);
+    let r = post_event(&http, &s, &header, &body).await;
+    assert!(r.is_err(), "no answer: the process died at {point}");
+    let status = wait_exit(child).await;
+    assert_eq!(status.signal(), Some(9));
+    let child = start(&s, None);
+    ready(&http, s.admin).await;
+    Restarted {
+        s,
+        _child: child,
+        mock,
+        header,
+        body,
+        charge_id: c.id,
+        got,
+    }
+}
+
+/// A gateway restarted after a crash while it stored an event.
+struct Restarted {
+    s: Setup,
+    _child: Killed,
+    mock: mock_provider::MockProvider,
+    /// The event's `Stripe-Signature` and body.
+    header: String,
+    body: String,
+    /// The charge the lost reply was about.
+    charge_id: String,
+    got: Received,
+}
+
+/// The end of both crash cases: COMPLETED from the event with its
+/// reference, the caller's retry replayed, one charge, no read-back.
+async fn completed_from_the_event(s: &Setup, mock: &mock_provider::MockProvider, charge_id: &str) {
+    let http = reqwest::Client::new();
+    let op = operation(&http, s, "k").await;
+    assert_eq!(op["state"], "COMPLETED");
+    assert_eq!(op["provider_reference"], charge_id);
+    let reasons: Vec<&str> = op["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["reason"].as_str().unwrap())
+        .collect();
+    assert!(
+        reasons.contains(&"inbox: stripe event evt_paid (charge.succeeded) says the effect exists"),
+        "{reasons:?}"
+    );
+    assert_eq!(op["inbox_events"][0]["event_id"], "evt_paid");
+    assert_eq!(
+        op["inbox_events"][0]["resolution"],
+        "completed: charge.succeeded"
+    );
+    let retry = charge(&http, s, "k").await.unwrap();
+    assert_eq!(retry.status(), 200);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let v: Value = retry.json().await.unwrap();
+    assert_eq!(v["id"], charge_id);
+    assert_eq!(mock.provider.readbacks(), 0, "no read-back call");
+    assert_eq!(mock.provider.charges().len(), 1);
+}
+
+async fn a_resolution_killed_before_its_commit_is_made_by_the_redelivery(backend: Backend) {
+    let Restarted {
+        s,
+        _child,
+        mock,
+        header,
+        body,
+        charge_id,
+        ..
+    } = killed_while_resolving(backend, "before-inbox-commit").await;
+    let http = reqwest::Client::new();
+    // Nothing of the event committed: no row, the operation UNKNOWN.
+    assert_eq!(operation(&http, &s, "k").await["state"], "UNKNOWN");
+    let ledger = s.backend.open(s.dir.path()).await;
+    assert!(
+        ledger
+            .inbox_events("t", None, None, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // The provider redelivers (it got no 2xx): stored and resolved now.
+    let r = post_event(&http, &s, &header, &body).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["state"], "accepted");
+    completed_from_the_event(&s, &mock, &charge_id).await;
+}
+both!(
+    a_resolution_killed_before_its_commit_is_made_by_the_redelivery_sqlite,
+    a_resolution_killed_before_its_commit_is_made_by_the_redelivery_postgres,
+    a_resolution_killed_before_its_commit_is_made_by_the_redelivery
+);
+
+async fn a_resolution_committed_before_a_crash_survives_it(backend: Backend) {
+    let Restarted {
+        s,
+        _child,
+        mock,
+        header,
+        body,
+        charge_id,
+        got,
+    } = killed_while_resolving(backend, "after-inbox-commit").await;
+    let http = reqwest::Client::new();
+    // The event and its resolution committed together before the crash:
+    // the operation is COMPLETED although the provider never got its 2xx,
+    // and the provider's redelivery is a duplicate that changes nothing.
+    let version = operation(&http, &s, "k").await["version"].clone();
+    let r = post_event(&http, &s, &header, &body).await.unwrap();
+    assert_eq!(r.json::<Value>().await.unwrap()["state"], "duplicate");
+    assert_eq!(operation(&http, &s, "k").await["version"], version);
+    completed_from_the_event(&s, &mock, &charge_id).await;
+    // The transition's event committed with it, and is delivered.
+    let ops = || {
+        distinct(&got)
+            .into_iter()
+            .map(|(_, t)| t)
+            .filter(|t| t.starts_with("operation."))
+            .collect::<Vec<_>>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ops().len() < 2 {
+        assert!(Instant::now() < deadline, "not delivered: {:?}", ops());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut t = ops();
+    t.sort();
+    assert_eq!(t, vec!["operation.reconciled", "operation.unknown"]);
+}
+both!(
+    a_resolution_committed_before_a_crash_survives_it_sqlite,
+    a_resolution_committed_before_a_crash_survives_it_postgres,
+    a_resolution_committed_before_a_crash_survives_it
+);

@@ -15,6 +15,9 @@ pub const DEFAULT_TOLERANCE_MS: u64 = 300_000;
 pub const DEFAULT_INBOX_MAX_BODY_BYTES: usize = 262_144;
 /// Default dedupe window: 7 days (Stripe retries for up to 3).
 pub const DEFAULT_DEDUPE_WINDOW_MS: u64 = 7 * 24 * 3_600_000;
+/// Default time the last applied sequence of a key is kept after the
+/// key's last event: 30 days.
+pub const DEFAULT_SEQUENCE_WINDOW_MS: u64 = 30 * 24 * 3_600_000;
 /// Default time an out-of-order event is held for the gap before it: 30 s.
 pub const DEFAULT_REORDER_WINDOW_MS: u64 = 30_000;
 
@@ -56,6 +59,12 @@ pub struct InboxSpec {
     /// a duplicate; rows older are swept. Default 604800000 (7 days).
     #[serde(default = "default_window")]
     pub dedupe_window_ms: u64,
+    /// How long (ms) a sequence key's last applied sequence is kept after
+    /// the key's last event (at least `dedupe_window_ms`); older ordering
+    /// rows are swept, and the key starts over at `sequence_start`.
+    /// Default 2592000000 (30 days).
+    #[serde(default = "default_sequence_window")]
+    pub sequence_window_ms: u64,
     /// Whether accepted events are delivered to the tenant's webhook
     /// through the outbox. Default true.
     #[serde(default = "yes")]
@@ -188,6 +197,9 @@ fn default_event_type() -> String {
 fn default_max_body() -> usize {
     DEFAULT_INBOX_MAX_BODY_BYTES
 }
+fn default_sequence_window() -> u64 {
+    DEFAULT_SEQUENCE_WINDOW_MS
+}
 fn default_window() -> u64 {
     DEFAULT_DEDUPE_WINDOW_MS
 }
@@ -265,6 +277,8 @@ pub struct InboxSource {
     pub max_body_bytes: usize,
     /// Dedupe window (ms).
     pub dedupe_window_ms: u64,
+    /// How long (ms) an idle key's ordering row is kept.
+    pub sequence_window_ms: u64,
     /// Deliver accepted events to the tenant.
     pub deliver: bool,
     /// `(sequence_key pointer, sequence pointer)`, when ordered.
@@ -443,6 +457,12 @@ pub(super) fn inbox_source(
             "must be at least tolerance_ms: a replay inside the tolerance must still be a duplicate",
         ));
     }
+    if s.sequence_window_ms < s.dedupe_window_ms {
+        return Err(ConfigError::new(
+            format!("{p}.sequence_window_ms"),
+            "must be at least dedupe_window_ms: an event still remembered must still be ordered",
+        ));
+    }
     let ordering = match (&s.sequence_key, &s.sequence) {
         (Some(k), Some(q)) => Some((
             pointer(&format!("{p}.sequence_key"), k)?,
@@ -483,6 +503,7 @@ pub(super) fn inbox_source(
         event_type,
         max_body_bytes: s.max_body_bytes,
         dedupe_window_ms: s.dedupe_window_ms,
+        sequence_window_ms: s.sequence_window_ms,
         deliver: s.deliver,
         ordering,
         sequence_gaps: s.sequence_gaps,

@@ -195,6 +195,7 @@ fn an_inbox_source_is_checked_field_by_field() {
         ("event_id = \"id\"\n", "inbox[0].event_id"),
         ("sequence_key = \"/k\"\n", "inbox[0].sequence"),
         ("dedupe_window_ms = 1000\n", "inbox[0].dedupe_window_ms"),
+        ("sequence_window_ms = 1000\n", "inbox[0].sequence_window_ms"),
         (
             "[[inbox.resolves]]\nprovider_key = \"/k\"\n",
             "inbox[0].resolves[0].succeeded",

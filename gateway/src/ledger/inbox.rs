@@ -4,8 +4,12 @@
 //! insert is `INSERT … ON CONFLICT DO NOTHING`, so a redelivery inserts
 //! nothing and is answered as a duplicate. In the same transaction the
 //! event's place in its sequence is decided (`inbox_sequences` holds the
-//! last applied sequence per key) and, if it is accepted, its delivery is
-//! queued in the outbox. States:
+//! last applied sequence per key), if it is accepted its delivery is
+//! queued in the outbox, and what it says of the operation a `resolves`
+//! rule names is applied and noted on its row ([`Resolving`]): one commit,
+//! so a crash never leaves the event stored and its resolution undone.
+//! Ordering rows of keys idle past the source's `sequence_window_ms` are
+//! swept (never a key with a held or quarantined event). States:
 //!
 //! - `accepted`: applied and (when the source delivers) queued for delivery;
 //! - `stale`: older than, or as old as, the last applied one of its key;
@@ -16,6 +20,8 @@
 //! - `dropped`: an operator dropped it.
 
 use serde::Serialize;
+
+use super::{Operation, Outcome};
 
 /// The states of an inbox event, as stored.
 pub const INBOX_STATES: [&str; 5] = ["accepted", "stale", "held", "quarantined", "dropped"];
@@ -37,6 +43,100 @@ pub struct NewInboxEvent<'a> {
     pub deliver: bool,
     /// Its ordering, when the source orders events.
     pub ordering: Option<Ordering<'a>>,
+    /// What the event says of the operation it may name, applied in the
+    /// transaction that stores it (never for a duplicate).
+    pub resolve: Option<&'a Resolving<'a>>,
+}
+
+/// How a `resolves` rule names an operation of the source's tenant.
+pub enum Naming<'a> {
+    /// The operation with this provider key.
+    ProviderKey(String),
+    /// The operation with this provider reference.
+    Reference(String),
+    /// The first UNKNOWN operation of `route` (newest change first, at
+    /// most [`Resolving::max_candidates`] looked at) that `accepts`.
+    Match {
+        /// The route.
+        route: &'a str,
+        /// Whether the event names this operation.
+        accepts: Box<dyn Fn(&Operation) -> bool + Send + Sync + 'a>,
+    },
+}
+
+impl std::fmt::Debug for Naming<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ProviderKey(k) => f.debug_tuple("ProviderKey").field(k).finish(),
+            Self::Reference(r) => f.debug_tuple("Reference").field(r).finish(),
+            Self::Match { route, .. } => f.debug_struct("Match").field("route", route).finish(),
+        }
+    }
+}
+
+/// What an event says of the operation it names.
+#[derive(Debug, Clone)]
+pub enum Says {
+    /// The effect exists: an UNKNOWN operation is recorded with this
+    /// outcome (COMPLETED, the event's object as the stored response),
+    /// under a reconciliation lease taken in the same transaction, the
+    /// fenced write of a read-back "found".
+    Succeeded(Box<Outcome>),
+    /// It failed: not proof of absence; an UNKNOWN operation's next
+    /// read-back is moved to now.
+    Failed,
+}
+
+/// One `resolves` rule that applies to the event's type.
+#[derive(Debug)]
+pub struct Resolve<'a> {
+    /// How it names the operation.
+    pub naming: Naming<'a>,
+    /// What the event says.
+    pub says: Says,
+}
+
+/// The rules that may resolve an operation with a newly stored event: the
+/// first that names an operation of `tenant` decides.
+#[derive(Debug)]
+pub struct Resolving<'a> {
+    /// The rules, in the source's order.
+    pub rules: Vec<Resolve<'a>>,
+    /// The event's type (for the recorded resolution).
+    pub event_type: &'a str,
+    /// Actor of the recorded outcome (`inbox:<source>`).
+    pub actor: &'a str,
+    /// Owner of the reconciliation lease (the instance).
+    pub lease_owner: &'a str,
+    /// Its length (ms).
+    pub lease_ms: i64,
+    /// Reason of the lease's transition row.
+    pub lease_reason: &'a str,
+    /// Most UNKNOWN operations a `match` rule looks at.
+    pub max_candidates: u32,
+}
+
+/// What a stored event did to the operation a rule named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolved {
+    /// The UNKNOWN operation is COMPLETED from the event.
+    Completed,
+    /// A failure event: its read-back was moved to now.
+    ReadBack,
+    /// Nothing; why (`the operation is COMPLETED`, …).
+    Ignored(String),
+}
+
+/// The operation an event named and what it did to it (noted on the
+/// event's row in the same transaction).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolution {
+    /// The operation.
+    pub operation_id: String,
+    /// What happened to it.
+    pub resolved: Resolved,
+    /// As noted on the row (`completed: charge.succeeded`, …).
+    pub note: String,
 }
 
 /// Where an event sits in its sequence.
@@ -67,6 +167,8 @@ pub enum Received {
         released: Vec<String>,
         /// The outbox event id its delivery was queued under, if any.
         outbox_event_id: Option<String>,
+        /// The operation a `resolves` rule named, and what it did.
+        resolution: Option<Resolution>,
     },
     /// Seen before (within the dedupe window): nothing changed.
     Duplicate,

@@ -56,7 +56,8 @@ pub use approval::{Approval, DeadEvent, Decision as ApprovalDecision, NewApprova
 pub use compensation::{CompensationLink, CompensationReservation, NewCompensation};
 pub use db::Ledger;
 pub use inbox::{
-    INBOX_STATES, InboxEvent, NewInboxEvent, Ordering as InboxOrdering, Received, delivery_id,
+    INBOX_STATES, InboxEvent, Naming, NewInboxEvent, Ordering as InboxOrdering, Received,
+    Resolution, Resolve, Resolved, Resolving, Says, delivery_id,
 };
 pub use store::{QuarantineAction, Subscriptions, event_type as operation_event_type};
 

@@ -1,7 +1,7 @@
 //! Receiving provider webhooks: signature and timestamp checks, the event
-//! id, the deduplicating insert with its ordering decision and delivery
-//! (one ledger transaction), then what the event says about the operation
-//! it names (`resolves`).
+//! id, then one ledger transaction: the deduplicating insert with its
+//! ordering decision and delivery, and what the event says about the
+//! operation it names (`resolves`).
 //!
 //! Signature schemes (`inbox[].scheme`):
 //! - `stripe`: `Stripe-Signature: t=<unix s>,v1=<hex>[,v1=<hex>…]`, each
@@ -27,7 +27,10 @@ use serde_json::Value;
 use sha2::Sha256;
 
 use crate::config::{EventIdAt, InboxSource, ResolveBy, Resolves, SignatureScheme};
-use crate::ledger::{InboxOrdering, NewInboxEvent, Outcome, Received, State};
+use crate::ledger::{
+    InboxOrdering, Naming, NewInboxEvent, Outcome, Received, Resolution, Resolve, Resolved,
+    Resolving, Says, State,
+};
 use crate::ops::OpError;
 use crate::state::AppState;
 
@@ -296,9 +299,10 @@ pub struct Receipt {
     pub delivery_id: Option<String>,
 }
 
-/// Receives one webhook for `src`: verified, read, stored once (with its
-/// ordering decision and delivery) and applied to the operation it names.
-/// The answer is due as soon as this returns: the event is durable.
+/// Receives one webhook for `src`: verified, read, and stored once with
+/// its ordering decision, its delivery and what it says of the operation
+/// it names (`resolves`), all in one ledger commit. The answer is due as
+/// soon as this returns: the event, and its resolution, are durable.
 ///
 /// Errors: [`OpError::InboxRejected`] (counted by check; nothing stored),
 /// or the ledger's.
@@ -327,6 +331,14 @@ pub async fn receive(
         start: src.sequence_start,
         reorder_window_ms: i64::try_from(src.reorder_window_ms).unwrap_or(i64::MAX),
     });
+    let actor = format!("inbox:{}", src.name);
+    let lease_reason = format!(
+        "inbox: {} event {} ({})",
+        src.name,
+        parsed.event_id,
+        parsed.event_type.as_deref().unwrap_or("")
+    );
+    let resolving = resolving(app, src, &parsed, &actor, &lease_reason);
     let got = app
         .ledger
         .receive_inbox(&NewInboxEvent {
@@ -337,8 +349,11 @@ pub async fn receive(
             payload: &payload,
             deliver: src.deliver,
             ordering,
+            resolve: resolving.as_ref(),
         })
         .await?;
+    drop(resolving);
+    crate::failpoint::hit("after-inbox-commit");
     let (state, delivery_id) = match got {
         Received::Duplicate => {
             crate::metrics::inbox_received(&src.name, "duplicate");
@@ -353,6 +368,7 @@ pub async fn receive(
             state,
             outbox_event_id,
             released,
+            resolution,
         } => {
             let m = match state.as_str() {
                 "stale" => "stale",
@@ -363,10 +379,12 @@ pub async fn receive(
             if !released.is_empty() {
                 tracing::info!(source = %src.name, released = ?released, "inbox: held events released in order");
             }
+            if let Some(r) = resolution {
+                resolved(app, src, &parsed, r).await?;
+            }
             (state, outbox_event_id)
         }
     };
-    resolve(app, src, &parsed).await?;
     Ok(Receipt {
         event_id: parsed.event_id,
         state,
@@ -374,68 +392,54 @@ pub async fn receive(
     })
 }
 
-/// What an event says of the operation it names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Says {
-    Succeeded,
-    Failed,
-}
-
-/// Applies `src`'s `resolves` rules to a newly stored event: the first
-/// rule whose event types include this one and that names an operation of
-/// the source's tenant decides. A success for an UNKNOWN operation
-/// records it COMPLETED under a reconciliation lease (the fenced write a
-/// read-back "found" makes); a failure only starts a read-back now.
-async fn resolve(app: &AppState, src: &InboxSource, ev: &Parsed) -> Result<(), OpError> {
-    let Some(ty) = ev.event_type.as_deref() else {
-        return Ok(());
-    };
+/// The `resolves` rules of `src` that apply to the event's type, in
+/// order, for the ledger to apply in the event's commit; `None` when no
+/// rule names the type.
+fn resolving<'a>(
+    app: &'a AppState,
+    src: &'a InboxSource,
+    ev: &'a Parsed,
+    actor: &'a str,
+    lease_reason: &'a str,
+) -> Option<Resolving<'a>> {
+    let ty = ev.event_type.as_deref()?;
+    let mut rules = Vec::new();
     for rule in &src.resolves {
         let says = if rule.succeeded.iter().any(|t| t == ty) {
-            Says::Succeeded
+            Says::Succeeded(Box::new(succeeded(src, rule, ev, ty)))
         } else if rule.failed.iter().any(|t| t == ty) {
             Says::Failed
         } else {
             continue;
         };
-        let Some(op) = named(app, &src.tenant, rule, &ev.json).await? else {
+        let Some(naming) = naming(rule, &ev.json) else {
             continue;
         };
-        let id = (src.tenant.as_str(), src.name.as_str(), ev.event_id.as_str());
-        let resolution = apply(app, src, rule, ev, ty, says, op.clone()).await?;
-        app.ledger
-            .note_inbox_resolution(id, Some(&op.operation_id), &resolution)
-            .await?;
-        return Ok(());
+        rules.push(Resolve { naming, says });
     }
-    Ok(())
+    if rules.is_empty() {
+        return None;
+    }
+    Some(Resolving {
+        rules,
+        event_type: ty,
+        actor,
+        lease_owner: &app.instance_id[..],
+        lease_ms: i64::try_from(app.settings().reconcile.lease_ms).unwrap_or(i64::MAX),
+        lease_reason,
+        max_candidates: app.settings().limits.max_list_limit,
+    })
 }
 
-/// The operation of `tenant` that `rule` finds for `event`, if any. Only
-/// this tenant's operations are searched: another tenant's provider key
-/// or reference finds nothing.
-async fn named(
-    app: &AppState,
-    tenant: &str,
-    rule: &Resolves,
-    event: &Value,
-) -> Result<Option<crate::ledger::Operation>, OpError> {
-    Ok(match &rule.by {
-        ResolveBy::ProviderKey(p) => match text_at(event, p) {
-            Some(k) => app.ledger.operation_named(tenant, Some(&k), None).await?,
-            None => None,
-        },
-        ResolveBy::Reference(p) => match text_at(event, p) {
-            Some(r) => app.ledger.operation_named(tenant, None, Some(&r)).await?,
-            None => None,
-        },
-        ResolveBy::Match { route, fields } => {
-            let limit = app.settings().limits.max_list_limit;
-            let ops = app
-                .ledger
-                .list(Some(tenant), Some(State::Unknown), limit)
-                .await?;
-            ops.into_iter().filter(|o| &o.route == route).find(|o| {
+/// How `rule` names an operation in `event`; `None` when the event lacks
+/// the provider key or reference it points at.
+fn naming<'a>(rule: &'a Resolves, event: &'a Value) -> Option<Naming<'a>> {
+    Some(match &rule.by {
+        ResolveBy::ProviderKey(p) => Naming::ProviderKey(text_at(event, p)?),
+        ResolveBy::Reference(p) => Naming::Reference(text_at(event, p)?),
+        ResolveBy::Match { route, fields } => Naming::Match {
+            route: route.as_str(),
+            accepts: Box::new(move |o: &crate::ledger::Operation| {
                 let body =
                     crate::template::body_value(o.request_content_type.as_deref(), &o.request_body);
                 let vars = crate::template::Vars {
@@ -449,51 +453,15 @@ async fn named(
                 fields.iter().all(|(p, t)| {
                     text_at(event, p).is_some_and(|v| v == t.render(&vars, |s| s.to_owned()))
                 })
-            })
-        }
+            }),
+        },
     })
 }
 
-async fn apply(
-    app: &AppState,
-    src: &InboxSource,
-    rule: &Resolves,
-    ev: &Parsed,
-    ty: &str,
-    says: Says,
-    op: crate::ledger::Operation,
-) -> Result<String, OpError> {
-    if op.state != State::Unknown {
-        crate::metrics::inbox_resolution(&src.name, "ignored");
-        return Ok(format!("ignored: the operation is {}", op.state));
-    }
-    if says == Says::Failed {
-        // An event is not proof of absence: read back now instead.
-        crate::metrics::inbox_resolution(&src.name, "read-back");
-        let app2 = app.clone();
-        app.lifecycle.executions.spawn(async move {
-            if let Err(e) = crate::ops::reconcile::reconcile_op(&app2, op).await {
-                tracing::warn!(error = %e, "inbox: read-back after a failure event failed");
-            }
-        });
-        return Ok(format!("read-back: {ty} says it failed; read back now"));
-    }
-    let actor = format!("inbox:{}", src.name);
-    let Some(lease) = app
-        .ledger
-        .lease_for_reconcile(
-            &op.tenant_id,
-            &op.operation_id,
-            op.version,
-            &app.instance_id,
-            i64::try_from(app.settings().reconcile.lease_ms).unwrap_or(i64::MAX),
-            &format!("inbox: {} event {} ({ty})", src.name, ev.event_id),
-        )
-        .await?
-    else {
-        crate::metrics::inbox_resolution(&src.name, "ignored");
-        return Ok("ignored: another owner holds the operation".into());
-    };
+/// The outcome a success event records: COMPLETED, the value at the
+/// rule's `object` as the stored response, the reference at its
+/// `reference`.
+fn succeeded(src: &InboxSource, rule: &Resolves, ev: &Parsed, ty: &str) -> Outcome {
     let object = ev.json.pointer(&rule.object).unwrap_or(&ev.json);
     let body = serde_json::to_vec(object).unwrap_or_default();
     let mut o = Outcome::new(
@@ -508,25 +476,40 @@ async fn apply(
     o.response_body_bytes = Some(body.len() as i64);
     o.response_body = Some(body);
     o.provider_reference = rule.reference.as_deref().and_then(|p| text_at(&ev.json, p));
-    if !app
-        .ledger
-        .record_outcome(
-            &op.tenant_id,
-            &op.operation_id,
-            lease.fence,
-            State::Unknown,
-            &actor,
-            &o,
-        )
-        .await?
-    {
-        crate::metrics::inbox_resolution(&src.name, "ignored");
-        return Ok("ignored: fenced off by a newer owner".into());
+    o
+}
+
+/// After the commit: counts and logs what the event did to the operation
+/// it named; a failure event's read-back (already moved to now in the
+/// ledger) is also started at once.
+async fn resolved(
+    app: &AppState,
+    src: &InboxSource,
+    ev: &Parsed,
+    r: Resolution,
+) -> Result<(), OpError> {
+    match r.resolved {
+        Resolved::Completed => {
+            crate::metrics::inbox_resolution(&src.name, "completed");
+            tracing::info!(tenant = %src.tenant, operation_id = %r.operation_id, source = %src.name,
+                event_id = %ev.event_id, "inbox: UNKNOWN operation completed from a webhook event");
+        }
+        Resolved::Ignored(_) => crate::metrics::inbox_resolution(&src.name, "ignored"),
+        Resolved::ReadBack => {
+            // An event is not proof of absence: read back now instead.
+            crate::metrics::inbox_resolution(&src.name, "read-back");
+            let Some(op) = app.ledger.get(&src.tenant, &r.operation_id).await? else {
+                return Ok(());
+            };
+            let app2 = app.clone();
+            app.lifecycle.executions.spawn(async move {
+                if let Err(e) = crate::ops::reconcile::reconcile_op(&app2, op).await {
+                    tracing::warn!(error = %e, "inbox: read-back after a failure event failed");
+                }
+            });
+        }
     }
-    crate::metrics::inbox_resolution(&src.name, "completed");
-    tracing::info!(tenant = %op.tenant_id, operation_id = %op.operation_id, source = %src.name,
-        event_id = %ev.event_id, "inbox: UNKNOWN operation completed from a webhook event");
-    Ok(format!("completed: {ty}"))
+    Ok(())
 }
 
 #[cfg(test)]
@@ -547,6 +530,7 @@ mod tests {
             event_type: "/type".into(),
             max_body_bytes: 1024,
             dedupe_window_ms: 300_000,
+            sequence_window_ms: 300_000,
             deliver: true,
             ordering: None,
             sequence_gaps: true,

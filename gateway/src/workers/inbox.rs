@@ -1,7 +1,9 @@
 //! The inbox's periodic work, run with every outbox relay pass: gaps whose
 //! reorder window ended are closed (the next event delivered with the gap
-//! flag, or quarantined, per source) and events past their source's
-//! dedupe window are swept.
+//! flag, or quarantined, per source), events past their source's
+//! dedupe window are swept, and so are the ordering rows (the last
+//! applied sequence of a key) of keys idle past the source's
+//! `sequence_window_ms`.
 
 use std::collections::BTreeSet;
 
@@ -57,6 +59,10 @@ pub async fn tick(app: &AppState) -> Result<Vec<String>, WorkerError> {
         let window = i64::try_from(src.dedupe_window_ms).unwrap_or(i64::MAX);
         app.ledger
             .sweep_inbox((&src.tenant, &src.name), window, SWEEP_BATCH)
+            .await?;
+        let window = i64::try_from(src.sequence_window_ms).unwrap_or(i64::MAX);
+        app.ledger
+            .sweep_inbox_sequences((&src.tenant, &src.name), window, SWEEP_BATCH)
             .await?;
     }
     Ok(closed)

@@ -20,6 +20,7 @@
 //! | [`LeaseForReconcile`] | UNKNOWN | UNKNOWN | version + lease not live | lease owner |
 //! | [`Reattempt`] | UNKNOWN | EXECUTING | fence | lease owner |
 //! | [`Unschedule`] | UNKNOWN | UNKNOWN | version | none |
+//! | [`ReadBackNow`] | UNKNOWN | UNKNOWN | version | none |
 //! | [`SelfAudit`] | any with a self-transition | the same | version | actor |
 //! | [`Requeue`] | FAILED (dead letter) | UNKNOWN, RESERVED | dead letter at version | actor |
 //! | [`NoteApproval`] | AWAITING_APPROVAL | AWAITING_APPROVAL | source state | decider |
@@ -53,7 +54,7 @@ pub(super) use executor::{
     AwaitApproval, ClaimLease, ExtendLease, Lease, NoteRetry, RecordOutcome, Reserve,
 };
 pub(super) use recovery::{
-    ExpireLease, LeaseForReconcile, Reattempt, Requeue, SelfAudit, Unschedule,
+    ExpireLease, LeaseForReconcile, ReadBackNow, Reattempt, Requeue, SelfAudit, Unschedule,
 };
 
 use super::dialect::{Arg, Conn, Dialect, LedgerRow, sql};
@@ -472,6 +473,7 @@ mod tests {
         assert!(stays_inside::<LeaseForReconcile>());
         assert!(stays_inside::<Reattempt>());
         assert!(stays_inside::<Unschedule>());
+        assert!(stays_inside::<ReadBackNow>());
         assert!(stays_inside::<Requeue>());
         assert!(stays_inside::<NoteApproval>());
         assert!(stays_inside::<RefuseApproval>());

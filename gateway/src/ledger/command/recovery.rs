@@ -1,5 +1,5 @@
 //! The reconciler's and operators' commands: expire a lease, lease for a
-//! read-back, attempt again, unschedule, audit, requeue.
+//! read-back, attempt again, unschedule, read back now, audit, requeue.
 
 use super::super::State;
 use super::executor::Lease;
@@ -159,6 +159,43 @@ impl Command for Unschedule<'_> {
     }
     fn set(&self, _now: i64) -> Set<'_> {
         Set::new("next_reconcile_at = NULL", Vec::new())
+    }
+    fn record(&self) -> Option<Record<'_>> {
+        None
+    }
+}
+
+/// UNKNOWN, kept: a provider's failure event asks for a read-back now.
+/// A scheduled operation's next read-back moves to now (never later than
+/// it was); one off the schedule (waiting for an operator) stays off it.
+pub(crate) struct ReadBackNow<'a> {
+    /// The operation.
+    pub op: OpRef<'a>,
+    /// Its version now.
+    pub version: i64,
+}
+
+impl Command for ReadBackNow<'_> {
+    const SOURCES: &'static [State] = &[Unknown];
+    const TARGETS: &'static [State] = &[Unknown];
+    fn op(&self) -> OpRef<'_> {
+        self.op
+    }
+    fn source(&self) -> Option<State> {
+        Some(Unknown)
+    }
+    fn target(&self) -> State {
+        Unknown
+    }
+    fn guard(&self) -> Guard<'_> {
+        Guard::Version(self.version)
+    }
+    fn set(&self, now: i64) -> Set<'_> {
+        Set::new(
+            "next_reconcile_at = CASE WHEN next_reconcile_at IS NULL THEN NULL \
+             WHEN next_reconcile_at > ? THEN ? ELSE next_reconcile_at END",
+            vec![now.into(), now.into()],
+        )
     }
     fn record(&self) -> Option<Record<'_>> {
         None

@@ -1,8 +1,8 @@
 //! [`Ledger`]'s inbox methods.
 
+use super::super::LedgerError;
 use super::super::inbox::{InboxEvent, NewInboxEvent, Received};
 use super::super::store::QuarantineAction;
-use super::super::{LedgerError, Operation};
 use super::{Db, Ledger};
 
 impl Ledger {
@@ -22,8 +22,12 @@ impl Ledger {
     /// decision against the last applied sequence of its key (older or
     /// equal: `stale`; after a gap: `held` until now + the reorder
     /// window; else `accepted`, releasing the held events that follow it);
-    /// and for each accepted event (when `ev.deliver`), its delivery in
-    /// the outbox under [`super::super::delivery_id`].
+    /// for each accepted event (when `ev.deliver`), its delivery in the
+    /// outbox under [`super::super::delivery_id`]; and, for any event
+    /// stored (accepted, stale or held) with `ev.resolve`, what it says of
+    /// the operation the first matching rule names (see
+    /// [`super::super::Resolving`]), noted on its row. Returns
+    /// [`Received::Stored`] with that resolution.
     pub async fn receive_inbox(&self, ev: &NewInboxEvent<'_>) -> Result<Received, LedgerError> {
         dispatch!(self, receive_inbox(ev))
     }
@@ -61,17 +65,6 @@ impl Ledger {
         actor: &str,
     ) -> Result<Option<Vec<String>>, LedgerError> {
         dispatch!(self, decide_quarantined(id, action, deliver, actor))
-    }
-
-    /// Notes on an inbox event the operation a `resolves` rule named and
-    /// what the event did to it.
-    pub async fn note_inbox_resolution(
-        &self,
-        id: (&str, &str, &str),
-        operation_id: Option<&str>,
-        resolution: &str,
-    ) -> Result<(), LedgerError> {
-        dispatch!(self, note_inbox_resolution(id, operation_id, resolution))
     }
 
     /// Inbox events of `tenant`, newest first, optionally of one source
@@ -116,14 +109,24 @@ impl Ledger {
         dispatch!(self, sweep_inbox(id, window_ms, batch))
     }
 
-    /// The operation of `tenant` with this provider key, or else this
-    /// provider reference.
-    pub async fn operation_named(
+    /// Deletes at most `batch` ordering rows ("last applied" sequence per
+    /// key) of `(tenant, source)` whose key saw no event for more than
+    /// `window_ms` (never a key with a held or quarantined event). A key
+    /// swept starts over: its next event is compared with the source's
+    /// `sequence_start`. Returns how many.
+    pub async fn sweep_inbox_sequences(
         &self,
-        tenant: &str,
-        provider_key: Option<&str>,
-        reference: Option<&str>,
-    ) -> Result<Option<Operation>, LedgerError> {
-        dispatch!(self, operation_named(tenant, provider_key, reference))
+        id: (&str, &str),
+        window_ms: i64,
+        batch: u32,
+    ) -> Result<u64, LedgerError> {
+        dispatch!(self, sweep_inbox_sequences(id, window_ms, batch))
+    }
+
+    /// The last applied sequence of sequence key `(tenant, source, key)`
+    /// (`sequence_start - 1` while none was), or `None` for a key never
+    /// seen or swept.
+    pub async fn inbox_sequence(&self, id: (&str, &str, &str)) -> Result<Option<i64>, LedgerError> {
+        dispatch!(self, inbox_sequence(id))
     }
 }

@@ -2,9 +2,13 @@
 //! decision and the delivery queued in the outbox, all in one transaction
 //! (see `ledger/inbox.rs` for the states).
 
-use super::super::LedgerError;
+use super::super::command::{self, Lease, LeaseForReconcile, OpRef, ReadBackNow, RecordOutcome};
 use super::super::dialect::{Conn, Dialect, LedgerRow, clean, sql};
-use super::super::inbox::{InboxEvent, NewInboxEvent, Ordering, Received, delivery_id};
+use super::super::inbox::{
+    InboxEvent, Naming, NewInboxEvent, Ordering, Received, Resolution, Resolved, Resolving, Says,
+    delivery_id,
+};
+use super::super::{LedgerError, Operation, State};
 use super::Store;
 use super::outbox::insert_event_as;
 
@@ -248,6 +252,143 @@ async fn release_held<D: Dialect>(
     Ok((released, last))
 }
 
+/// The operation of `tenant` that `naming` finds, on `conn`. Only this
+/// tenant's operations are searched: another tenant's provider key or
+/// reference finds nothing.
+async fn find_named<D: Dialect>(
+    conn: &mut Conn<D>,
+    tenant: &str,
+    naming: &Naming<'_>,
+    max_candidates: u32,
+) -> Result<Option<Operation>, sqlx::Error> {
+    let cols = super::reads::OP_COLUMNS;
+    let rows = match naming {
+        Naming::ProviderKey(k) => {
+            sql::<D>(&format!(
+                "SELECT {cols} FROM operations WHERE tenant_id = ? AND provider_key = ? LIMIT 1"
+            ))
+            .bind(tenant)
+            .bind(k.as_str())
+            .fetch_all(&mut *conn)
+            .await?
+        }
+        Naming::Reference(r) => sql::<D>(&format!(
+            "SELECT {cols} FROM operations WHERE tenant_id = ? AND provider_reference = ? LIMIT 1"
+        ))
+        .bind(tenant)
+        .bind(r.as_str())
+        .fetch_all(&mut *conn)
+        .await?,
+        Naming::Match { route, .. } => {
+            sql::<D>(&format!(
+                "SELECT {cols} FROM operations WHERE tenant_id = ? AND state = ? AND route = ? \
+             ORDER BY updated_at DESC, operation_id LIMIT ?"
+            ))
+            .bind(tenant)
+            .bind(State::Unknown)
+            .bind(*route)
+            .bind(i64::from(max_candidates))
+            .fetch_all(&mut *conn)
+            .await?
+        }
+    };
+    for row in &rows {
+        let op = super::reads::op_from_row(row)?;
+        match naming {
+            Naming::Match { accepts, .. } if !accepts(&op) => continue,
+            _ => return Ok(Some(op)),
+        }
+    }
+    Ok(None)
+}
+
+/// Applies the first rule of `r` that names an operation of `tenant`, on
+/// `conn` (inside the event's transaction): a success for an UNKNOWN
+/// operation takes a reconciliation lease (new fencing token) and records
+/// the rule's outcome under it, the fenced write of a read-back "found"
+/// (with its operation event); a failure moves its next read-back to now;
+/// an operation in another state is left as it is. Returns what it did,
+/// or `None` when no rule names an operation.
+async fn resolve_on<D: Dialect>(
+    conn: &mut Conn<D>,
+    subs: &super::Subscriptions,
+    tenant: &str,
+    r: &Resolving<'_>,
+    now: i64,
+) -> Result<Option<Resolution>, LedgerError> {
+    for rule in &r.rules {
+        let Some(op) = find_named::<D>(&mut *conn, tenant, &rule.naming, r.max_candidates).await?
+        else {
+            continue;
+        };
+        let ty = r.event_type;
+        let opref = OpRef::new(&op.tenant_id, &op.operation_id);
+        let (resolved, note) = if op.state != State::Unknown {
+            let why = format!("the operation is {}", op.state);
+            (Resolved::Ignored(why.clone()), format!("ignored: {why}"))
+        } else {
+            match &rule.says {
+                Says::Failed => {
+                    let cmd = ReadBackNow {
+                        op: opref,
+                        version: op.version,
+                    };
+                    if command::apply::<D, _>(&mut *conn, &cmd, now)
+                        .await?
+                        .is_some()
+                    {
+                        (
+                            Resolved::ReadBack,
+                            format!("read-back: {ty} says it failed; read back now"),
+                        )
+                    } else {
+                        let why = "the operation moved on".to_owned();
+                        (Resolved::Ignored(why.clone()), format!("ignored: {why}"))
+                    }
+                }
+                Says::Succeeded(outcome) => {
+                    let lease = LeaseForReconcile {
+                        op: opref,
+                        version: op.version,
+                        lease: Lease {
+                            owner: r.lease_owner,
+                            ms: r.lease_ms,
+                        },
+                        reason: r.lease_reason,
+                    };
+                    let claimed = command::apply::<D, _>(&mut *conn, &lease, now).await?;
+                    let recorded = match claimed {
+                        None => None,
+                        Some(c) => {
+                            let cmd = RecordOutcome {
+                                op: opref,
+                                from: State::Unknown,
+                                fence: c.fence,
+                                actor: r.actor,
+                                outcome: outcome.as_ref(),
+                            };
+                            super::writes::record_outcome_on::<D>(&mut *conn, subs, &cmd, now)
+                                .await?
+                        }
+                    };
+                    if recorded.is_some() {
+                        (Resolved::Completed, format!("completed: {ty}"))
+                    } else {
+                        let why = "another owner holds the operation".to_owned();
+                        (Resolved::Ignored(why.clone()), format!("ignored: {why}"))
+                    }
+                }
+            }
+        };
+        return Ok(Some(Resolution {
+            operation_id: op.operation_id.clone(),
+            resolved,
+            note,
+        }));
+    }
+    Ok(None)
+}
+
 /// What an operator does with a quarantined event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuarantineAction {
@@ -264,6 +405,7 @@ impl<D: Dialect> Store<D> {
         ev: &NewInboxEvent<'_>,
     ) -> Result<Received, LedgerError> {
         let (mut tx, now) = self.begin().await?;
+        tx.add_bytes(ev.payload.len());
         // The one indexed statement a duplicate costs.
         if !insert_inbox_row::<D>(&mut tx, ev, now).await? {
             tx.commit().await?;
@@ -284,41 +426,59 @@ impl<D: Dialect> Store<D> {
                 }
             }
         };
-        if state != "accepted" {
+        let mut outbox_event_id = None;
+        if state == "accepted" {
+            let stored = fetch_inbox::<D>(&mut tx, id)
+                .await?
+                .ok_or(sqlx::Error::RowNotFound)?;
+            if ev.deliver {
+                outbox_event_id = Some(queue_delivery::<D>(&mut tx, &stored, false, now).await?);
+            }
+            if let Some(o) = ev.ordering {
+                released = release_held::<D>(
+                    &mut tx,
+                    (ev.tenant, ev.source, o.key),
+                    o.sequence,
+                    ev.deliver,
+                    now,
+                )
+                .await?
+                .0;
+            }
+        } else {
             let held = (state == "held")
                 .then(|| now.saturating_add(ev.ordering.map_or(0, |o| o.reorder_window_ms)));
             set_state::<D>(&mut tx, id, state, held, false).await?;
-            tx.commit().await?;
-            return Ok(Received::Stored {
-                state: state.into(),
-                released,
-                outbox_event_id: None,
-            });
         }
-        let stored = fetch_inbox::<D>(&mut tx, id)
-            .await?
-            .ok_or(sqlx::Error::RowNotFound)?;
-        let outbox_event_id = if ev.deliver {
-            Some(queue_delivery::<D>(&mut tx, &stored, false, now).await?)
-        } else {
-            None
+        // What the event says of the operation it names lands in this
+        // commit too: a crash never leaves the event stored and its
+        // resolution undone (a redelivery would be a duplicate).
+        let resolution = match ev.resolve {
+            Some(r) => {
+                let subs = self.subscriptions.load_full();
+                resolve_on::<D>(&mut tx, &subs, ev.tenant, r, now).await?
+            }
+            None => None,
         };
-        if let Some(o) = ev.ordering {
-            released = release_held::<D>(
-                &mut tx,
-                (ev.tenant, ev.source, o.key),
-                o.sequence,
-                ev.deliver,
-                now,
+        if let Some(r) = &resolution {
+            sql::<D>(
+                "UPDATE inbox SET operation_id = ?, resolution = ? WHERE tenant_id = ? AND source = ? AND event_id = ?",
             )
-            .await?
-            .0;
+            .bind(&r.operation_id)
+            .bind(clean(&r.note))
+            .bind(ev.tenant)
+            .bind(ev.source)
+            .bind(ev.event_id)
+            .execute(&mut tx)
+            .await?;
         }
+        crate::failpoint::hit("before-inbox-commit");
         tx.commit().await?;
         Ok(Received::Stored {
             state: state.into(),
             released,
             outbox_event_id,
+            resolution,
         })
     }
 
@@ -442,28 +602,6 @@ impl<D: Dialect> Store<D> {
         Ok(Some(done))
     }
 
-    /// See [`crate::ledger::Ledger::note_inbox_resolution`].
-    pub(crate) async fn note_inbox_resolution(
-        &self,
-        (tenant, source, event_id): (&str, &str, &str),
-        operation_id: Option<&str>,
-        resolution: &str,
-    ) -> Result<(), LedgerError> {
-        let (mut tx, _) = self.begin().await?;
-        sql::<D>(
-            "UPDATE inbox SET operation_id = ?, resolution = ? WHERE tenant_id = ? AND source = ? AND event_id = ?",
-        )
-        .bind(operation_id)
-        .bind(clean(resolution))
-        .bind(tenant)
-        .bind(source)
-        .bind(event_id)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
     /// See [`crate::ledger::Ledger::inbox_events`].
     pub(crate) async fn inbox_events(
         &self,
@@ -550,24 +688,46 @@ impl<D: Dialect> Store<D> {
         Ok(n)
     }
 
-    /// See [`crate::ledger::Ledger::operation_named`].
-    pub(crate) async fn operation_named(
+    /// See [`crate::ledger::Ledger::sweep_inbox_sequences`].
+    pub(crate) async fn sweep_inbox_sequences(
         &self,
-        tenant: &str,
-        provider_key: Option<&str>,
-        reference: Option<&str>,
-    ) -> Result<Option<super::super::Operation>, LedgerError> {
-        let mut conn = self.read.acquire().await?;
-        let row = sql::<D>(&format!(
-            "SELECT {} FROM operations WHERE tenant_id = ?1 AND ((?2 IS NOT NULL AND provider_key = ?2) \
-             OR (?3 IS NOT NULL AND provider_reference = ?3)) LIMIT 1",
-            super::reads::OP_COLUMNS
-        ))
+        (tenant, source): (&str, &str),
+        window_ms: i64,
+        batch: u32,
+    ) -> Result<u64, LedgerError> {
+        let (mut tx, now) = self.begin().await?;
+        // A key with a held or quarantined event still orders it.
+        let n = sql::<D>(
+            "DELETE FROM inbox_sequences WHERE (tenant_id, source, sequence_key) IN \
+             (SELECT s.tenant_id, s.source, s.sequence_key FROM inbox_sequences s \
+             WHERE s.tenant_id = ? AND s.source = ? AND s.updated_at <= ? AND NOT EXISTS \
+             (SELECT 1 FROM inbox i WHERE i.tenant_id = s.tenant_id AND i.source = s.source \
+             AND i.sequence_key = s.sequence_key AND i.state IN ('held', 'quarantined')) LIMIT ?)",
+        )
         .bind(tenant)
-        .bind(provider_key)
-        .bind(reference)
+        .bind(source)
+        .bind(now.saturating_sub(window_ms.max(0)))
+        .bind(i64::from(batch))
+        .execute(&mut tx)
+        .await?;
+        tx.commit().await?;
+        Ok(n)
+    }
+
+    /// See [`crate::ledger::Ledger::inbox_sequence`].
+    pub(crate) async fn inbox_sequence(
+        &self,
+        (tenant, source, key): (&str, &str, &str),
+    ) -> Result<Option<i64>, LedgerError> {
+        let mut conn = self.read.acquire().await?;
+        let row = sql::<D>(
+            "SELECT last_applied FROM inbox_sequences WHERE tenant_id = ? AND source = ? AND sequence_key = ?",
+        )
+        .bind(tenant)
+        .bind(source)
+        .bind(key)
         .fetch_optional(&mut conn)
         .await?;
-        Ok(row.as_ref().map(super::reads::op_from_row).transpose()?)
+        Ok(row.map(|r| r.get("last_applied")).transpose()?)
     }
 }

@@ -123,7 +123,11 @@ impl<D: Dialect> Store<D> {
     ) -> Result<bool, LedgerError> {
         let (mut tx, now) = self.begin_for(cmd).await?;
         tx.add_bytes(cmd.outcome.response_body.as_ref().map_or(0, Vec::len));
-        let Some(applied) = command::apply::<D, _>(&mut tx, cmd, now).await? else {
+        let subs = self.subscriptions.load_full();
+        if record_outcome_on::<D>(&mut tx, &subs, cmd, now)
+            .await?
+            .is_none()
+        {
             self.count_stale_fence();
             tracing::warn!(
                 tenant = cmd.op.tenant,
@@ -132,36 +136,7 @@ impl<D: Dialect> Store<D> {
                 "write rejected: fencing token is not current"
             );
             return Ok(false);
-        };
-        let outcome = cmd.outcome;
-        if let Some(attempt_outcome) = &outcome.attempt_outcome {
-            let attempt = AttemptRow {
-                op: cmd.op,
-                attempt: applied.attempts,
-                fence: cmd.fence,
-                status: outcome.response_status.map(i64::from),
-                outcome: attempt_outcome,
-                detail: outcome.error_detail.as_deref(),
-                at: now,
-                request_id: outcome.request_id.as_deref(),
-            };
-            insert_attempt::<D>(&mut tx, &attempt).await?;
         }
-        if outcome.state == super::super::State::Completed {
-            // A compensation's original becomes COMPENSATED with it.
-            super::compensation::complete_original::<D>(&mut tx, cmd.op, now).await?;
-        }
-        let reported = super::events::Reported {
-            op: cmd.op,
-            from: Some(cmd.from),
-            to: outcome.state,
-            version: applied.version,
-            dead_letter: outcome.dead_letter.is_some(),
-            reason: &outcome.reason,
-            provider_reference: outcome.provider_reference.as_deref(),
-        };
-        let subs = self.subscriptions.load_full();
-        super::events::report::<D>(&mut tx, &subs, &reported, now).await?;
         crate::failpoint::hit("before-outcome-commit");
         tx.commit().await?;
         Ok(true)
@@ -220,6 +195,55 @@ impl<D: Dialect> Store<D> {
         tx.commit().await?;
         Ok(())
     }
+}
+
+/// Applies outcome `cmd` at `now` on `conn` (inside the caller's
+/// transaction): the fenced compare-and-swap and its transition, the
+/// attempts log row, a compensation's original made COMPENSATED with it,
+/// and the operation event its tenant subscribes to (`subs`). Returns the
+/// row after it, or `None` when the fencing token is not current (then
+/// nothing was written).
+///
+/// Errors: [`LedgerError::IllegalTransition`] before any write, or the
+/// database's.
+pub(super) async fn record_outcome_on<D: Dialect>(
+    conn: &mut Conn<D>,
+    subs: &super::Subscriptions,
+    cmd: &RecordOutcome<'_>,
+    now: i64,
+) -> Result<Option<command::Applied>, LedgerError> {
+    let Some(applied) = command::apply::<D, _>(&mut *conn, cmd, now).await? else {
+        return Ok(None);
+    };
+    let outcome = cmd.outcome;
+    if let Some(attempt_outcome) = &outcome.attempt_outcome {
+        let attempt = AttemptRow {
+            op: cmd.op,
+            attempt: applied.attempts,
+            fence: cmd.fence,
+            status: outcome.response_status.map(i64::from),
+            outcome: attempt_outcome,
+            detail: outcome.error_detail.as_deref(),
+            at: now,
+            request_id: outcome.request_id.as_deref(),
+        };
+        insert_attempt::<D>(&mut *conn, &attempt).await?;
+    }
+    if outcome.state == super::super::State::Completed {
+        // A compensation's original becomes COMPENSATED with it.
+        super::compensation::complete_original::<D>(&mut *conn, cmd.op, now).await?;
+    }
+    let reported = super::events::Reported {
+        op: cmd.op,
+        from: Some(cmd.from),
+        to: outcome.state,
+        version: applied.version,
+        dead_letter: outcome.dead_letter.is_some(),
+        reason: &outcome.reason,
+        provider_reference: outcome.provider_reference.as_deref(),
+    };
+    super::events::report::<D>(&mut *conn, subs, &reported, now).await?;
+    Ok(Some(applied))
 }
 
 pub(super) async fn insert_decisions<D: Dialect>(
