@@ -77,6 +77,10 @@ struct Setup {
     storage: Option<StorageSpec>,
     /// `events = […]` of tenant a's webhook (TOML), if set.
     hook_events: Option<String>,
+    /// More lines of the `/pay/` route (before its read-back).
+    route_extra: String,
+    /// More lines of tenant a (after its webhook: e.g. its policies).
+    tenant_a_extra: String,
 }
 
 /// A gateway of the inbox tests, with the name of its Stripe source:
@@ -111,16 +115,19 @@ async fn app_with(rx: &Receiver, s: Setup) -> App {
     );
     env();
     let app = spawn_with(Opts {
-        route_extra: "[routes.read_back]\npath = \"/v1/charges?idempotency_key={provider_key}\"\n\
-             found_pointer = \"/data/0\"\nmatch = { \"/idempotency_key\" = \"{provider_key}\" }\n\
-             reference_pointer = \"/id\"\nsettle_delay_ms = 0\n"
-            .into(),
+        route_extra: format!(
+            "{}[routes.read_back]\npath = \"/v1/charges?idempotency_key={{provider_key}}\"\n\
+             found_pointer = \"/data/0\"\nmatch = {{ \"/idempotency_key\" = \"{{provider_key}}\" }}\n\
+             reference_pointer = \"/id\"\nsettle_delay_ms = 0\n",
+            s.route_extra
+        ),
         tenant_a: format!(
-            "webhook = {{ url = \"{}\", secret_env = \"TEST_INBOX_HOOK\"{} }}",
+            "webhook = {{ url = \"{}\", secret_env = \"TEST_INBOX_HOOK\"{} }}\n{}",
             rx.url,
             s.hook_events
                 .map(|e| format!(", events = {e}"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            s.tenant_a_extra
         ),
         more: format!(
             "[reconcile]\nenabled = false\n\n\
@@ -254,13 +261,19 @@ async fn python(py: &std::path::Path, script: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_stripe_scheme_agrees_with_the_stripe_sdk_both_ways() {
+async fn the_stripe_scheme_agrees_with_the_stripe_sdk_both_ways(storage: Option<StorageSpec>) {
     let Some(py) = test_python(&["stripe"]) else {
         return;
     };
     let rx = spawn_receiver().await;
-    let app = app_with(&rx, Setup::default()).await;
+    let app = app_with(
+        &rx,
+        Setup {
+            storage,
+            ..Setup::default()
+        },
+    )
+    .await;
 
     // Signed by the SDK: effectgate accepts it.
     let body = charge_event("evt_sdk_1", "charge.succeeded", json!({"id": "ch_9"}));
@@ -314,6 +327,11 @@ async fn the_stripe_scheme_agrees_with_the_stripe_sdk_both_ways() {
     ids.sort();
     assert_eq!(ids, vec!["evt_sdk_1", "evt_sdk_3"]);
 }
+both!(
+    the_stripe_scheme_agrees_with_the_stripe_sdk_both_ways_sqlite,
+    the_stripe_scheme_agrees_with_the_stripe_sdk_both_ways_postgres,
+    the_stripe_scheme_agrees_with_the_stripe_sdk_both_ways
+);
 
 const SW_PY: &str = r#"
 import sys, json
@@ -365,13 +383,21 @@ async fn sw_verify(py: &std::path::Path, secret: &str, got: &[Delivery]) -> Vec<
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn standard_webhooks_agree_with_the_standardwebhooks_package_in_and_out() {
+async fn standard_webhooks_agree_with_the_standardwebhooks_package_in_and_out(
+    storage: Option<StorageSpec>,
+) {
     let Some(py) = test_python(&["standardwebhooks"]) else {
         return;
     };
     let rx = spawn_receiver().await;
-    let app = app_with(&rx, Setup::default()).await;
+    let app = app_with(
+        &rx,
+        Setup {
+            storage,
+            ..Setup::default()
+        },
+    )
+    .await;
     let body = json!({"type": "email.delivered", "data": {"id": "m_1"}}).to_string();
     let ts = now_s(&app);
 
@@ -439,6 +465,11 @@ async fn standard_webhooks_agree_with_the_standardwebhooks_package_in_and_out() 
     assert_eq!(v["data"]["event"]["data"]["id"], "m_1");
     assert_eq!(d.header("effectgate-gap"), None);
 }
+both!(
+    standard_webhooks_agree_with_the_standardwebhooks_package_in_and_out_sqlite,
+    standard_webhooks_agree_with_the_standardwebhooks_package_in_and_out_postgres,
+    standard_webhooks_agree_with_the_standardwebhooks_package_in_and_out
+);
 
 // ---------------------------------------------------------------------------
 // Bad input: 400/413 naming the check, counted, never stored.
@@ -671,12 +702,12 @@ async fn a_duplicate_sent_ten_times_at_once_is_stored_and_delivered_once(
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn events_past_the_dedupe_window_are_swept() {
+async fn events_past_the_dedupe_window_are_swept(storage: Option<StorageSpec>) {
     let rx = spawn_receiver().await;
     let app = app_with(
         &rx,
         Setup {
+            storage,
             stripe_extra: "dedupe_window_ms = 300000\n".into(),
             ..Setup::default()
         },
@@ -698,15 +729,26 @@ async fn events_past_the_dedupe_window_are_swept() {
     assert!(inbox_list(&app, "").await.is_empty());
 }
 both!(
+    events_past_the_dedupe_window_are_swept_sqlite,
+    events_past_the_dedupe_window_are_swept_postgres,
+    events_past_the_dedupe_window_are_swept
+);
+both!(
     a_duplicate_sent_ten_times_at_once_is_stored_and_delivered_once_sqlite,
     a_duplicate_sent_ten_times_at_once_is_stored_and_delivered_once_postgres,
     a_duplicate_sent_ten_times_at_once_is_stored_and_delivered_once
 );
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_github_style_hmac_source_takes_its_event_id_from_a_header() {
+async fn a_github_style_hmac_source_takes_its_event_id_from_a_header(storage: Option<StorageSpec>) {
     let rx = spawn_receiver().await;
-    let app = app_with(&rx, Setup::default()).await;
+    let app = app_with(
+        &rx,
+        Setup {
+            storage,
+            ..Setup::default()
+        },
+    )
+    .await;
     let body = json!({"action": "opened", "number": 7}).to_string();
     let sig = format!(
         "sha256={}",
@@ -746,6 +788,11 @@ async fn a_github_style_hmac_source_takes_its_event_id_from_a_header() {
     assert_eq!(v["events"].as_array().unwrap().len(), 1);
     assert_eq!(v["events"][0]["event_type"], "opened");
 }
+both!(
+    a_github_style_hmac_source_takes_its_event_id_from_a_header_sqlite,
+    a_github_style_hmac_source_takes_its_event_id_from_a_header_postgres,
+    a_github_style_hmac_source_takes_its_event_id_from_a_header
+);
 
 // ---------------------------------------------------------------------------
 // Webhook-driven reconciliation.
@@ -887,12 +934,12 @@ both!(
     an_event_naming_another_tenants_provider_key_is_ignored
 );
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failure_event_only_starts_a_read_back() {
+async fn a_failure_event_only_starts_a_read_back(storage: Option<StorageSpec>) {
     let rx = spawn_receiver().await;
     let app = app_with(
         &rx,
         Setup {
+            storage,
             stripe_extra: RESOLVES.into(),
             ..Setup::default()
         },
@@ -928,6 +975,11 @@ async fn a_failure_event_only_starts_a_read_back() {
     );
     assert_eq!(app.mock.provider.charges().len(), 1);
 }
+both!(
+    a_failure_event_only_starts_a_read_back_sqlite,
+    a_failure_event_only_starts_a_read_back_postgres,
+    a_failure_event_only_starts_a_read_back
+);
 
 // ---------------------------------------------------------------------------
 // Ordering by sequence key.
@@ -1220,6 +1272,7 @@ async fn every_transition_reports_its_event_and_a_fenced_off_one_none(
                  \"operation.completed\", \"operation.failed\"]"
                     .into(),
             ),
+            ..Setup::default()
         },
     )
     .await;
@@ -1359,10 +1412,18 @@ both!(
     every_transition_reports_its_event_and_a_fenced_off_one_none
 );
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_a_subscription_only_the_default_operation_events_go_out() {
+async fn without_a_subscription_only_the_default_operation_events_go_out(
+    storage: Option<StorageSpec>,
+) {
     let rx = spawn_receiver().await;
-    let app = app_with(&rx, Setup::default()).await;
+    let app = app_with(
+        &rx,
+        Setup {
+            storage,
+            ..Setup::default()
+        },
+    )
+    .await;
     assert_eq!(app.charge("k-ok", CHARGE).await.status(), 200);
     app.mock.provider.set_faults(mock_provider::Faults {
         drop_after_effect_times: 1,
@@ -1380,6 +1441,11 @@ async fn without_a_subscription_only_the_default_operation_events_go_out() {
         vec![("operation.unknown".to_owned(), "k-lost".to_owned())]
     );
 }
+both!(
+    without_a_subscription_only_the_default_operation_events_go_out_sqlite,
+    without_a_subscription_only_the_default_operation_events_go_out_postgres,
+    without_a_subscription_only_the_default_operation_events_go_out
+);
 
 // ---------------------------------------------------------------------------
 // The console's Inbox page.
@@ -1434,12 +1500,14 @@ async fn console_session(app: &App, key: &str) -> String {
         .to_owned()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_console_lists_inbox_events_and_an_operator_releases_a_quarantined_one() {
+async fn the_console_lists_inbox_events_and_an_operator_releases_a_quarantined_one(
+    storage: Option<StorageSpec>,
+) {
     let rx = spawn_receiver().await;
     let app = app_with(
         &rx,
         Setup {
+            storage,
             stripe_extra: ordered("quarantine"),
             ..Setup::default()
         },
@@ -1503,13 +1571,20 @@ async fn the_console_lists_inbox_events_and_an_operator_releases_a_quarantined_o
     assert_eq!(delivered_ids(&got), vec!["e1", "e3"]);
     assert_eq!(got[1].header("effectgate-gap"), Some("true"));
 }
+both!(
+    the_console_lists_inbox_events_and_an_operator_releases_a_quarantined_one_sqlite,
+    the_console_lists_inbox_events_and_an_operator_releases_a_quarantined_one_postgres,
+    the_console_lists_inbox_events_and_an_operator_releases_a_quarantined_one
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_match_rule_finds_the_unknown_operation_by_its_body_and_provider_key() {
+async fn a_match_rule_finds_the_unknown_operation_by_its_body_and_provider_key(
+    storage: Option<StorageSpec>,
+) {
     let rx = spawn_receiver().await;
     let app = app_with(
         &rx,
         Setup {
+            storage,
             stripe_extra:
                 "[[inbox.resolves]]\nsucceeded = [\"charge.succeeded\"]\nroute = \"payments\"\n\
                  reference = \"/data/object/id\"\n\
@@ -1553,3 +1628,486 @@ async fn a_match_rule_finds_the_unknown_operation_by_its_body_and_provider_key()
     assert_eq!(app.op_json("k2").await["state"], "UNKNOWN");
     assert_eq!(app.mock.provider.readbacks(), 0);
 }
+both!(
+    a_match_rule_finds_the_unknown_operation_by_its_body_and_provider_key_sqlite,
+    a_match_rule_finds_the_unknown_operation_by_its_body_and_provider_key_postgres,
+    a_match_rule_finds_the_unknown_operation_by_its_body_and_provider_key
+);
+
+// ---------------------------------------------------------------------------
+// Resolution by the provider's reference.
+// ---------------------------------------------------------------------------
+
+const BY_REFERENCE: &str =
+    "[[inbox.resolves]]\nsucceeded = [\"charge.succeeded\"]\nreference = \"/data/object/id\"\n";
+
+/// Records `reference` on UNKNOWN operation `id` of `tenant` the way a
+/// reconciliation lease holder records what it learnt (UNKNOWN → UNKNOWN
+/// under a new fencing token, the stored response kept, the lease
+/// released): the ledger now knows the provider's reference.
+async fn note_reference(app: &TestApp, tenant: &str, id: &str, reference: &str) {
+    use effectgate::ledger::{Outcome, State};
+    let ledger = &app.gw.state.ledger;
+    let op = ledger.get(tenant, id).await.unwrap().unwrap();
+    assert_eq!(op.state, State::Unknown);
+    let lease = ledger
+        .lease_for_reconcile(tenant, id, op.version, "test", 60_000, "test: lease")
+        .await
+        .unwrap()
+        .unwrap();
+    let mut o = Outcome::new(State::Unknown, "test: the provider's reference is known");
+    o.keep_response = true;
+    o.error_kind = op.error_kind.clone();
+    o.error_detail = op.error_detail.clone();
+    o.provider_reference = Some(reference.to_owned());
+    assert!(
+        ledger
+            .record_outcome(tenant, id, lease.fence, State::Unknown, "test", &o)
+            .await
+            .unwrap()
+    );
+    let op = ledger.get(tenant, id).await.unwrap().unwrap();
+    assert_eq!(op.provider_reference.as_deref(), Some(reference));
+}
+
+async fn a_reference_rule_completes_the_unknown_operation_it_names(storage: Option<StorageSpec>) {
+    let rx = spawn_receiver().await;
+    let app = app_with(
+        &rx,
+        Setup {
+            storage,
+            stripe_extra: BY_REFERENCE.into(),
+            ..Setup::default()
+        },
+    )
+    .await;
+    app.mock.provider.set_faults(mock_provider::Faults {
+        drop_after_effect_times: 2,
+        ..Default::default()
+    });
+    // A lost reply for tenant a and one for tenant b; the ledger knows
+    // both charges' references.
+    assert!(app.charge("k1", CHARGE).await.status().is_server_error());
+    assert!(
+        app.charge_as(KEY_B, "kb", CHARGE)
+            .await
+            .status()
+            .is_server_error()
+    );
+    let charges = app.mock.provider.charges();
+    let (ca, cb) = (charges[0].clone(), charges[1].clone());
+    note_reference(&app, "a", "k1", &ca.id).await;
+    note_reference(&app, "b", "kb", &cb.id).await;
+    let event = |id: &str, c: &mock_provider::Charge| {
+        // No idempotency key in the event: only the reference names it.
+        charge_event(
+            id,
+            "charge.succeeded",
+            json!({"id": c.id, "object": "charge", "amount": c.amount}),
+        )
+    };
+
+    // Tenant a's source names tenant b's charge: ignored, b's operation
+    // stays UNKNOWN and the event names no operation.
+    let r = stripe_event(&app, &event("evt_b", &cb)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["state"], "accepted");
+    let b: Value = app
+        .operation(ADMIN_B, "b", "kb")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        b["state"], "UNKNOWN",
+        "another tenant's event resolves nothing"
+    );
+    assert_eq!(b["inbox_events"], json!([]));
+    assert_eq!(app.op_json("k1").await["state"], "UNKNOWN");
+    let ev = &inbox_list(&app, "").await[0];
+    assert_eq!(ev["event_id"], "evt_b");
+    assert_eq!(ev["operation_id"], Value::Null);
+    assert_eq!(ev["resolution"], Value::Null);
+
+    // Its own charge, by reference: COMPLETED from the event.
+    let r = stripe_event(&app, &event("evt_a", &ca)).await;
+    assert_eq!(r.status(), 200);
+    let op = app.op_json("k1").await;
+    assert_eq!(op["state"], "COMPLETED");
+    assert_eq!(op["provider_reference"], ca.id.as_str());
+    let reasons: Vec<&str> = op["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["reason"].as_str().unwrap())
+        .collect();
+    assert!(
+        reasons.iter().any(|r| *r
+            == format!(
+                "inbox: {} event evt_a (charge.succeeded) says the effect exists",
+                app.src
+            )),
+        "{reasons:?}"
+    );
+    assert_eq!(op["inbox_events"][0]["event_id"], "evt_a");
+    assert_eq!(
+        op["inbox_events"][0]["resolution"],
+        "completed: charge.succeeded"
+    );
+    // The caller's retry is the replay of the event's object; no
+    // read-back was made, and b's operation is still UNKNOWN.
+    let retry = app.charge("k1", CHARGE).await;
+    assert_eq!(retry.status(), 200);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let v: Value = retry.json().await.unwrap();
+    assert_eq!(v["id"], ca.id.as_str());
+    assert_eq!(v["object"], "charge");
+    assert_eq!(app.mock.provider.readbacks(), 0, "no read-back call");
+    assert_eq!(app.mock.provider.charges().len(), 2);
+    let b: Value = app
+        .operation(ADMIN_B, "b", "kb")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(b["state"], "UNKNOWN");
+}
+both!(
+    a_reference_rule_completes_the_unknown_operation_it_names_sqlite,
+    a_reference_rule_completes_the_unknown_operation_it_names_postgres,
+    a_reference_rule_completes_the_unknown_operation_it_names
+);
+
+// ---------------------------------------------------------------------------
+// Operation events of requeues and refused approvals.
+// ---------------------------------------------------------------------------
+
+const BIG: &str = r#"{"amount":5000,"currency":"eur","client_ref":"r-big"}"#;
+
+const ALL_OPERATION_EVENTS: &str = "[\"operation.unknown\", \"operation.dead_lettered\", \
+     \"operation.reconciled\", \"operation.completed\", \"operation.failed\"]";
+
+/// A 202 for an approval; returns its id.
+async fn pending_approval(app: &App, key: &str) -> String {
+    let r = app.charge(key, BIG).await;
+    assert_eq!(r.status(), 202);
+    r.json::<Value>().await.unwrap()["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+async fn requeues_and_refused_approvals_report_their_events_once(storage: Option<StorageSpec>) {
+    let rx = spawn_receiver().await;
+    let app = app_with(
+        &rx,
+        Setup {
+            storage,
+            hook_events: Some(ALL_OPERATION_EVENTS.into()),
+            route_extra: "effect_class = \"payment\"\n".into(),
+            tenant_a_extra: format!(
+                "[[tenants.policies]]\nroute = \"payments\"\nmodule = \"{}\"\nconfig = {{ threshold = 1000 }}\n",
+                policy_wasm("amount_threshold").display()
+            ),
+            ..Setup::default()
+        },
+    )
+    .await;
+    let ledger = &app.gw.state.ledger;
+
+    // An approval nobody decides expires: AWAITING_APPROVAL → FAILED,
+    // `operation.failed`; expiring again changes nothing.
+    pending_approval(&app, "k-exp").await;
+    ledger.shift_clock(86_400_001).await.unwrap();
+    assert_eq!(ledger.expire_approvals(100).await.unwrap(), 1);
+    assert_eq!(ledger.expire_approvals(100).await.unwrap(), 0);
+    assert_eq!(app.op_json("k-exp").await["state"], "FAILED");
+
+    // A rejected approval: FAILED, `operation.failed`; a second decision
+    // is refused and reports nothing.
+    let id = pending_approval(&app, "k-rej").await;
+    let path = format!("/admin/tenants/a/approvals/{id}/reject");
+    let decide = || app.admin_post(APPROVER_A, &path, r#"{"comment":"no"}"#);
+    assert_eq!(decide().await.status(), 200);
+    assert_eq!(decide().await.status(), 409);
+    assert_eq!(app.op_json("k-rej").await["state"], "FAILED");
+
+    // A dead letter an operator requeues: FAILED → UNKNOWN
+    // (`operation.unknown`); its read-back finds nothing and the new
+    // attempt completes it (`operation.completed`).
+    app.mock.provider.set_faults(mock_provider::Faults {
+        fail_503_times: 100,
+        ..Default::default()
+    });
+    assert_eq!(app.charge("k-dead", CHARGE).await.status(), 503);
+    let dead = ledger.get("a", "k-dead").await.unwrap().unwrap();
+    assert!(dead.dead_letter);
+    app.mock
+        .provider
+        .set_faults(mock_provider::Faults::default());
+    let r = app
+        .admin_post(
+            OPERATOR_A,
+            "/admin/tenants/a/operations/k-dead/requeue",
+            r#"{"reason":"the provider is back"}"#,
+        )
+        .await;
+    assert_eq!(r.status(), 202);
+    let mut state = Value::Null;
+    for _ in 0..300 {
+        state = app.op_json("k-dead").await["state"].clone();
+        if state == "COMPLETED" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(state, "COMPLETED");
+    // The same requeue at the old version loses its compare-and-swap:
+    // rolled back, nothing reported.
+    assert_eq!(
+        ledger
+            .requeue(
+                "a",
+                "k-dead",
+                dead.version,
+                effectgate::ledger::State::Unknown,
+                "test",
+                "again"
+            )
+            .await
+            .unwrap(),
+        None
+    );
+
+    let want = vec![
+        ("operation.completed", "k-dead"),
+        ("operation.dead_lettered", "k-dead"),
+        ("operation.failed", "k-exp"),
+        ("operation.failed", "k-rej"),
+        ("operation.unknown", "k-dead"),
+    ];
+    let want: Vec<(String, String)> = want
+        .into_iter()
+        .map(|(a, b)| (a.to_owned(), b.to_owned()))
+        .collect();
+    let mut got = Vec::new();
+    for _ in 0..100 {
+        got = operation_events(&deliveries(&app, &rx, 0).await);
+        if got.len() >= want.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // One more pass: nothing else comes.
+    let mut sorted = operation_events(&deliveries(&app, &rx, 0).await);
+    sorted.sort();
+    assert_eq!(sorted, want, "delivered: {got:?}");
+    let all = rx.got.lock().unwrap().clone();
+    let find = |ty: &str, id: &str| {
+        all.iter()
+            .map(Delivery::json)
+            .find(|v| v["type"] == ty && v["data"]["operation_id"] == id)
+            .unwrap()
+    };
+    let rejected = find("operation.failed", "k-rej");
+    assert_eq!(rejected["data"]["from_state"], "AWAITING_APPROVAL");
+    assert_eq!(rejected["data"]["to_state"], "FAILED");
+    assert!(
+        rejected["data"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("rejected by a:approver"),
+        "{rejected}"
+    );
+    let expired = find("operation.failed", "k-exp");
+    assert_eq!(expired["data"]["from_state"], "AWAITING_APPROVAL");
+    let requeued = find("operation.unknown", "k-dead");
+    assert_eq!(requeued["data"]["from_state"], "FAILED");
+    assert_eq!(requeued["data"]["to_state"], "UNKNOWN");
+    assert_eq!(
+        requeued["data"]["reason"],
+        "requeued by operator: the provider is back"
+    );
+}
+both!(
+    requeues_and_refused_approvals_report_their_events_once_sqlite,
+    requeues_and_refused_approvals_report_their_events_once_postgres,
+    requeues_and_refused_approvals_report_their_events_once
+);
+
+// ---------------------------------------------------------------------------
+// Ordering rows are swept.
+// ---------------------------------------------------------------------------
+
+async fn idle_ordering_rows_are_swept_after_the_sequence_window(storage: Option<StorageSpec>) {
+    let rx = spawn_receiver().await;
+    let app = app_with(
+        &rx,
+        Setup {
+            storage,
+            stripe_extra: format!(
+                "{}dedupe_window_ms = 300000\nsequence_window_ms = 600000\n",
+                ordered("quarantine")
+            ),
+            ..Setup::default()
+        },
+    )
+    .await;
+    let ledger = &app.gw.state.ledger;
+    let last = |key: &'static str| {
+        let app = &app;
+        async move {
+            app.gw
+                .state
+                .ledger
+                .inbox_sequence(("a", app.src.as_str(), key))
+                .await
+                .unwrap()
+        }
+    };
+    let tick = || effectgate::workers::inbox::tick(&app.gw.state);
+    assert_eq!(
+        state_of(&app, &versioned("e1", "cus_1", 1)).await,
+        "accepted"
+    );
+    assert_eq!(
+        state_of(&app, &versioned("e2", "cus_1", 2)).await,
+        "accepted"
+    );
+    assert_eq!(state_of(&app, &versioned("g3", "cus_2", 3)).await, "held");
+    assert_eq!(last("cus_1").await, Some(2));
+    assert_eq!(last("cus_2").await, Some(0));
+
+    // Inside the window both stay (g3 is quarantined meanwhile).
+    ledger.shift_clock(599_000).await.unwrap();
+    tick().await.unwrap();
+    assert_eq!(last("cus_1").await, Some(2));
+    assert_eq!(last("cus_2").await, Some(0));
+    assert_eq!(
+        inbox_list(&app, "?state=quarantined").await[0]["event_id"],
+        "g3"
+    );
+    // Past it the idle key's row goes.
+    ledger.shift_clock(2_000).await.unwrap();
+    tick().await.unwrap();
+    assert_eq!(last("cus_1").await, None, "swept");
+    // The swept key starts over (its events are past the dedupe window
+    // too): v1 is accepted again.
+    assert_eq!(
+        state_of(&app, &versioned("e1", "cus_1", 1)).await,
+        "accepted"
+    );
+    assert_eq!(last("cus_1").await, Some(1));
+    // A key whose quarantined event waits keeps its row however idle.
+    ledger.shift_clock(600_001).await.unwrap();
+    tick().await.unwrap();
+    assert_eq!(last("cus_1").await, None);
+    assert_eq!(last("cus_2").await, Some(0), "still ordering g3");
+
+    // Once the operator drops g3, its key's row is swept in turn.
+    let r = app
+        .http
+        .post(app.admin(&format!("/admin/tenants/a/inbox/{}/g3/drop", app.src)))
+        .bearer_auth(OPERATOR_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(last("cus_2").await, Some(3));
+    ledger.shift_clock(600_001).await.unwrap();
+    tick().await.unwrap();
+    assert_eq!(last("cus_2").await, None);
+}
+both!(
+    idle_ordering_rows_are_swept_after_the_sequence_window_sqlite,
+    idle_ordering_rows_are_swept_after_the_sequence_window_postgres,
+    idle_ordering_rows_are_swept_after_the_sequence_window
+);
+
+// ---------------------------------------------------------------------------
+// The console's Inbox page in a real browser.
+// ---------------------------------------------------------------------------
+
+async fn an_operator_releases_a_quarantined_event_in_the_browser(storage: Option<StorageSpec>) {
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    let node_path = std::env::var("NODE_PATH").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/effectgate-node/node_modules",
+            std::env::var("HOME").unwrap_or_default()
+        )
+    });
+    let have_browser = std::path::Path::new(&chromium).exists()
+        && std::path::Path::new(&node_path)
+            .join("playwright-core")
+            .exists();
+    if !have_browser {
+        skips::skip(
+            "Chromium and playwright-core",
+            &format!(
+                "no {chromium}, or no playwright-core in {node_path} (apt-get install chromium; npm install --prefix ~/.cache/effectgate-node playwright-core@1; or set CHROMIUM and NODE_PATH; .ci/run does both)"
+            ),
+        );
+        return;
+    }
+    let rx = spawn_receiver().await;
+    let app = app_with(
+        &rx,
+        Setup {
+            storage,
+            stripe_extra: ordered("quarantine"),
+            ..Setup::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        state_of(&app, &versioned("e1", "cus_1", 1)).await,
+        "accepted"
+    );
+    assert_eq!(state_of(&app, &versioned("e3", "cus_1", 3)).await, "held");
+    app.gw.state.ledger.shift_clock(60_001).await.unwrap();
+    effectgate::workers::inbox::tick(&app.gw.state)
+        .await
+        .unwrap();
+    assert_eq!(delivered_ids(&deliveries(&app, &rx, 1).await), vec!["e1"]);
+
+    let artifacts =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-artifacts");
+    std::fs::create_dir_all(&artifacts).unwrap();
+    let shot = artifacts.join(format!("console-inbox-{}.png", app.src));
+    let _ = std::fs::remove_file(&shot);
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("console/inbox.cjs");
+    let admin = format!("http://{}", app.gw.admin_addr);
+    let out = tokio::process::Command::new("node")
+        .arg(&script)
+        .args([&admin, OPERATOR_A, "e3"])
+        .arg(&shot)
+        .env("NODE_PATH", &node_path)
+        .env("CHROMIUM", &chromium)
+        .output()
+        .await
+        .expect("run node");
+    assert!(
+        out.status.success(),
+        "browser flow failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        std::fs::metadata(&shot).unwrap().len() > 1000,
+        "screenshot saved"
+    );
+    // Released in the browser: delivered once, after e1, flagged, and the
+    // row keeps the operator.
+    let got = deliveries(&app, &rx, 2).await;
+    assert_eq!(delivered_ids(&got), vec!["e1", "e3"]);
+    assert_eq!(got[1].header("effectgate-gap"), Some("true"));
+    assert_eq!(got[1].json()["data"]["gap"], true);
+    let accepted = inbox_list(&app, "?state=accepted").await;
+    let e3 = accepted.iter().find(|e| e["event_id"] == "e3").unwrap();
+    assert_eq!(e3["decided_by"], "a:operator");
+}
+both!(
+    an_operator_releases_a_quarantined_event_in_the_browser_sqlite,
+    an_operator_releases_a_quarantined_event_in_the_browser_postgres,
+    an_operator_releases_a_quarantined_event_in_the_browser
+);
