@@ -17,25 +17,50 @@
 //! `after-record` (recorded, the caller not yet answered),
 //! `before-outcome-commit` (an outcome and its operation event written,
 //! the transaction not yet committed), `before-deliver` (the relay holds
-//! an outbox event, about to POST it).
+//! an outbox event, about to POST it); [`hit_batch`] adds the group
+//! commit's `batch-before-commit` and `batch-after-commit`.
+
+/// Kills this process with SIGKILL at crash point `name`.
+#[cfg(feature = "failpoints")]
+#[allow(unsafe_code)] // the crash itself: kill(2) on this process
+fn die(name: &str) {
+    tracing::warn!(point = name, "crash point reached: SIGKILL");
+    // SAFETY: getpid and kill have no preconditions.
+    unsafe {
+        libc::kill(libc::getpid(), libc::SIGKILL);
+    }
+}
 
 /// Passes crash point `name`.
 #[cfg(feature = "failpoints")]
-#[allow(unsafe_code)] // the crash itself: kill(2) on this process
 pub fn hit(name: &str) {
-    fail::fail_point!(name, |_| {
-        tracing::warn!(point = name, "crash point reached: SIGKILL");
-        // SAFETY: getpid and kill have no preconditions.
-        unsafe {
-            libc::kill(libc::getpid(), libc::SIGKILL);
-        }
-    });
+    fail::fail_point!(name, |_| die(name));
 }
 
 /// Passes crash point `name` (a no-op without the `failpoints` feature).
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub fn hit(_name: &str) {}
+
+/// Passes crash point `name` of a group commit holding `size` writes:
+/// `return(<n>)` kills the process only when `size >= n` (`return`
+/// alone: any batch). Points: `batch-before-commit` (every write of the
+/// batch applied inside its transaction, `COMMIT` not sent yet) and
+/// `batch-after-commit` (committed, no write of the batch answered yet).
+#[cfg(feature = "failpoints")]
+pub fn hit_batch(name: &str, size: usize) {
+    fail::fail_point!(name, |min: Option<String>| {
+        if size >= min.and_then(|m| m.trim().parse().ok()).unwrap_or(1) {
+            die(name);
+        }
+    });
+}
+
+/// Passes batch crash point `name` (a no-op without the `failpoints`
+/// feature).
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn hit_batch(_name: &str, _size: usize) {}
 
 /// Whether failure injection `name` is on with a `return(<prefix>)`
 /// whose prefix starts `key` (always false without the `failpoints`

@@ -266,6 +266,7 @@ async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) {
         b.abandoned = false;
     }
     let size = b.waiting.len();
+    crate::failpoint::hit_batch("batch-before-commit", size);
     let started = Instant::now();
     let result = if b.poisoned {
         Err("injected commit failure (ledger-commit-fail)".to_owned())
@@ -278,6 +279,7 @@ async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) {
     };
     match result {
         Ok(()) => {
+            crate::failpoint::hit_batch("batch-after-commit", size);
             crate::metrics::ledger_batch(size, started.elapsed());
             shared.commits.fetch_add(1, Ordering::Relaxed);
             b.open = false;
