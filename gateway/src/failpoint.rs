@@ -17,7 +17,7 @@
 //! `after-record` (recorded, the caller not yet answered),
 //! `before-outcome-commit` (an outcome and its operation event written,
 //! the transaction not yet committed), `before-deliver` (the relay holds
-//! an outbox event, about to POST it); [`hit_batch`] adds the group
+//! an outbox event, about to POST it); [`crash`] adds the group
 //! commit's `batch-before-commit` and `batch-after-commit`.
 
 /// Kills this process with SIGKILL at crash point `name`.
@@ -42,25 +42,19 @@ pub fn hit(name: &str) {
 #[inline(always)]
 pub fn hit(_name: &str) {}
 
-/// Passes crash point `name` of a group commit holding `size` writes:
-/// `return(<n>)` kills the process only when `size >= n` (`return`
-/// alone: any batch). Points: `batch-before-commit` (every write of the
-/// batch applied inside its transaction, `COMMIT` not sent yet) and
-/// `batch-after-commit` (committed, no write of the batch answered yet).
-#[cfg(feature = "failpoints")]
-pub fn hit_batch(name: &str, size: usize) {
-    fail::fail_point!(name, |min: Option<String>| {
-        if size >= min.and_then(|m| m.trim().parse().ok()).unwrap_or(1) {
-            die(name);
-        }
-    });
+/// Kills the process with SIGKILL at crash point `name`, for a point
+/// whose condition the caller checked itself (the group commit's
+/// `batch-before-commit` and `batch-after-commit`, configured as
+/// `return(<prefix>)` like `ledger-commit-fail`: the process dies at a
+/// batch of two or more writes holding a new operation whose id starts
+/// with the prefix, before its `COMMIT` / after it and before any write of
+/// it is answered). A no-op without the `failpoints` feature.
+pub fn crash(name: &str) {
+    #[cfg(feature = "failpoints")]
+    die(name);
+    #[cfg(not(feature = "failpoints"))]
+    let _ = name;
 }
-
-/// Passes batch crash point `name` (a no-op without the `failpoints`
-/// feature).
-#[cfg(not(feature = "failpoints"))]
-#[inline(always)]
-pub fn hit_batch(_name: &str, _size: usize) {}
 
 /// Whether failure injection `name` is on with a `return(<prefix>)`
 /// whose prefix starts `key` (always false without the `failpoints`
