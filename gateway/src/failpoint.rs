@@ -20,25 +20,44 @@
 //! event, its delivery and its resolution of the operation it names
 //! written, the transaction not yet committed), `after-inbox-commit`
 //! (committed, the provider not yet answered), `before-deliver` (the
-//! relay holds an outbox event, about to POST it).
+//! relay holds an outbox event, about to POST it); [`crash`] adds the
+//! group commit's `batch-before-commit` and `batch-after-commit`.
+
+/// Kills this process with SIGKILL at crash point `name`.
+#[cfg(feature = "failpoints")]
+#[allow(unsafe_code)] // the crash itself: kill(2) on this process
+fn die(name: &str) {
+    tracing::warn!(point = name, "crash point reached: SIGKILL");
+    // SAFETY: getpid and kill have no preconditions.
+    unsafe {
+        libc::kill(libc::getpid(), libc::SIGKILL);
+    }
+}
 
 /// Passes crash point `name`.
 #[cfg(feature = "failpoints")]
-#[allow(unsafe_code)] // the crash itself: kill(2) on this process
 pub fn hit(name: &str) {
-    fail::fail_point!(name, |_| {
-        tracing::warn!(point = name, "crash point reached: SIGKILL");
-        // SAFETY: getpid and kill have no preconditions.
-        unsafe {
-            libc::kill(libc::getpid(), libc::SIGKILL);
-        }
-    });
+    fail::fail_point!(name, |_| die(name));
 }
 
 /// Passes crash point `name` (a no-op without the `failpoints` feature).
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub fn hit(_name: &str) {}
+
+/// Kills the process with SIGKILL at crash point `name`, for a point
+/// whose condition the caller checked itself (the group commit's
+/// `batch-before-commit` and `batch-after-commit`, configured as
+/// `return(<prefix>)` like `ledger-commit-fail`: the process dies at a
+/// batch of two or more writes holding a new operation whose id starts
+/// with the prefix, before its `COMMIT` / after it and before any write of
+/// it is answered). A no-op without the `failpoints` feature.
+pub fn crash(name: &str) {
+    #[cfg(feature = "failpoints")]
+    die(name);
+    #[cfg(not(feature = "failpoints"))]
+    let _ = name;
+}
 
 /// Whether failure injection `name` is on with a `return(<prefix>)`
 /// whose prefix starts `key` (always false without the `failpoints`

@@ -27,6 +27,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::Layer;
+use tracing_subscriber::filter::FilterExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -181,9 +182,18 @@ pub fn init_with(
                 .with_tracer(tracer)
                 .with_location(false)
                 .with_threads(false)
+                // Per poll of a request's future these would start the
+                // OpenTelemetry span, attach its context and read the clock
+                // twice; nothing here reads `Context::current()`, and the
+                // span's start and end times are kept either way.
+                .with_context_activation(false)
+                .with_tracked_inactivity(false)
                 .with_filter(
                     tracing_subscriber::filter::Targets::new()
-                        .with_target("effectgate", tracing::Level::DEBUG),
+                        .with_target("effectgate", tracing::Level::DEBUG)
+                        .and(tracing_subscriber::filter::dynamic_filter_fn(|_, _| {
+                            exporting()
+                        })),
                 );
             EXPORTING.store(true, std::sync::atomic::Ordering::Relaxed);
             (Some(layer), Some(provider))
@@ -294,12 +304,24 @@ pub fn extract(headers: &HeaderMap) -> opentelemetry::Context {
 }
 
 static EXPORTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static PAUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Whether this process exports spans ([`init`] installed an exporter).
-/// Without export the helpers below skip every OpenTelemetry step, so a
-/// request pays nothing for them.
+/// Whether this process exports spans now ([`init`] installed an exporter,
+/// and [`pause_export`] has not paused it). Without export the helpers
+/// below skip every OpenTelemetry step and the export layer takes no span,
+/// so a request pays nothing for them.
 pub fn exporting() -> bool {
     EXPORTING.load(std::sync::atomic::Ordering::Relaxed)
+        && !PAUSED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Pauses (`true`) or resumes (`false`) trace export in this process: while
+/// paused, spans started are never exported and cost what they cost
+/// without an exporter. Spans already started are exported as usual. The
+/// bench uses it to measure export on and off in alternating rounds of
+/// one process; a gateway never pauses by itself.
+pub fn pause_export(paused: bool) {
+    PAUSED.store(paused, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// `span`'s OpenTelemetry span context, when spans are exported and it

@@ -12,7 +12,13 @@
 //! - `after-send`: the provider applied the effect and is still answering
 //!   (the test kills the gateway while the provider delays its reply);
 //! - `before-record`: the provider answered, the ledger has not recorded it;
-//! - `after-record`: recorded, the caller not answered yet.
+//! - `after-record`: recorded, the caller not answered yet;
+//! - `batch-before-commit`: a group commit of two or more writes, one of
+//!   them a reservation of the 8 calls sent at once, applied in its
+//!   transaction, `COMMIT` not sent:
+//!   every write of it is lost, and no caller of it was answered;
+//! - `batch-after-commit`: the batch committed, none of its writes
+//!   answered. After either, each caller retries with its key.
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
@@ -222,4 +228,133 @@ async fn kill_after_reply_before_commit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_after_commit_before_answer() {
     crash_point("after-record").await;
+}
+
+/// Calls sent at once in a group-commit crash run: enough to fill
+/// batches of several writes.
+const BATCH_CALLS: usize = 8;
+
+/// One run of a group-commit crash: `BATCH_CALLS` calls at once, the
+/// gateway killed at `point` in a batch of at least two writes, then
+/// restarted; each caller retries with its key until it gets its answer.
+/// Returns (callers answered before the crash, effects per key, ms to
+/// resolve every key after restart).
+async fn batch_run_once(point: &str, mock: &MockProvider, run: usize) -> (usize, Vec<usize>, u128) {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = mock.url();
+    // Armed by the calls' own keys: the gateway's background writes at
+    // start-up never trip it.
+    let fp = format!("{point}=return({point}-{run}-)");
+    let gw = spawn_gateway(
+        |proxy, admin| write_config(dir.path(), &provider, proxy, admin),
+        &[("FAILPOINTS", fp.as_str())],
+        None,
+    )
+    .await;
+    let keys: Vec<String> = (0..BATCH_CALLS)
+        .map(|i| format!("{point}-{run}-{i}"))
+        .collect();
+    let call = |gw_port: u16, key: String| {
+        let body = format!(r#"{{"amount":100,"currency":"eur","client_ref":"{key}"}}"#);
+        reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{gw_port}/pay/v1/charges"))
+            .bearer_auth(CLIENT_KEY)
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+    };
+    let calls: Vec<_> = keys
+        .iter()
+        .map(|k| tokio::spawn(call(gw.proxy, k.clone())))
+        .collect();
+    let mut gw = gw;
+    let (exit, _dead) = tokio::task::spawn_blocking(move || {
+        let s = gw.child.wait().unwrap();
+        (s, gw)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        exit.signal(),
+        Some(9),
+        "{point}: the gateway must die by SIGKILL in a batch of two or more writes, got {exit:?}"
+    );
+    let mut answered = 0;
+    for c in calls {
+        if c.await.unwrap().is_ok() {
+            answered += 1;
+        }
+    }
+
+    let restarted = Instant::now();
+    let gw = start(dir.path(), &provider, None).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for key in &keys {
+        // The caller retries with the same key until it gets an answer
+        // other than "in progress" (409).
+        loop {
+            let r = call(gw.proxy, key.clone()).await.unwrap();
+            if r.status() == 200 {
+                break;
+            }
+            assert_eq!(
+                r.status(),
+                409,
+                "{point} run {run} {key}: retry answered {}",
+                r.status()
+            );
+            assert!(
+                Instant::now() < deadline,
+                "{point} run {run}: {key} stuck in {:?}",
+                state_of(&gw, key).await
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            state_of(&gw, key).await.as_deref(),
+            Some("COMPLETED"),
+            "{point} run {run} {key}"
+        );
+    }
+    let resolved_ms = restarted.elapsed().as_millis();
+    let effects = keys.iter().map(|k| effects_for(mock, k)).collect();
+    let mut gw = gw;
+    gw.child.kill().unwrap();
+    let _ = gw.child.wait();
+    (answered, effects, resolved_ms)
+}
+
+/// The crash matrix row of a group-commit crash point.
+async fn batch_crash_point(point: &str) {
+    let mock = mock_provider::spawn("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let mut rows = Vec::new();
+    for run in 0..RUNS {
+        rows.push(batch_run_once(point, &mock, run).await);
+    }
+    let exactly_one = rows.iter().filter(|r| r.1.iter().all(|&e| e == 1)).count();
+    let answered: usize = rows.iter().map(|r| r.0).sum();
+    let max_ms = rows.iter().map(|r| r.2).max().unwrap_or(0);
+    println!(
+        "crash matrix | {point:<19} | runs {RUNS} × {BATCH_CALLS} calls | answered before the crash {answered}/{} | exactly one effect {exactly_one}/{RUNS} | stuck 0 | max recovery {max_ms} ms",
+        RUNS * BATCH_CALLS
+    );
+    assert_eq!(
+        exactly_one,
+        RUNS,
+        "{point}: effects per key {:?}",
+        rows.iter().map(|r| &r.1).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_while_a_batch_commits() {
+    batch_crash_point("batch-before-commit").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_after_a_batch_committed_before_its_answers() {
+    batch_crash_point("batch-after-commit").await;
 }

@@ -4,6 +4,8 @@
 //! - (a) direct: POST /v1/charges straight to the provider;
 //! - (b) through effectgate on a pass-through route (no ledger);
 //! - (c) through effectgate on an effectful route, a unique key per request;
+//! - (n) nginx `proxy_pass` (keep-alive upstream) in front of the same
+//!   provider, when nginx is installed, as the yardstick of (b);
 //! - (d) duplicates of one completed key (replays from the ledger);
 //! - (f) a normal client's p99 and throughput with and without a
 //!   slow-header flood larger than `limits.max_connections`;
@@ -24,6 +26,7 @@
 //! Run: `cargo run --release -p bench -- --requests 5000 --concurrency 32`
 
 mod flood;
+mod nginx;
 mod targets;
 mod tracing_cost;
 
@@ -81,6 +84,9 @@ struct Args {
     /// effectful calls (takes a while).
     #[arg(long)]
     memory: bool,
+    /// Run only the trace-export scenario (t), e.g. under a profiler.
+    #[arg(long)]
+    only_tracing: bool,
 }
 
 const CLIENT_KEY: &str = "bench-client-key";
@@ -632,6 +638,23 @@ async fn main() -> anyhow::Result<()> {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
+    if args.only_tracing {
+        let client: HttpClient = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(args.concurrency)
+            .build({
+                let mut c = HttpConnector::new();
+                c.set_nodelay(true);
+                c
+            });
+        return tracing_cost::export_on_off(
+            &client,
+            &mock.url(),
+            &hash,
+            args.requests,
+            args.concurrency,
+        )
+        .await;
+    }
     let (gw, dir) = tracing_cost::gateway(&mock.url(), &hash).await?;
 
     let mut connector = HttpConnector::new();
@@ -668,6 +691,28 @@ async fn main() -> anyhow::Result<()> {
         true,
     )
     .await;
+    // (n) nginx proxy_pass in front of the same provider, right after (b).
+    let nginx_bin = nginx::binary();
+    let nx = match &nginx_bin {
+        Some(bin) => {
+            let server = nginx::start(bin, mock.addr)?;
+            let url = format!("http://{}/v1/charges", server.addr);
+            run("warmup", &client, url.clone(), 200, c, |_| None, false).await;
+            Some(
+                run(
+                    "(n) nginx proxy_pass, keep-alive upstream",
+                    &client,
+                    url,
+                    n,
+                    c,
+                    |_| None,
+                    false,
+                )
+                .await,
+            )
+        }
+        None => None,
+    };
     let batches = targets::batch_totals();
     let cc = run(
         "(c) effectgate, effectful, unique keys",
@@ -737,7 +782,17 @@ async fn main() -> anyhow::Result<()> {
         "{:<42} {:>10} {:>10} {:>10} {:>7}",
         "scenario", "req/s", "p50 µs", "p99 µs", "errors"
     );
-    for s in [&a, &b, &cc, &d, &one] {
+    for s in [
+        Some(&a),
+        Some(&b),
+        nx.as_ref(),
+        Some(&cc),
+        Some(&d),
+        Some(&one),
+    ]
+    .into_iter()
+    .flatten()
+    {
         println!(
             "{:<42} {:>10.0} {:>10} {:>10} {:>7}",
             s.name, s.rps, s.p50_us, s.p99_us, s.errors
@@ -776,15 +831,25 @@ async fn main() -> anyhow::Result<()> {
             aim: "≥ 1.0×",
             met: Some(d.rps / b.rps >= 1.0),
         },
-        targets::Row {
-            what: "pass-through / nginx proxy_pass (keep-alive upstream)".into(),
-            measured: if std::path::Path::new("/usr/sbin/nginx").exists() {
-                "nginx is installed; this bench does not start it yet".into()
-            } else {
-                "skipped: nginx is not installed".into()
+        match &nx {
+            Some(nx) => targets::Row {
+                what: "pass-through / nginx proxy_pass (keep-alive upstream), p99".into(),
+                measured: format!(
+                    "{:.3}×, p99 {} µs vs nginx {} µs",
+                    b.rps / nx.rps,
+                    b.p99_us,
+                    nx.p99_us
+                ),
+                aim: "≥ 0.9×, p99 ≤ nginx",
+                met: Some(b.rps / nx.rps >= 0.9 && b.p99_us <= nx.p99_us),
             },
-            aim: "≥ 0.9×",
-            met: None,
+            None => targets::Row {
+                what: "pass-through / nginx proxy_pass (keep-alive upstream)".into(),
+                measured: "skipped: nginx is not installed (apt-get install nginx, or set NGINX)"
+                    .into(),
+                aim: "≥ 0.9×, p99 ≤ nginx",
+                met: None,
+            },
         },
     ];
     rows.push(match memory {

@@ -1,8 +1,8 @@
 //! (t) The cost of trace export: pass-through and effectful throughput
-//! with export off, then on (sampling 1.0, OTLP/HTTP to a receiver on
-//! loopback that reads and discards each export), on fresh gateways of the
-//! same config, as ratios on/off from one run. Runs last: the tracer is
-//! process-wide and stays installed.
+//! with export paused and on (sampling 1.0, OTLP/HTTP to a receiver on
+//! loopback that reads and discards each export) in alternating rounds on
+//! one gateway, as ratios of the medians on/off from one run. Runs last:
+//! the tracer is process-wide and stays installed.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,34 +47,53 @@ provider_idempotency_header = "Idempotency-Key"
     Ok((gw, dir))
 }
 
+/// Rounds of (t): export off and on alternate, half each.
+const ROUNDS: usize = 8;
+
 async fn measure(
     client: &HttpClient,
     gw: &effectgate::Gateway,
-    tag: &'static str,
+    round: usize,
     n: usize,
     c: usize,
 ) -> (Stats, Stats) {
     let pass = format!("http://{}/pass/v1/charges", gw.proxy_addr);
     let pay = format!("http://{}/pay/v1/charges", gw.proxy_addr);
-    let (pn, en): (&'static str, &'static str) = match tag {
-        "off" => ("(t) pass-through, export off", "(t) effectful, export off"),
-        _ => ("(t) pass-through, export on", "(t) effectful, export on"),
+    let (pn, en): (&'static str, &'static str) = if round % 2 == 0 {
+        ("(t) pass-through, export off", "(t) effectful, export off")
+    } else {
+        ("(t) pass-through, export on", "(t) effectful, export on")
     };
-    let p = run(pn, client, pass, n, c, |_| None, true).await;
+    let p = run(pn, client, pass, 2 * n, c, |_| None, true).await;
     let e = run(
         en,
         client,
         pay,
-        n,
+        (n / 2).max(200),
         c,
-        move |i| Some(format!("t-{tag}-{i}")),
+        move |i| Some(format!("t-{round}-{i}")),
         true,
     )
     .await;
     (p, e)
 }
 
-/// Runs the scenario and prints its table and ratios.
+/// The median of `xs` (not empty).
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let m = xs.len() / 2;
+    if xs.len() % 2 == 0 {
+        (xs[m - 1] + xs[m]) / 2.0
+    } else {
+        xs[m]
+    }
+}
+
+/// Runs the scenario and prints its table and ratios: one gateway, the
+/// exporter installed once, and [`ROUNDS`] rounds of `2n` pass-through and
+/// `n/2` effectful calls in which export is paused
+/// ([`effectgate::telemetry::pause_export`]) and on in turn, so that drift
+/// of the machine over the run falls on both sides alike.
 pub async fn export_on_off(
     client: &HttpClient,
     up: &str,
@@ -82,10 +101,6 @@ pub async fn export_on_off(
     n: usize,
     c: usize,
 ) -> anyhow::Result<()> {
-    let (gw, _dir) = gateway(up, hash).await?;
-    let (p_off, e_off) = measure(client, &gw, "off", n, c).await;
-    gw.shutdown().await;
-
     // The receiver: answers 200 to every export, counting them.
     let exports = Arc::new(AtomicU64::new(0));
     let counted = exports.clone();
@@ -116,28 +131,46 @@ pub async fn export_on_off(
         },
         "warn",
     )?;
-    let (gw, _dir2) = gateway(up, hash).await?;
-    let (p_on, e_on) = measure(client, &gw, "on", n, c).await;
+    let (gw, _dir) = gateway(up, hash).await?;
+    let mut rows = Vec::with_capacity(ROUNDS);
+    for round in 0..ROUNDS {
+        effectgate::telemetry::pause_export(round % 2 == 0);
+        rows.push(measure(client, &gw, round, n, c).await);
+    }
+    effectgate::telemetry::pause_export(false);
     gw.shutdown().await;
     let telemetry = Arc::new(telemetry);
     let t2 = telemetry.clone();
     tokio::task::spawn_blocking(move || t2.flush()).await?;
 
-    println!("trace export (OTLP/HTTP to a loopback receiver, sampling 1.0), fresh gateways:");
+    println!(
+        "trace export (OTLP/HTTP to a loopback receiver, sampling 1.0), one gateway, {ROUNDS} rounds, export off and on in turn:"
+    );
     println!(
         "{:<42} {:>10} {:>10} {:>10} {:>7}",
         "scenario", "req/s", "p50 µs", "p99 µs", "errors"
     );
-    for s in [&p_off, &e_off, &p_on, &e_on] {
-        println!(
-            "{:<42} {:>10.0} {:>10} {:>10} {:>7}",
-            s.name, s.rps, s.p50_us, s.p99_us, s.errors
-        );
+    for (p, e) in &rows {
+        for s in [p, e] {
+            println!(
+                "{:<42} {:>10.0} {:>10} {:>10} {:>7}",
+                s.name, s.rps, s.p50_us, s.p99_us, s.errors
+            );
+        }
     }
+    let side = |on: bool, pass: bool| {
+        median(
+            rows.iter()
+                .enumerate()
+                .filter(|(i, _)| (i % 2 == 1) == on)
+                .map(|(_, (p, e))| if pass { p.rps } else { e.rps })
+                .collect(),
+        )
+    };
     println!(
-        "ratios on/off, same run: pass-through = {:.3}, effectful = {:.3} (aim: at least 0.9); {} export requests received",
-        p_on.rps / p_off.rps,
-        e_on.rps / e_off.rps,
+        "ratios of median throughput on/off, same run: pass-through = {:.3}, effectful = {:.3} (aim: at least 0.9); {} export requests received",
+        side(true, true) / side(false, true),
+        side(true, false) / side(false, false),
         exports.load(Ordering::Relaxed)
     );
     Ok(())

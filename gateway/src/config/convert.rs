@@ -145,6 +145,10 @@ impl ConfigFile {
                 u64::from(storage.write_batch_max),
             ),
             ("storage.write_batch_bytes", storage.write_batch_bytes),
+            (
+                "storage.write_connections",
+                u64::from(storage.write_connections),
+            ),
         ] {
             if value == 0 {
                 return Err(ConfigError::new(field, "must be at least 1"));

@@ -58,6 +58,12 @@ pub struct StorageSpec {
     /// in its own savepoint. Default 256; at least 1 (1: one commit per
     /// write).
     pub write_batch_max: u32,
+    /// PostgreSQL: write connections, each committing its own batches
+    /// (group commit per connection), out of `max_connections`; a write
+    /// takes the next one in turn, or the next idle one. Default 4; at
+    /// least 1; at most `max_connections - 1` are used (one is left for
+    /// reads). SQLite always writes on one connection.
+    pub write_connections: u32,
     /// Body bytes (request and response bodies) past which a batch of
     /// writes is committed at once, in bytes. Default 16777216 (16 MiB).
     pub write_batch_bytes: u64,
@@ -168,6 +174,7 @@ impl Default for StorageSpec {
             idle_timeout_ms: 600_000,
             call_timeout_ms: 10_000,
             write_batch_max: 256,
+            write_connections: 4,
             write_batch_bytes: 16 << 20,
             replay_cache_bytes: 64 << 20,
         }

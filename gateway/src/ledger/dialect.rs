@@ -88,6 +88,15 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
         clock: &LedgerClock,
     ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
 
+    /// Opens a write's savepoint on the batch connection (first its
+    /// transaction, when `begin`) in one round trip. PostgreSQL reads the
+    /// database clock in the same round trip and returns it (ms since the
+    /// Unix epoch); SQLite returns `None` (its clock is the gateway's).
+    fn open_savepoint(
+        conn: &mut Conn<Self>,
+        begin: bool,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send;
+
     /// Moves the ledger's clock forward by `ms` (PostgreSQL: the database
     /// clock, for every instance sharing it).
     fn shift_clock(

@@ -66,6 +66,23 @@ impl Dialect for PgDialect {
         Ok(db)
     }
 
+    /// One simple-query message: `[BEGIN;] SAVEPOINT …; SELECT
+    /// effectgate_now_ms()`, so the database clock costs no round trip of
+    /// its own.
+    async fn open_savepoint(
+        conn: &mut Conn<Self>,
+        begin: bool,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        use sqlx::Row;
+        let sql = if begin {
+            "BEGIN; SAVEPOINT effectgate_write; SELECT effectgate_now_ms()"
+        } else {
+            "SAVEPOINT effectgate_write; SELECT effectgate_now_ms()"
+        };
+        let row = sqlx::raw_sql(sql).fetch_one(&mut *conn).await?;
+        Ok(Some(row.try_get::<i64, _>(0)?))
+    }
+
     /// Moves the database clock, for every instance.
     async fn shift_clock(
         pool: &Pool<Self>,

@@ -49,6 +49,21 @@ impl Dialect for SqliteDialect {
         Ok(clock.now_ms())
     }
 
+    async fn open_savepoint(
+        conn: &mut Conn<Self>,
+        begin: bool,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        if begin {
+            super::dialect::sql::<Self>(Self::BEGIN)
+                .execute(&mut *conn)
+                .await?;
+        }
+        super::dialect::sql::<Self>("SAVEPOINT effectgate_write")
+            .execute(conn)
+            .await?;
+        Ok(None)
+    }
+
     async fn shift_clock(
         _pool: &Pool<Self>,
         clock: &LedgerClock,
@@ -64,6 +79,8 @@ pub(super) fn batch_limits(storage: &crate::config::StorageSpec) -> BatchLimits 
     BatchLimits {
         max_writes: storage.write_batch_max as usize,
         max_bytes: usize::try_from(storage.write_batch_bytes).unwrap_or(usize::MAX),
+        // SQLite has one writer at a time.
+        connections: 1,
     }
 }
 

@@ -16,7 +16,7 @@ use super::command::{
 };
 use super::postgres::{PgDialect, PgSettings};
 use super::sqlite::SqliteDialect;
-use super::store::Store;
+use super::store::{BatchLimits, Store};
 use super::{
     Attempt, Claim, Clock, DecisionRecord, LedgerClock, LedgerError, NewOperation, Operation,
     Outcome, Reservation, State, TenantCounts, Transition,
@@ -147,7 +147,14 @@ impl Ledger {
                     acquire_timeout_ms: storage.acquire_timeout_ms,
                     statement_timeout_ms: storage.statement_timeout_ms,
                     idle_timeout_ms: storage.idle_timeout_ms,
-                    batch: super::sqlite::batch_limits(storage),
+                    batch: BatchLimits {
+                        // Leave at least one connection for reads.
+                        connections: storage
+                            .write_connections
+                            .min(storage.max_connections.saturating_sub(1))
+                            .max(1) as usize,
+                        ..super::sqlite::batch_limits(storage)
+                    },
                 };
                 let clock = LedgerClock::new(Arc::new(super::SystemClock));
                 let open = Store::<PgDialect>::open(&settings, clock);

@@ -106,7 +106,13 @@ impl<D: Dialect> Store<D> {
     /// transaction) and reads now inside it.
     async fn begin(&self) -> Result<(BatchTx<D>, i64), sqlx::Error> {
         let mut tx = self.writer.begin(0).await?;
-        let now = D::now_in(&mut tx, &self.clock).await?;
+        let now = match tx.db_now() {
+            Some(db) => {
+                self.clock.follow(db);
+                db
+            }
+            None => D::now_in(&mut tx, &self.clock).await?,
+        };
         Ok((tx, now))
     }
 

@@ -1,7 +1,9 @@
 //! Group commit: every ledger write shares its transaction, and its
 //! fsync, with the writes waiting beside it.
 //!
-//! The [`Writer`] owns the write connection. A write ([`Writer::begin`])
+//! The [`Writer`] owns the write connection (on PostgreSQL, one or more:
+//! `storage.write_connections`, each with its own batch; a write takes the
+//! next one in turn, or the next idle one). A write ([`Writer::begin`])
 //! waits for its turn on it (turns are handed out first come, first
 //! served), runs its statements inside a `SAVEPOINT` of the open batch
 //! transaction and releases the savepoint ([`BatchTx::commit`]); a write
@@ -40,6 +42,9 @@ pub(in crate::ledger) struct BatchLimits {
     pub max_writes: usize,
     /// Body bytes past which a batch commits at once.
     pub max_bytes: usize,
+    /// Write connections, each with its own batch and committer (at least
+    /// 1; SQLite: always 1, PostgreSQL: `storage.write_connections`).
+    pub connections: usize,
 }
 
 /// The write connection and the open batch.
@@ -55,10 +60,17 @@ struct Batch<D: Dialect> {
     /// Whether a failure injection (`ledger-commit-fail`) marked this
     /// batch to fail its `COMMIT`.
     poisoned: bool,
+    /// Whether crash point `batch-before-commit` / `batch-after-commit`
+    /// marked this batch (see [`crate::failpoint::crash`]).
+    crash_before: bool,
+    crash_after: bool,
     /// The writes waiting for this batch's commit.
     waiting: Vec<oneshot::Sender<Answer>>,
     /// Their body bytes.
     bytes: usize,
+    /// The database clock read when the current write's savepoint opened
+    /// (PostgreSQL; `None` on SQLite).
+    now: Option<i64>,
 }
 
 struct Shared<D: Dialect> {
@@ -80,15 +92,19 @@ impl<D: Dialect> Drop for Shared<D> {
     }
 }
 
-/// The ledger's one writer. Cheap to clone.
+/// The ledger's writer: one or more write connections ("lanes"), each
+/// with its own open batch and committer. Cheap to clone.
 pub(in crate::ledger) struct Writer<D: Dialect> {
-    shared: Arc<Shared<D>>,
+    lanes: Arc<[Arc<Shared<D>>]>,
+    /// The lane the next write starts looking at (round robin).
+    next: Arc<AtomicUsize>,
 }
 
 impl<D: Dialect> Clone for Writer<D> {
     fn clone(&self) -> Self {
         Self {
-            shared: self.shared.clone(),
+            lanes: self.lanes.clone(),
+            next: self.next.clone(),
         }
     }
 }
@@ -96,16 +112,28 @@ impl<D: Dialect> Clone for Writer<D> {
 impl<D: Dialect> std::fmt::Debug for Writer<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Writer")
-            .field("limits", &self.shared.limits)
+            .field("limits", &self.lanes[0].limits)
+            .field("connections", &self.lanes.len())
             .finish_non_exhaustive()
     }
 }
 
 impl<D: Dialect> Writer<D> {
-    /// A writer taking its connection from `pool` (SQLite: a pool of one;
-    /// PostgreSQL: the shared pool, of which it holds one connection), and
-    /// its committer task. Must be called inside a Tokio runtime.
+    /// A writer taking `limits.connections` connections from `pool`
+    /// (SQLite: a pool of one; PostgreSQL: the shared pool), each with its
+    /// committer task. Must be called inside a Tokio runtime.
     pub(in crate::ledger) fn new(pool: Pool<D>, limits: BatchLimits) -> Self {
+        let lanes: Vec<Arc<Shared<D>>> = (0..limits.connections.max(1))
+            .map(|_| Self::lane(pool.clone(), limits))
+            .collect();
+        Self {
+            lanes: lanes.into(),
+            next: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// One write connection's batch and its committer task.
+    fn lane(pool: Pool<D>, limits: BatchLimits) -> Arc<Shared<D>> {
         let wake = Arc::new(Notify::new());
         let shared = Arc::new(Shared {
             batch: Arc::new(Mutex::new(Batch {
@@ -113,20 +141,35 @@ impl<D: Dialect> Writer<D> {
                 open: false,
                 abandoned: false,
                 poisoned: false,
+                crash_before: false,
+                crash_after: false,
                 waiting: Vec::new(),
                 bytes: 0,
+                now: None,
             })),
             pool,
             limits: BatchLimits {
                 max_writes: limits.max_writes.max(1),
                 max_bytes: limits.max_bytes.max(1),
+                connections: 1,
             },
             wake: wake.clone(),
             queued: AtomicUsize::new(0),
             commits: AtomicU64::new(0),
         });
         tokio::spawn(committer(Arc::downgrade(&shared), wake));
-        Self { shared }
+        shared
+    }
+
+    /// The lane for the next write: the next in turn, or the first after
+    /// it with no write queued when that one has a queue.
+    fn pick(&self) -> &Arc<Shared<D>> {
+        let n = self.lanes.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        (0..n)
+            .map(|i| &self.lanes[(start + i) % n])
+            .find(|l| l.queued.load(Ordering::Relaxed) == 0)
+            .unwrap_or(&self.lanes[start])
     }
 
     /// Waits for the write connection and opens a savepoint for one write
@@ -135,17 +178,18 @@ impl<D: Dialect> Writer<D> {
     ///
     /// Errors: the connection can't be had or the savepoint can't be made.
     pub(in crate::ledger) async fn begin(&self, bytes: usize) -> Result<BatchTx<D>, sqlx::Error> {
-        self.shared.queued.fetch_add(1, Ordering::Relaxed);
-        let waited = Queued(&self.shared.queued);
-        let mut guard = self.shared.batch.clone().lock_owned().await;
+        let lane = self.pick().clone();
+        lane.queued.fetch_add(1, Ordering::Relaxed);
+        let waited = Queued(&lane.queued);
+        let mut guard = lane.batch.clone().lock_owned().await;
         drop(waited);
-        if let Err(e) = prepare(&self.shared.pool, &mut guard).await {
+        if let Err(e) = prepare(&lane.pool, &mut guard).await {
             // The connection may have broken (the database restarted, the
             // network dropped it): the open batch is lost with it. Its
             // writes are told so, and this one tries a fresh connection.
             abort(&mut guard, &e.to_string()).await;
             discard(&mut guard);
-            if let Err(e) = prepare(&self.shared.pool, &mut guard).await {
+            if let Err(e) = prepare(&lane.pool, &mut guard).await {
                 abort(&mut guard, &e.to_string()).await;
                 discard(&mut guard);
                 return Err(e);
@@ -153,7 +197,7 @@ impl<D: Dialect> Writer<D> {
         }
         Ok(BatchTx {
             guard: Some(guard),
-            shared: self.shared.clone(),
+            shared: lane,
             bytes,
         })
     }
@@ -163,13 +207,19 @@ impl<D: Dialect> Writer<D> {
     /// Writes waiting for their turn on the connection now.
     #[cfg(test)]
     pub(in crate::ledger) fn queued(&self) -> usize {
-        self.shared.queued.load(Ordering::Relaxed)
+        self.lanes
+            .iter()
+            .map(|l| l.queued.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Batches committed since start.
     #[cfg(test)]
     pub(in crate::ledger) fn commits(&self) -> u64 {
-        self.shared.commits.load(Ordering::Relaxed)
+        self.lanes
+            .iter()
+            .map(|l| l.commits.load(Ordering::Relaxed))
+            .sum()
     }
 }
 
@@ -184,7 +234,8 @@ impl Drop for Queued<'_> {
 }
 
 /// Makes the batch ready for one more write: a connection, no abandoned
-/// savepoint, `BEGIN` sent, a new savepoint.
+/// savepoint, `BEGIN` sent, a new savepoint (and, on PostgreSQL, the
+/// database clock read with it, in [`Batch::now`]).
 async fn prepare<D: Dialect>(pool: &Pool<D>, b: &mut Batch<D>) -> Result<(), sqlx::Error> {
     if b.conn.is_none() {
         b.conn = Some(pool.acquire().await?);
@@ -199,12 +250,14 @@ async fn prepare<D: Dialect>(pool: &Pool<D>, b: &mut Batch<D>) -> Result<(), sql
             .await?;
         b.abandoned = false;
     }
-    if !b.open {
-        sql::<D>(D::BEGIN).execute(conn).await?;
+    let begin = !b.open;
+    let now = D::open_savepoint(conn, begin).await;
+    if begin && now.is_ok() {
         b.open = true;
     }
-    sql::<D>("SAVEPOINT effectgate_write").execute(conn).await?;
+    let now = now?;
     b.abandoned = true;
+    b.now = now;
     Ok(())
 }
 
@@ -230,6 +283,8 @@ async fn abort<D: Dialect>(b: &mut Batch<D>, why: &str) {
     b.open = false;
     b.abandoned = false;
     b.poisoned = false;
+    b.crash_before = false;
+    b.crash_after = false;
     b.bytes = 0;
     let why: Arc<str> = why.into();
     let n = b.waiting.len();
@@ -266,6 +321,9 @@ async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) {
         b.abandoned = false;
     }
     let size = b.waiting.len();
+    if b.crash_before && size >= 2 {
+        crate::failpoint::crash("batch-before-commit");
+    }
     let started = Instant::now();
     let result = if b.poisoned {
         Err("injected commit failure (ledger-commit-fail)".to_owned())
@@ -278,10 +336,15 @@ async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) {
     };
     match result {
         Ok(()) => {
+            if b.crash_after && size >= 2 {
+                crate::failpoint::crash("batch-after-commit");
+            }
             crate::metrics::ledger_batch(size, started.elapsed());
             shared.commits.fetch_add(1, Ordering::Relaxed);
             b.open = false;
             b.bytes = 0;
+            b.crash_before = false;
+            b.crash_after = false;
             for w in b.waiting.drain(..) {
                 let _ = w.send(Ok(size));
             }
@@ -321,15 +384,23 @@ impl<D: Dialect> BatchTx<D> {
         self.bytes = self.bytes.saturating_add(bytes);
     }
 
+    /// The database clock read with this write's savepoint (PostgreSQL),
+    /// ms since the Unix epoch.
+    pub(in crate::ledger) fn db_now(&self) -> Option<i64> {
+        self.guard.as_ref().and_then(|b| b.now)
+    }
+
     /// Marks the batch to fail its commit when the `ledger-commit-fail`
-    /// failure injection names a prefix of `operation_id` (tests; a no-op
+    /// failure injection names a prefix of `operation_id`, or to crash at
+    /// `batch-before-commit` / `batch-after-commit` (tests; a no-op
     /// without the `failpoints` feature).
     pub(in crate::ledger) fn inject(&mut self, operation_id: &str) {
-        if crate::failpoint::names("ledger-commit-fail", operation_id)
-            && let Some(b) = self.guard.as_mut()
-        {
-            b.poisoned = true;
-        }
+        let Some(b) = self.guard.as_mut() else {
+            return;
+        };
+        b.poisoned |= crate::failpoint::names("ledger-commit-fail", operation_id);
+        b.crash_before |= crate::failpoint::names("batch-before-commit", operation_id);
+        b.crash_after |= crate::failpoint::names("batch-after-commit", operation_id);
     }
 
     /// Releases the savepoint and waits until the batch holding this write
