@@ -88,8 +88,8 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
         clock: &LedgerClock,
     ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
 
-    /// Moves the ledger's clock forward by `ms` (PostgreSQL: the database
-    /// clock, for every instance sharing it).
+    /// Steps the ledger's clock by `ms`, negative: back (PostgreSQL: the
+    /// database clock, for every instance sharing it).
     fn shift_clock(
         pool: &Pool<Self>,
         clock: &LedgerClock,
