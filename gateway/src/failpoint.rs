@@ -18,6 +18,10 @@
 //! `before-outcome-commit` (an outcome and its operation event written,
 //! the transaction not yet committed), `before-deliver` (the relay holds
 //! an outbox event, about to POST it).
+//!
+//! The feature also adds the admin endpoint `POST /admin/clock/step`
+//! (`http::admin`, `ops::operator::step_clock`): a running gateway's
+//! ledger clock stepped forward or back, for the chaos soak.
 
 /// Passes crash point `name`.
 #[cfg(feature = "failpoints")]
