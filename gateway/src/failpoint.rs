@@ -22,6 +22,10 @@
 //! (committed, the provider not yet answered), `before-deliver` (the
 //! relay holds an outbox event, about to POST it); [`crash`] adds the
 //! group commit's `batch-before-commit` and `batch-after-commit`.
+//!
+//! The feature also adds the admin endpoint `POST /admin/clock/step`
+//! (`http::admin`, `ops::operator::step_clock`): a running gateway's
+//! ledger clock stepped forward or back, for the chaos soak.
 
 /// Kills this process with SIGKILL at crash point `name`.
 #[cfg(feature = "failpoints")]

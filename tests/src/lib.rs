@@ -331,6 +331,11 @@ impl TestApp {
     }
     /// Restarts the gateway on the same ledger file (same config).
     pub async fn restart(self) -> TestApp {
+        self.restart_with_clock(Arc::new(SystemClock)).await
+    }
+    /// [`TestApp::restart`] with the gateway on `clock`: nothing of the
+    /// old process's memory (its settle windows, its clock step) is kept.
+    pub async fn restart_with_clock(self, clock: Arc<dyn Clock>) -> TestApp {
         let TestApp {
             gw,
             mock,
@@ -341,7 +346,7 @@ impl TestApp {
         } = self;
         gw.shutdown().await;
         let settings = settings_from(&toml, dir.path());
-        let gw = Gateway::start(settings).await.unwrap();
+        let gw = Gateway::start_with_clock(settings, clock).await.unwrap();
         TestApp {
             gw,
             mock,

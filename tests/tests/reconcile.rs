@@ -656,3 +656,102 @@ async fn an_absent_read_back_sent_within_the_settle_delay_is_not_trusted_later()
     assert_eq!(app.provider_calls().0, 1, "no second attempt");
     assert_eq!(app.op_json("slow-rb").await["state"], "UNKNOWN");
 }
+
+#[tokio::test]
+async fn a_forward_clock_step_past_the_settle_delay_does_not_make_absent_trusted() {
+    // The settle delay is measured on the ledger's clock and on the
+    // monotonic one: a step of the wall clock forward past the delay
+    // (1000 ms) must not let an "absent" read-back, sent before the
+    // provider could show the effect, start a second attempt.
+    let (app, clock) = app_with_read_back().await;
+    app.mock.provider.set_faults(Faults {
+        readback_hidden: true,
+        ..Default::default()
+    });
+    lose_reply(&app, "step").await;
+    assert_eq!(steps_for(&app.tick().await, "step"), vec![&Step::Settling]);
+    let ledger = &app.gw.state.ledger;
+    ledger.shift_clock(5_000).await.unwrap();
+    // The ledger's clock is 5 s past the settle delay; no time passed.
+    assert_eq!(
+        steps_for(&app.tick().await, "step"),
+        vec![&Step::Settling],
+        "absent is not trusted before the delay passed on the monotonic clock"
+    );
+    assert_eq!(app.provider_calls().0, 1, "no second attempt");
+    // Not due again at once: the next look waits inside the window.
+    assert!(steps_for(&app.tick().await, "step").is_empty());
+    clock.advance(999);
+    assert_eq!(steps_for(&app.tick().await, "step"), vec![&Step::Settling]);
+    assert_eq!(app.provider_calls().0, 1);
+    // The provider's index catches up; once the delay passed, found.
+    app.mock.provider.set_faults(Faults::default());
+    clock.advance(1);
+    assert_eq!(steps_for(&app.tick().await, "step"), vec![&Step::Found]);
+    assert_eq!(app.op_json("step").await["state"], "COMPLETED");
+    assert_eq!(app.mock.provider.effects(), 1);
+    assert_eq!(app.provider_calls().0, 1);
+}
+
+#[tokio::test]
+async fn after_a_restart_the_first_absent_read_back_opens_a_fresh_settle_window() {
+    // The new process has no monotonic record of the window: the ledger's
+    // clock (here far past the delay) is not trusted alone; the first
+    // "absent" starts the window, and only a read-back sent a settle
+    // delay later may start a new attempt.
+    let (app, clock) = app_with_read_back().await;
+    app.mock.provider.set_faults(Faults {
+        fail_status_times: 1,
+        fail_status: 504,
+        ..Default::default()
+    });
+    assert_eq!(app.charge("restarted", BODY).await.status(), 502);
+    clock.advance(60_000);
+    let app = app.restart_with_clock(clock.clone()).await;
+    assert_eq!(
+        steps_for(&app.tick().await, "restarted"),
+        vec![&Step::Settling]
+    );
+    assert_eq!(app.provider_calls().0, 1, "no second attempt yet");
+    clock.advance(999);
+    assert_eq!(
+        steps_for(&app.tick().await, "restarted"),
+        vec![&Step::Settling]
+    );
+    clock.advance(1);
+    assert_eq!(
+        steps_for(&app.tick().await, "restarted"),
+        vec![&Step::Retried(Some(effectgate::ledger::State::Completed))]
+    );
+    let op = app.op_json("restarted").await;
+    assert_eq!(op["state"], "COMPLETED");
+    assert_eq!(op["attempts"], 2);
+    assert_eq!(app.mock.provider.effects(), 1);
+    assert_eq!(app.provider_calls().0, 2);
+}
+
+#[tokio::test]
+async fn a_backward_clock_step_does_not_shorten_the_settle_delay_either() {
+    // Stepped back, the ledger's clock holds "absent" off longer than the
+    // delay (by the step): never shorter, and the operation still resolves.
+    let (app, clock) = app_with_read_back().await;
+    app.mock.provider.set_faults(Faults {
+        fail_status_times: 1,
+        fail_status: 504,
+        ..Default::default()
+    });
+    assert_eq!(app.charge("back", BODY).await.status(), 502);
+    app.gw.state.ledger.shift_clock(-2_000).await.unwrap();
+    // 2 s passed: the delay is over on the monotonic clock, but the
+    // ledger's clock is where the window began.
+    clock.advance(2_000);
+    assert_eq!(steps_for(&app.tick().await, "back"), vec![&Step::Settling]);
+    assert_eq!(app.provider_calls().0, 1);
+    clock.advance(1_000);
+    assert_eq!(
+        steps_for(&app.tick().await, "back"),
+        vec![&Step::Retried(Some(effectgate::ledger::State::Completed))]
+    );
+    assert_eq!(app.op_json("back").await["attempts"], 2);
+    assert_eq!(app.mock.provider.effects(), 1);
+}

@@ -14,6 +14,9 @@ pub const LEASE_MS: u64 = 1_500;
 pub const RESPONSE_TIMEOUT_MS: u64 = 800;
 /// The read-back settle delay (ms): longer than the provider's lag.
 pub const SETTLE_MS: u64 = 1_200;
+/// The bound on a clock step and on a gateway's clock offset (ms): three
+/// leases, past the lease and the settle delay either way.
+pub const CLOCK_BOUND_MS: i64 = 3 * LEASE_MS as i64;
 
 /// Where a gateway keeps its ledger.
 #[derive(Debug, Clone)]
@@ -40,6 +43,9 @@ pub struct Gateway {
     keys: Vec<(String, String, String)>,
     /// Whether it is stopped (SIGSTOP).
     pub paused: bool,
+    /// How far its ledger clock was stepped from the system clock (ms);
+    /// a new process starts at 0.
+    pub clock_offset_ms: i64,
 }
 
 fn free_port() -> u16 {
@@ -80,6 +86,7 @@ impl Gateway {
             provider: provider.to_owned(),
             keys: keys.to_vec(),
             paused: false,
+            clock_offset_ms: 0,
         };
         g.spawn().await?;
         Ok(g)
@@ -162,6 +169,7 @@ timeout_ms = 1000
                 .spawn()
                 .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", self.bin.display()))?;
             self.child = Some(child);
+            self.clock_offset_ms = 0;
             let deadline = Instant::now() + Duration::from_secs(30);
             loop {
                 let ready = http
@@ -224,6 +232,25 @@ timeout_ms = 1000
         self.child
             .as_mut()
             .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Steps its ledger clock by `ms` (negative: back) through
+    /// `POST /admin/clock/step` (a gateway built with the `failpoints`
+    /// feature) and returns the HTTP status; on 200 the offset is kept.
+    pub async fn step_clock(&mut self, ms: i64) -> anyhow::Result<u16> {
+        let admin_key = &self.keys[0].2;
+        let r = reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{}/admin/clock/step", self.admin))
+            .bearer_auth(admin_key)
+            .json(&serde_json::json!({ "ms": ms }))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await?;
+        let status = r.status().as_u16();
+        if status == 200 {
+            self.clock_offset_ms += ms;
+        }
+        Ok(status)
     }
 
     /// SIGSTOP.

@@ -6,8 +6,9 @@
 //! effect by provider key, and clients for several tenants that duplicate,
 //! retry with the same key and replay whole batches. From the seed it
 //! schedules faults at the provider (see `provider.rs`), at the gateways
-//! (SIGKILL and restart; SIGSTOP past the lease, then SIGCONT) and in each
-//! database relay (cut, stall, restore). Then it stops the faults, waits
+//! (SIGKILL and restart; SIGSTOP past the lease, then SIGCONT; on SQLite,
+//! the ledger clock stepped forward or back, see [`clock_lane`]) and in
+//! each database relay (cut, stall, restore). Then it stops the faults, waits
 //! (a bounded time) for every operation to converge, and checks over the
 //! whole history:
 //!
@@ -23,7 +24,8 @@
 //! - each operation's transitions are allowed by the state machine, leave
 //!   the state the previous one entered, count versions up by one and
 //!   never lower the fencing token (a stale owner's write would), and end
-//!   at the row.
+//!   at the row. They are taken in the ledger's order (`seq`), never by
+//!   their timestamps, which a clock step back makes go backwards.
 //!
 //! It prints a table (seed, duration, operations, faults of each kind,
 //! violations) and exits 1 on any violation, after printing the seed and
@@ -31,8 +33,11 @@
 //! one effect the provider never applied and checks that the checker
 //! reports it (exit 0 only if it does).
 //!
-//! Clock steps are not injected: the gateway binary has no clock offset a
-//! running process can be given.
+//! The clock steps need a gateway built with the `failpoints` feature
+//! (`cargo build -p effectgate --features failpoints`): a run on SQLite
+//! checks first that it answers `POST /admin/clock/step`.
+//! `--expect-no-clock-step` checks the opposite of a plain build (exit 0
+//! only if the endpoint is absent) and runs no soak.
 
 mod clients;
 mod gateways;
@@ -96,6 +101,10 @@ struct Args {
     /// Plant one violation and check that the checker finds it.
     #[arg(long)]
     plant_violation: bool,
+    /// Only check that the gateway binary has no clock step endpoint (a
+    /// build without the `failpoints` feature); no soak.
+    #[arg(long)]
+    expect_no_clock_step: bool,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -141,6 +150,9 @@ async fn main() -> anyhow::Result<()> {
             bin.display()
         );
     }
+    if args.expect_no_clock_step {
+        return expect_no_clock_step(&bin).await;
+    }
     let mut runs = Vec::new();
     for &seed in &args.seeds {
         let run = run(&args, &bin, seed).await?;
@@ -168,6 +180,42 @@ async fn main() -> anyhow::Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// Starts one SQLite gateway from `bin` and checks that it has no clock
+/// step: `POST /admin/clock/step` by an admin answers 404.
+async fn expect_no_clock_step(bin: &std::path::Path) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let keys = vec![(
+        "t0".to_owned(),
+        "probe-client".to_owned(),
+        "probe-admin".to_owned(),
+    )];
+    let mut g = Gateway::start(
+        0,
+        bin,
+        dir.path(),
+        Store::Sqlite(dir.path().join("ledger.db")),
+        "http://127.0.0.1:9",
+        &keys,
+    )
+    .await?;
+    let status = g.step_clock(60_000).await;
+    g.kill();
+    let status = status?;
+    if status == 404 {
+        println!(
+            "{}: no clock step endpoint (404), as in a build without the failpoints feature",
+            bin.display()
+        );
+        return Ok(());
+    }
+    eprintln!(
+        "{}: POST /admin/clock/step answered {status}; a build without the failpoints feature must not have it",
+        bin.display()
+    );
+    drop(dir);
+    std::process::exit(1);
 }
 
 fn print_table(runs: &[Run]) {
@@ -277,6 +325,16 @@ async fn run(args: &Args, bin: &std::path::Path, seed: u64) -> anyhow::Result<Ru
         };
         gws.push(Gateway::start(i, bin, dir.path(), store, &provider_url, &keys).await?);
     }
+    if args.backend == Backend::Sqlite {
+        // A step of 0: does this build have the clock step at all?
+        let status = gws[0].step_clock(0).await?;
+        if status != 200 {
+            anyhow::bail!(
+                "the gateway answered {status} to POST /admin/clock/step: the clock faults need \
+                 a build with the failpoints feature (cargo build -p effectgate --features failpoints)"
+            );
+        }
+    }
     let history = Arc::new(History::default());
     let target = Target {
         proxies: gws.iter().map(|g| g.proxy.clone()).collect(),
@@ -374,8 +432,13 @@ async fn run(args: &Args, bin: &std::path::Path, seed: u64) -> anyhow::Result<Ru
             }
         })
     };
+    let clock = (args.backend == Backend::Sqlite)
+        .then(|| tokio::spawn(clock_lane(seed, gws.clone(), counts.clone(), faults_end)));
     let _ = gw_lane.await;
     let _ = db_lane.await;
+    if let Some(c) = clock {
+        let _ = c.await;
+    }
     stop.store(true, Ordering::SeqCst);
 
     // Faults off; everything back.
@@ -484,6 +547,51 @@ async fn run(args: &Args, bin: &std::path::Path, seed: u64) -> anyhow::Result<Ru
         faults,
         violations,
     })
+}
+
+/// The clock lane (SQLite only: on PostgreSQL the database clock rules,
+/// and the gateways have none of their own to step). Every 1–3.5 s it
+/// steps one gateway's ledger clock by 0.3 s to [`gateways::CLOCK_BOUND_MS`]
+/// (three leases) forward or back, keeping the gateway's offset from the
+/// system clock within that bound (a step that would leave it goes the
+/// other way). A kill -9 and restart brings the clock back to the system
+/// clock. It waits its turn with the gateway lane, so it never steps a
+/// stopped or dead process.
+async fn clock_lane(seed: u64, gws: Arc<Mutex<Vec<Gateway>>>, counts: Counts, faults_end: Instant) {
+    let bound = gateways::CLOCK_BOUND_MS;
+    let mut i = 0u64;
+    while Instant::now() < faults_end {
+        let r = mix(seed, &[b"clock", &i.to_be_bytes()]);
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(1000 + r % 2500)).await;
+        if Instant::now() >= faults_end {
+            break;
+        }
+        let mut g = gws.lock().await;
+        let n = g.len();
+        let g = &mut g[(r >> 8) as usize % n];
+        let size = 300 + ((r >> 24) % (bound as u64 - 299)) as i64;
+        let mut ms = if (r >> 16).is_multiple_of(2) {
+            size
+        } else {
+            -size
+        };
+        if (g.clock_offset_ms + ms).abs() > bound {
+            ms = -ms;
+        }
+        match g.step_clock(ms).await {
+            Ok(200) => count(
+                &counts,
+                if ms > 0 {
+                    "clock step forward"
+                } else {
+                    "clock step back"
+                },
+            ),
+            Ok(status) => eprintln!("clock step answered {status}"),
+            Err(e) => eprintln!("clock step failed: {e}"),
+        }
+    }
 }
 
 /// Whether a ledger row is settled: terminal, or a dead letter.

@@ -15,6 +15,7 @@
 //! | `POST /admin/tenants/{t}/inbox/{source}/{event_id}/release` | admin, operator of `t` |
 //! | `POST /admin/tenants/{t}/inbox/{source}/{event_id}/drop` | admin, operator of `t` |
 //! | `POST /admin/reload` | any tenant's admin |
+//! | `POST /admin/clock/step` (only with the `failpoints` feature) | any tenant's admin |
 //!
 //! A key of another tenant gets 404, never 403: it must not learn whether
 //! the tenant or operation exists. Every operator action is recorded as a
@@ -42,7 +43,7 @@ const OPERATORS: &[Role] = &[Role::Admin, Role::Operator];
 
 /// The admin router.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let router = Router::new()
         .route(
             "/healthz",
             get(|| async { axum::Json(json!({"status": "ok"})) }),
@@ -72,7 +73,10 @@ pub fn router(state: AppState) -> Router {
             "/admin/tenants/{tenant}/inbox/{source}/{event_id}/{action}",
             post(decide_inbox),
         )
-        .route("/admin/reload", post(reload))
+        .route("/admin/reload", post(reload));
+    #[cfg(feature = "failpoints")]
+    let router = router.route("/admin/clock/step", post(step_clock));
+    router
         .route(
             "/admin/tenants/{tenant}/approvals",
             get(crate::http::approvals::list),
@@ -385,6 +389,46 @@ async fn reload(State(app): State<AppState>, headers: HeaderMap) -> Result<Respo
         )
             .into_response()),
     }
+}
+
+/// `POST /admin/clock/step` with `{"ms": <integer>}` (admin role of any
+/// tenant; only in builds with the `failpoints` feature): steps the
+/// ledger's clock by `ms`, negative back. See [`operator::step_clock`].
+///
+/// Errors: 400 naming `ms` when it is missing or not an integer; 409 on
+/// PostgreSQL.
+#[cfg(feature = "failpoints")]
+async fn step_clock(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, OpError> {
+    let p = app.authenticate(&headers)?;
+    if p.role != Role::Admin {
+        return Err(OpError::Forbidden {
+            role: p.role.as_str(),
+            action: "step the ledger's clock",
+        });
+    }
+    let v: serde_json::Value = parse(&body)?;
+    let ms = v
+        .get("ms")
+        .and_then(serde_json::Value::as_i64)
+        .ok_or_else(|| OpError::BadRequest {
+            field: "ms".into(),
+            message: "ms must be an integer: the step in milliseconds, negative to step back"
+                .into(),
+        })?;
+    if let Some(k) = v
+        .as_object()
+        .and_then(|o| o.keys().find(|k| k.as_str() != "ms"))
+    {
+        return Err(OpError::BadRequest {
+            field: k.clone(),
+            message: format!("unknown field {k:?}; the body is {{\"ms\": <integer>}}"),
+        });
+    }
+    Ok(axum::Json(operator::step_clock(&app, ms).await?).into_response())
 }
 
 /// `POST …/operations/{id}/requeue` (operator): see [`operator::requeue`].

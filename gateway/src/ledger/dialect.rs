@@ -97,8 +97,8 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
         begin: bool,
     ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send;
 
-    /// Moves the ledger's clock forward by `ms` (PostgreSQL: the database
-    /// clock, for every instance sharing it).
+    /// Steps the ledger's clock by `ms`, negative: back (PostgreSQL: the
+    /// database clock, for every instance sharing it).
     fn shift_clock(
         pool: &Pool<Self>,
         clock: &LedgerClock,

@@ -42,6 +42,7 @@ mod dialect;
 mod inbox;
 mod postgres;
 mod replay_cache;
+mod settle;
 mod sqlite;
 mod store;
 
@@ -59,6 +60,7 @@ pub use inbox::{
     INBOX_STATES, InboxEvent, Naming, NewInboxEvent, Ordering as InboxOrdering, Received,
     Resolution, Resolve, Resolved, Resolving, Says, delivery_id,
 };
+pub use settle::{SettleVerdict, SettleWindows};
 pub use store::{QuarantineAction, Subscriptions, event_type as operation_event_type};
 
 /// A source of time in ms since the Unix epoch. Injected so tests can
@@ -66,6 +68,29 @@ pub use store::{QuarantineAction, Subscriptions, event_type as operation_event_t
 pub trait Clock: Send + Sync + fmt::Debug {
     /// Now, in ms since the Unix epoch.
     fn now_ms(&self) -> i64;
+
+    /// Now on a clock that never steps, in ms from an arbitrary origin
+    /// (the first reading in this process): for durations measured within
+    /// one process, such as the read-back settle window, which a step of
+    /// the wall clock must not shorten. By default tokio's
+    /// [`tokio::time::Instant`], so a test can drive it with
+    /// `tokio::time::pause` and `advance`; a [`ManualClock`] answers its
+    /// own reading (its `advance` is time passing, for both readings).
+    fn monotonic_ms(&self) -> i64 {
+        monotonic_now_ms()
+    }
+}
+
+/// ms on tokio's monotonic clock since the first call in this process.
+fn monotonic_now_ms() -> i64 {
+    static ORIGIN: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
+    let origin = *ORIGIN.get_or_init(tokio::time::Instant::now);
+    i64::try_from(
+        tokio::time::Instant::now()
+            .saturating_duration_since(origin)
+            .as_millis(),
+    )
+    .unwrap_or(i64::MAX)
 }
 
 /// The system clock.
@@ -100,11 +125,16 @@ impl Clock for ManualClock {
     fn now_ms(&self) -> i64 {
         self.0.load(Ordering::SeqCst)
     }
+
+    fn monotonic_ms(&self) -> i64 {
+        self.0.load(Ordering::SeqCst)
+    }
 }
 
 /// The ledger's clock: a base clock plus an offset. On SQLite the offset
-/// is what [`Ledger::shift_clock`] added; on PostgreSQL it is the measured
-/// distance to the database clock.
+/// is what [`Ledger::shift_clock`] added (a step of the wall clock); on
+/// PostgreSQL it is the measured distance to the database clock. Its
+/// monotonic reading is the base clock's: a step moves no duration.
 #[derive(Debug)]
 struct LedgerClock {
     base: Arc<dyn Clock>,
@@ -119,9 +149,13 @@ impl LedgerClock {
         })
     }
 
-    /// Adds `ms` to the offset.
+    /// Adds `ms` (negative: back) to the offset, saturating.
     fn shift(&self, ms: i64) {
-        self.offset_ms.fetch_add(ms, Ordering::SeqCst);
+        let _ = self
+            .offset_ms
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |o| {
+                Some(o.saturating_add(ms))
+            });
     }
 
     /// Sets the offset so that now is `reference_now_ms` (the database clock).
@@ -136,6 +170,10 @@ impl Clock for LedgerClock {
         self.base
             .now_ms()
             .saturating_add(self.offset_ms.load(Ordering::SeqCst))
+    }
+
+    fn monotonic_ms(&self) -> i64 {
+        self.base.monotonic_ms()
     }
 }
 

@@ -432,3 +432,27 @@ async fn resolve_absent(
     crate::ops::execute::run_detached(app, &route, op, claim, wait).await;
     Ok(())
 }
+
+/// Steps this gateway's ledger clock by `ms` (negative: back), a fault for
+/// the chaos soak (`POST /admin/clock/step`, only in builds with the
+/// `failpoints` feature). Leases, expiries, settle windows on the
+/// ledger's clock and new timestamps jump; the monotonic clock does not
+/// move (see [`crate::ledger::SettleWindows`]). The step lives in memory:
+/// a restart starts at the system clock again. Answers `{"stepped_ms",
+/// "now_ms"}` (the ledger's clock after the step).
+///
+/// Errors: 409 `conflict` on PostgreSQL, where the ledger's clock is the
+/// database clock (shared by every instance), not this gateway's.
+#[cfg(feature = "failpoints")]
+pub async fn step_clock(app: &AppState, ms: i64) -> Result<serde_json::Value, OpError> {
+    if app.ledger.backend_name() != "sqlite" {
+        return Err(OpError::Conflict(format!(
+            "the ledger is on {}: its clock is the database clock, shared by every instance, \
+             and this gateway has none of its own to step",
+            app.ledger.backend_name()
+        )));
+    }
+    app.ledger.shift_clock(ms).await?;
+    tracing::warn!(stepped_ms = ms, "ledger clock stepped (failure injection)");
+    Ok(json!({ "stepped_ms": ms, "now_ms": app.ledger.clock().now_ms() }))
+}

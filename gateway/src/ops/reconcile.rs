@@ -8,7 +8,10 @@
 //!   settle delay has passed → a new attempt of the **same** operation with
 //!   the **same** provider key, within the retry budget (past it → dead
 //!   letter). Absent within the settle delay → stays UNKNOWN and is read
-//!   back again, at growing intervals, until the delay ends.
+//!   back again, at growing intervals, until the delay ends. The delay
+//!   must have passed on the ledger's clock and on the monotonic one
+//!   (`ledger::SettleWindows`), so a step of the wall clock (or of the
+//!   database clock) never shortens it.
 //!   Read-back error → stays UNKNOWN with exponential backoff; past
 //!   `reconcile.max_read_backs` → dead letter.
 //! - EXECUTING operations whose lease expired (the owner died or stalled):
@@ -28,7 +31,7 @@ use http::StatusCode;
 use serde_json::Value;
 
 use crate::config::{ReadBack, Route};
-use crate::ledger::{DeadLetter, LedgerError, Operation, Outcome, State};
+use crate::ledger::{DeadLetter, LedgerError, Operation, Outcome, SettleVerdict, State};
 use crate::ops::OpError;
 use crate::ops::execute;
 use crate::state::AppState;
@@ -161,7 +164,8 @@ async fn reconcile_steps(
     // "Absent" counts from when the read-back was sent: an answer that
     // arrives (or is looked at, after a pause of this process) past the
     // settle delay may still describe the provider before it.
-    let sent_at = app.ledger.clock().now_ms();
+    let clock = app.ledger.clock();
+    let (sent_at, sent_mono) = (clock.now_ms(), clock.monotonic_ms());
     let result = read_back(route, rb, &op, reference.as_deref()).await;
     log_read_back(&op, &result);
     let step = ReadBackStep {
@@ -170,17 +174,40 @@ async fn reconcile_steps(
         rb,
         cfg: &settings.reconcile,
         exec,
-        now: app.ledger.clock().now_ms(),
+        now: clock.now_ms(),
         fence: lease.fence,
         op,
     };
     match result {
         ReadBackResult::Found { matched, reference } => step.found(&matched, reference).await,
-        ReadBackResult::Absent if step.op.settle_until.is_some_and(|t| sent_at < t) => {
-            step.settling().await
-        }
-        ReadBackResult::Absent => step.absent().await,
+        ReadBackResult::Absent => match settle_left(&step, sent_at, sent_mono) {
+            Some(left_ms) => step.settling(left_ms).await,
+            None => step.absent().await,
+        },
         ReadBackResult::Error(detail) => step.failed(detail).await,
+    }
+}
+
+/// Whether an "absent" read-back sent at `sent_at` (ledger ms) and
+/// `sent_mono` (monotonic ms) falls within the settle window: on the
+/// ledger's clock (`settle_until`) or on the monotonic one (see
+/// `ledger::SettleWindows`). `Some(ms)`: within it, ending that many ms
+/// from now on the monotonic clock (0 when only the ledger's clock says
+/// so); `None`: "absent" is trusted. An operation without `settle_until`
+/// had no ambiguous attempt: nothing to wait for.
+fn settle_left(step: &ReadBackStep<'_>, sent_at: i64, sent_mono: i64) -> Option<i64> {
+    let until = step.op.settle_until?;
+    let verdict = step.app.ledger.settle_windows().judge(
+        (&step.op.tenant_id, &step.op.operation_id),
+        until,
+        sent_mono,
+        step.app.ledger.clock().monotonic_ms(),
+        step.rb.settle_delay_ms as i64,
+    );
+    match verdict {
+        SettleVerdict::Settling { left_ms } => Some(left_ms),
+        SettleVerdict::Passed if sent_at < until => Some(0),
+        SettleVerdict::Passed => None,
     }
 }
 
@@ -237,7 +264,21 @@ async fn take_up(
             }
             crate::metrics::reconciliation("lease-expired");
             Ok(match ledger.get(&op.tenant_id, &op.operation_id).await? {
-                Some(op) => Ok(op),
+                Some(op) => {
+                    // The window opens now on the monotonic clock too: a
+                    // lease that expired early (a forward step) can't
+                    // shorten it.
+                    if let (Some(until), Some(settle)) = (op.settle_until, settle) {
+                        ledger.settle_windows().open(
+                            &op.tenant_id,
+                            &op.operation_id,
+                            until,
+                            ledger.clock().monotonic_ms(),
+                            settle,
+                        );
+                    }
+                    Ok(op)
+                }
                 None => Err(Step::Busy),
             })
         }
@@ -317,8 +358,15 @@ impl ReadBackStep<'_> {
         step: Step,
         metric: &'static str,
     ) -> Result<Step, LedgerError> {
+        let ends = o.state.is_terminal() && o.dead_letter.is_none();
         if !self.record(o).await? {
             return Ok(Step::Busy);
+        }
+        if ends {
+            self.app
+                .ledger
+                .settle_windows()
+                .close(&self.op.tenant_id, &self.op.operation_id);
         }
         crate::metrics::reconciliation(metric);
         Ok(step)
@@ -348,8 +396,10 @@ impl ReadBackStep<'_> {
     /// Absent, but within the settle delay: look again while the
     /// provider's search catches up, waiting as long again as since the
     /// last attempt (doubling, between the backoff bounds), never past the
-    /// end of the window. A "found" meanwhile is trusted at once.
-    async fn settling(&self) -> Result<Step, LedgerError> {
+    /// end of the window: the later of `settle_until` and `mono_left_ms`
+    /// from now (what is left of it on the monotonic clock). A "found"
+    /// meanwhile is trusted at once.
+    async fn settling(&self, mono_left_ms: i64) -> Result<Step, LedgerError> {
         let (op, cfg, now) = (&self.op, self.cfg, self.now);
         let mut o = Outcome::new(
             State::Unknown,
@@ -358,7 +408,10 @@ impl ReadBackStep<'_> {
         o.keep_response = true;
         o.error_kind = op.error_kind.clone();
         o.error_detail = op.error_detail.clone();
-        let settle_until = op.settle_until.unwrap_or(now);
+        let settle_until = op
+            .settle_until
+            .unwrap_or(now)
+            .max(now.saturating_add(mono_left_ms));
         let since_attempt = settle_until
             .saturating_sub(self.rb.settle_delay_ms as i64)
             .max(0);

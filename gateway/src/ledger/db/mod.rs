@@ -30,6 +30,7 @@ pub struct Ledger {
     clock: Arc<dyn Clock>,
     call_timeout: Duration,
     replay: Arc<super::replay_cache::ReplayCache>,
+    settle: Arc<super::SettleWindows>,
 }
 
 #[derive(Debug, Clone)]
@@ -181,6 +182,7 @@ impl Ledger {
             replay: Arc::new(super::replay_cache::ReplayCache::new(
                 usize::try_from(storage.replay_cache_bytes).unwrap_or(usize::MAX),
             )),
+            settle: Arc::default(),
         })
     }
 
@@ -209,9 +211,17 @@ impl Ledger {
         &self.clock
     }
 
-    /// Moves the ledger's clock forward by `ms`. On PostgreSQL this moves
+    /// The read-back settle windows of this process on the monotonic
+    /// clock (see [`super::SettleWindows`]): "absent" is trusted only once
+    /// the settle delay has passed on both clocks.
+    pub fn settle_windows(&self) -> &super::SettleWindows {
+        &self.settle
+    }
+
+    /// Steps the ledger's clock by `ms` (negative: back), a wall-clock
+    /// step: the monotonic reading does not move. On PostgreSQL this moves
     /// the database clock for every instance sharing it. For tests and
-    /// failure drills: leases and expiries jump forward.
+    /// failure drills: leases and expiries jump.
     pub async fn shift_clock(&self, ms: i64) -> Result<(), LedgerError> {
         dispatch!(self, shift_clock(ms))
     }

@@ -441,6 +441,7 @@ async fn record(
     answer: Answer,
 ) -> Result<(Option<OpState>, Answer), OpError> {
     crate::failpoint::hit("before-record");
+    let mono = app.ledger.clock().monotonic_ms();
     let recorded = app
         .ledger
         .record_outcome(
@@ -455,6 +456,25 @@ async fn record(
         .map_err(|e| unrecorded(&op.operation_id, &e))?;
     if !recorded {
         return Ok((None, Err(fenced_off(&op.operation_id))));
+    }
+    // UNKNOWN: the settle window opens on the monotonic clock too (see
+    // `ledger::SettleWindows`). Ended: its window goes.
+    let windows = app.ledger.settle_windows();
+    match (outcome.state, outcome.settle_until) {
+        (OpState::Unknown, Some(until)) => windows.open(
+            &op.tenant_id,
+            &op.operation_id,
+            until,
+            mono,
+            route
+                .read_back
+                .as_ref()
+                .map_or(0, |rb| rb.settle_delay_ms as i64),
+        ),
+        (state, _) if state.is_terminal() && outcome.dead_letter.is_none() => {
+            windows.close(&op.tenant_id, &op.operation_id)
+        }
+        _ => {}
     }
     crate::failpoint::hit("after-record");
     let span = tracing::Span::current();
