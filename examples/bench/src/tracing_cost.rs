@@ -59,7 +59,7 @@ async fn measure(
 ) -> (Stats, Stats) {
     let pass = format!("http://{}/pass/v1/charges", gw.proxy_addr);
     let pay = format!("http://{}/pay/v1/charges", gw.proxy_addr);
-    let (pn, en): (&'static str, &'static str) = if round % 2 == 0 {
+    let (pn, en): (&'static str, &'static str) = if round.is_multiple_of(2) {
         ("(t) pass-through, export off", "(t) effectful, export off")
     } else {
         ("(t) pass-through, export on", "(t) effectful, export on")
@@ -82,7 +82,7 @@ async fn measure(
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     let m = xs.len() / 2;
-    if xs.len() % 2 == 0 {
+    if xs.len().is_multiple_of(2) {
         (xs[m - 1] + xs[m]) / 2.0
     } else {
         xs[m]
@@ -134,7 +134,7 @@ pub async fn export_on_off(
     let (gw, _dir) = gateway(up, hash).await?;
     let mut rows = Vec::with_capacity(ROUNDS);
     for round in 0..ROUNDS {
-        effectgate::telemetry::pause_export(round % 2 == 0);
+        effectgate::telemetry::pause_export(round.is_multiple_of(2));
         rows.push(measure(client, &gw, round, n, c).await);
     }
     effectgate::telemetry::pause_export(false);
@@ -162,7 +162,7 @@ pub async fn export_on_off(
         median(
             rows.iter()
                 .enumerate()
-                .filter(|(i, _)| (i % 2 == 1) == on)
+                .filter(|(i, _)| i.is_multiple_of(2) != on)
                 .map(|(_, (p, e))| if pass { p.rps } else { e.rps })
                 .collect(),
         )
