@@ -4,24 +4,44 @@
 //! Started only when Debian's `nginx` binary is found (`$NGINX`, else
 //! `/usr/sbin/nginx`, else `nginx` on `PATH`); it runs in the foreground
 //! (`daemon off`) with its prefix, logs and pid file in a temp folder,
-//! `worker_processes auto` and `access_log off`, and is killed when the
-//! scenario ends.
+//! `worker_processes auto` and `access_log off`, and is stopped (`nginx -s
+//! stop`) when the scenario ends.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A running nginx; killed on drop.
+/// A running nginx; stopped on drop.
 pub struct Nginx {
     child: Child,
+    binary: PathBuf,
     /// Where it listens (loopback).
     pub addr: SocketAddr,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Drop for Nginx {
+    /// `nginx -s stop` (the master ends its workers, which a SIGKILL of the
+    /// master alone would leave running), then a bounded wait (5 s) for
+    /// the master; SIGKILL if it is still there.
     fn drop(&mut self) {
+        let _ = Command::new(&self.binary)
+            .arg("-p")
+            .arg(self.dir.path())
+            .arg("-c")
+            .arg(self.dir.path().join("nginx.conf"))
+            .args(["-s", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -101,8 +121,9 @@ pub fn start(binary: &Path, upstream: SocketAddr) -> anyhow::Result<Nginx> {
         if std::net::TcpStream::connect(addr).is_ok() {
             return Ok(Nginx {
                 child,
+                binary: binary.to_path_buf(),
                 addr,
-                _dir: dir,
+                dir,
             });
         }
         if let Some(status) = child.try_wait()? {
