@@ -50,8 +50,22 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
     /// What opens a write batch's transaction.
     const BEGIN: &'static str;
 
+    /// Whether [`Dialect::with_transition`]'s text binds the row's tenant
+    /// and operation id once more, after the transition's values.
+    const TRANSITION_NAMES_THE_ROW: bool;
+
     /// `sql` as this backend takes it (converted once, then cached).
     fn q(sql: &str) -> &'static str;
+
+    /// One statement text (SQLite placeholders) that runs `cas` — a
+    /// compare-and-swap of one `operations` row ending in `RETURNING
+    /// version, fence, attempts` — and, when it applied, appends its
+    /// `transitions` row with the row's new version and fencing token: one
+    /// round trip instead of two. It returns `cas`'s row (none when it
+    /// did not apply) and binds `cas`'s values, then tenant, operation id,
+    /// from, to, actor, reason and time, then (see
+    /// [`Dialect::TRANSITION_NAMES_THE_ROW`]) tenant and operation id.
+    fn with_transition(cas: &str) -> String;
 
     /// Adds one bind to `query`.
     fn bind(query: Query<Self>, arg: Arg<'_>) -> Query<Self>;
@@ -196,6 +210,12 @@ impl From<Option<State>> for Arg<'_> {
         Arg::Text(s.map(|s| Cow::Borrowed(s.as_str())))
     }
 }
+
+/// The columns of a `transitions` row, in the order
+/// [`Dialect::with_transition`] binds them (version and fence come from the
+/// row).
+pub(super) const TRANSITION_COLUMNS: &str =
+    "tenant_id, operation_id, from_state, to_state, version, fence, actor, reason, at";
 
 /// A statement being bound, for dialect `D`.
 pub(super) struct Stmt<D: Dialect> {

@@ -41,8 +41,21 @@ impl Dialect for PgDialect {
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
     const BEGIN: &'static str = "BEGIN";
 
+    const TRANSITION_NAMES_THE_ROW: bool = false;
+
     fn q(sql: &str) -> &'static str {
         super::dialect::cached(sql, super::dialect::dollar_placeholders)
+    }
+
+    /// A data-modifying `WITH`: the transition row is inserted from the
+    /// compare-and-swap's `RETURNING` (no row, no transition).
+    fn with_transition(cas: &str) -> String {
+        format!(
+            "WITH applied AS ({cas}), appended AS (INSERT INTO transitions ({}) \
+             SELECT ?, ?, ?, ?, version, fence, ?, ?, ? FROM applied) \
+             SELECT version, fence, attempts FROM applied",
+            super::dialect::TRANSITION_COLUMNS
+        )
     }
 
     sqlx_glue!();

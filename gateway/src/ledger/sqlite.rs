@@ -35,8 +35,23 @@ impl Dialect for SqliteDialect {
     /// for `busy_timeout_ms`), so no statement of the batch has to upgrade.
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
 
+    const TRANSITION_NAMES_THE_ROW: bool = true;
+
     fn q(sql: &str) -> &'static str {
         super::dialect::cached(sql, str::to_owned)
+    }
+
+    /// Two statements in one text, run by one call on the connection's
+    /// thread (sqlx binds the values of each in turn): the
+    /// compare-and-swap, then an `INSERT … SELECT` of the row that holds
+    /// only when the compare-and-swap changed it (`changes()` is the count
+    /// of the statement completed just before).
+    fn with_transition(cas: &str) -> String {
+        format!(
+            "{cas}; INSERT INTO transitions ({}) SELECT ?, ?, ?, ?, version, fence, ?, ?, ? \
+             FROM operations WHERE tenant_id = ? AND operation_id = ? AND changes() = 1",
+            super::dialect::TRANSITION_COLUMNS
+        )
     }
 
     sqlx_glue!();

@@ -37,7 +37,9 @@
 //! WHERE state = ? AND <guard> RETURNING …`, or the reservation's
 //! `INSERT … ON CONFLICT DO NOTHING`) and, for a transition, bumps the
 //! version and appends the `transitions` row, all on the caller's
-//! connection (inside its transaction). A write that keeps the state and
+//! connection (inside its transaction) and in one round trip: the
+//! transition row is written by the same statement text as the
+//! compare-and-swap, only when it applied (`Dialect::with_transition`). A write that keeps the state and
 //! appends no row (a retry, a lease extension, unscheduling) bumps no
 //! version.
 
@@ -57,7 +59,7 @@ pub(super) use recovery::{
     ExpireLease, LeaseForReconcile, ReadBackNow, Reattempt, Requeue, SelfAudit, Unschedule,
 };
 
-use super::dialect::{Arg, Conn, Dialect, LedgerRow, sql};
+use super::dialect::{Arg, Conn, Dialect, LedgerRow, Stmt, sql};
 use super::{Claim, LedgerError, NewOperation, State};
 
 /// An operation's key.
@@ -256,26 +258,18 @@ pub(crate) async fn apply<D: Dialect, C: Command>(
     now: i64,
 ) -> Result<Option<Applied>, LedgerError> {
     check(cmd)?;
-    let row = match cmd.guard() {
-        Guard::NewKey(new) => insert::<D>(conn, new, cmd.target(), now).await?,
-        _ => update::<D, C>(conn, cmd, now).await?,
-    };
-    let Some(applied) = row else {
-        return Ok(None);
-    };
-    if let Some(record) = cmd.record() {
-        let row = TransitionRow {
-            op: cmd.op(),
-            from: cmd.source(),
-            to: cmd.target(),
-            version: applied.version,
-            fence: applied.fence,
-            record: &record,
-            at: now,
-        };
-        insert_transition::<D>(conn, &row).await?;
-    }
-    Ok(Some(applied))
+    let record = cmd.record();
+    let transition = record.as_ref().map(|record| TransitionRow {
+        op: cmd.op(),
+        from: cmd.source(),
+        to: cmd.target(),
+        record,
+        at: now,
+    });
+    Ok(match cmd.guard() {
+        Guard::NewKey(new) => insert::<D>(conn, new, cmd.target(), transition, now).await?,
+        _ => update::<D, C>(conn, cmd, transition, now).await?,
+    })
 }
 
 /// The guard's `WHERE` condition and its value.
@@ -302,6 +296,7 @@ fn lease_sql(lease: LeaseCheck) -> &'static str {
 async fn update<D: Dialect, C: Command>(
     conn: &mut Conn<D>,
     cmd: &C,
+    transition: Option<TransitionRow<'_>>,
     now: i64,
 ) -> Result<Option<Applied>, sqlx::Error> {
     let op = cmd.op();
@@ -314,13 +309,16 @@ async fn update<D: Dialect, C: Command>(
         ""
     };
     let sep = if set.sql.is_empty() { "" } else { ", " };
-    let text = format!(
+    let mut text = format!(
         "UPDATE operations SET state = ?{bump}{sep}{} \
          WHERE tenant_id = ? AND operation_id = ? AND state = ?{guard}{} \
          RETURNING version, fence, attempts",
         set.sql,
         lease_sql(lease)
     );
+    if transition.is_some() {
+        text = D::with_transition(&text);
+    }
     let mut stmt = sql::<D>(&text)
         .bind(cmd.target())
         .bind_all(set.args)
@@ -333,7 +331,36 @@ async fn update<D: Dialect, C: Command>(
     if lease != LeaseCheck::Any {
         stmt = stmt.bind(now);
     }
-    let row = stmt.fetch_optional(conn).await?;
+    run_cas::<D>(stmt, transition, conn).await
+}
+
+/// Runs compare-and-swap `stmt` (its binds so far) and, with
+/// `transition`, the `transitions` row it appends when it applied, in the
+/// same round trip: then `stmt`'s text is [`Dialect::with_transition`]'s.
+async fn run_cas<D: Dialect>(
+    stmt: Stmt<D>,
+    transition: Option<TransitionRow<'_>>,
+    conn: &mut Conn<D>,
+) -> Result<Option<Applied>, sqlx::Error> {
+    let row = match transition {
+        None => stmt.fetch_optional(conn).await?,
+        Some(t) => {
+            let mut stmt = stmt
+                .bind(t.op.tenant)
+                .bind(t.op.operation_id)
+                .bind(t.from)
+                .bind(t.to)
+                .bind(super::dialect::clean(t.record.actor))
+                .bind(super::dialect::clean(&t.record.reason))
+                .bind(t.at);
+            if D::TRANSITION_NAMES_THE_ROW {
+                stmt = stmt.bind(t.op.tenant).bind(t.op.operation_id);
+            }
+            // Every statement of the text runs (a first-row fetch would
+            // stop after the compare-and-swap's row).
+            stmt.fetch_all(conn).await?.into_iter().next()
+        }
+    };
     row.as_ref().map(applied).transpose()
 }
 
@@ -342,16 +369,19 @@ async fn insert<D: Dialect>(
     conn: &mut Conn<D>,
     new: &NewOperation,
     to: State,
+    transition: Option<TransitionRow<'_>>,
     now: i64,
 ) -> Result<Option<Applied>, sqlx::Error> {
-    let row = sql::<D>(
-        "INSERT INTO operations (tenant_id, operation_id, route, method, path, query, fingerprint, provider_key, \
+    const TEXT: &str = "INSERT INTO operations (tenant_id, operation_id, route, method, path, query, fingerprint, provider_key, \
          effect_class, state, version, attempts, fence, request_content_type, request_body, principal, \
          created_at, updated_at, expires_at, request_headers, retention_ms, trace_context) \
          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
          ON CONFLICT (tenant_id, operation_id) DO NOTHING \
-         RETURNING version, fence, attempts",
-    )
+         RETURNING version, fence, attempts";
+    let stmt = match transition {
+        Some(_) => sql::<D>(&D::with_transition(TEXT)),
+        None => sql::<D>(TEXT),
+    }
     .bind(&new.tenant_id)
     .bind(&new.operation_id)
     .bind(&new.route)
@@ -370,10 +400,8 @@ async fn insert<D: Dialect>(
     .bind(now.saturating_add(new.retention_ms))
     .bind(serde_json::to_string(&new.request_headers).unwrap_or_else(|_| "[]".into()))
     .bind(new.retention_ms)
-    .bind(&new.trace_context)
-    .fetch_optional(conn)
-    .await?;
-    row.as_ref().map(applied).transpose()
+    .bind(&new.trace_context);
+    run_cas::<D>(stmt, transition, conn).await
 }
 
 /// The row a `… RETURNING version, fence, attempts` returned.
@@ -385,37 +413,14 @@ fn applied<R: LedgerRow>(row: &R) -> Result<Applied, sqlx::Error> {
     })
 }
 
-/// One `transitions` row.
+/// One `transitions` row; its version and fencing token are the row's
+/// after the compare-and-swap.
 struct TransitionRow<'a> {
     op: OpRef<'a>,
     from: Option<State>,
     to: State,
-    version: i64,
-    fence: i64,
     record: &'a Record<'a>,
     at: i64,
-}
-
-async fn insert_transition<D: Dialect>(
-    conn: &mut Conn<D>,
-    t: &TransitionRow<'_>,
-) -> Result<(), sqlx::Error> {
-    sql::<D>(
-        "INSERT INTO transitions (tenant_id, operation_id, from_state, to_state, version, fence, actor, reason, at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(t.op.tenant)
-    .bind(t.op.operation_id)
-    .bind(t.from)
-    .bind(t.to)
-    .bind(t.version)
-    .bind(t.fence)
-    .bind(super::dialect::clean(t.record.actor))
-    .bind(super::dialect::clean(&t.record.reason))
-    .bind(t.at)
-    .execute(conn)
-    .await?;
-    Ok(())
 }
 
 #[cfg(test)]
