@@ -153,6 +153,8 @@ impl Gateway {
         }
         let _ = self.admin_shutdown.send(true);
         let _ = self.admin_task.await;
+        // A gateway started next in this process may take the file.
+        self.state.ledger.release_exclusive();
     }
 
     /// Serves until SIGINT or SIGTERM, then shuts down gracefully. SIGHUP

@@ -189,6 +189,9 @@ impl AppState {
         };
         let listener_certs = Arc::new(ListenerCerts::load(&settings)?);
         let ledger = Ledger::open_storage(&settings.storage, clock).await?;
+        // A SQLite ledger is this process's alone (a second gateway on the
+        // file stops here).
+        ledger.hold_exclusively()?;
         let secret = ledger.provider_key_secret().await?;
         ledger.set_event_subscriptions(subscriptions(&settings));
         crate::metrics::handle();

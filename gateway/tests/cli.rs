@@ -386,3 +386,61 @@ async fn inbox_list_prints_a_tenants_events_with_iso_times() {
     assert_eq!(out.status.code(), Some(2));
     assert!(run(&["inbox", "list", "other"]).status.success());
 }
+
+/// One gateway process serves a SQLite ledger: a second `serve` on the
+/// same file stops at start and says why (exit status, the lock file's
+/// name), while the first keeps serving; `ledger list` (no lock) still
+/// reads the file beside it; once the first has exited, the file can be
+/// served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_gateway_on_the_same_sqlite_ledger_stops_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ledger.db");
+    let config = |proxy: u16, admin: u16| {
+        let p = dir.path().join(format!("gw-{proxy}.toml"));
+        std::fs::write(
+            &p,
+            format!(
+                "[listen]\nproxy = \"127.0.0.1:{proxy}\"\nadmin = \"127.0.0.1:{admin}\"\n\
+                 [storage]\npath = \"{}\"\n",
+                db.display()
+            ),
+        )
+        .unwrap();
+        p
+    };
+    let first = common::spawn_gateway(config, &[], None).await;
+    let second = config(common::free_port(), common::free_port());
+    let out = tokio::task::block_in_place(|| {
+        effectgate()
+            .args(["serve", "--config"])
+            .arg(&second)
+            .output()
+            .unwrap()
+    });
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the second gateway must not serve");
+    assert!(
+        err.contains("served by another gateway process") && err.contains("ledger.db.lock"),
+        "{err}"
+    );
+    let ready = reqwest::get(format!("http://127.0.0.1:{}/readyz", first.admin))
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200, "the first still serves");
+    let list = tokio::task::block_in_place(|| {
+        effectgate()
+            .args(["ledger", "list"])
+            .env("EFFECTGATE_STORAGE__PATH", &db)
+            .output()
+            .unwrap()
+    });
+    assert!(
+        list.status.success(),
+        "{}",
+        String::from_utf8_lossy(&list.stderr)
+    );
+    drop(first);
+    let again = common::spawn_gateway(config, &[], None).await;
+    drop(again);
+}

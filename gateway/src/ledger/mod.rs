@@ -613,6 +613,15 @@ pub enum LedgerError {
     /// `[storage]` names no usable ledger.
     #[error("storage.url: {0}")]
     Config(String),
+    /// Another process (or another ledger of this process) serves this
+    /// SQLite ledger file ([`Ledger::hold_exclusively`]); the path.
+    #[error(
+        "the SQLite ledger {0} is served by another gateway process (its lock file {0}.lock is held); one process serves a SQLite ledger, several instances share PostgreSQL"
+    )]
+    InUse(String),
+    /// The SQLite ledger's lock file can't be opened or locked.
+    #[error("cannot lock the SQLite ledger: {0}")]
+    LockFile(String),
 }
 
 /// How often one PostgreSQL ledger call runs again after losing a

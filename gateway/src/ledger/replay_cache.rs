@@ -7,7 +7,12 @@
 //! of the row with its bodies): a compensation, a forced replay, a
 //! requeue, the retention sweeper or another instance sharing the ledger
 //! changes or deletes the row, and the entry is dropped and the row read
-//! afresh. An entry past its key retention (`expires_at`) is never served.
+//! afresh. On SQLite, where one gateway process holds the ledger file
+//! ([`crate::ledger::Ledger::hold_exclusively`]), that read is skipped
+//! while the writer's terminal epoch is still the one the entry was read
+//! at: every commit that changes or deletes a COMPLETED or FAILED row
+//! bumps it. An entry past its key retention (`expires_at`) is never
+//! served.
 //! A request with another fingerprint or of another tenant never finds
 //! an entry that is not its own; the fingerprint check (422) runs on what
 //! the ledger holds.
@@ -25,6 +30,8 @@ type Key = (String, String, String);
 
 struct Entry {
     op: Arc<Operation>,
+    /// The writer's terminal epoch read before the row was.
+    epoch: u64,
     tick: u64,
     bytes: usize,
 }
@@ -96,14 +103,15 @@ impl ReplayCache {
     }
 
     /// The entry of (`tenant`, `operation_id`, `fingerprint`), if any and
-    /// still within its key retention at `now_ms`; marks it used.
+    /// still within its key retention at `now_ms`, with the terminal epoch
+    /// it was read at; marks it used.
     pub(crate) fn get(
         &self,
         tenant: &str,
         operation_id: &str,
         fingerprint: &str,
         now_ms: i64,
-    ) -> Option<Arc<Operation>> {
+    ) -> Option<(Arc<Operation>, u64)> {
         if self.budget == 0 {
             return None;
         }
@@ -125,12 +133,27 @@ impl ReplayCache {
         inner.order.remove(&entry.tick);
         entry.tick = inner.tick;
         inner.order.insert(entry.tick, key);
-        Some(entry.op.clone())
+        Some((entry.op.clone(), entry.epoch))
     }
 
-    /// Keeps `op` if it is COMPLETED or FAILED and fits the budget,
-    /// evicting the least recently used entries to make room.
-    pub(crate) fn put(&self, op: &Operation) {
+    /// Marks the entry of (`tenant`, `operation_id`, `fingerprint`) as
+    /// checked against the ledger at terminal epoch `epoch` (read before
+    /// the check).
+    pub(crate) fn checked(&self, tenant: &str, operation_id: &str, fingerprint: &str, epoch: u64) {
+        let key = (
+            tenant.to_owned(),
+            operation_id.to_owned(),
+            fingerprint.to_owned(),
+        );
+        if let Some(e) = self.lock().map.get_mut(&key) {
+            e.epoch = e.epoch.max(epoch);
+        }
+    }
+
+    /// Keeps `op`, read at terminal epoch `epoch`, if it is COMPLETED or
+    /// FAILED and fits the budget, evicting the least recently used
+    /// entries to make room.
+    pub(crate) fn put(&self, op: &Operation, epoch: u64) {
         if self.budget == 0 || !matches!(op.state, State::Completed | State::Failed) {
             return;
         }
@@ -166,6 +189,7 @@ impl ReplayCache {
             key,
             Entry {
                 op: Arc::new(op.clone()),
+                epoch,
                 tick,
                 bytes,
             },
@@ -243,7 +267,7 @@ mod tests {
     #[test]
     fn serves_only_its_own_tenant_and_fingerprint() {
         let c = ReplayCache::new(1 << 20);
-        c.put(&op("t1", "k", "fp-a", 10));
+        c.put(&op("t1", "k", "fp-a", 10), 0);
         assert!(c.get("t1", "k", "fp-a", 0).is_some());
         assert!(c.get("t2", "k", "fp-a", 0).is_none(), "another tenant");
         assert!(c.get("t1", "k", "fp-b", 0).is_none(), "another fingerprint");
@@ -252,13 +276,13 @@ mod tests {
     #[test]
     fn never_serves_past_retention_or_a_state_that_can_change() {
         let c = ReplayCache::new(1 << 20);
-        c.put(&op("t", "k", "fp", 10));
+        c.put(&op("t", "k", "fp", 10), 0);
         assert!(c.get("t", "k", "fp", 1_000).is_none(), "expired");
         assert_eq!(c.bytes(), 0, "and dropped");
         for state in [State::Compensated, State::Unknown, State::Executing] {
             let mut o = op("t", "k", "fp", 10);
             o.state = state;
-            c.put(&o);
+            c.put(&o, 0);
             assert!(c.get("t", "k", "fp", 0).is_none(), "{state}");
         }
     }
@@ -268,11 +292,11 @@ mod tests {
         let one = size_of(&op("t", "k0", "fp", 1_000));
         let c = ReplayCache::new(one * 8 + one / 2);
         for i in 0..8 {
-            c.put(&op("t", &format!("k{i}"), "fp", 1_000));
+            c.put(&op("t", &format!("k{i}"), "fp", 1_000), 0);
         }
         // k0 used last: k1 is the one to go.
         assert!(c.get("t", "k0", "fp", 0).is_some());
-        c.put(&op("t", "k8", "fp", 1_000));
+        c.put(&op("t", "k8", "fp", 1_000), 0);
         assert!(c.bytes() <= one * 8 + one / 2);
         assert!(c.get("t", "k1", "fp", 0).is_none());
         assert!(c.get("t", "k0", "fp", 0).is_some());

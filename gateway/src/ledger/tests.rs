@@ -134,11 +134,27 @@ async fn completed(ledger: &Ledger, id: &str) -> Operation {
 /// swept.
 #[tokio::test]
 async fn the_replay_cache_never_serves_a_changed_expired_or_foreign_answer() {
+    never_serves_a_changed_expired_or_foreign_answer(false).await;
+}
+
+/// The same on a SQLite ledger held by this process alone, where a cached
+/// answer is served without reading the ledger: every change made here
+/// still reaches the next duplicate.
+#[tokio::test]
+async fn the_replay_cache_of_an_exclusive_ledger_never_serves_a_changed_expired_or_foreign_answer()
+{
+    never_serves_a_changed_expired_or_foreign_answer(true).await;
+}
+
+async fn never_serves_a_changed_expired_or_foreign_answer(exclusive: bool) {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(1_000_000);
     let ledger = Ledger::open(&dir.path().join("l.db"), 2, 5000, clock.clone())
         .await
         .unwrap();
+    if exclusive {
+        ledger.hold_exclusively().unwrap();
+    }
     let op = completed(&ledger, "k").await;
     // First read fills, second is served (same row).
     let first = ledger
@@ -243,4 +259,173 @@ async fn the_replay_cache_never_serves_a_changed_expired_or_foreign_answer() {
             .unwrap()
             .is_none()
     );
+}
+
+/// A ledger `Ledger::hold_exclusively` holds, at `clock`, in `dir`.
+async fn exclusive(dir: &Path, clock: Arc<ManualClock>) -> Ledger {
+    let ledger = Ledger::open(&dir.join("l.db"), 2, 5000, clock)
+        .await
+        .unwrap();
+    ledger.hold_exclusively().unwrap();
+    ledger
+}
+
+/// What a duplicate of `id` (fingerprint `fp`) is answered with: state and
+/// version.
+async fn duplicate(ledger: &Ledger, id: &str) -> Option<(State, i64)> {
+    ledger
+        .get_for_duplicate("t", id, "fp")
+        .await
+        .unwrap()
+        .map(|op| (op.state, op.version))
+}
+
+/// One process holds a SQLite ledger: a second ledger on the file can't
+/// take it until the first is gone; the CLI's kind of open (no lock) still
+/// works beside it.
+#[tokio::test]
+async fn a_sqlite_ledger_is_held_by_one_process_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let first = exclusive(dir.path(), clock.clone()).await;
+    first.hold_exclusively().expect("again: a no-op");
+    let second = Ledger::open(&dir.path().join("l.db"), 2, 5000, clock.clone())
+        .await
+        .expect("an open without the lock");
+    let err = second.hold_exclusively().unwrap_err();
+    assert!(matches!(err, LedgerError::InUse(_)), "{err}");
+    assert!(err.to_string().contains("l.db.lock"), "{err}");
+    drop(first);
+    second
+        .hold_exclusively()
+        .expect("free once the first is dropped");
+}
+
+/// Served from memory: with the lock held, a duplicate of a cached
+/// answer reads nothing. A change written behind the holder's back (by a
+/// second ledger on the file, which no gateway can be: it would not get
+/// the lock) is not seen, while the same change made through the holder
+/// is seen by the very next duplicate.
+#[tokio::test]
+async fn an_exclusive_ledger_answers_a_cached_duplicate_without_reading() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let ledger = exclusive(dir.path(), clock.clone()).await;
+    let op = completed(&ledger, "k").await;
+    assert_eq!(
+        duplicate(&ledger, "k").await,
+        Some((State::Completed, op.version))
+    );
+    let behind = Ledger::open(&dir.path().join("l.db"), 2, 5000, clock.clone())
+        .await
+        .unwrap();
+    assert!(
+        behind
+            .audit(
+                "t",
+                "k",
+                op.version,
+                State::Completed,
+                "operator",
+                "behind its back"
+            )
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        duplicate(&ledger, "k").await,
+        Some((State::Completed, op.version)),
+        "no read: the cached answer"
+    );
+    // The same audit through the holder: seen at once.
+    assert!(
+        ledger
+            .audit(
+                "t",
+                "k",
+                op.version + 1,
+                State::Completed,
+                "operator",
+                "audited"
+            )
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        duplicate(&ledger, "k").await,
+        Some((State::Completed, op.version + 2))
+    );
+}
+
+/// Each write of the holder that changes or deletes a COMPLETED or
+/// FAILED operation reaches the next duplicate: a requeued dead letter, a
+/// key reused after its retention, a step of the clock past retention.
+#[tokio::test]
+async fn an_exclusive_ledger_sees_requeues_reused_keys_and_clock_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let ledger = exclusive(dir.path(), clock.clone()).await;
+
+    // A dead letter, cached, then requeued: UNKNOWN, not the cached FAILED.
+    let (_, claim) = ledger
+        .reserve_and_claim(&new_op("dl", "fp"), "gw", 60_000, "test")
+        .await
+        .unwrap();
+    let claim = claim.expect("claimed");
+    let mut failed = Outcome::new(State::Failed, "retries exhausted");
+    failed.dead_letter = Some(DeadLetter {
+        reason: "retries-exhausted".into(),
+        operator_check: "look at the provider".into(),
+    });
+    assert!(
+        ledger
+            .record_outcome("t", "dl", claim.fence, State::Executing, "gw", &failed)
+            .await
+            .unwrap()
+    );
+    let (state, version) = duplicate(&ledger, "dl").await.unwrap();
+    assert_eq!(state, State::Failed);
+    assert_eq!(
+        duplicate(&ledger, "dl").await,
+        Some((State::Failed, version))
+    );
+    let requeued = ledger
+        .requeue("t", "dl", version, State::Unknown, "operator", "checked")
+        .await
+        .unwrap();
+    assert_eq!(requeued, Some(version + 1));
+    assert_eq!(
+        duplicate(&ledger, "dl").await,
+        Some((State::Unknown, version + 1))
+    );
+
+    // A key reused after its retention: the new operation, not the old answer.
+    let old = completed(&ledger, "k").await;
+    assert!(duplicate(&ledger, "k").await.is_some());
+    clock.advance(old.expires_at - clock.now_ms());
+    let (r, _) = ledger
+        .reserve_and_claim(&new_op("k", "fp"), "gw", 60_000, "test")
+        .await
+        .unwrap();
+    assert!(
+        matches!(r, Reservation::Created(_)),
+        "the key is free again"
+    );
+    // Served as what it is now (reserved, not the old COMPLETED).
+    let now = ledger
+        .get_for_duplicate("t", "k", "fp")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(now.state, State::Completed);
+
+    // A clock step past retention: the cached answer is not served.
+    let other = completed(&ledger, "k2").await;
+    assert!(duplicate(&ledger, "k2").await.is_some());
+    ledger
+        .shift_clock(other.expires_at - clock.now_ms() + 1)
+        .await
+        .unwrap();
+    while ledger.sweep_expired(100, 0).await.unwrap() == 100 {}
+    assert_eq!(duplicate(&ledger, "k2").await, None);
 }

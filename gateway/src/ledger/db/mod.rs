@@ -31,6 +31,24 @@ pub struct Ledger {
     call_timeout: Duration,
     replay: Arc<super::replay_cache::ReplayCache>,
     settle: Arc<super::SettleWindows>,
+    /// The SQLite ledger file (`None` on PostgreSQL).
+    sqlite_path: Option<std::path::PathBuf>,
+    /// The lock [`Ledger::hold_exclusively`] took (until
+    /// [`Ledger::release_exclusive`] or the last clone is dropped).
+    exclusive: Arc<Exclusive>,
+}
+
+/// The SQLite ledger's lock file, while held.
+#[derive(Debug, Default)]
+struct Exclusive {
+    file: std::sync::Mutex<Option<std::fs::File>>,
+    held: std::sync::atomic::AtomicBool,
+}
+
+impl Exclusive {
+    fn held(&self) -> bool {
+        self.held.load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -131,8 +149,10 @@ impl Ledger {
         clock: Arc<dyn Clock>,
     ) -> Result<Self, LedgerError> {
         let call_timeout = Duration::from_millis(storage.call_timeout_ms.max(1));
+        let mut sqlite_path = None;
         let db = match storage.backend().map_err(LedgerError::Config)? {
             Backend::Sqlite(path) => {
+                sqlite_path = Some(path.clone());
                 let storage = StorageSpec {
                     path,
                     ..storage.clone()
@@ -183,7 +203,90 @@ impl Ledger {
                 usize::try_from(storage.replay_cache_bytes).unwrap_or(usize::MAX),
             )),
             settle: Arc::default(),
+            sqlite_path,
+            exclusive: Arc::default(),
         })
+    }
+
+    /// Takes a SQLite ledger for this process alone: an exclusive lock on
+    /// the file `<ledger file>.lock` beside it, held until the last clone
+    /// of this ledger is dropped (or the process ends, however it ends).
+    /// `effectgate serve` takes it at start, so a second gateway on the
+    /// same file fails at once instead of sharing a ledger made for one
+    /// writer; the CLI's read commands (`ledger show`, `ledger list`, …)
+    /// don't take it. While it is held, a duplicate of a cached COMPLETED or
+    /// FAILED operation is answered without reading the ledger (see the
+    /// replay cache: every commit of this process that changes or deletes
+    /// such a row is counted). Calling it again is a no-op; on PostgreSQL
+    /// it does nothing (several instances share that ledger).
+    ///
+    /// Errors: [`LedgerError::InUse`] when another process (or another
+    /// ledger of this process) holds the lock; [`LedgerError::LockFile`]
+    /// when the lock file can't be opened or locked.
+    pub fn hold_exclusively(&self) -> Result<(), LedgerError> {
+        let Some(path) = &self.sqlite_path else {
+            return Ok(());
+        };
+        let mut slot = self
+            .exclusive
+            .file
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if slot.is_some() {
+            return Ok(());
+        }
+        let mut name = path.clone().into_os_string();
+        name.push(".lock");
+        let lock_path = std::path::PathBuf::from(name);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| {
+                LedgerError::LockFile(format!("cannot open {}: {e}", lock_path.display()))
+            })?;
+        match file.try_lock() {
+            Ok(()) => {
+                *slot = Some(file);
+                self.exclusive
+                    .held
+                    .store(true, std::sync::atomic::Ordering::Release);
+                Ok(())
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                Err(LedgerError::InUse(path.display().to_string()))
+            }
+            Err(std::fs::TryLockError::Error(e)) => Err(LedgerError::LockFile(format!(
+                "{}: {e}",
+                lock_path.display()
+            ))),
+        }
+    }
+
+    /// Lets go of the lock [`Ledger::hold_exclusively`] took (a gateway
+    /// that shut down, before another one starts on the file in the same
+    /// process); the replay cache checks the ledger again from then on.
+    pub fn release_exclusive(&self) {
+        let mut slot = self
+            .exclusive
+            .file
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        self.exclusive
+            .held
+            .store(false, std::sync::atomic::Ordering::Release);
+        // Closing the file releases the lock.
+        slot.take();
+    }
+
+    /// The writer's terminal epoch: commits of this process that changed or
+    /// deleted a COMPLETED or FAILED operation.
+    fn terminal_epoch(&self) -> u64 {
+        match &self.db {
+            Db::Sqlite(s) => s.terminal_epoch(),
+            Db::Postgres(p) => p.terminal_epoch(),
+        }
     }
 
     /// Applies the embedded migrations only (`effectgate migrate`), on
@@ -291,7 +394,9 @@ impl Ledger {
     /// `fingerprint`: a COMPLETED or FAILED operation of `tenant` with that
     /// fingerprint is served from the replay cache while the ledger still
     /// has it at the version and last change it was cached at (one read of
-    /// two integers, not of the row and its bodies); anything else is read
+    /// two integers, not of the row and its bodies; none at all on a SQLite
+    /// ledger this process holds, [`Ledger::hold_exclusively`], while no
+    /// commit changed or deleted a terminal row since); anything else is read
     /// from the ledger, and a terminal answer read is cached
     /// (`storage.replay_cache_bytes`). The caller still compares
     /// fingerprints: a miss returns whatever the ledger holds.
@@ -304,9 +409,18 @@ impl Ledger {
         fingerprint: &str,
     ) -> Result<Option<Operation>, LedgerError> {
         let now = self.clock.now_ms();
-        if let Some(op) = self.replay.get(tenant, operation_id, fingerprint, now) {
+        // Read before the ledger is: a change committed after it bumps it.
+        let epoch = self.terminal_epoch();
+        if let Some((op, at)) = self.replay.get(tenant, operation_id, fingerprint, now) {
+            if at == epoch && self.exclusive.held() {
+                // The only writer of this file has changed no terminal row
+                // since the entry was read.
+                return Ok(Some(Operation::clone(&op)));
+            }
             let current = dispatch!(self, version_of(tenant, operation_id))?;
             if current == Some((op.version, op.updated_at)) {
+                self.replay
+                    .checked(tenant, operation_id, fingerprint, epoch);
                 return Ok(Some(Operation::clone(&op)));
             }
             self.replay.remove(tenant, operation_id, fingerprint);
@@ -315,7 +429,7 @@ impl Ledger {
         if let Some(op) = &op
             && op.fingerprint == fingerprint
         {
-            self.replay.put(op);
+            self.replay.put(op, epoch);
         }
         Ok(op)
     }

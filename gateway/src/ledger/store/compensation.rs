@@ -37,6 +37,8 @@ impl<D: Dialect> Store<D> {
         link: &NewCompensation,
     ) -> Result<Option<CompensationReservation>, LedgerError> {
         let (mut tx, now) = self.begin().await?;
+        // The original (COMPLETED) gets the compensation's audit row.
+        tx.changes_terminal();
         let child = OpRef::new(&new.tenant_id, &new.operation_id);
         let expired = sql::<D>(
             "DELETE FROM operations WHERE tenant_id = ? AND operation_id = ? AND updated_at + retention_ms <= ? \

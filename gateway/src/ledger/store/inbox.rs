@@ -461,6 +461,12 @@ impl<D: Dialect> Store<D> {
             None => None,
         };
         if let Some(r) = &resolution {
+            if r.resolved == Resolved::Completed
+                && crate::config::compensated_id(&r.operation_id).is_some()
+            {
+                // A compensation completed: its original became COMPENSATED.
+                tx.changes_terminal();
+            }
             sql::<D>(
                 "UPDATE inbox SET operation_id = ?, resolution = ? WHERE tenant_id = ? AND source = ? AND event_id = ?",
             )

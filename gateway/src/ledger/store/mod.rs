@@ -126,7 +126,16 @@ impl<D: Dialect> Store<D> {
     /// Moves the ledger's clock forward by `ms`.
     pub(super) async fn shift_clock(&self, ms: i64) -> Result<(), LedgerError> {
         D::shift_clock(&self.write, &self.clock, ms).await?;
+        // Retention ends at other times now.
+        self.writer.bump_terminal_epoch();
         Ok(())
+    }
+
+    /// Commits so far that changed or deleted a COMPLETED or FAILED
+    /// operation (see `Writer::terminal_epoch`): unchanged since a row was
+    /// read means no write of this process changed it.
+    pub(super) fn terminal_epoch(&self) -> u64 {
+        self.writer.terminal_epoch()
     }
 
     /// Writes refused for a stale fencing token, since start.

@@ -260,6 +260,8 @@ impl<D: Dialect> Store<D> {
             tx.commit().await?;
             return Ok(0);
         }
+        // Expired COMPLETED and FAILED rows are deleted.
+        tx.changes_terminal();
         for table in [
             "transitions",
             "attempts",

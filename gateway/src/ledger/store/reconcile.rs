@@ -70,6 +70,8 @@ impl<D: Dialect> Store<D> {
     /// See [`crate::ledger::Ledger::audit`].
     pub(crate) async fn audit(&self, cmd: &SelfAudit<'_>) -> Result<bool, LedgerError> {
         let (mut tx, now) = self.begin_for(cmd).await?;
+        // Any state, terminal ones included.
+        tx.changes_terminal();
         if command::apply::<D, _>(&mut tx, cmd, now).await?.is_none() {
             return Ok(false);
         }
@@ -80,6 +82,8 @@ impl<D: Dialect> Store<D> {
     /// See [`crate::ledger::Ledger::requeue`]; returns the new version.
     pub(crate) async fn requeue(&self, cmd: &Requeue<'_>) -> Result<Option<i64>, LedgerError> {
         let (mut tx, now) = self.begin_for(cmd).await?;
+        // A FAILED dead letter leaves its terminal state.
+        tx.changes_terminal();
         let Some(applied) = command::apply::<D, _>(&mut tx, cmd, now).await? else {
             return Ok(None);
         };

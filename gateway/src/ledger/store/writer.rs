@@ -71,6 +71,9 @@ struct Batch<D: Dialect> {
     /// The database clock read when the current write's savepoint opened
     /// (PostgreSQL; `None` on SQLite).
     now: Option<i64>,
+    /// Whether a write of this batch changed or deleted a COMPLETED or
+    /// FAILED operation ([`BatchTx::changes_terminal`]).
+    terminal: bool,
 }
 
 struct Shared<D: Dialect> {
@@ -83,6 +86,9 @@ struct Shared<D: Dialect> {
     queued: AtomicUsize,
     /// Batches committed since start.
     commits: AtomicU64,
+    /// Bumped after every commit that changed or deleted a COMPLETED or
+    /// FAILED operation (shared by the lanes).
+    terminal_epoch: Arc<AtomicU64>,
 }
 
 impl<D: Dialect> Drop for Shared<D> {
@@ -98,6 +104,8 @@ pub(in crate::ledger) struct Writer<D: Dialect> {
     lanes: Arc<[Arc<Shared<D>>]>,
     /// The lane the next write starts looking at (round robin).
     next: Arc<AtomicUsize>,
+    /// See [`Writer::terminal_epoch`].
+    terminal_epoch: Arc<AtomicU64>,
 }
 
 impl<D: Dialect> Clone for Writer<D> {
@@ -105,6 +113,7 @@ impl<D: Dialect> Clone for Writer<D> {
         Self {
             lanes: self.lanes.clone(),
             next: self.next.clone(),
+            terminal_epoch: self.terminal_epoch.clone(),
         }
     }
 }
@@ -123,17 +132,34 @@ impl<D: Dialect> Writer<D> {
     /// (SQLite: a pool of one; PostgreSQL: the shared pool), each with its
     /// committer task. Must be called inside a Tokio runtime.
     pub(in crate::ledger) fn new(pool: Pool<D>, limits: BatchLimits) -> Self {
+        let terminal_epoch = Arc::new(AtomicU64::new(0));
         let lanes: Vec<Arc<Shared<D>>> = (0..limits.connections.max(1))
-            .map(|_| Self::lane(pool.clone(), limits))
+            .map(|_| Self::lane(pool.clone(), limits, terminal_epoch.clone()))
             .collect();
         Self {
             lanes: lanes.into(),
             next: Arc::new(AtomicUsize::new(0)),
+            terminal_epoch,
         }
     }
 
+    /// How many commits so far changed or deleted a COMPLETED or FAILED
+    /// operation (the writes that said so with
+    /// [`BatchTx::changes_terminal`]). Read it before reading a terminal
+    /// row: while it is unchanged, no write of this process has changed
+    /// that row since (the replay cache's check on SQLite).
+    pub(in crate::ledger) fn terminal_epoch(&self) -> u64 {
+        self.terminal_epoch.load(Ordering::Acquire)
+    }
+
+    /// Counts a change to terminal operations made outside a batch (a
+    /// step of the ledger's clock).
+    pub(in crate::ledger) fn bump_terminal_epoch(&self) {
+        self.terminal_epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// One write connection's batch and its committer task.
-    fn lane(pool: Pool<D>, limits: BatchLimits) -> Arc<Shared<D>> {
+    fn lane(pool: Pool<D>, limits: BatchLimits, terminal_epoch: Arc<AtomicU64>) -> Arc<Shared<D>> {
         let wake = Arc::new(Notify::new());
         let shared = Arc::new(Shared {
             batch: Arc::new(Mutex::new(Batch {
@@ -146,6 +172,7 @@ impl<D: Dialect> Writer<D> {
                 waiting: Vec::new(),
                 bytes: 0,
                 now: None,
+                terminal: false,
             })),
             pool,
             limits: BatchLimits {
@@ -156,6 +183,7 @@ impl<D: Dialect> Writer<D> {
             wake: wake.clone(),
             queued: AtomicUsize::new(0),
             commits: AtomicU64::new(0),
+            terminal_epoch,
         });
         tokio::spawn(committer(Arc::downgrade(&shared), wake));
         shared
@@ -286,6 +314,7 @@ async fn abort<D: Dialect>(b: &mut Batch<D>, why: &str) {
     b.crash_before = false;
     b.crash_after = false;
     b.bytes = 0;
+    b.terminal = false;
     let why: Arc<str> = why.into();
     let n = b.waiting.len();
     for w in b.waiting.drain(..) {
@@ -341,6 +370,11 @@ async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) {
             }
             crate::metrics::ledger_batch(size, started.elapsed());
             shared.commits.fetch_add(1, Ordering::Relaxed);
+            if std::mem::take(&mut b.terminal) {
+                // After the COMMIT, before any write of it is answered: a
+                // reader that saw the old epoch re-reads the row.
+                shared.terminal_epoch.fetch_add(1, Ordering::AcqRel);
+            }
             b.open = false;
             b.bytes = 0;
             b.crash_before = false;
@@ -382,6 +416,17 @@ impl<D: Dialect> BatchTx<D> {
     /// Counts `bytes` more body bytes for `storage.write_batch_bytes`.
     pub(in crate::ledger) fn add_bytes(&mut self, bytes: usize) {
         self.bytes = self.bytes.saturating_add(bytes);
+    }
+
+    /// Says that this write changes or deletes a COMPLETED or FAILED
+    /// operation (a compensation, a requeue, a self-audit, a sweep, an
+    /// expired key reused): the batch's commit bumps
+    /// [`Writer::terminal_epoch`]. A write that changes one and does not
+    /// say so lets the replay cache serve the old answer on SQLite.
+    pub(in crate::ledger) fn changes_terminal(&mut self) {
+        if let Some(b) = self.guard.as_mut() {
+            b.terminal = true;
+        }
     }
 
     /// The database clock read with this write's savepoint (PostgreSQL),
@@ -610,6 +655,15 @@ mod tests {
             (c.state, c.version, c.fence),
             (crate::ledger::State::Executing, 2, 1)
         );
+        // Each claim appended its transition row with the claim (in the
+        // same round trip); the lost one appended none.
+        for (id, steps) in [("a", 2), ("b", 1), ("c", 2)] {
+            let rows = reopened.transitions("t", id).await.unwrap();
+            assert_eq!(rows.len(), steps, "{id}: {rows:?}");
+            let last = rows.last().unwrap();
+            let row = reopened.get("t", id).await.unwrap().unwrap();
+            assert_eq!((last.version, last.fence), (row.version, row.fence), "{id}");
+        }
         let mut conn = reopened.read.acquire().await.unwrap();
         let half = sql::<SqliteDialect>("SELECT COUNT(*) AS n FROM meta WHERE name = 'half-way'")
             .fetch_one(&mut conn)

@@ -38,22 +38,31 @@ impl<D: Dialect> Store<D> {
         let (mut tx, now) = self.begin().await?;
         tx.add_bytes(new.request_body.len());
         tx.inject(&new.operation_id);
-        let expired = sql::<D>(
-            "DELETE FROM operations WHERE tenant_id = ? AND operation_id = ? AND updated_at + retention_ms <= ? \
-             AND state IN (?, ?, ?) AND NOT dead_letter",
-        )
-        .bind(&new.tenant_id)
-        .bind(&new.operation_id)
-        .bind(now)
-        .bind_states(&TERMINAL)
-        .execute(&mut tx)
-        .await?;
-        if expired > 0 {
-            forget_history::<D>(&mut tx, OpRef::new(&new.tenant_id, &new.operation_id)).await?;
-        }
-        let created = command::apply::<D, _>(&mut tx, &Reserve { new }, now)
+        let mut created = command::apply::<D, _>(&mut tx, &Reserve { new }, now)
             .await?
             .is_some();
+        if !created {
+            // The key is taken; by an operation whose retention ended, it is
+            // free again (a new key, the usual case, costs no statement
+            // for this).
+            let expired = sql::<D>(
+                "DELETE FROM operations WHERE tenant_id = ? AND operation_id = ? AND updated_at + retention_ms <= ? \
+                 AND state IN (?, ?, ?) AND NOT dead_letter",
+            )
+            .bind(&new.tenant_id)
+            .bind(&new.operation_id)
+            .bind(now)
+            .bind_states(&TERMINAL)
+            .execute(&mut tx)
+            .await?;
+            if expired > 0 {
+                tx.changes_terminal();
+                forget_history::<D>(&mut tx, OpRef::new(&new.tenant_id, &new.operation_id)).await?;
+                created = command::apply::<D, _>(&mut tx, &Reserve { new }, now)
+                    .await?
+                    .is_some();
+            }
+        }
         if created {
             if new.awaiting_approval {
                 let reason = new
@@ -123,6 +132,10 @@ impl<D: Dialect> Store<D> {
     ) -> Result<bool, LedgerError> {
         let (mut tx, now) = self.begin_for(cmd).await?;
         tx.add_bytes(cmd.outcome.response_body.as_ref().map_or(0, Vec::len));
+        if crate::config::compensated_id(cmd.op.operation_id).is_some() {
+            // A compensation's COMPLETED makes its original COMPENSATED.
+            tx.changes_terminal();
+        }
         let subs = self.subscriptions.load_full();
         if record_outcome_on::<D>(&mut tx, &subs, cmd, now)
             .await?
