@@ -139,22 +139,26 @@ impl Gateway {
         }
         let executions = &self.state.lifecycle.executions;
         executions.close();
-        if tokio::time::timeout_at(deadline, executions.wait())
+        let drained = tokio::time::timeout_at(deadline, executions.wait())
             .await
-            .is_err()
-        {
+            .is_ok();
+        if drained {
+            tracing::info!("drained: every call and execution finished");
+        } else {
             tracing::warn!(
                 executions = executions.len(),
                 drain_ms,
                 "drain deadline passed: executions still running keep their lease; the next owner reconciles them"
             );
-        } else {
-            tracing::info!("drained: every call and execution finished");
         }
         let _ = self.admin_shutdown.send(true);
         let _ = self.admin_task.await;
-        // A gateway started next in this process may take the file.
-        self.state.ledger.release_exclusive();
+        if drained {
+            // Nothing of this gateway writes any more: one started next in
+            // this process may take a SQLite ledger. (Executions still
+            // running keep it until they end, or the process does.)
+            self.state.ledger.release_exclusive();
+        }
     }
 
     /// Serves until SIGINT or SIGTERM, then shuts down gracefully. SIGHUP

@@ -188,10 +188,9 @@ impl AppState {
             .0
         };
         let listener_certs = Arc::new(ListenerCerts::load(&settings)?);
-        let ledger = Ledger::open_storage(&settings.storage, clock).await?;
-        // A SQLite ledger is this process's alone (a second gateway on the
-        // file stops here).
-        ledger.hold_exclusively()?;
+        // A SQLite ledger is this process's alone: a second gateway on the
+        // file stops here, before it opens or migrates it.
+        let ledger = Ledger::open_exclusive(&settings.storage, clock).await?;
         let secret = ledger.provider_key_secret().await?;
         ledger.set_event_subscriptions(subscriptions(&settings));
         crate::metrics::handle();

@@ -136,16 +136,19 @@ impl ReplayCache {
         Some((entry.op.clone(), entry.epoch))
     }
 
-    /// Marks the entry of (`tenant`, `operation_id`, `fingerprint`) as
-    /// checked against the ledger at terminal epoch `epoch` (read before
-    /// the check).
-    pub(crate) fn checked(&self, tenant: &str, operation_id: &str, fingerprint: &str, epoch: u64) {
+    /// Marks `op`, an entry [`ReplayCache::get`] returned, as checked
+    /// against the ledger at terminal epoch `epoch` (read before the
+    /// check). Nothing changes if the entry under its key is another one
+    /// by now (replaced by a concurrent fill).
+    pub(crate) fn checked(&self, op: &Arc<Operation>, epoch: u64) {
         let key = (
-            tenant.to_owned(),
-            operation_id.to_owned(),
-            fingerprint.to_owned(),
+            op.tenant_id.clone(),
+            op.operation_id.clone(),
+            op.fingerprint.clone(),
         );
-        if let Some(e) = self.lock().map.get_mut(&key) {
+        if let Some(e) = self.lock().map.get_mut(&key)
+            && Arc::ptr_eq(&e.op, op)
+        {
             e.epoch = e.epoch.max(epoch);
         }
     }
@@ -169,6 +172,13 @@ impl ReplayCache {
         );
         let mut inner = self.lock();
         let inner = &mut *inner;
+        if let Some(old) = inner.map.get(&key)
+            && (old.op.version, old.op.updated_at) > (op.version, op.updated_at)
+        {
+            // A fill that read the row before a later one did: the newer
+            // entry stays.
+            return;
+        }
         if let Some(old) = inner.map.remove(&key) {
             inner.order.remove(&old.tick);
             inner.bytes -= old.bytes;
@@ -285,6 +295,31 @@ mod tests {
             c.put(&o, 0);
             assert!(c.get("t", "k", "fp", 0).is_none(), "{state}");
         }
+    }
+
+    /// A fill that read an older row than the entry's (it stalled while
+    /// the row changed and another fill cached the new one) keeps the
+    /// newer entry; a check retags only the entry it checked.
+    #[test]
+    fn an_older_fill_never_replaces_a_newer_entry() {
+        let c = ReplayCache::new(1 << 20);
+        let mut newer = op("t", "k", "fp", 10);
+        newer.version = 6;
+        c.put(&newer, 1);
+        let (got, _) = c.get("t", "k", "fp", 0).unwrap();
+        let older = op("t", "k", "fp", 10);
+        c.put(&older, 0);
+        assert_eq!(c.get("t", "k", "fp", 0).unwrap().0.version, 6);
+        // The entry checked is the one under the key: retagged.
+        c.checked(&got, 5);
+        assert_eq!(c.get("t", "k", "fp", 0).unwrap().1, 5);
+        // Another entry took its place: a check of the old one changes nothing.
+        let mut newest = op("t", "k", "fp", 10);
+        newest.version = 8;
+        c.put(&newest, 5);
+        c.checked(&got, 9);
+        let (now, epoch) = c.get("t", "k", "fp", 0).unwrap();
+        assert_eq!((now.version, epoch), (8, 5));
     }
 
     #[test]

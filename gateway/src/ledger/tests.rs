@@ -295,10 +295,31 @@ async fn a_sqlite_ledger_is_held_by_one_process_at_a_time() {
     let err = second.hold_exclusively().unwrap_err();
     assert!(matches!(err, LedgerError::InUse(_)), "{err}");
     assert!(err.to_string().contains("l.db.lock"), "{err}");
+    // Another name of the same file (a symlink) is the same lock.
+    let link = dir.path().join("link.db");
+    std::os::unix::fs::symlink(dir.path().join("l.db"), &link).unwrap();
+    let linked = Ledger::open(&link, 2, 5000, clock.clone()).await.unwrap();
+    assert!(matches!(
+        linked.hold_exclusively(),
+        Err(LedgerError::InUse(_))
+    ));
     drop(first);
     second
         .hold_exclusively()
         .expect("free once the first is dropped");
+    // A gateway's open takes the lock before it opens the file.
+    let storage = crate::config::StorageSpec {
+        path: link.clone(),
+        ..Default::default()
+    };
+    let err = Ledger::open_exclusive(&storage, clock.clone())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LedgerError::InUse(_)), "{err}");
+    drop((second, linked));
+    let third = Ledger::open_exclusive(&storage, clock).await.unwrap();
+    third.release_exclusive();
+    third.hold_exclusively().expect("released: free again");
 }
 
 /// Served from memory: with the lock held, a duplicate of a cached

@@ -38,6 +38,53 @@ pub struct Ledger {
     exclusive: Arc<Exclusive>,
 }
 
+/// Takes the lock of the SQLite ledger at `path`: an exclusive `flock` of
+/// `<file>.lock` beside the file, the file named by its canonical path
+/// (so a symlink or another spelling of the path names the same lock).
+/// The lock lasts as long as the returned file is open.
+///
+/// Errors: [`LedgerError::InUse`] when another open file holds it (another
+/// process, or another ledger of this process); [`LedgerError::LockFile`]
+/// when it can't be opened or locked.
+fn lock_sqlite_file(path: &Path) -> Result<std::fs::File, LedgerError> {
+    let canonical = match std::fs::canonicalize(path) {
+        Ok(p) => p,
+        // Not created yet: its folder's canonical path and its name.
+        Err(_) => match (path.parent(), path.file_name()) {
+            (Some(dir), Some(name)) => {
+                let dir = if dir.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    dir
+                };
+                std::fs::canonicalize(dir)
+                    .map(|d| d.join(name))
+                    .unwrap_or_else(|_| path.to_path_buf())
+            }
+            _ => path.to_path_buf(),
+        },
+    };
+    let mut name = canonical.clone().into_os_string();
+    name.push(".lock");
+    let lock_path = std::path::PathBuf::from(name);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| LedgerError::LockFile(format!("cannot open {}: {e}", lock_path.display())))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => {
+            Err(LedgerError::InUse(canonical.display().to_string()))
+        }
+        Err(std::fs::TryLockError::Error(e)) => Err(LedgerError::LockFile(format!(
+            "{}: {e}",
+            lock_path.display()
+        ))),
+    }
+}
+
 /// The SQLite ledger's lock file, while held.
 #[derive(Debug, Default)]
 struct Exclusive {
@@ -232,36 +279,43 @@ impl Ledger {
             .file
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if slot.is_some() {
-            return Ok(());
+        if slot.is_none() {
+            *slot = Some(lock_sqlite_file(path)?);
+            self.exclusive
+                .held
+                .store(true, std::sync::atomic::Ordering::Release);
         }
-        let mut name = path.clone().into_os_string();
-        name.push(".lock");
-        let lock_path = std::path::PathBuf::from(name);
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| {
-                LedgerError::LockFile(format!("cannot open {}: {e}", lock_path.display()))
-            })?;
-        match file.try_lock() {
-            Ok(()) => {
-                *slot = Some(file);
-                self.exclusive
-                    .held
-                    .store(true, std::sync::atomic::Ordering::Release);
-                Ok(())
-            }
-            Err(std::fs::TryLockError::WouldBlock) => {
-                Err(LedgerError::InUse(path.display().to_string()))
-            }
-            Err(std::fs::TryLockError::Error(e)) => Err(LedgerError::LockFile(format!(
-                "{}: {e}",
-                lock_path.display()
-            ))),
+        Ok(())
+    }
+
+    /// [`Ledger::open_storage`] for a gateway that serves the ledger: a
+    /// SQLite file's lock ([`Ledger::hold_exclusively`]) is taken before
+    /// the file is opened or migrated, so a second gateway stops before it
+    /// touches a ledger another one serves. PostgreSQL: the same as
+    /// [`Ledger::open_storage`].
+    ///
+    /// Errors: as [`Ledger::open_storage`] and [`Ledger::hold_exclusively`].
+    pub async fn open_exclusive(
+        storage: &StorageSpec,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, LedgerError> {
+        let lock = match storage.backend().map_err(LedgerError::Config)? {
+            Backend::Sqlite(path) => Some(lock_sqlite_file(&path)?),
+            Backend::Postgres(_) => None,
+        };
+        let ledger = Self::open_storage(storage, clock).await?;
+        if let Some(file) = lock {
+            *ledger
+                .exclusive
+                .file
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(file);
+            ledger
+                .exclusive
+                .held
+                .store(true, std::sync::atomic::Ordering::Release);
         }
+        Ok(ledger)
     }
 
     /// Lets go of the lock [`Ledger::hold_exclusively`] took (a gateway
@@ -419,8 +473,7 @@ impl Ledger {
             }
             let current = dispatch!(self, version_of(tenant, operation_id))?;
             if current == Some((op.version, op.updated_at)) {
-                self.replay
-                    .checked(tenant, operation_id, fingerprint, epoch);
+                self.replay.checked(&op, epoch);
                 return Ok(Some(Operation::clone(&op)));
             }
             self.replay.remove(tenant, operation_id, fingerprint);

@@ -471,11 +471,20 @@ impl<D: Dialect> BatchTx<D> {
         b.bytes = b.bytes.saturating_add(self.bytes);
         let limits = self.shared.limits;
         if b.waiting.len() >= limits.max_writes || b.bytes >= limits.max_bytes {
-            commit_batch(&self.shared, &mut b).await;
-        } else if b.waiting.len() == 1 {
-            self.shared.wake.notify_one();
+            // Committed at once, by a task of its own that holds the batch:
+            // a caller that gives up waiting (its request was cancelled)
+            // can't stop a COMMIT half-way and leave the batch's state
+            // behind it.
+            let shared = self.shared.clone();
+            tokio::spawn(async move {
+                commit_batch(&shared, &mut b).await;
+            });
+        } else {
+            if b.waiting.len() == 1 {
+                self.shared.wake.notify_one();
+            }
+            drop(b);
         }
-        drop(b);
         match rx.await {
             Ok(Ok(size)) => {
                 tracing::Span::current().record("effectgate.batch_size", size);
