@@ -45,20 +45,6 @@ pub fn fsync_ms(dir: &std::path::Path) -> anyhow::Result<f64> {
     Ok(times[times.len() / 2].as_secs_f64() * 1000.0)
 }
 
-/// This process's resident set size in MiB (`VmRSS` of
-/// `/proc/self/status`), if the system reports it.
-pub fn rss_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb: f64 = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some(kb / 1024.0)
-}
-
 /// One row of the targets table.
 pub struct Row {
     /// What is compared.
