@@ -47,6 +47,14 @@ impl Dialect for SqliteDialect {
     /// only when the compare-and-swap changed it (`changes()` is the count
     /// of the statement completed just before).
     fn with_transition(cas: &str) -> String {
+        // sqlx hands out anonymous `?` values statement by statement; a
+        // numbered one (`?1`) would not advance them.
+        debug_assert!(
+            !cas.as_bytes()
+                .windows(2)
+                .any(|w| w[0] == b'?' && w[1].is_ascii_digit()),
+            "a compare-and-swap with numbered placeholders: {cas}"
+        );
         format!(
             "{cas}; INSERT INTO transitions ({}) SELECT ?, ?, ?, ?, version, fence, ?, ?, ? \
              FROM operations WHERE tenant_id = ? AND operation_id = ? AND changes() = 1",
