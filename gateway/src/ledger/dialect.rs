@@ -59,13 +59,14 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
 
     /// One statement text (SQLite placeholders) that runs `cas` — a
     /// compare-and-swap of one `operations` row ending in `RETURNING
-    /// version, fence, attempts` — and, when it applied, appends its
-    /// `transitions` row with the row's new version and fencing token: one
-    /// round trip instead of two. It returns `cas`'s row (none when it
-    /// did not apply) and binds `cas`'s values, then tenant, operation id,
-    /// from, to, actor, reason and time, then (see
+    /// {returning}` (a column list naming `version` and `fence`) — and,
+    /// when it applied, appends its `transitions` row with the row's new
+    /// version and fencing token: one round trip instead of two. It
+    /// returns `cas`'s row with those columns (none when it did not apply)
+    /// and binds `cas`'s values, then tenant, operation id, from, to,
+    /// actor, reason and time, then (see
     /// [`Dialect::TRANSITION_NAMES_THE_ROW`]) tenant and operation id.
-    fn with_transition(cas: &str) -> String;
+    fn with_transition(cas: &str, returning: &str) -> String;
 
     /// Adds one bind to `query`.
     fn bind(query: Query<Self>, arg: Arg<'_>) -> Query<Self>;

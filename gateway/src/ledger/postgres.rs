@@ -49,11 +49,11 @@ impl Dialect for PgDialect {
 
     /// A data-modifying `WITH`: the transition row is inserted from the
     /// compare-and-swap's `RETURNING` (no row, no transition).
-    fn with_transition(cas: &str) -> String {
+    fn with_transition(cas: &str, returning: &str) -> String {
         format!(
             "WITH applied AS ({cas}), appended AS (INSERT INTO transitions ({}) \
              SELECT ?, ?, ?, ?, version, fence, ?, ?, ? FROM applied) \
-             SELECT version, fence, attempts FROM applied",
+             SELECT {returning} FROM applied",
             super::dialect::TRANSITION_COLUMNS
         )
     }

@@ -17,6 +17,10 @@
 //! an entry that is not its own; the fingerprint check (422) runs on what
 //! the ledger holds.
 //!
+//! Entries are filled when an outcome is recorded (the row the outcome's
+//! compare-and-swap returned, as committed) and when a duplicate reads the
+//! row from the ledger.
+//!
 //! The budget is `storage.replay_cache_bytes` (bodies, headers and
 //! strings, approximately); 0 turns the cache off.
 

@@ -46,7 +46,7 @@ impl Dialect for SqliteDialect {
     /// compare-and-swap, then an `INSERT … SELECT` of the row that holds
     /// only when the compare-and-swap changed it (`changes()` is the count
     /// of the statement completed just before).
-    fn with_transition(cas: &str) -> String {
+    fn with_transition(cas: &str, _returning: &str) -> String {
         // sqlx hands out anonymous `?` values statement by statement; a
         // numbered one (`?1`) would not advance them.
         debug_assert!(

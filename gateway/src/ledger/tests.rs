@@ -450,3 +450,60 @@ async fn an_exclusive_ledger_sees_requeues_reused_keys_and_clock_steps() {
     while ledger.sweep_expired(100, 0).await.unwrap() == 100 {}
     assert_eq!(duplicate(&ledger, "k2").await, None);
 }
+
+/// A recorded COMPLETED outcome fills the cache: the first duplicate is
+/// answered from memory (a change written behind the holder's back is not
+/// seen, so nothing was read), with exactly the row `get` returns.
+#[tokio::test]
+async fn a_recorded_outcome_answers_the_first_duplicate_from_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let ledger = exclusive(dir.path(), clock.clone()).await;
+    let op = completed(&ledger, "k").await;
+    let behind = Ledger::open(&dir.path().join("l.db"), 2, 5000, clock.clone())
+        .await
+        .unwrap();
+    assert!(
+        behind
+            .audit(
+                "t",
+                "k",
+                op.version,
+                State::Completed,
+                "operator",
+                "behind its back"
+            )
+            .await
+            .unwrap()
+    );
+    let first = ledger
+        .get_for_duplicate("t", "k", "fp")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.version, op.version, "no read: filled at record time");
+    assert_eq!(
+        serde_json::to_value(&first).unwrap(),
+        serde_json::to_value(&op).unwrap(),
+        "the row as the ledger returns it"
+    );
+    // Not exclusive: the first duplicate checks the ledger and sees it.
+    let dir2 = tempfile::tempdir().unwrap();
+    let shared = Ledger::open(&dir2.path().join("l.db"), 2, 5000, clock.clone())
+        .await
+        .unwrap();
+    let op2 = completed(&shared, "k").await;
+    let again = Ledger::open(&dir2.path().join("l.db"), 2, 5000, clock)
+        .await
+        .unwrap();
+    assert!(
+        again
+            .audit("t", "k", op2.version, State::Completed, "operator", "seen")
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        duplicate(&shared, "k").await,
+        Some((State::Completed, op2.version + 1))
+    );
+}

@@ -257,6 +257,22 @@ pub(crate) async fn apply<D: Dialect, C: Command>(
     cmd: &C,
     now: i64,
 ) -> Result<Option<Applied>, LedgerError> {
+    Ok(apply_returning::<D, C>(conn, cmd, now, APPLIED_COLUMNS)
+        .await?
+        .map(|(applied, _)| applied))
+}
+
+/// [`apply`], also returning the row after it with `columns` (a column
+/// list of `operations` that names `version`, `fence` and `attempts`), read
+/// by the compare-and-swap's own `RETURNING`: no statement of its own.
+///
+/// Errors: as [`apply`].
+pub(crate) async fn apply_returning<D: Dialect, C: Command>(
+    conn: &mut Conn<D>,
+    cmd: &C,
+    now: i64,
+    columns: &str,
+) -> Result<Option<(Applied, D::Row)>, LedgerError> {
     check(cmd)?;
     let record = cmd.record();
     let transition = record.as_ref().map(|record| TransitionRow {
@@ -266,11 +282,20 @@ pub(crate) async fn apply<D: Dialect, C: Command>(
         record,
         at: now,
     });
-    Ok(match cmd.guard() {
-        Guard::NewKey(new) => insert::<D>(conn, new, cmd.target(), transition, now).await?,
-        _ => update::<D, C>(conn, cmd, transition, now).await?,
+    let row = match cmd.guard() {
+        Guard::NewKey(new) => {
+            insert::<D>(conn, new, cmd.target(), transition, now, columns).await?
+        }
+        _ => update::<D, C>(conn, cmd, transition, now, columns).await?,
+    };
+    Ok(match row {
+        Some(row) => Some((applied(&row)?, row)),
+        None => None,
     })
 }
+
+/// What [`apply`] reads back of the row.
+const APPLIED_COLUMNS: &str = "version, fence, attempts";
 
 /// The guard's `WHERE` condition and its value.
 fn guard_sql(guard: Guard<'_>) -> (&'static str, Option<Arg<'_>>) {
@@ -298,7 +323,8 @@ async fn update<D: Dialect, C: Command>(
     cmd: &C,
     transition: Option<TransitionRow<'_>>,
     now: i64,
-) -> Result<Option<Applied>, sqlx::Error> {
+    columns: &str,
+) -> Result<Option<D::Row>, sqlx::Error> {
     let op = cmd.op();
     let set = cmd.set(now);
     let lease = cmd.lease_check();
@@ -312,12 +338,12 @@ async fn update<D: Dialect, C: Command>(
     let mut text = format!(
         "UPDATE operations SET state = ?{bump}{sep}{} \
          WHERE tenant_id = ? AND operation_id = ? AND state = ?{guard}{} \
-         RETURNING version, fence, attempts",
+         RETURNING {columns}",
         set.sql,
         lease_sql(lease)
     );
     if transition.is_some() {
-        text = D::with_transition(&text);
+        text = D::with_transition(&text, columns);
     }
     let mut stmt = sql::<D>(&text)
         .bind(cmd.target())
@@ -341,8 +367,8 @@ async fn run_cas<D: Dialect>(
     stmt: Stmt<D>,
     transition: Option<TransitionRow<'_>>,
     conn: &mut Conn<D>,
-) -> Result<Option<Applied>, sqlx::Error> {
-    let row = match transition {
+) -> Result<Option<D::Row>, sqlx::Error> {
+    Ok(match transition {
         None => stmt.fetch_optional(conn).await?,
         Some(t) => {
             let mut stmt = stmt
@@ -360,8 +386,7 @@ async fn run_cas<D: Dialect>(
             // stop after the compare-and-swap's row).
             stmt.fetch_all(conn).await?.into_iter().next()
         }
-    };
-    row.as_ref().map(applied).transpose()
+    })
 }
 
 /// The reservation's `INSERT … ON CONFLICT DO NOTHING`, in state `to`.
@@ -371,16 +396,19 @@ async fn insert<D: Dialect>(
     to: State,
     transition: Option<TransitionRow<'_>>,
     now: i64,
-) -> Result<Option<Applied>, sqlx::Error> {
-    const TEXT: &str = "INSERT INTO operations (tenant_id, operation_id, route, method, path, query, fingerprint, provider_key, \
+    columns: &str,
+) -> Result<Option<D::Row>, sqlx::Error> {
+    let text = format!(
+        "INSERT INTO operations (tenant_id, operation_id, route, method, path, query, fingerprint, provider_key, \
          effect_class, state, version, attempts, fence, request_content_type, request_body, principal, \
          created_at, updated_at, expires_at, request_headers, retention_ms, trace_context) \
          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
          ON CONFLICT (tenant_id, operation_id) DO NOTHING \
-         RETURNING version, fence, attempts";
+         RETURNING {columns}"
+    );
     let stmt = match transition {
-        Some(_) => sql::<D>(&D::with_transition(TEXT)),
-        None => sql::<D>(TEXT),
+        Some(_) => sql::<D>(&D::with_transition(&text, columns)),
+        None => sql::<D>(&text),
     }
     .bind(&new.tenant_id)
     .bind(&new.operation_id)
@@ -404,7 +432,8 @@ async fn insert<D: Dialect>(
     run_cas::<D>(stmt, transition, conn).await
 }
 
-/// The row a `… RETURNING version, fence, attempts` returned.
+/// The version, fencing token and attempts of a row a compare-and-swap
+/// returned.
 fn applied<R: LedgerRow>(row: &R) -> Result<Applied, sqlx::Error> {
     Ok(Applied {
         version: row.get("version")?,

@@ -663,7 +663,16 @@ impl Ledger {
             actor,
             outcome,
         };
-        dispatch!(self, record_outcome(&cmd))
+        // Read before the write: a terminal change committed after it is
+        // seen by the next duplicate.
+        let epoch = self.terminal_epoch();
+        let recorded = dispatch!(self, record_outcome(&cmd))?;
+        if let Some(op) = &recorded {
+            // The first duplicate of a COMPLETED or FAILED operation is
+            // answered from memory too (a non-terminal outcome is not kept).
+            self.replay.put(op, epoch);
+        }
+        Ok(recorded.is_some())
     }
 
     /// Logs a failed attempt that will be retried, under `fence`, and starts

@@ -5,7 +5,7 @@ use super::super::command::{
     self, AwaitApproval, ClaimLease, ExtendLease, Lease, NoteRetry, OpRef, RecordOutcome, Reserve,
 };
 use super::super::dialect::{Conn, Dialect, clean, sql};
-use super::super::{Claim, DecisionRecord, LedgerError, NewOperation, Reservation};
+use super::super::{Claim, DecisionRecord, LedgerError, NewOperation, Operation, Reservation};
 use super::reads::fetch_op;
 use super::{Store, TERMINAL};
 
@@ -125,11 +125,13 @@ impl<D: Dialect> Store<D> {
         Ok(Some(applied.claim(cmd.lease.expires_at(now))))
     }
 
-    /// See [`crate::ledger::Ledger::record_outcome`].
+    /// See [`crate::ledger::Ledger::record_outcome`]; returns the
+    /// operation as committed, or `None` when the fencing token was not
+    /// current (nothing written).
     pub(crate) async fn record_outcome(
         &self,
         cmd: &RecordOutcome<'_>,
-    ) -> Result<bool, LedgerError> {
+    ) -> Result<Option<Operation>, LedgerError> {
         let (mut tx, now) = self.begin_for(cmd).await?;
         tx.add_bytes(cmd.outcome.response_body.as_ref().map_or(0, Vec::len));
         if crate::config::compensated_id(cmd.op.operation_id).is_some() {
@@ -137,10 +139,7 @@ impl<D: Dialect> Store<D> {
             tx.changes_terminal();
         }
         let subs = self.subscriptions.load_full();
-        if record_outcome_on::<D>(&mut tx, &subs, cmd, now)
-            .await?
-            .is_none()
-        {
+        let Some((_, row)) = record_outcome_on::<D>(&mut tx, &subs, cmd, now).await? else {
             self.count_stale_fence();
             tracing::warn!(
                 tenant = cmd.op.tenant,
@@ -148,11 +147,12 @@ impl<D: Dialect> Store<D> {
                 fence = cmd.fence,
                 "write rejected: fencing token is not current"
             );
-            return Ok(false);
-        }
+            return Ok(None);
+        };
+        let op = super::reads::op_from_row(&row)?;
         crate::failpoint::hit("before-outcome-commit");
         tx.commit().await?;
-        Ok(true)
+        Ok(Some(op))
     }
 
     /// See [`crate::ledger::Ledger::note_retry`]; `status` is the failed
@@ -214,8 +214,10 @@ impl<D: Dialect> Store<D> {
 /// transaction): the fenced compare-and-swap and its transition, the
 /// attempts log row, a compensation's original made COMPENSATED with it,
 /// and the operation event its tenant subscribes to (`subs`). Returns the
-/// row after it, or `None` when the fencing token is not current (then
-/// nothing was written).
+/// row after it (its version, fence and attempts, and the row of
+/// [`super::reads::OP_COLUMNS`], read by the compare-and-swap itself), or
+/// `None` when the fencing token is not current (then nothing was
+/// written).
 ///
 /// Errors: [`LedgerError::IllegalTransition`] before any write, or the
 /// database's.
@@ -224,8 +226,10 @@ pub(super) async fn record_outcome_on<D: Dialect>(
     subs: &super::Subscriptions,
     cmd: &RecordOutcome<'_>,
     now: i64,
-) -> Result<Option<command::Applied>, LedgerError> {
-    let Some(applied) = command::apply::<D, _>(&mut *conn, cmd, now).await? else {
+) -> Result<Option<(command::Applied, D::Row)>, LedgerError> {
+    let Some((applied, row)) =
+        command::apply_returning::<D, _>(&mut *conn, cmd, now, super::reads::OP_COLUMNS).await?
+    else {
         return Ok(None);
     };
     let outcome = cmd.outcome;
@@ -256,7 +260,7 @@ pub(super) async fn record_outcome_on<D: Dialect>(
         provider_reference: outcome.provider_reference.as_deref(),
     };
     super::events::report::<D>(&mut *conn, subs, &reported, now).await?;
-    Ok(Some(applied))
+    Ok(Some((applied, row)))
 }
 
 pub(super) async fn insert_decisions<D: Dialect>(
