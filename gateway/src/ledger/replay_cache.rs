@@ -63,8 +63,15 @@ impl std::fmt::Debug for ReplayCache {
     }
 }
 
-/// About how many bytes `op` holds.
+/// About how many bytes the entry of `op` holds: the operation with its
+/// strings, headers and bodies, and the two copies of its key (the map's
+/// and the LRU order's) with their nodes.
 fn size_of(op: &Operation) -> usize {
+    let key = op.tenant_id.len()
+        + op.operation_id.len()
+        + op.fingerprint.len()
+        + 3 * std::mem::size_of::<String>();
+    let nodes = 2 * key + std::mem::size_of::<Entry>() + 64;
     let strings = [
         &op.tenant_id,
         &op.operation_id,
@@ -85,6 +92,7 @@ fn size_of(op: &Operation) -> usize {
         .map(|(n, v)| n.len() + v.len() + 48)
         .sum::<usize>();
     std::mem::size_of::<Operation>()
+        + nodes
         + strings
         + headers
         + op.request_body.len()
