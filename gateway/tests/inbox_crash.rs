@@ -339,15 +339,23 @@ async fn an_event_stored_before_a_crash_is_delivered_once_after_restart(backend:
     ready(&http, s.admin).await;
     let body = r#"{"id":"evt_crash","type":"charge.updated","data":{"object":{"id":"ch_1"}}}"#;
     let header = stripe_signature(body);
-    let r = post_event(&http, &s, &header, body).await.unwrap();
-    // Answered once durable: the relay dies right before delivering it.
-    assert_eq!(r.status(), 200);
-    let v: Value = r.json().await.unwrap();
-    let id = v["delivery_id"].as_str().unwrap().to_owned();
-    assert_eq!(
-        id,
-        effectgate::ledger::delivery_id("t", "stripe", "evt_crash")
-    );
+    // Answered once durable; the relay dies right before delivering it.
+    // The relay runs beside the answer and only sees committed events, so
+    // the crash may also cut the answer on its way out: the event was
+    // stored either way (the provider would send it again).
+    let id = effectgate::ledger::delivery_id("t", "stripe", "evt_crash");
+    match post_event(&http, &s, &header, body).await {
+        Ok(r) => {
+            assert_eq!(r.status(), 200);
+            if let Ok(v) = r.json::<Value>().await {
+                assert_eq!(v["delivery_id"].as_str(), Some(id.as_str()));
+            }
+        }
+        Err(e) => assert!(
+            e.is_request() || e.is_connect(),
+            "the answer was cut by the crash, not refused: {e}"
+        ),
+    }
     let status = wait_exit(child).await;
     assert_eq!(status.signal(), Some(9));
     assert!(

@@ -38,9 +38,16 @@ impl<D: Dialect> Store<D> {
         let (mut tx, now) = self.begin().await?;
         tx.add_bytes(new.request_body.len());
         tx.inject(&new.operation_id);
-        let mut created = command::apply::<D, _>(&mut tx, &Reserve { new }, now)
-            .await?
-            .is_some();
+        // The new row comes back with the insert (no read of its own).
+        let mut inserted = command::apply_returning::<D, _>(
+            &mut tx,
+            &Reserve { new },
+            now,
+            super::reads::OP_COLUMNS,
+        )
+        .await?
+        .map(|(_, row)| row);
+        let mut created = inserted.is_some();
         if !created {
             // The key is taken; by an operation whose retention ended, it is
             // free again (a new key, the usual case, costs no statement
@@ -58,9 +65,15 @@ impl<D: Dialect> Store<D> {
             if expired > 0 {
                 tx.changes_terminal();
                 forget_history::<D>(&mut tx, OpRef::new(&new.tenant_id, &new.operation_id)).await?;
-                created = command::apply::<D, _>(&mut tx, &Reserve { new }, now)
-                    .await?
-                    .is_some();
+                inserted = command::apply_returning::<D, _>(
+                    &mut tx,
+                    &Reserve { new },
+                    now,
+                    super::reads::OP_COLUMNS,
+                )
+                .await?
+                .map(|(_, row)| row);
+                created = inserted.is_some();
             }
         }
         if created {
@@ -82,8 +95,14 @@ impl<D: Dialect> Store<D> {
                 super::approvals::insert_approval::<D>(&mut tx, new, a, now).await?;
             }
         }
-        let Some(op) = fetch_op::<D>(&mut tx, &new.tenant_id, &new.operation_id).await? else {
-            return Ok(None);
+        let op = match inserted {
+            // As inserted: nothing since changed the row (an approval wait
+            // did: read it).
+            Some(row) if !new.awaiting_approval => super::reads::op_from_row(&row)?,
+            _ => match fetch_op::<D>(&mut tx, &new.tenant_id, &new.operation_id).await? {
+                Some(op) => op,
+                None => return Ok(None),
+            },
         };
         // The claim of a new operation rides in its reservation's commit:
         // one durable write before the provider is called, not two. The
