@@ -40,9 +40,16 @@ impl Gateway {
         settings: Settings,
         clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Self> {
-        let proxy_listener = TcpListener::bind(settings.proxy_addr).await?;
-        let admin_listener = TcpListener::bind(settings.admin_addr).await?;
+        let (proxy_at, admin_at) = (settings.proxy_addr, settings.admin_addr);
+        // The ledger first: a second gateway on a SQLite ledger another one
+        // serves is told so, not that the other one's ports are taken.
         let state = AppState::new(settings, clock).await?;
+        let proxy_listener = TcpListener::bind(proxy_at)
+            .await
+            .map_err(|e| anyhow::anyhow!("listen.proxy: cannot listen on {proxy_at}: {e}"))?;
+        let admin_listener = TcpListener::bind(admin_at)
+            .await
+            .map_err(|e| anyhow::anyhow!("listen.admin: cannot listen on {admin_at}: {e}"))?;
         let proxy_addr = proxy_listener.local_addr()?;
         let admin_addr = admin_listener.local_addr()?;
         let (shutdown, rx) = watch::channel(false);

@@ -424,6 +424,20 @@ async fn a_second_gateway_on_the_same_sqlite_ledger_stops_at_start() {
         err.contains("served by another gateway process") && err.contains("ledger.db.lock"),
         "{err}"
     );
+    // On the first one's own ports, the ledger is still what it is told.
+    let same_ports = dir.path().join(format!("gw-{}.toml", first.proxy));
+    let out = tokio::task::block_in_place(|| {
+        effectgate()
+            .args(["serve", "--config"])
+            .arg(&same_ports)
+            .output()
+            .unwrap()
+    });
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("served by another gateway process"),
+        "{err}"
+    );
     let ready = reqwest::get(format!("http://127.0.0.1:{}/readyz", first.admin))
         .await
         .unwrap();
