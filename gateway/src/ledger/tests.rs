@@ -270,6 +270,28 @@ async fn exclusive(dir: &Path, clock: Arc<ManualClock>) -> Ledger {
     ledger
 }
 
+/// Audits `k` (at `version`) through a second ledger on the file in
+/// `dir`, one that does not hold it: a change the holder's own writes
+/// don't count.
+async fn audit_behind_its_back(dir: &Path, clock: Arc<ManualClock>, version: i64) {
+    let behind = Ledger::open(&dir.join("l.db"), 2, 5000, clock)
+        .await
+        .unwrap();
+    assert!(
+        behind
+            .audit(
+                "t",
+                "k",
+                version,
+                State::Completed,
+                "operator",
+                "behind its back"
+            )
+            .await
+            .unwrap()
+    );
+}
+
 /// What a duplicate of `id` (fingerprint `fp`) is answered with: state and
 /// version.
 async fn duplicate(ledger: &Ledger, id: &str) -> Option<(State, i64)> {
@@ -337,22 +359,7 @@ async fn an_exclusive_ledger_answers_a_cached_duplicate_without_reading() {
         duplicate(&ledger, "k").await,
         Some((State::Completed, op.version))
     );
-    let behind = Ledger::open(&dir.path().join("l.db"), 2, 5000, clock.clone())
-        .await
-        .unwrap();
-    assert!(
-        behind
-            .audit(
-                "t",
-                "k",
-                op.version,
-                State::Completed,
-                "operator",
-                "behind its back"
-            )
-            .await
-            .unwrap()
-    );
+    audit_behind_its_back(dir.path(), clock.clone(), op.version).await;
     assert_eq!(
         duplicate(&ledger, "k").await,
         Some((State::Completed, op.version)),
@@ -460,22 +467,7 @@ async fn a_recorded_outcome_answers_the_first_duplicate_from_memory() {
     let clock = ManualClock::new(1_000_000);
     let ledger = exclusive(dir.path(), clock.clone()).await;
     let op = completed(&ledger, "k").await;
-    let behind = Ledger::open(&dir.path().join("l.db"), 2, 5000, clock.clone())
-        .await
-        .unwrap();
-    assert!(
-        behind
-            .audit(
-                "t",
-                "k",
-                op.version,
-                State::Completed,
-                "operator",
-                "behind its back"
-            )
-            .await
-            .unwrap()
-    );
+    audit_behind_its_back(dir.path(), clock.clone(), op.version).await;
     let first = ledger
         .get_for_duplicate("t", "k", "fp")
         .await

@@ -96,6 +96,17 @@ impl Exclusive {
     fn held(&self) -> bool {
         self.held.load(std::sync::atomic::Ordering::Acquire)
     }
+
+    /// The held lock file, if any.
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<std::fs::File>> {
+        self.file.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `file`, the lock [`lock_sqlite_file`] took, in `slot`.
+    fn hold(&self, slot: &mut Option<std::fs::File>, file: std::fs::File) {
+        *slot = Some(file);
+        self.held.store(true, std::sync::atomic::Ordering::Release);
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -274,16 +285,9 @@ impl Ledger {
         let Some(path) = &self.sqlite_path else {
             return Ok(());
         };
-        let mut slot = self
-            .exclusive
-            .file
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut slot = self.exclusive.slot();
         if slot.is_none() {
-            *slot = Some(lock_sqlite_file(path)?);
-            self.exclusive
-                .held
-                .store(true, std::sync::atomic::Ordering::Release);
+            self.exclusive.hold(&mut slot, lock_sqlite_file(path)?);
         }
         Ok(())
     }
@@ -305,15 +309,8 @@ impl Ledger {
         };
         let ledger = Self::open_storage(storage, clock).await?;
         if let Some(file) = lock {
-            *ledger
-                .exclusive
-                .file
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(file);
-            ledger
-                .exclusive
-                .held
-                .store(true, std::sync::atomic::Ordering::Release);
+            let mut slot = ledger.exclusive.slot();
+            ledger.exclusive.hold(&mut slot, file);
         }
         Ok(ledger)
     }
@@ -322,11 +319,7 @@ impl Ledger {
     /// that shut down, before another one starts on the file in the same
     /// process); the replay cache checks the ledger again from then on.
     pub fn release_exclusive(&self) {
-        let mut slot = self
-            .exclusive
-            .file
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut slot = self.exclusive.slot();
         self.exclusive
             .held
             .store(false, std::sync::atomic::Ordering::Release);
