@@ -28,9 +28,21 @@ impl std::ops::Deref for Runtime {
     }
 }
 
-/// State shared by every request handler. Cheap to clone.
+/// State shared by every request handler and worker: one `Arc` around
+/// [`Shared`], so a clone (axum clones the state for every layer and
+/// handler of every request) is one reference count, not one per field.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// What [`AppState`] shares.
+pub struct Shared {
     runtime: Arc<ArcSwap<Runtime>>,
     /// The policy engine (one per gateway; survives reloads).
     pub engine: Arc<PolicyEngine>,
@@ -201,7 +213,7 @@ impl AppState {
             std::process::id(),
             rand::random::<u32>()
         );
-        Ok(Self {
+        Ok(Self(Arc::new(Shared {
             runtime: Arc::new(ArcSwap::from_pointee(Runtime { settings, policies })),
             engine,
             ledger,
@@ -212,7 +224,7 @@ impl AppState {
             mcp_tools: Default::default(),
             listener_certs,
             lifecycle: Default::default(),
-        })
+        })))
     }
 
     /// The current settings and policies (one snapshot).

@@ -25,6 +25,11 @@
 //!
 //! Run: `cargo run --release -p bench -- --requests 5000 --concurrency 32`
 
+/// The allocator of the `effectgate` binary, so the in-process gateway of
+/// (b)–(d) measures what `effectgate serve` runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod flood;
 mod memory;
 mod nginx;
