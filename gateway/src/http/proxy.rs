@@ -41,16 +41,21 @@ pub fn router(state: AppState) -> Router {
             }),
         )
         .fallback(handle)
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            crate::http::encoding::decode_replays,
-        ))
-        .layer(axum::middleware::from_fn(guards::refuse_dot_segments))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            guards::limit_header_bytes,
-        ))
-        .layer(axum::middleware::from_fn(guards::refuse_methods))
+        // One `layer` call: the router wraps each route once, not once per
+        // guard (outermost first).
+        .layer(
+            tower::ServiceBuilder::new()
+                .layer(axum::middleware::from_fn(guards::refuse_methods))
+                .layer(axum::middleware::from_fn_with_state(
+                    state.clone(),
+                    guards::limit_header_bytes,
+                ))
+                .layer(axum::middleware::from_fn(guards::refuse_dot_segments))
+                .layer(axum::middleware::from_fn_with_state(
+                    state.clone(),
+                    crate::http::encoding::decode_replays,
+                )),
+        )
         .with_state(state)
 }
 

@@ -77,13 +77,16 @@ impl Dialect for SqliteDialect {
         begin: bool,
     ) -> Result<Option<i64>, sqlx::Error> {
         if begin {
-            super::dialect::sql::<Self>(Self::BEGIN)
-                .execute(&mut *conn)
+            // `BEGIN` and the savepoint in one call on the connection's
+            // thread.
+            const OPEN: &str = "BEGIN IMMEDIATE; SAVEPOINT effectgate_write";
+            debug_assert!(OPEN.starts_with(Self::BEGIN));
+            sqlx::raw_sql(OPEN).execute(&mut *conn).await?;
+        } else {
+            super::dialect::sql::<Self>("SAVEPOINT effectgate_write")
+                .execute(conn)
                 .await?;
         }
-        super::dialect::sql::<Self>("SAVEPOINT effectgate_write")
-            .execute(conn)
-            .await?;
         Ok(None)
     }
 
@@ -124,6 +127,11 @@ impl Store<SqliteDialect> {
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(synchronous)
+            // A write's savepoint journal (the pages it may have to undo)
+            // in memory, not in a temporary file: it is never needed after
+            // the batch's COMMIT or a crash, and writing it to a file cost
+            // every write system calls on the connection's thread.
+            .pragma("temp_store", "memory")
             .busy_timeout(Duration::from_millis(storage.busy_timeout_ms));
         let write = SqlitePoolOptions::new()
             .max_connections(1)

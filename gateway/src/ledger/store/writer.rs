@@ -6,7 +6,10 @@
 //! next one in turn, or the next idle one). A write ([`Writer::begin`])
 //! waits for its turn on it (turns are handed out first come, first
 //! served), runs its statements inside a `SAVEPOINT` of the open batch
-//! transaction and releases the savepoint ([`BatchTx::commit`]); a write
+//! transaction and leaves the savepoint open ([`BatchTx::commit`]): the
+//! next write's savepoint nests inside it, and the batch's `COMMIT` ends
+//! them all (a batch of n writes nests n deep, n ≤
+//! `storage.write_batch_max`), which saves each write a round trip; a write
 //! that fails, loses its compare-and-swap with an error, or is dropped
 //! half-way is rolled back to its savepoint, so it never takes the others
 //! down with it. The writer's task then commits the batch once, with every
@@ -448,23 +451,16 @@ impl<D: Dialect> BatchTx<D> {
         b.crash_after |= crate::failpoint::names("batch-after-commit", operation_id);
     }
 
-    /// Releases the savepoint and waits until the batch holding this write
-    /// is committed. Returns the batch's size (writes in it); the ledger
-    /// span of the call records it as `effectgate.batch_size`.
+    /// Ends this write (its savepoint stays open, see the module docs: a
+    /// later failed write rolls back only to its own) and waits until the
+    /// batch holding this write is committed. Returns the batch's size
+    /// (writes in it); the ledger span of the call records it as
+    /// `effectgate.batch_size`.
     ///
-    /// Errors: the savepoint can't be released, or the batch's `COMMIT`
-    /// failed ([`LedgerError::BatchCommit`]: nothing of this write was
+    /// Errors: the batch's `COMMIT` failed ([`LedgerError::BatchCommit`]: nothing of this write was
     /// kept).
     pub(in crate::ledger) async fn commit(mut self) -> Result<usize, LedgerError> {
         let mut b = self.guard.take().expect("a write commits once");
-        let conn = b.conn.as_mut().expect("a write holds the connection");
-        if let Err(e) = sql::<D>("RELEASE SAVEPOINT effectgate_write")
-            .execute(conn)
-            .await
-        {
-            // Still abandoned: the next write or the committer rolls it back.
-            return Err(e.into());
-        }
         b.abandoned = false;
         let (tx, rx) = oneshot::channel();
         b.waiting.push(tx);
@@ -602,7 +598,9 @@ mod tests {
     /// compare-and-swap, a write that fails half-way (dropped after a
     /// statement) and another that commits: one COMMIT, the good writes
     /// are durable, the loser changed nothing and the failed write's
-    /// statement is gone.
+    /// statement is gone. The savepoints nest (none is released before the
+    /// COMMIT): the failed write's rollback reaches only its own, not the
+    /// claim of `a` before it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lost_compare_and_swap_or_a_failed_write_never_aborts_the_batch() {
         let dir = tempfile::tempdir().unwrap();
