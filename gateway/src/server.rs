@@ -144,16 +144,24 @@ impl Gateway {
         for t in self.tasks {
             let _ = t.await;
         }
-        let executions = &self.state.lifecycle.executions;
+        let (calls, executions) = (
+            &self.state.lifecycle.calls,
+            &self.state.lifecycle.executions,
+        );
+        calls.close();
         executions.close();
-        let drained = tokio::time::timeout_at(deadline, executions.wait())
-            .await
-            .is_ok();
+        let drained = tokio::time::timeout_at(deadline, async {
+            calls.wait().await;
+            executions.wait().await;
+        })
+        .await
+        .is_ok();
         if drained {
             tracing::info!("drained: every call and execution finished");
         } else {
             tracing::warn!(
                 executions = executions.len(),
+                calls = calls.len(),
                 drain_ms,
                 "drain deadline passed: executions still running keep their lease; the next owner reconciles them"
             );

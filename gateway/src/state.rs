@@ -64,13 +64,17 @@ pub struct Shared {
 }
 
 /// What graceful shutdown needs to know: whether the gateway is draining
-/// (`/readyz` then answers 503) and the provider executions running in
-/// tasks of their own, awaited within the drain deadline.
+/// (`/readyz` then answers 503), and the calls and provider executions
+/// running in tasks of their own, awaited within the drain deadline.
 #[derive(Debug, Default)]
 pub struct Lifecycle {
     draining: std::sync::atomic::AtomicBool,
     /// Every execution of an operation runs in a task of this tracker.
     pub executions: tokio_util::task::TaskTracker,
+    /// The effectful flow of every proxied call runs in a task of this
+    /// tracker, from its read request to its answer (so a caller that
+    /// hangs up drops only its wait).
+    pub calls: tokio_util::task::TaskTracker,
 }
 
 impl Lifecycle {

@@ -801,3 +801,114 @@ async fn a_json_body_that_repeats_a_key_is_refused() {
     assert_eq!(r.status(), 405);
     assert_eq!(r.headers()["content-type"], "application/problem+json");
 }
+
+/// Polls `probe` until it answers `want`, for at most 5 s.
+async fn until_status<F, Fut>(what: &str, want: u16, probe: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = u16>,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let got = probe().await;
+        if got == want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: still {got}, not {want}"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A caller that hangs up while its call waits for the ledger (another
+/// writer holds the SQLite file's write lock) drops only its own wait:
+/// once the ledger frees up the call is reserved, forwarded once and
+/// recorded, and the caller's retry with the same key is its replay. (A
+/// call dropped there half-way would lose a reservation or claim queued
+/// for the commit, or leave a claimed operation unrun until its lease
+/// ends.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_hangs_up_while_the_ledger_is_busy_still_gets_its_call_carried_out_once() {
+    use sqlx::Connection;
+    use tokio::io::AsyncWriteExt;
+    let app = spawn_with(Opts {
+        tenant_a: "max_in_flight = 1".into(),
+        ..Default::default()
+    })
+    .await;
+    // Tenant a's one in-flight slot, probed without holding it: an
+    // effectful call without a key is 400 once it has the slot, 429 while
+    // another call holds it.
+    let probe = || async {
+        app.http
+            .post(app.proxy("/pay/v1/charges"))
+            .bearer_auth(KEY_A)
+            .header("Content-Type", "application/json")
+            .body("{}")
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    assert_eq!(probe().await, 400);
+
+    let mut blocker = sqlx::SqliteConnection::connect(&format!("sqlite://{}", app.db.display()))
+        .await
+        .unwrap();
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    let body = r#"{"amount":7}"#;
+    let mut caller = tokio::net::TcpStream::connect(app.gw.proxy_addr)
+        .await
+        .unwrap();
+    caller
+        .write_all(
+            format!(
+                "POST /pay/v1/charges HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {KEY_A}\r\n\
+                 Idempotency-Key: hung-up\r\nContent-Type: application/json\r\n\
+                 Content-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    until_status("the call waits for the ledger", 429, probe).await;
+    drop(caller);
+    until_status("the gateway saw the hang-up", 400, probe).await;
+    assert!(
+        app.mock.provider.requests().is_empty(),
+        "nothing is forwarded while the ledger is held"
+    );
+
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    drop(blocker);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let r = app.operation(ADMIN_A, "a", "hung-up").await;
+        if r.status() == 200 {
+            let op: Value = r.json().await.unwrap();
+            if op["state"] == "COMPLETED" {
+                break;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the call of the caller that hung up was never carried out"
+        );
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(app.provider_calls().0, 1, "forwarded once");
+    let again = app.charge("hung-up", body).await;
+    assert_eq!(again.status(), 200);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(app.provider_calls().0, 1, "the retry is a replay");
+}

@@ -205,24 +205,90 @@ async fn handle_inner(app: &AppState, peer: SocketAddr, req: Request) -> Result<
             (call.key.clone(), call.fingerprint.clone(), Some(call))
         }
     };
-    let flow = Flow {
-        app,
-        rt: &rt,
-        route,
-        principal: &principal,
-        peer,
-        scheme,
-        method: &parts.method,
-        headers: &parts.headers,
-        rest,
-        query: query.as_deref(),
-        mcp: mcp_call.as_ref(),
-    };
-    let answer = flow.run(body, content_type, key, fp).await;
+    let answer = run_flow(
+        OwnedFlow {
+            app: app.clone(),
+            route_index: rt
+                .routes
+                .iter()
+                .position(|r| std::ptr::eq(r, route))
+                .ok_or_else(|| OpError::Internal("the route left its snapshot".into()))?,
+            rt,
+            principal,
+            peer,
+            scheme,
+            method: parts.method,
+            headers: parts.headers,
+            rest_at: path.len() - rest.len(),
+            path,
+            query,
+            mcp: mcp_call.clone(),
+        },
+        (body, content_type, key, fp),
+    )
+    .await;
     Ok(match &mcp_call {
         Some(c) => crate::http::mcp::readdress(answer, &c.rpc_id).await,
         None => answer_response(answer),
     })
+}
+
+/// What [`Flow`] borrows, owned, for the task it runs in.
+struct OwnedFlow {
+    app: AppState,
+    rt: std::sync::Arc<Runtime>,
+    /// The matched route: `rt.routes[route_index]`.
+    route_index: usize,
+    principal: Principal,
+    peer: SocketAddr,
+    scheme: &'static str,
+    method: http::Method,
+    headers: http::HeaderMap,
+    /// The request path; the part below the route's prefix starts at
+    /// `rest_at`.
+    path: String,
+    rest_at: usize,
+    query: Option<String>,
+    mcp: Option<McpCall>,
+}
+
+/// Runs the effectful flow of `f` in a task of its own, tracked with the
+/// calls (shutdown waits for it within `shutdown.drain_ms`), and
+/// returns its answer. A caller that hangs up drops only the wait: a flow
+/// dropped half-way would lose a reservation or a claim already queued
+/// for the ledger's commit, and a claim committed without the attempt it
+/// was made for leaves the operation EXECUTING, unrun, until its lease
+/// ends. So once the request is read, the call is carried out, and a
+/// retry with the same key gets its outcome.
+async fn run_flow(
+    f: OwnedFlow,
+    (body, content_type, key, fp): (Bytes, Option<String>, String, String),
+) -> crate::ops::Answer {
+    use tracing::Instrument;
+    let tracker = f.app.lifecycle.calls.clone();
+    let flow = async move {
+        let flow = Flow {
+            app: &f.app,
+            rt: &f.rt,
+            route: &f.rt.routes[f.route_index],
+            principal: &f.principal,
+            peer: f.peer,
+            scheme: f.scheme,
+            method: &f.method,
+            headers: &f.headers,
+            rest: &f.path[f.rest_at..],
+            query: f.query.as_deref(),
+            mcp: f.mcp.as_ref(),
+        };
+        flow.run(body, content_type, key, fp).await
+    };
+    tracker
+        .spawn(
+            crate::telemetry::with_request_id(crate::telemetry::request_id_handle(), flow)
+                .in_current_span(),
+        )
+        .await
+        .unwrap_or_else(|e| Err(OpError::Internal(format!("the call's task failed: {e}"))))
 }
 
 /// Step 3 on an MCP route: what the POST is. A world-changing tool call
