@@ -457,8 +457,8 @@ impl<D: Dialect> BatchTx<D> {
     /// (writes in it); the ledger span of the call records it as
     /// `effectgate.batch_size`.
     ///
-    /// Errors: the batch's `COMMIT` failed ([`LedgerError::BatchCommit`]: nothing of this write was
-    /// kept).
+    /// Errors: the batch's `COMMIT` failed ([`LedgerError::BatchCommit`]:
+    /// nothing of this write was kept).
     pub(in crate::ledger) async fn commit(mut self) -> Result<usize, LedgerError> {
         let mut b = self.guard.take().expect("a write commits once");
         b.abandoned = false;
