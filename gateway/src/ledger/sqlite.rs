@@ -107,6 +107,7 @@ pub(super) fn batch_limits(storage: &crate::config::StorageSpec) -> BatchLimits 
         max_bytes: usize::try_from(storage.write_batch_bytes).unwrap_or(usize::MAX),
         // SQLite has one writer at a time.
         connections: 1,
+        stall: None,
     }
 }
 

@@ -499,3 +499,87 @@ async fn a_recorded_outcome_answers_the_first_duplicate_from_memory() {
         Some((State::Completed, op2.version + 1))
     );
 }
+
+/// A compensation of an earlier incarnation of an operation is not the
+/// compensation of the new one. Here the first compensation FAILED, so it
+/// was updated after the original and outlived it: the original's key is
+/// reused after its retention, the new effect completes, and asking to
+/// compensate it creates a new compensation (RESERVED, its own history)
+/// instead of answering with the old, failed one.
+#[tokio::test]
+async fn a_reused_key_gets_its_own_compensation_not_the_earlier_incarnations() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let ledger = Ledger::open(&dir.path().join("l.db"), 2, 5000, clock.clone())
+        .await
+        .unwrap();
+    let first = completed(&ledger, "k").await;
+    let mut comp = new_op("k#compensation", "fp-c");
+    comp.provider_key = "pk-comp".into();
+    let link = NewCompensation {
+        operation_id: "k".into(),
+        requested_by: "operator".into(),
+        reason: "refund".into(),
+        reference: None,
+    };
+    let CompensationReservation::Created(child) =
+        ledger.reserve_compensation(&comp, &link).await.unwrap()
+    else {
+        panic!("compensation created")
+    };
+    // The refund fails half a retention later.
+    clock.advance(30_000);
+    let claim = ledger
+        .claim(
+            ("t", &child.operation_id),
+            State::Reserved,
+            child.version,
+            "gw",
+            60_000,
+            "test",
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let failed = Outcome::new(State::Failed, "refund refused");
+    assert!(
+        ledger
+            .record_outcome(
+                "t",
+                "k#compensation",
+                claim.fence,
+                State::Executing,
+                "gw",
+                &failed
+            )
+            .await
+            .unwrap()
+    );
+    let original = ledger.get("t", "k").await.unwrap().unwrap();
+    assert_eq!(original.state, State::Completed);
+    // The original's retention ends; the compensation's has not.
+    clock.advance(original.expires_at - clock.now_ms() + 1);
+    let old_child = ledger.get("t", "k#compensation").await.unwrap().unwrap();
+    assert!(old_child.expires_at > clock.now_ms());
+    // The key is reused: a new effect, completed.
+    let second = completed(&ledger, "k").await;
+    assert!(second.created_at > first.created_at, "a new incarnation");
+    match ledger.reserve_compensation(&comp, &link).await.unwrap() {
+        CompensationReservation::Created(new_child) => {
+            assert_eq!(new_child.state, State::Reserved);
+            assert!(new_child.created_at > old_child.created_at);
+            let steps = ledger.transitions("t", "k#compensation").await.unwrap();
+            assert_eq!(
+                steps.iter().map(|t| t.to_state).collect::<Vec<_>>(),
+                vec![State::Reserved],
+                "only the new compensation's history"
+            );
+        }
+        other => panic!("the old compensation came back: {other:?}"),
+    }
+    // Asking again is the same (new) compensation.
+    assert!(matches!(
+        ledger.reserve_compensation(&comp, &link).await.unwrap(),
+        CompensationReservation::Existing(_)
+    ));
+}

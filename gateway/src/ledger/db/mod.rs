@@ -115,9 +115,8 @@ enum Db {
     Postgres(Store<PgDialect>),
 }
 
-/// Runs one store method on whichever backend; PostgreSQL calls are
-/// bounded by `storage.call_timeout_ms`.
-/// Runs one store method on the open backend. Inside a request or
+/// Runs one store method on the open backend; PostgreSQL calls are
+/// bounded by `storage.call_timeout_ms` ([`Ledger::bounded`]). Inside a request or
 /// reconciliation span it runs in a child span `ledger <method>` (command
 /// and result as attributes); outside one (the workers' periodic scans) it
 /// runs without, so idle scans export nothing.
@@ -232,6 +231,10 @@ impl Ledger {
                             .write_connections
                             .min(storage.max_connections.saturating_sub(1))
                             .max(1) as usize,
+                        // The writer's own statements are bounded like a
+                        // call, so a stalled connection never holds a
+                        // lane.
+                        stall: Some(call_timeout),
                         ..super::sqlite::batch_limits(storage)
                     },
                 };
@@ -406,14 +409,18 @@ impl Ledger {
         dispatch!(self, sweep_expired(batch, min_retention_ms))
     }
 
+    /// `call` within `storage.call_timeout_ms` ([`LedgerError::Timeout`]
+    /// after it), except a call whose write already waits for its batch's
+    /// `COMMIT`: that one is waited for (see `store::bounded`).
     async fn bounded<T>(
         &self,
         call: impl Future<Output = Result<T, LedgerError>>,
     ) -> Result<T, LedgerError> {
-        match tokio::time::timeout(self.call_timeout, call).await {
-            Ok(r) => r,
-            Err(_) => Err(LedgerError::Timeout(self.call_timeout.as_millis() as u64)),
-        }
+        super::store::bounded(self.call_timeout, call)
+            .await
+            .unwrap_or(Err(LedgerError::Timeout(
+                self.call_timeout.as_millis() as u64
+            )))
     }
 
     /// Checks that the database answers (readiness).

@@ -40,13 +40,22 @@ impl<D: Dialect> Store<D> {
         // The original (COMPLETED) gets the compensation's audit row.
         tx.changes_terminal();
         let child = OpRef::new(&new.tenant_id, &new.operation_id);
+        // A finished compensation is forgotten when its retention ended, or
+        // when it compensated an earlier incarnation of the original (the
+        // original's key was reused after its own retention, which can end
+        // first: a compensation that FAILED is updated after it). Else a
+        // request for the new effect would get the old compensation back.
         let expired = sql::<D>(
-            "DELETE FROM operations WHERE tenant_id = ? AND operation_id = ? AND updated_at + retention_ms <= ? \
+            "DELETE FROM operations WHERE tenant_id = ? AND operation_id = ? \
+             AND (updated_at + retention_ms <= ? OR created_at < (SELECT o.created_at FROM operations o \
+             WHERE o.tenant_id = ? AND o.operation_id = ?)) \
              AND state IN (?, ?, ?) AND NOT dead_letter",
         )
         .bind(child.tenant)
         .bind(child.operation_id)
         .bind(now)
+        .bind(child.tenant)
+        .bind(&link.operation_id)
         .bind_states(&TERMINAL)
         .execute(&mut tx)
         .await?;

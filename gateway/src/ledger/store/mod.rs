@@ -23,7 +23,7 @@ pub use inbox::QuarantineAction;
 use super::command::{self, Command};
 use super::dialect::{Dialect, Pool};
 use super::{LedgerClock, LedgerError, State};
-pub(super) use writer::BatchLimits;
+pub(super) use writer::{BatchLimits, bounded};
 use writer::{BatchTx, Writer};
 
 /// The states no automatic transition leaves, as bound for

@@ -48,6 +48,64 @@ pub(in crate::ledger) struct BatchLimits {
     /// Write connections, each with its own batch and committer (at least
     /// 1; SQLite: always 1, PostgreSQL: `storage.write_connections`).
     pub connections: usize,
+    /// How long the writer waits for one of its own statements (`BEGIN`
+    /// and a savepoint, an abandoned savepoint's rollback, `COMMIT`,
+    /// `ROLLBACK`) before it takes the connection for lost: it is dropped
+    /// and the batch's writes are told the commit failed (PostgreSQL:
+    /// `storage.call_timeout_ms`; SQLite: `None`, no limit: its statements
+    /// wait only for the file).
+    pub stall: Option<std::time::Duration>,
+}
+
+/// `f`, given up after `limit` (none: waited for however long it takes).
+/// `Err(None)`: it did not finish in time.
+async fn within<T>(
+    limit: Option<std::time::Duration>,
+    f: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, Option<sqlx::Error>> {
+    match limit {
+        None => f.await.map_err(Some),
+        Some(t) => match tokio::time::timeout(t, f).await {
+            Ok(r) => r.map_err(Some),
+            Err(_) => Err(None),
+        },
+    }
+}
+
+tokio::task_local! {
+    /// Set by [`BatchTx::commit`] inside a call [`bounded`] runs: a write
+    /// of the call joined a batch.
+    static JOINED: Arc<std::sync::atomic::AtomicBool>;
+}
+
+/// Runs `call` (one ledger call) within `limit`; `None` when it did not
+/// finish in time and was dropped. Once a write of `call` has joined a
+/// batch (it is waiting for the batch's `COMMIT`), it is no longer dropped
+/// at `limit` but waited for to its end: the write commits whether or not
+/// anyone waits for it, and its caller must not be told "timed out" about
+/// a claim or an approval's use that then commits, unrun (the claim would
+/// sit EXECUTING until its lease ended). The wait is still bounded, by
+/// [`BatchLimits::stall`] on each of the writer's statements.
+pub(in crate::ledger) async fn bounded<T>(
+    limit: std::time::Duration,
+    call: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    let joined = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let call = JOINED.scope(joined.clone(), call);
+    tokio::pin!(call);
+    match tokio::time::timeout(limit, &mut call).await {
+        Ok(r) => Some(r),
+        Err(_) if joined.load(Ordering::Acquire) => Some(call.await),
+        Err(_) => None,
+    }
+}
+
+/// What a stalled statement is reported as.
+fn stalled(limit: Option<std::time::Duration>) -> String {
+    format!(
+        "the ledger's write connection did not answer within {} ms",
+        limit.map_or(0, |t| t.as_millis())
+    )
 }
 
 /// The write connection and the open batch.
@@ -182,6 +240,7 @@ impl<D: Dialect> Writer<D> {
                 max_writes: limits.max_writes.max(1),
                 max_bytes: limits.max_bytes.max(1),
                 connections: 1,
+                stall: limits.stall,
             },
             wake: wake.clone(),
             queued: AtomicUsize::new(0),
@@ -209,29 +268,63 @@ impl<D: Dialect> Writer<D> {
     ///
     /// Errors: the connection can't be had or the savepoint can't be made.
     pub(in crate::ledger) async fn begin(&self, bytes: usize) -> Result<BatchTx<D>, sqlx::Error> {
-        let lane = self.pick().clone();
-        lane.queued.fetch_add(1, Ordering::Relaxed);
-        let waited = Queued(&lane.queued);
-        let mut guard = lane.batch.clone().lock_owned().await;
-        drop(waited);
-        if let Err(e) = prepare(&lane.pool, &mut guard).await {
-            // The connection may have broken (the database restarted, the
-            // network dropped it): the open batch is lost with it. Its
-            // writes are told so, and this one tries a fresh connection.
-            abort(&mut guard, &e.to_string()).await;
-            discard(&mut guard);
-            if let Err(e) = prepare(&lane.pool, &mut guard).await {
-                abort(&mut guard, &e.to_string()).await;
+        // Runs in a task of its own, which a caller that gives up (its
+        // request was cancelled, a timeout fired) can't stop half-way: a
+        // rollback of an abandoned savepoint that ran on the connection
+        // but was not yet noted in the batch would otherwise run a second
+        // time, and with nested savepoints of one name the second one
+        // rolls back the write below it, whose caller was already told it
+        // is waiting for the commit. A caller gone by the time the task
+        // ends drops its `BatchTx` like any other abandoned write.
+        tokio::spawn(open_write(self.pick().clone(), bytes))
+            .await
+            .unwrap_or_else(|e| {
+                Err(sqlx::Error::Protocol(format!(
+                    "the ledger writer's task failed: {e}"
+                )))
+            })
+    }
+}
+
+/// [`Writer::begin`]'s work on `lane`, in its own task.
+async fn open_write<D: Dialect>(
+    lane: Arc<Shared<D>>,
+    bytes: usize,
+) -> Result<BatchTx<D>, sqlx::Error> {
+    lane.queued.fetch_add(1, Ordering::Relaxed);
+    let waited = Queued(&lane.queued);
+    let mut guard = lane.batch.clone().lock_owned().await;
+    drop(waited);
+    let stall = lane.limits.stall;
+    let mut tries = 0;
+    loop {
+        match within(stall, prepare(&lane.pool, &mut guard)).await {
+            Ok(()) => break,
+            Err(e) => {
+                // The connection may have broken (the database restarted,
+                // the network dropped it) or stalled: the open batch is
+                // lost with it. Its writes are told so, and this one tries
+                // a fresh connection.
+                let why = e
+                    .as_ref()
+                    .map_or_else(|| stalled(stall), ToString::to_string);
+                if e.is_none() {
+                    discard(&mut guard);
+                }
+                abort(&mut guard, &why, stall).await;
                 discard(&mut guard);
-                return Err(e);
+                tries += 1;
+                if tries == 2 {
+                    return Err(e.unwrap_or_else(|| sqlx::Error::Protocol(why)));
+                }
             }
         }
-        Ok(BatchTx {
-            guard: Some(guard),
-            shared: lane,
-            bytes,
-        })
     }
+    Ok(BatchTx {
+        guard: Some(guard),
+        shared: lane,
+        bytes,
+    })
 }
 
 impl<D: Dialect> Writer<D> {
@@ -303,11 +396,13 @@ fn discard<D: Dialect>(b: &mut Batch<D>) {
 }
 
 /// Rolls the open batch back and answers its writes with `why`. The
-/// connection is dropped when even the rollback fails.
-async fn abort<D: Dialect>(b: &mut Batch<D>, why: &str) {
+/// connection is dropped when even the rollback fails or stalls (`stall`).
+async fn abort<D: Dialect>(b: &mut Batch<D>, why: &str, stall: Option<std::time::Duration>) {
     if b.open
         && let Some(conn) = b.conn.as_mut()
-        && sql::<D>("ROLLBACK").execute(conn).await.is_err()
+        && within(stall, sql::<D>("ROLLBACK").execute(conn))
+            .await
+            .is_err()
     {
         discard(b);
     }
@@ -333,8 +428,9 @@ async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) {
     if !b.open {
         return;
     }
+    let stall = shared.limits.stall;
     let Some(conn) = b.conn.as_mut() else {
-        abort(b, "the ledger's write connection was lost").await;
+        abort(b, "the ledger's write connection was lost", stall).await;
         return;
     };
     if b.abandoned {
@@ -346,8 +442,10 @@ async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) {
                 .execute(&mut *conn)
                 .await
         };
-        if let Err(e) = undo.await {
-            abort(b, &e.to_string()).await;
+        if let Err(e) = within(stall, undo).await {
+            let why = e.map_or_else(|| stalled(stall), |e| e.to_string());
+            discard(b);
+            abort(b, &why, stall).await;
             return;
         }
         b.abandoned = false;
@@ -360,19 +458,32 @@ async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) {
     let result = if b.poisoned {
         Err("injected commit failure (ledger-commit-fail)".to_owned())
     } else {
-        sql::<D>("COMMIT")
-            .execute(conn)
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        match within(stall, sql::<D>("COMMIT").execute(conn)).await {
+            Ok(_) => Ok(()),
+            Err(Some(e)) => Err(e.to_string()),
+            Err(None) => {
+                // Whether the COMMIT took effect is unknown: the writes are
+                // told it failed (a claim it held is found by the
+                // reconciler when its lease ends), and the connection,
+                // with the reply still owed on it, is dropped.
+                discard(b);
+                Err(format!(
+                    "{}; the batch's COMMIT may or may not have taken effect",
+                    stalled(stall)
+                ))
+            }
+        }
     };
     match result {
         Ok(()) => {
             if b.crash_after && size >= 2 {
                 crate::failpoint::crash("batch-after-commit");
             }
-            crate::metrics::ledger_batch(size, started.elapsed());
-            shared.commits.fetch_add(1, Ordering::Relaxed);
+            if size > 0 {
+                // (None: the batch held only an abandoned write.)
+                crate::metrics::ledger_batch(size, started.elapsed());
+                shared.commits.fetch_add(1, Ordering::Relaxed);
+            }
             if std::mem::take(&mut b.terminal) {
                 // After the COMMIT, before any write of it is answered: a
                 // reader that saw the old epoch re-reads the row.
@@ -388,7 +499,7 @@ async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) {
         }
         Err(why) => {
             tracing::error!(batch_size = size, error = %why, "ledger batch commit failed");
-            abort(b, &why).await;
+            abort(b, &why, stall).await;
         }
     }
 }
@@ -465,6 +576,7 @@ impl<D: Dialect> BatchTx<D> {
         let (tx, rx) = oneshot::channel();
         b.waiting.push(tx);
         b.bytes = b.bytes.saturating_add(self.bytes);
+        let _ = JOINED.try_with(|j| j.store(true, Ordering::Release));
         let limits = self.shared.limits;
         if b.waiting.len() >= limits.max_writes || b.bytes >= limits.max_bytes {
             // Committed at once, by a task of its own that holds the batch:
@@ -517,10 +629,12 @@ impl<D: Dialect> Drop for BatchTx<D> {
     fn drop(&mut self) {
         // Dropped before commit (an error, a cancelled call): its savepoint
         // stays marked abandoned and is rolled back before the next write
-        // or the commit. If the batch has writes waiting, make sure it
-        // still gets committed.
+        // or by the committer, which is woken for it: the batch gets
+        // committed when it has writes waiting, and with none the
+        // transaction ends, so it never stays open (on PostgreSQL holding
+        // the rows the write locked) until some other write comes along.
         if let Some(b) = self.guard.take()
-            && !b.waiting.is_empty()
+            && (b.abandoned || !b.waiting.is_empty())
         {
             self.shared.wake.notify_one();
         }
@@ -681,6 +795,286 @@ mod tests {
             0,
             "the failed write left nothing"
         );
+    }
+
+    /// A write whose caller gives up while it cleans up after the write
+    /// before it or opens its savepoint (a sweep of cancellation points)
+    /// never undoes the write below them in the batch. The
+    /// write before it was dropped half-way, so giving up can fall in the
+    /// middle of that savepoint's rollback: a rollback that ran but was not
+    /// noted would run again, and with nested savepoints of one name the
+    /// second one reached the claim before it, whose caller was then told
+    /// it had committed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_caller_giving_up_during_its_begin_never_undoes_the_write_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(dir.path()).await;
+        for k in 0..100u64 {
+            let id = format!("a{k}");
+            store.reserve(&new_op(&id), None).await.unwrap();
+            let holder = store.writer.begin(0).await.unwrap();
+            let s = store.clone();
+            let claim_id = id.clone();
+            let a = tokio::spawn(async move { s.claim(&claim_of(&claim_id, 1)).await });
+            until_queued(&store, 1).await;
+            let s = store.clone();
+            let half = tokio::spawn(async move {
+                let mut tx = s.writer.begin(0).await.unwrap();
+                sql::<SqliteDialect>("INSERT INTO meta (name, value) VALUES ('half-way', x'00')")
+                    .execute(&mut tx)
+                    .await
+                    .unwrap();
+                drop(tx);
+            });
+            until_queued(&store, 2).await;
+            let s = store.clone();
+            let gone = tokio::spawn(async move { s.writer.begin(0).await.map(drop) });
+            until_queued(&store, 3).await;
+            let committed = tokio::spawn(holder.commit());
+            // Once the half-way write is gone and `gone` holds the
+            // connection (rolling that write's savepoint back), it is
+            // cancelled 0–300 µs later: the sweep crosses each of its
+            // round trips.
+            half.await.unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while store.writer.queued() > 0 {
+                assert!(Instant::now() < deadline, "the begin never got its turn");
+                std::hint::spin_loop();
+            }
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_micros(3 * k) {
+                std::hint::spin_loop();
+            }
+            gone.abort();
+            let _ = gone.await;
+            committed.await.unwrap().unwrap();
+            let told = a.await.unwrap();
+            let row = store.get("t", &id).await.unwrap().unwrap();
+            match told {
+                Ok(Some(_)) => assert_eq!(
+                    (row.state, row.fence),
+                    (crate::ledger::State::Executing, 1),
+                    "k = {k}: the claim was answered as committed"
+                ),
+                other => panic!("k = {k}: the claim failed: {other:?}"),
+            }
+        }
+    }
+
+    /// A call past its time limit is dropped while it waits for the
+    /// connection, but not once its write waits for the batch's `COMMIT`:
+    /// that write commits anyway, so its caller gets its answer, not a
+    /// timeout (which, for a claim, would leave it EXECUTING and unrun).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_call_is_not_timed_out_once_its_write_waits_for_the_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(dir.path()).await;
+        for id in ["w", "late"] {
+            store.reserve(&new_op(id), None).await.unwrap();
+        }
+        let limit = Duration::from_secs(60);
+        // Queued for the connection in turn: w, a holder, `late` (then the
+        // committer). w's commit hands the connection to the holder, which
+        // keeps it.
+        let first = store.writer.begin(0).await.unwrap();
+        let s = store.clone();
+        let w = tokio::spawn(async move { bounded(limit, s.claim(&claim_of("w", 1))).await });
+        until_queued(&store, 1).await;
+        let s = store.clone();
+        let holder = tokio::spawn(async move { s.writer.begin(0).await.unwrap() });
+        until_queued(&store, 2).await;
+        let s = store.clone();
+        let late = tokio::spawn(async move { bounded(limit, s.claim(&claim_of("late", 1))).await });
+        until_queued(&store, 3).await;
+        drop(first);
+        let holder = holder.await.unwrap();
+        // Now w waits for the commit, and `late` for the connection.
+        assert_eq!(store.writer.queued(), 1);
+        tokio::time::pause();
+        tokio::time::advance(2 * limit).await;
+        let late = late.await.unwrap();
+        assert!(
+            late.is_none(),
+            "a call still waiting for the connection times out"
+        );
+        assert!(
+            !w.is_finished(),
+            "a write waiting for its commit is waited for"
+        );
+        tokio::time::resume();
+        holder.commit().await.unwrap();
+        let claim = w.await.unwrap().expect("answered").unwrap();
+        assert!(claim.is_some(), "w is claimed");
+        let row = store.get("t", "w").await.unwrap().unwrap();
+        assert_eq!(row.state, crate::ledger::State::Executing);
+        let row = store.get("t", "late").await.unwrap().unwrap();
+        assert_eq!(
+            row.state,
+            crate::ledger::State::Reserved,
+            "the call dropped wrote nothing"
+        );
+    }
+
+    /// A TCP relay to the database that can stop passing bytes without
+    /// closing anything (a server or a network that hangs), and pass them
+    /// on again.
+    struct Relay {
+        url: String,
+        frozen: tokio::sync::watch::Sender<bool>,
+    }
+
+    impl Relay {
+        async fn start(url: &str) -> Relay {
+            let mut parsed = url::Url::parse(url).unwrap();
+            let target = format!(
+                "{}:{}",
+                parsed.host_str().unwrap_or("127.0.0.1"),
+                parsed.port().unwrap_or(5432)
+            );
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            parsed.set_host(Some("127.0.0.1")).unwrap();
+            parsed
+                .set_port(Some(listener.local_addr().unwrap().port()))
+                .unwrap();
+            let (frozen, _) = tokio::sync::watch::channel(false);
+            let gate = frozen.clone();
+            tokio::spawn(async move {
+                while let Ok((inbound, _)) = listener.accept().await {
+                    let Ok(outbound) = tokio::net::TcpStream::connect(&target).await else {
+                        continue;
+                    };
+                    let (ri, wi) = inbound.into_split();
+                    let (ro, wo) = outbound.into_split();
+                    tokio::spawn(pass(ri, wo, gate.subscribe()));
+                    tokio::spawn(pass(ro, wi, gate.subscribe()));
+                }
+            });
+            Relay {
+                url: parsed.to_string(),
+                frozen,
+            }
+        }
+    }
+
+    /// Copies `from` to `to`, holding what it read while the relay is
+    /// frozen; ends (closing `to`) when `from` ends.
+    async fn pass(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        mut frozen: tokio::sync::watch::Receiver<bool>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if frozen.wait_for(|f| !*f).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// On PostgreSQL, a `COMMIT` that gets no answer (the server or the
+    /// network hangs) fails its batch after `stall` instead of holding the
+    /// lane, and every later write on it: the writes are told the commit
+    /// failed, with its outcome unknown, and the next write gets a fresh
+    /// connection. Skipped, with one line, without `TEST_POSTGRES_URL`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commit_that_hangs_fails_its_batch_after_the_stall_limit() {
+        use super::super::super::postgres::{PgDialect, PgSettings};
+        let Ok(url) = std::env::var("TEST_POSTGRES_URL") else {
+            eprintln!("skipped: TEST_POSTGRES_URL is not set");
+            return;
+        };
+        let relay = Relay::start(&url).await;
+        let schema = format!("eg_{}", uuid::Uuid::new_v4().simple());
+        let stall = Duration::from_millis(300);
+        let settings = PgSettings {
+            url: &relay.url,
+            schema: Some(&schema),
+            max_connections: 3,
+            min_connections: 0,
+            acquire_timeout_ms: 5_000,
+            statement_timeout_ms: 30_000,
+            idle_timeout_ms: 60_000,
+            batch: BatchLimits {
+                max_writes: 256,
+                max_bytes: 1 << 20,
+                connections: 1,
+                stall: Some(stall),
+            },
+        };
+        let store = Store::<PgDialect>::open(&settings, LedgerClock::new(Arc::new(SystemClock)))
+            .await
+            .expect("open the ledger");
+        let mut w = store.writer.begin(0).await.unwrap();
+        sql::<PgDialect>("INSERT INTO meta (name, value) VALUES ('stalled', '\\x00')")
+            .execute(&mut w)
+            .await
+            .unwrap();
+        relay.frozen.send_replace(true);
+        let started = Instant::now();
+        let answer = tokio::time::timeout(Duration::from_secs(30), w.commit())
+            .await
+            .expect("the hung COMMIT is given up");
+        match answer {
+            Err(LedgerError::BatchCommit(why)) => {
+                assert!(why.contains("did not answer within 300 ms"), "{why}");
+                assert!(why.contains("may or may not have taken effect"), "{why}");
+            }
+            other => panic!("a hung COMMIT answered {other:?}"),
+        }
+        assert!(started.elapsed() >= stall);
+        relay.frozen.send_replace(false);
+        // The lane takes a fresh connection: the next write commits.
+        let mut next = store.writer.begin(0).await.unwrap();
+        sql::<PgDialect>("INSERT INTO meta (name, value) VALUES ('next', '\\x00')")
+            .execute(&mut next)
+            .await
+            .unwrap();
+        assert_eq!(next.commit().await.unwrap(), 1);
+        let mut conn = store.read.acquire().await.unwrap();
+        let n = sql::<PgDialect>("SELECT COUNT(*) AS n FROM meta WHERE name = 'next'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(n.get::<i64>("n").unwrap(), 1);
+    }
+
+    /// A write dropped half-way with no write after it does not leave the
+    /// batch's transaction open: the committer rolls its savepoint back
+    /// and ends the transaction, so another connection can write at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lone_abandoned_write_does_not_keep_the_transaction_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(dir.path()).await;
+        let mut tx = store.writer.begin(0).await.unwrap();
+        sql::<SqliteDialect>("INSERT INTO meta (name, value) VALUES ('half-way', x'00')")
+            .execute(&mut tx)
+            .await
+            .unwrap();
+        drop(tx);
+        // Another connection to the file takes the write lock: it waits at
+        // most its busy timeout for the batch's transaction to end.
+        let opts = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(dir.path().join("ledger.db"))
+            .busy_timeout(Duration::from_secs(10));
+        let mut other = <sqlx::SqliteConnection as sqlx::Connection>::connect_with(&opts)
+            .await
+            .unwrap();
+        let n = sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM meta WHERE name = 'half-way'")
+            .fetch_one(&mut other)
+            .await
+            .unwrap();
+        assert_eq!(n, 0, "the abandoned write left nothing");
+        sqlx::raw_sql(
+            "BEGIN IMMEDIATE; INSERT INTO meta (name, value) VALUES ('other', x'00'); COMMIT",
+        )
+        .execute(&mut other)
+        .await
+        .expect("the write lock was free");
     }
 
     /// A reservation with a claim is one write: the operation is EXECUTING
