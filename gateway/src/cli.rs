@@ -169,8 +169,9 @@ enum LedgerCommand {
     },
     /// List operations, newest change first, one line each.
     List {
-        /// Only this state (RESERVED, EXECUTING, COMPLETED, FAILED, UNKNOWN, …).
-        #[arg(long)]
+        /// Only this state (RESERVED, EXECUTING, COMPLETED, FAILED, UNKNOWN,
+        /// …; any case, as in the admin API).
+        #[arg(long, ignore_case = true)]
         state: Option<State>,
         /// Only this tenant.
         #[arg(long)]
@@ -417,7 +418,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 config: c,
             } => {
                 let ledger = open(c).await?;
-                for op in ledger.dead_letters(tenant.as_deref(), limit).await? {
+                let found = ledger.dead_letters(tenant.as_deref(), limit).await?;
+                if found.is_empty() {
+                    // Nothing on stdout (one JSON object a line: none), a
+                    // word for the person reading.
+                    eprintln!("no dead letters");
+                }
+                for op in found {
                     let mut v = crate::ops::operator::dead_letter_json(&op);
                     v["tenant"] = serde_json::json!(op.tenant_id);
                     crate::times::annotate(&mut v);
@@ -485,9 +492,11 @@ async fn open(c: ConfigArg) -> anyhow::Result<Ledger> {
     if let Ok(config::Backend::Sqlite(path)) = settings.storage.backend()
         && !path.exists()
     {
+        let shown = std::path::absolute(&path).unwrap_or_else(|_| path.clone());
         anyhow::bail!(
-            "ledger file {} does not exist (run `effectgate migrate` or `serve` first)",
-            path.display()
+            "ledger file {} does not exist: name the gateway's config with --config (or \
+             EFFECTGATE_CONFIG), or create the ledger with `effectgate migrate`",
+            shown.display()
         );
     }
     let storage = config::StorageSpec {

@@ -45,6 +45,9 @@ pub fn parse_key(headers: &HeaderMap, max_len: usize) -> Result<Option<String>, 
         .to_str()
         .map_err(|_| InvalidKey("the value must be printable ASCII".into()))?
         .trim();
+    if raw.is_empty() {
+        return Err(InvalidKey("the key is empty".into()));
+    }
     let key = match sfv::Parser::new(raw).parse::<sfv::Item>() {
         // `a;b=1` would be key `a` with a parameter: another intent sent as
         // `a;b=2` would then replay the first.
@@ -251,6 +254,14 @@ mod tests {
         assert!(parse_key(&hm(&[&"x".repeat(256)]), 255).is_err());
         assert!(parse_key(&hm(&[&"x".repeat(255)]), 255).is_ok());
         assert!(parse_key(&hm(&["\"\""]), 255).is_err());
+        // An empty value (`Idempotency-Key;` in curl) says so.
+        for empty in ["", "  "] {
+            assert_eq!(
+                parse_key(&hm(&[empty]), 255).unwrap_err().0,
+                "the key is empty",
+                "{empty:?}"
+            );
+        }
         assert!(parse_key(&hm(&["a b"]), 255).is_err());
         assert!(parse_key(&hm(&["\"unterminated"]), 255).is_err());
     }

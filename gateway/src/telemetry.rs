@@ -338,7 +338,7 @@ fn span_context(span: &tracing::Span) -> Option<SpanContext> {
 /// Makes the W3C Trace Context of `headers` the parent of `span` (no-op
 /// without export).
 pub fn set_parent_from(span: &tracing::Span, headers: &HeaderMap) {
-    if exporting() {
+    if exporting() && headers.contains_key(TRACEPARENT) {
         let _ = span.set_parent(extract(headers));
     }
 }

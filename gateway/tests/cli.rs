@@ -161,6 +161,45 @@ fn migrate_then_ledger_list_and_show() {
     assert_eq!(out.status.code(), Some(1));
     let out = run(&["ledger", "list", "--state", "BOGUS"]);
     assert_eq!(out.status.code(), Some(2));
+    // A state in any case, as the admin API takes it.
+    let out = run(&["ledger", "list", "--state", "unknown"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // No dead letters: nothing on stdout (one JSON object a line), a word
+    // on stderr.
+    let out = run(&["ledger", "dead-letters"]);
+    assert!(out.status.success());
+    assert!(out.stdout.is_empty());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        "no dead letters"
+    );
+}
+
+/// Without a ledger file the CLI names the absolute path it looked for
+/// and says how to point it at the gateway's config.
+#[test]
+fn a_missing_ledger_names_its_path_and_the_config_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = effectgate()
+        .args(["ledger", "list"])
+        .current_dir(dir.path())
+        .env_remove("EFFECTGATE_CONFIG")
+        .env_remove("EFFECTGATE_STORAGE__PATH")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let expected = dir.path().canonicalize().unwrap().join("effectgate.db");
+    assert!(
+        err.contains(&expected.display().to_string())
+            || err.contains(&dir.path().join("effectgate.db").display().to_string()),
+        "{err}"
+    );
+    assert!(err.contains("--config"), "{err}");
 }
 
 #[test]

@@ -472,3 +472,42 @@ async fn page_of(app: &TestApp, cookie: &str, id: &str) -> String {
         .await
         .unwrap()
 }
+
+/// A console session ends `limits.console_session_ms` after its login (the
+/// cookie's `Max-Age` says so too), on the gateway's clock.
+#[tokio::test]
+async fn a_console_session_ends_after_its_configured_lifetime() {
+    let clock = effectgate::ledger::ManualClock::new(1_000_000_000);
+    let app = spawn_with(Opts {
+        more: "[reconcile]\nenabled = false\n[limits]\nconsole_session_ms = 60000\n".into(),
+        clock: Some(clock.clone()),
+        ..Default::default()
+    })
+    .await;
+    let r = login(&app, APPROVER_A).await;
+    assert_eq!(r.status(), 303);
+    let cookie = r.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(cookie.contains("Max-Age=60"), "{cookie}");
+    let session = cookie.split(';').next().unwrap().to_owned();
+    let page = |session: String| {
+        let url = app.admin("/console/approvals");
+        async move {
+            no_redirects()
+                .get(url)
+                .header("cookie", session)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(page(session.clone()).await, 200);
+    clock.advance(59_999);
+    assert_eq!(
+        page(session.clone()).await,
+        200,
+        "still within its lifetime"
+    );
+    clock.advance(2);
+    assert_eq!(page(session).await, 303, "ended: back to the login page");
+}

@@ -215,6 +215,7 @@ impl ConfigFile {
                 self.limits.body_read_timeout_ms,
             ),
             ("limits.idle_timeout_ms", self.limits.idle_timeout_ms),
+            ("limits.console_session_ms", self.limits.console_session_ms),
             (
                 "limits.max_connections",
                 self.limits.max_connections.map_or(1, |n| n as u64),

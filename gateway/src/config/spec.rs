@@ -504,6 +504,15 @@ pub struct LimitsSpec {
     /// Open connections on the admin listener at most. Default 256.
     #[serde(default = "default_max_admin_connections")]
     pub max_admin_connections: usize,
+    /// How long an operator console session lasts after its login, in ms
+    /// (the cookie's `Max-Age`; a revoked key ends it sooner). At least 1.
+    /// Default 28800000 (8 hours).
+    #[serde(default = "default_console_session_ms")]
+    pub console_session_ms: u64,
+}
+
+fn default_console_session_ms() -> u64 {
+    8 * 3600 * 1000
 }
 
 fn default_header_read_timeout_ms() -> u64 {
@@ -539,6 +548,7 @@ impl Default for LimitsSpec {
             idle_timeout_ms: default_idle_timeout_ms(),
             max_connections: None,
             max_admin_connections: default_max_admin_connections(),
+            console_session_ms: default_console_session_ms(),
         }
     }
 }

@@ -375,7 +375,7 @@ async fn reload(State(app): State<AppState>, headers: HeaderMap) -> Result<Respo
     if p.role != Role::Admin {
         return Err(OpError::Forbidden {
             role: p.role.as_str(),
-            action: "reload the configuration",
+            action: "reload the configuration".into(),
         });
     }
     match app.reload(None).await {
@@ -407,7 +407,7 @@ async fn step_clock(
     if p.role != Role::Admin {
         return Err(OpError::Forbidden {
             role: p.role.as_str(),
-            action: "step the ledger's clock",
+            action: "step the ledger's clock".into(),
         });
     }
     let v: serde_json::Value = parse(&body)?;

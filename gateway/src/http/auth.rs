@@ -62,16 +62,17 @@ impl Authenticate for AppState {
         if p.role == Role::Client {
             return Err(OpError::Forbidden {
                 role: "client",
-                action: "use the admin API",
+                action: "use the admin API".into(),
             });
         }
         if p.tenant != tenant {
             return Err(OpError::NotFound(format!("no tenant {tenant:?}")));
         }
         if !roles.contains(&p.role) {
+            let may: Vec<&str> = roles.iter().map(|r| r.as_str()).collect();
             return Err(OpError::Forbidden {
                 role: p.role.as_str(),
-                action: "do this",
+                action: format!("do this (roles that may: {})", may.join(", ")).into(),
             });
         }
         Ok(p)

@@ -94,7 +94,7 @@ fn request_span(req: &Request, listener: &'static str) -> tracing::Span {
         http.response.status_code = tracing::field::Empty,
         url.path = req.uri().path(),
         url.scheme = crate::forward::ListenerScheme::of(req.extensions()),
-        network.protocol.version = ?req.version(),
+        network.protocol.version = protocol_version(req.version()),
         effectgate.listener = listener,
         request_id,
         trace_id = tracing::field::Empty,
@@ -109,6 +109,18 @@ fn request_span(req: &Request, listener: &'static str) -> tracing::Span {
         span.record("trace_id", t.as_str());
     }
     span
+}
+
+/// `network.protocol.version` as the OpenTelemetry HTTP semantic
+/// conventions spell it (`1.1`, `2`), a static string (no allocation).
+fn protocol_version(v: http::Version) -> &'static str {
+    match v {
+        http::Version::HTTP_09 => "0.9",
+        http::Version::HTTP_10 => "1.0",
+        http::Version::HTTP_2 => "2",
+        http::Version::HTTP_3 => "3",
+        _ => "1.1",
+    }
 }
 
 fn record_response<B>(res: &http::Response<B>, _latency: Duration, span: &tracing::Span) {

@@ -325,7 +325,7 @@ fn authenticate_client(app: &AppState, headers: &http::HeaderMap) -> Result<Prin
     if principal.role != Role::Client {
         return Err(OpError::Forbidden {
             role: principal.role.as_str(),
-            action: "send calls through the proxy",
+            action: "send calls through the proxy".into(),
         });
     }
     Ok(principal)

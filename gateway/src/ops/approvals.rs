@@ -58,7 +58,7 @@ pub async fn decide_as(
     if p.role != Role::Approver {
         return Err(OpError::Forbidden {
             role: p.role.as_str(),
-            action: "decide approvals",
+            action: "decide approvals".into(),
         });
     }
     let a = app
@@ -69,7 +69,7 @@ pub async fn decide_as(
     if a.requested_by == p.name && !app.settings().self_approval.contains(tenant) {
         return Err(OpError::Forbidden {
             role: "approver",
-            action: "decide a request it made itself",
+            action: "decide a request it made itself".into(),
         });
     }
     let comment = comment.map(|c| c.chars().take(1024).collect::<String>());

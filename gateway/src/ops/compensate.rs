@@ -73,7 +73,7 @@ pub async fn compensate_as(
     if p.role != Role::Operator {
         return Err(OpError::Forbidden {
             role: p.role.as_str(),
-            action: "compensate operations",
+            action: "compensate operations".into(),
         });
     }
     let reason = reason

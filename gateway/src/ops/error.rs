@@ -19,8 +19,8 @@ pub enum OpError {
     Forbidden {
         /// The principal's role.
         role: &'static str,
-        /// What was attempted.
-        action: &'static str,
+        /// What was attempted (and, where it helps, which roles may).
+        action: std::borrow::Cow<'static, str>,
     },
     /// 404: no route (or resource) by that name for this principal.
     #[error("{0}")]

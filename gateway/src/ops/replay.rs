@@ -33,7 +33,7 @@ pub async fn replay_as(
     if p.role != Role::Operator {
         return Err(OpError::Forbidden {
             role: p.role.as_str(),
-            action: "replay operations",
+            action: "replay operations".into(),
         });
     }
     let op = app

@@ -35,7 +35,6 @@ use crate::ops::OpError;
 use crate::state::{AppState, Session};
 
 const COOKIE: &str = "eg_session";
-const SESSION_MS: i64 = 8 * 3600 * 1000;
 /// The login-form token's cookie and its lifetime (ms).
 const LOGIN_COOKIE: &str = "eg_login";
 const LOGIN_FORM_MS: i64 = 30 * 60 * 1000;
@@ -251,7 +250,8 @@ async fn login(
     };
     let id = hex::encode(rand::random::<[u8; 32]>());
     let csrf = hex::encode(rand::random::<[u8; 24]>());
-    let expires_at = app.ledger.clock().now_ms() + SESSION_MS;
+    let session_ms = i64::try_from(app.settings().limits.console_session_ms).unwrap_or(i64::MAX);
+    let expires_at = app.ledger.clock().now_ms().saturating_add(session_ms);
     let key_digest = crate::config::key_digest(f.key.trim());
     app.sessions.0.lock().unwrap().insert(
         id.clone(),
@@ -265,7 +265,7 @@ async fn login(
     let mut r = Redirect::to("/console").into_response();
     let cookie = format!(
         "{COOKIE}={id}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={}",
-        SESSION_MS / 1000
+        (session_ms / 1000).max(1)
     );
     if let Ok(v) = HeaderValue::from_str(&cookie) {
         r.headers_mut().insert(header::SET_COOKIE, v);
@@ -292,7 +292,7 @@ fn csrf_refused(s: &Session, token: &str) -> Option<Response> {
     (!eq(s.csrf.as_bytes(), token.as_bytes())).then(|| {
         OpError::Forbidden {
             role: "console session",
-            action: "post a form without its CSRF token",
+            action: "post a form without its CSRF token".into(),
         }
         .into_response()
     })
@@ -466,7 +466,7 @@ async fn operations(
             other => {
                 let st = other.parse::<OpState>().map_err(|e| OpError::BadRequest {
                     field: "query:state".into(),
-                    message: e.to_string(),
+                    message: format!("{e}, or DEAD (the dead letters), or all"),
                 })?;
                 app.ledger.list(Some(&tenant), Some(st), 200).await?
             }
@@ -561,7 +561,7 @@ async fn decide_inbox(
     ) {
         return OpError::Forbidden {
             role: s.principal.role.as_str(),
-            action: "release or drop inbox events",
+            action: "release or drop inbox events".into(),
         }
         .into_response();
     }

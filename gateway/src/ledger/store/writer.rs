@@ -22,6 +22,16 @@
 //! A `COMMIT` that fails fails every write of its batch: each gets
 //! [`LedgerError::BatchCommit`] (503 `ledger-unavailable` for a request)
 //! and none of them happened.
+//!
+//! What a caller can't interrupt: a write's turn on the connection and its
+//! savepoint are had in a task of its own (a caller that gives up drops
+//! only its wait), and the commit in the committer's; a write of a call
+//! that [`bounded`] runs is not cut off once it waits for its commit. On
+//! PostgreSQL each of the writer's own statements is bounded instead
+//! ([`BatchLimits::stall`]): a connection that stalls is dropped and its
+//! batch's writes are told the commit failed (for a stalled `COMMIT`, with
+//! its outcome unknown: a claim it held is found by the reconciler when
+//! its lease ends).
 
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
