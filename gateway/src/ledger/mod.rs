@@ -607,7 +607,10 @@ pub enum LedgerError {
     #[error("ledger call timed out after {0} ms")]
     Timeout(u64),
     /// The commit of the batch holding this write failed: nothing of it
-    /// was kept (the database's message).
+    /// was kept (the database's message), except when the `COMMIT` itself
+    /// stalled past `storage.call_timeout_ms` (PostgreSQL): then the message
+    /// says its outcome is unknown, and a claim it held is found by the
+    /// reconciler when its lease ends.
     #[error("ledger commit failed: {0}")]
     BatchCommit(String),
     /// `[storage]` names no usable ledger.

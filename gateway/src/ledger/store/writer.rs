@@ -21,11 +21,12 @@
 //!
 //! A `COMMIT` that fails fails every write of its batch: each gets
 //! [`LedgerError::BatchCommit`] (503 `ledger-unavailable` for a request)
-//! and none of them happened.
+//! and none of them happened (except after a stalled `COMMIT`, below,
+//! whose outcome is unknown).
 //!
-//! What a caller can't interrupt: a write's turn on the connection and its
-//! savepoint are had in a task of its own (a caller that gives up drops
-//! only its wait), and the commit in the committer's; a write of a call
+//! What a caller can't interrupt: once a write has its turn on the
+//! connection, its savepoint is opened in a task of its own (a caller that
+//! gives up drops only its wait), and the commit runs in the committer's; a write of a call
 //! that [`bounded`] runs is not cut off once it waits for its commit. On
 //! PostgreSQL each of the writer's own statements is bounded instead
 //! ([`BatchLimits::stall`]): a connection that stalls is dropped and its
@@ -278,15 +279,23 @@ impl<D: Dialect> Writer<D> {
     ///
     /// Errors: the connection can't be had or the savepoint can't be made.
     pub(in crate::ledger) async fn begin(&self, bytes: usize) -> Result<BatchTx<D>, sqlx::Error> {
-        // Runs in a task of its own, which a caller that gives up (its
-        // request was cancelled, a timeout fired) can't stop half-way: a
-        // rollback of an abandoned savepoint that ran on the connection
-        // but was not yet noted in the batch would otherwise run a second
-        // time, and with nested savepoints of one name the second one
-        // rolls back the write below it, whose caller was already told it
-        // is waiting for the commit. A caller gone by the time the task
-        // ends drops its `BatchTx` like any other abandoned write.
-        tokio::spawn(open_write(self.pick().clone(), bytes))
+        let lane = self.pick().clone();
+        lane.queued.fetch_add(1, Ordering::Relaxed);
+        let waited = Queued(&lane.queued);
+        // A caller that gives up while waiting for its turn leaves the
+        // queue (the lock's wait is cancel-safe) and costs the lane nothing.
+        let guard = lane.batch.clone().lock_owned().await;
+        drop(waited);
+        // With its turn, the rest runs in a task of its own, which a
+        // caller that gives up (its request was cancelled, a timeout
+        // fired) can't stop half-way: a rollback of an abandoned savepoint
+        // that ran on the connection but was not yet noted in the batch
+        // would otherwise run a second time, and with nested savepoints of
+        // one name the second one rolls back the write below it, whose
+        // caller was already told it is waiting for the commit. A caller
+        // gone by the time the task ends drops its `BatchTx` like any
+        // other abandoned write.
+        tokio::spawn(open_write(lane, guard, bytes))
             .await
             .unwrap_or_else(|e| {
                 Err(sqlx::Error::Protocol(format!(
@@ -296,15 +305,13 @@ impl<D: Dialect> Writer<D> {
     }
 }
 
-/// [`Writer::begin`]'s work on `lane`, in its own task.
+/// [`Writer::begin`]'s work on `lane` once it holds the batch (`guard`),
+/// in its own task.
 async fn open_write<D: Dialect>(
     lane: Arc<Shared<D>>,
+    mut guard: OwnedMutexGuard<Batch<D>>,
     bytes: usize,
 ) -> Result<BatchTx<D>, sqlx::Error> {
-    lane.queued.fetch_add(1, Ordering::Relaxed);
-    let waited = Queued(&lane.queued);
-    let mut guard = lane.batch.clone().lock_owned().await;
-    drop(waited);
     let stall = lane.limits.stall;
     let mut tries = 0;
     loop {
@@ -869,6 +876,23 @@ mod tests {
                 other => panic!("k = {k}: the claim failed: {other:?}"),
             }
         }
+    }
+
+    /// A caller that gives up while it waits for its turn leaves the queue
+    /// at once: under overload, writes whose callers timed out never take
+    /// the connection's time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_caller_giving_up_in_the_queue_leaves_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(dir.path()).await;
+        let holder = store.writer.begin(0).await.unwrap();
+        let s = store.clone();
+        let waiting = tokio::spawn(async move { s.writer.begin(0).await.map(drop) });
+        until_queued(&store, 1).await;
+        waiting.abort();
+        assert!(waiting.await.unwrap_err().is_cancelled());
+        assert_eq!(store.writer.queued(), 0, "nothing left in the queue");
+        drop(holder);
     }
 
     /// A call past its time limit is dropped while it waits for the
