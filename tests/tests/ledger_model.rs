@@ -517,6 +517,10 @@ async fn run_real(
                 CompensationReservation::Created(_) => Res::Applied,
                 CompensationReservation::Existing(_) => Res::Existing,
                 CompensationReservation::NotCompleted(_) => Res::NotCompleted,
+                // No key is reused here (no clock moves past a retention).
+                CompensationReservation::EarlierIncarnation(op) => {
+                    return Err(format!("an earlier incarnation's compensation: {op:?}"));
+                }
             };
             (res, None)
         }

@@ -46,4 +46,9 @@ pub enum CompensationReservation {
     Existing(Operation),
     /// The original is not COMPLETED (in this state); nothing was written.
     NotCompleted(Option<State>),
+    /// The compensation that exists belongs to an earlier incarnation of
+    /// the original's key (reused after its retention) and is not finished
+    /// or is a dead letter, so it is neither this effect's compensation nor
+    /// forgotten; nothing was written. An operator settles it first.
+    EarlierIncarnation(Operation),
 }

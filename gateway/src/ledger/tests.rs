@@ -583,3 +583,51 @@ async fn a_reused_key_gets_its_own_compensation_not_the_earlier_incarnations() {
         CompensationReservation::Existing(_)
     ));
 }
+
+/// An unfinished compensation of an earlier incarnation is not forgotten
+/// (it may still act) and not answered as the new effect's either: the
+/// reservation says which one it is and writes nothing.
+#[tokio::test]
+async fn an_unfinished_compensation_of_an_earlier_incarnation_is_named_not_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let ledger = Ledger::open(&dir.path().join("l.db"), 2, 5000, clock.clone())
+        .await
+        .unwrap();
+    completed(&ledger, "k").await;
+    let mut comp = new_op("k#compensation", "fp-c");
+    comp.provider_key = "pk-comp".into();
+    let link = NewCompensation {
+        operation_id: "k".into(),
+        requested_by: "operator".into(),
+        reason: "refund".into(),
+        reference: None,
+    };
+    let CompensationReservation::Created(old) =
+        ledger.reserve_compensation(&comp, &link).await.unwrap()
+    else {
+        panic!("compensation created")
+    };
+    // Never run: RESERVED. The original's retention ends; its key is reused.
+    let original = ledger.get("t", "k").await.unwrap().unwrap();
+    clock.advance(original.expires_at - clock.now_ms() + 1);
+    completed(&ledger, "k").await;
+    match ledger.reserve_compensation(&comp, &link).await.unwrap() {
+        CompensationReservation::EarlierIncarnation(op) => {
+            assert_eq!((op.state, op.created_at), (State::Reserved, old.created_at));
+        }
+        other => panic!("expected the earlier incarnation's, got {other:?}"),
+    }
+    let row = ledger.get("t", "k#compensation").await.unwrap().unwrap();
+    assert_eq!(
+        (row.state, row.version),
+        (State::Reserved, old.version),
+        "nothing written"
+    );
+    let again = ledger.get("t", "k").await.unwrap().unwrap();
+    assert_eq!(
+        again.state,
+        State::Completed,
+        "the new effect is not marked"
+    );
+}

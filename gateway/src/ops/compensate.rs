@@ -194,6 +194,17 @@ pub async fn compensate_as(
             resume(app, &original, child, wait).await
         }
         CompensationReservation::Existing(child) => resume(app, &original, child, wait).await,
+        CompensationReservation::EarlierIncarnation(old) => Err(OpError::Conflict(format!(
+            "operation {operation_id:?} was used again after its retention, and the compensation \
+             of its earlier use ({}) is {}{}: settle that one first (resolve or requeue it)",
+            old.operation_id,
+            old.state,
+            if old.dead_letter {
+                ", a dead letter"
+            } else {
+                ""
+            }
+        ))),
         CompensationReservation::NotCompleted(state) => Err(OpError::Conflict(format!(
             "operation {operation_id:?} is {}; only a COMPLETED operation can be compensated",
             state.map_or("gone".to_owned(), |s| s.to_string())

@@ -128,6 +128,13 @@ impl<D: Dialect> Store<D> {
         let Some(op) = fetch_op::<D>(&mut tx, child.tenant, child.operation_id).await? else {
             return Ok(None);
         };
+        if !created
+            && let Some(original) = fetch_op::<D>(&mut tx, child.tenant, &link.operation_id).await?
+            && op.created_at < original.created_at
+        {
+            // Dropped without commit: nothing of this call is written.
+            return Ok(Some(CompensationReservation::EarlierIncarnation(op)));
+        }
         tx.commit().await?;
         Ok(Some(if created {
             CompensationReservation::Created(op)
