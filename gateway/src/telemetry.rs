@@ -182,6 +182,9 @@ pub fn init_with(
                 .with_tracer(tracer)
                 .with_location(false)
                 .with_threads(false)
+                // A `target` attribute (the Rust module) on every span is
+                // no semantic convention and costs every span a field.
+                .with_target(false)
                 // Per poll of a request's future these would start the
                 // OpenTelemetry span, attach its context and read the clock
                 // twice; nothing here reads `Context::current()`, and the

@@ -128,6 +128,20 @@ async fn completed(ledger: &Ledger, id: &str) -> Operation {
     ledger.get("t", id).await.unwrap().unwrap()
 }
 
+/// The compensation `<id>#compensation` of operation `id` and its link,
+/// as an operator asks for it.
+fn compensation_of(id: &str) -> (NewOperation, NewCompensation) {
+    let mut comp = new_op(&format!("{id}#compensation"), "fp-c");
+    comp.provider_key = "pk-comp".into();
+    let link = NewCompensation {
+        operation_id: id.into(),
+        requested_by: "operator".into(),
+        reason: "refund".into(),
+        reference: None,
+    };
+    (comp, link)
+}
+
 /// The replay cache answers a duplicate with the ledger's row as it is:
 /// never another tenant's or fingerprint's entry, and never the cached
 /// COMPLETED after a compensation changed it or after it expired and was
@@ -186,14 +200,7 @@ async fn never_serves_a_changed_expired_or_foreign_answer(exclusive: bool) {
     assert_eq!(other.fingerprint, "fp");
 
     // A compensation reserved and recorded: the original is COMPENSATED.
-    let mut comp = new_op("k#compensation", "fp-c");
-    comp.provider_key = "pk-comp".into();
-    let link = NewCompensation {
-        operation_id: "k".into(),
-        requested_by: "operator".into(),
-        reason: "refund".into(),
-        reference: None,
-    };
+    let (comp, link) = compensation_of("k");
     let CompensationReservation::Created(child) =
         ledger.reserve_compensation(&comp, &link).await.unwrap()
     else {
@@ -514,14 +521,7 @@ async fn a_reused_key_gets_its_own_compensation_not_the_earlier_incarnations() {
         .await
         .unwrap();
     let first = completed(&ledger, "k").await;
-    let mut comp = new_op("k#compensation", "fp-c");
-    comp.provider_key = "pk-comp".into();
-    let link = NewCompensation {
-        operation_id: "k".into(),
-        requested_by: "operator".into(),
-        reason: "refund".into(),
-        reference: None,
-    };
+    let (comp, link) = compensation_of("k");
     let CompensationReservation::Created(child) =
         ledger.reserve_compensation(&comp, &link).await.unwrap()
     else {
@@ -595,14 +595,7 @@ async fn an_unfinished_compensation_of_an_earlier_incarnation_is_named_not_reuse
         .await
         .unwrap();
     completed(&ledger, "k").await;
-    let mut comp = new_op("k#compensation", "fp-c");
-    comp.provider_key = "pk-comp".into();
-    let link = NewCompensation {
-        operation_id: "k".into(),
-        requested_by: "operator".into(),
-        reason: "refund".into(),
-        reference: None,
-    };
+    let (comp, link) = compensation_of("k");
     let CompensationReservation::Created(old) =
         ledger.reserve_compensation(&comp, &link).await.unwrap()
     else {

@@ -712,6 +712,18 @@ mod tests {
         }
     }
 
+    /// A write that fails half-way: one statement (a `meta` row named
+    /// `half-way`), then it is dropped before its commit, as an error
+    /// return drops it.
+    async fn half_way(store: Store<SqliteDialect>) {
+        let mut tx = store.writer.begin(0).await.unwrap();
+        sql::<SqliteDialect>("INSERT INTO meta (name, value) VALUES ('half-way', x'00')")
+            .execute(&mut tx)
+            .await
+            .unwrap();
+        drop(tx);
+    }
+
     fn claim_of<'a>(id: &'a str, version: i64) -> ClaimLease<'a> {
         ClaimLease {
             op: OpRef::new("t", id),
@@ -750,15 +762,7 @@ mod tests {
         let lost = tokio::spawn(async move { s.claim(&claim_of("b", 7)).await });
         until_queued(&store, 2).await;
         let s = store.clone();
-        let failed = tokio::spawn(async move {
-            let mut tx = s.writer.begin(0).await.unwrap();
-            sql::<SqliteDialect>("INSERT INTO meta (name, value) VALUES ('half-way', x'00')")
-                .execute(&mut tx)
-                .await
-                .unwrap();
-            // An error return: the write is dropped before its commit.
-            drop(tx);
-        });
+        let failed = tokio::spawn(half_way(s));
         until_queued(&store, 3).await;
         let s = store.clone();
         let c = tokio::spawn(async move { s.claim(&claim_of("c", 1)).await });
@@ -835,14 +839,7 @@ mod tests {
             let a = tokio::spawn(async move { s.claim(&claim_of(&claim_id, 1)).await });
             until_queued(&store, 1).await;
             let s = store.clone();
-            let half = tokio::spawn(async move {
-                let mut tx = s.writer.begin(0).await.unwrap();
-                sql::<SqliteDialect>("INSERT INTO meta (name, value) VALUES ('half-way', x'00')")
-                    .execute(&mut tx)
-                    .await
-                    .unwrap();
-                drop(tx);
-            });
+            let half = tokio::spawn(half_way(s));
             until_queued(&store, 2).await;
             let s = store.clone();
             let gone = tokio::spawn(async move { s.writer.begin(0).await.map(drop) });
@@ -1084,12 +1081,7 @@ mod tests {
     async fn a_lone_abandoned_write_does_not_keep_the_transaction_open() {
         let dir = tempfile::tempdir().unwrap();
         let store = store(dir.path()).await;
-        let mut tx = store.writer.begin(0).await.unwrap();
-        sql::<SqliteDialect>("INSERT INTO meta (name, value) VALUES ('half-way', x'00')")
-            .execute(&mut tx)
-            .await
-            .unwrap();
-        drop(tx);
+        half_way(store.clone()).await;
         // Another connection to the file takes the write lock: it waits at
         // most its busy timeout for the batch's transaction to end.
         let opts = sqlx::sqlite::SqliteConnectOptions::new()
