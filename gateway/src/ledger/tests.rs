@@ -142,6 +142,35 @@ fn compensation_of(id: &str) -> (NewOperation, NewCompensation) {
     (comp, link)
 }
 
+/// Claims the RESERVED operation `op` and records `outcome` for it.
+async fn finish(ledger: &Ledger, op: &Operation, outcome: Outcome) {
+    let claim = ledger
+        .claim(
+            ("t", &op.operation_id),
+            State::Reserved,
+            op.version,
+            "gw",
+            60_000,
+            "test",
+        )
+        .await
+        .unwrap()
+        .expect("claimed");
+    assert!(
+        ledger
+            .record_outcome(
+                "t",
+                &op.operation_id,
+                claim.fence,
+                State::Executing,
+                "gw",
+                &outcome
+            )
+            .await
+            .unwrap()
+    );
+}
+
 /// The replay cache answers a duplicate with the ledger's row as it is:
 /// never another tenant's or fingerprint's entry, and never the cached
 /// COMPLETED after a compensation changed it or after it expired and was
@@ -215,32 +244,7 @@ async fn never_serves_a_changed_expired_or_foreign_answer(exclusive: bool) {
         noted.version > op.version,
         "the audit row is seen, not the cache"
     );
-    let claim = ledger
-        .claim(
-            ("t", &child.operation_id),
-            State::Reserved,
-            child.version,
-            "gw",
-            60_000,
-            "test",
-        )
-        .await
-        .unwrap()
-        .unwrap();
-    let done = Outcome::new(State::Completed, "refunded");
-    assert!(
-        ledger
-            .record_outcome(
-                "t",
-                &child.operation_id,
-                claim.fence,
-                State::Executing,
-                "gw",
-                &done
-            )
-            .await
-            .unwrap()
-    );
+    finish(&ledger, &child, Outcome::new(State::Completed, "refunded")).await;
     let after = ledger
         .get_for_duplicate("t", "k", "fp")
         .await
@@ -529,32 +533,12 @@ async fn a_reused_key_gets_its_own_compensation_not_the_earlier_incarnations() {
     };
     // The refund fails half a retention later.
     clock.advance(30_000);
-    let claim = ledger
-        .claim(
-            ("t", &child.operation_id),
-            State::Reserved,
-            child.version,
-            "gw",
-            60_000,
-            "test",
-        )
-        .await
-        .unwrap()
-        .unwrap();
-    let failed = Outcome::new(State::Failed, "refund refused");
-    assert!(
-        ledger
-            .record_outcome(
-                "t",
-                "k#compensation",
-                claim.fence,
-                State::Executing,
-                "gw",
-                &failed
-            )
-            .await
-            .unwrap()
-    );
+    finish(
+        &ledger,
+        &child,
+        Outcome::new(State::Failed, "refund refused"),
+    )
+    .await;
     let original = ledger.get("t", "k").await.unwrap().unwrap();
     assert_eq!(original.state, State::Completed);
     // The original's retention ends; the compensation's has not.

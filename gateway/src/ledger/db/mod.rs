@@ -38,77 +38,6 @@ pub struct Ledger {
     exclusive: Arc<Exclusive>,
 }
 
-/// Takes the lock of the SQLite ledger at `path`: an exclusive `flock` of
-/// `<file>.lock` beside the file, the file named by its canonical path
-/// (so a symlink or another spelling of the path names the same lock).
-/// The lock lasts as long as the returned file is open.
-///
-/// Errors: [`LedgerError::InUse`] when another open file holds it (another
-/// process, or another ledger of this process); [`LedgerError::LockFile`]
-/// when it can't be opened or locked.
-fn lock_sqlite_file(path: &Path) -> Result<std::fs::File, LedgerError> {
-    let canonical = match std::fs::canonicalize(path) {
-        Ok(p) => p,
-        // Not created yet: its folder's canonical path and its name.
-        Err(_) => match (path.parent(), path.file_name()) {
-            (Some(dir), Some(name)) => {
-                let dir = if dir.as_os_str().is_empty() {
-                    Path::new(".")
-                } else {
-                    dir
-                };
-                std::fs::canonicalize(dir)
-                    .map(|d| d.join(name))
-                    .unwrap_or_else(|_| path.to_path_buf())
-            }
-            _ => path.to_path_buf(),
-        },
-    };
-    let mut name = canonical.clone().into_os_string();
-    name.push(".lock");
-    let lock_path = std::path::PathBuf::from(name);
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| LedgerError::LockFile(format!("cannot open {}: {e}", lock_path.display())))?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => {
-            Err(LedgerError::InUse(canonical.display().to_string()))
-        }
-        Err(std::fs::TryLockError::Error(e)) => Err(LedgerError::LockFile(format!(
-            "{}: {e}",
-            lock_path.display()
-        ))),
-    }
-}
-
-/// The SQLite ledger's lock file, while held.
-#[derive(Debug, Default)]
-struct Exclusive {
-    file: std::sync::Mutex<Option<std::fs::File>>,
-    held: std::sync::atomic::AtomicBool,
-}
-
-impl Exclusive {
-    fn held(&self) -> bool {
-        self.held.load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    /// The held lock file, if any.
-    fn slot(&self) -> std::sync::MutexGuard<'_, Option<std::fs::File>> {
-        self.file.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Keeps `file`, the lock [`lock_sqlite_file`] took, in `slot`.
-    fn hold(&self, slot: &mut Option<std::fs::File>, file: std::fs::File) {
-        *slot = Some(file);
-        self.held.store(true, std::sync::atomic::Ordering::Release);
-    }
-}
-
 #[derive(Debug, Clone)]
 enum Db {
     Sqlite(Store<SqliteDialect>),
@@ -168,6 +97,9 @@ macro_rules! dispatch {
 mod approvals;
 mod compensation;
 mod inbox;
+mod lock;
+
+use lock::{Exclusive, lock_sqlite_file};
 
 impl Ledger {
     /// Opens (creating if missing) the SQLite file at `path` and applies the
@@ -322,12 +254,7 @@ impl Ledger {
     /// that shut down, before another one starts on the file in the same
     /// process); the replay cache checks the ledger again from then on.
     pub fn release_exclusive(&self) {
-        let mut slot = self.exclusive.slot();
-        self.exclusive
-            .held
-            .store(false, std::sync::atomic::Ordering::Release);
-        // Closing the file releases the lock.
-        slot.take();
+        self.exclusive.release();
     }
 
     /// The writer's terminal epoch: commits of this process that changed or

@@ -1,0 +1,85 @@
+//! The SQLite ledger's lock: one process (one ledger) holds a file at a
+//! time.
+
+use std::path::Path;
+
+use super::super::LedgerError;
+
+/// Takes the lock of the SQLite ledger at `path`: an exclusive `flock` of
+/// `<file>.lock` beside the file, the file named by its canonical path
+/// (so a symlink or another spelling of the path names the same lock).
+/// The lock lasts as long as the returned file is open.
+///
+/// Errors: [`LedgerError::InUse`] when another open file holds it (another
+/// process, or another ledger of this process); [`LedgerError::LockFile`]
+/// when it can't be opened or locked.
+pub(super) fn lock_sqlite_file(path: &Path) -> Result<std::fs::File, LedgerError> {
+    let canonical = match std::fs::canonicalize(path) {
+        Ok(p) => p,
+        // Not created yet: its folder's canonical path and its name.
+        Err(_) => match (path.parent(), path.file_name()) {
+            (Some(dir), Some(name)) => {
+                let dir = if dir.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    dir
+                };
+                std::fs::canonicalize(dir)
+                    .map(|d| d.join(name))
+                    .unwrap_or_else(|_| path.to_path_buf())
+            }
+            _ => path.to_path_buf(),
+        },
+    };
+    let mut name = canonical.clone().into_os_string();
+    name.push(".lock");
+    let lock_path = std::path::PathBuf::from(name);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| LedgerError::LockFile(format!("cannot open {}: {e}", lock_path.display())))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => {
+            Err(LedgerError::InUse(canonical.display().to_string()))
+        }
+        Err(std::fs::TryLockError::Error(e)) => Err(LedgerError::LockFile(format!(
+            "{}: {e}",
+            lock_path.display()
+        ))),
+    }
+}
+
+/// The SQLite ledger's lock file, while held.
+#[derive(Debug, Default)]
+pub(super) struct Exclusive {
+    file: std::sync::Mutex<Option<std::fs::File>>,
+    held: std::sync::atomic::AtomicBool,
+}
+
+impl Exclusive {
+    pub(super) fn held(&self) -> bool {
+        self.held.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The held lock file, if any.
+    pub(super) fn slot(&self) -> std::sync::MutexGuard<'_, Option<std::fs::File>> {
+        self.file.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `file`, the lock [`lock_sqlite_file`] took, in `slot`.
+    pub(super) fn hold(&self, slot: &mut Option<std::fs::File>, file: std::fs::File) {
+        *slot = Some(file);
+        self.held.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Lets go of the lock: not held from now on, and closing the file
+    /// releases it.
+    pub(super) fn release(&self) {
+        let mut slot = self.slot();
+        self.held.store(false, std::sync::atomic::Ordering::Release);
+        slot.take();
+    }
+}
