@@ -46,11 +46,5 @@ pub mod times;
 pub mod tls;
 pub mod workers;
 
-/// The test suites' record of tests skipped for a missing component (the
-/// same file `tests/` and `gateway/tests/` use): under `CI` a skip fails.
-#[cfg(test)]
-#[path = "../../tests/src/skips.rs"]
-pub mod test_skips;
-
 pub use server::Gateway;
 pub use state::AppState;

@@ -34,6 +34,12 @@
 //! table; `store/` the statements, written once and generic over a
 //! `dialect::Dialect` that `sqlite.rs` and `postgres.rs` implement.
 
+/// The test suites' record of tests skipped for a missing component (the
+/// same file `tests/` and `gateway/tests/` use): under `CI` a skip fails.
+#[cfg(test)]
+#[path = "../../../tests/src/skips.rs"]
+pub mod test_skips;
+
 mod approval;
 mod command;
 mod compensation;

@@ -361,7 +361,7 @@ async fn a_commit_that_hangs_fails_its_batch_after_the_stall_limit() {
         _ => {
             // Said on the real stderr and in the run's summary; under CI
             // a failure.
-            crate::test_skips::skip(
+            crate::ledger::test_skips::skip(
                 "PostgreSQL",
                 "set TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/DB (a database the tests may create schemas in; .ci/run starts a server and sets it)",
             );
