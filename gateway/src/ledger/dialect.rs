@@ -9,8 +9,9 @@
 //! The store (`store/`) and the commands (`command/`) are generic over
 //! [`Dialect`]. They bind values as [`Arg`]s through [`Stmt`] and read
 //! columns through [`LedgerRow`], so they need no sqlx trait bounds of
-//! their own; `sqlite.rs` and `postgres.rs` implement the trait with the
-//! concrete sqlx types.
+//! their own; `sqlite/` and `postgres.rs` implement the trait: PostgreSQL
+//! runs every statement through sqlx, SQLite its reads through sqlx and
+//! the writer's statements on its own connection (`sqlite/conn.rs`).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -20,25 +21,32 @@ use std::sync::{LazyLock, RwLock};
 
 use super::{LedgerClock, State};
 
-/// A statement with its binds so far, on dialect `D`'s database.
+/// A statement with its binds, as sqlx runs it on dialect `D`'s database.
 pub(super) type Query<D> = sqlx::query::Query<
     'static,
     <D as Dialect>::Db,
     <<D as Dialect>::Db as sqlx::Database>::Arguments,
 >;
-/// One connection of dialect `D`'s database (a pooled connection or a
-/// transaction dereferences to it).
-pub(super) type Conn<D> = <<D as Dialect>::Db as sqlx::Database>::Connection;
+/// One connection statements run on, of dialect `D`: a read pool's, or
+/// the writer's ([`Dialect::Conn`]).
+pub(super) type Conn<D> = <D as Dialect>::Conn;
 /// A connection pool of dialect `D`'s database.
 pub(super) type Pool<D> = sqlx::Pool<<D as Dialect>::Db>;
 
 /// What differs between the ledger's backends: the sqlx database, the
-/// statement text, where time comes from and how work claims lock rows.
+/// connections statements run on, the statement text, where time comes
+/// from and how work claims lock rows.
 pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
-    /// The sqlx database.
+    /// The sqlx database (reads, migrations).
     type Db: sqlx::Database;
     /// Its row type.
     type Row: LedgerRow;
+    /// A connection statements run on: one of a read pool's
+    /// ([`Dialect::acquire`]) or the writer's ([`Dialect::connect_writer`]).
+    type Conn: Send + 'static;
+    /// What the writer opens its connections from (SQLite: the file and
+    /// its settings; PostgreSQL: the shared pool).
+    type WriteSource: Clone + fmt::Debug + Send + Sync + 'static;
     /// `sqlite` or `postgres`.
     const NAME: &'static str;
     /// The column that orders rows of one table by insertion.
@@ -68,26 +76,45 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
     /// [`Dialect::TRANSITION_NAMES_THE_ROW`]) tenant and operation id.
     fn with_transition(cas: &str, returning: &str) -> String;
 
-    /// Adds one bind to `query`.
-    fn bind(query: Query<Self>, arg: Arg<'_>) -> Query<Self>;
+    /// A connection of the read pool `pool`.
+    fn acquire(pool: &Pool<Self>) -> impl Future<Output = Result<Self::Conn, sqlx::Error>> + Send;
 
-    /// Runs `query` on `conn`; returns the number of rows it changed.
+    /// A new connection for the writer, from `source`.
+    fn connect_writer(
+        source: &Self::WriteSource,
+    ) -> impl Future<Output = Result<Self::Conn, sqlx::Error>> + Send;
+
+    /// Drops a writer connection for good, whatever state it is in (out
+    /// of its pool, if it has one).
+    fn discard(conn: Self::Conn);
+
+    /// Runs `stmt` on `conn`; returns the number of rows it changed.
     fn execute(
-        query: Query<Self>,
-        conn: &mut Conn<Self>,
+        stmt: Stmt<Self>,
+        conn: &mut Self::Conn,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
-    /// Runs `query` on `conn`; returns its first row, if any.
+    /// Runs `stmt` on `conn`; returns its first row, if any.
     fn fetch_optional(
-        query: Query<Self>,
-        conn: &mut Conn<Self>,
+        stmt: Stmt<Self>,
+        conn: &mut Self::Conn,
     ) -> impl Future<Output = Result<Option<Self::Row>, sqlx::Error>> + Send;
 
-    /// Runs `query` on `conn`; returns all its rows.
+    /// Runs `stmt` on `conn`; returns all its rows (of every statement of
+    /// its text, in order).
     fn fetch_all(
-        query: Query<Self>,
-        conn: &mut Conn<Self>,
+        stmt: Stmt<Self>,
+        conn: &mut Self::Conn,
     ) -> impl Future<Output = Result<Vec<Self::Row>, sqlx::Error>> + Send;
+
+    /// Runs `text` (no binds; one or more statements) on the writer's
+    /// connection where waiting for the disk is expected: `COMMIT` (its
+    /// fsync) and `BEGIN` (a lock another process holds). SQLite runs it
+    /// off the async runtime's threads; PostgreSQL as any statement.
+    fn run_durable(
+        text: &'static str,
+        conn: &mut Self::Conn,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// Now, in ms since the Unix epoch (SQLite: the gateway's clock;
     /// PostgreSQL: the database clock, which `clock` then follows).
@@ -99,7 +126,7 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
     /// Now, read on `conn` (inside a transaction, after it got its
     /// connection, so a wait for one doesn't shorten the leases it stamps).
     fn now_in(
-        conn: &mut Conn<Self>,
+        conn: &mut Self::Conn,
         clock: &LedgerClock,
     ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
 
@@ -108,7 +135,7 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
     /// database clock in the same round trip and returns it (ms since the
     /// Unix epoch); SQLite returns `None` (its clock is the gateway's).
     fn open_savepoint(
-        conn: &mut Conn<Self>,
+        conn: &mut Self::Conn,
         begin: bool,
     ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send;
 
@@ -132,7 +159,19 @@ pub(super) enum Arg<'a> {
     /// `TEXT`.
     Text(Option<Cow<'a, str>>),
     /// `BLOB` / `BYTEA`.
-    Bytes(Option<&'a [u8]>),
+    Bytes(Option<Cow<'a, [u8]>>),
+}
+
+impl Arg<'_> {
+    /// The same value, owning its text or bytes.
+    pub(super) fn into_owned(self) -> Arg<'static> {
+        match self {
+            Arg::Int(v) => Arg::Int(v),
+            Arg::Bool(v) => Arg::Bool(v),
+            Arg::Text(v) => Arg::Text(v.map(|t| Cow::Owned(t.into_owned()))),
+            Arg::Bytes(v) => Arg::Bytes(v.map(|b| Cow::Owned(b.into_owned()))),
+        }
+    }
 }
 
 impl From<i64> for Arg<'_> {
@@ -187,17 +226,17 @@ impl<'a> From<Option<Cow<'a, str>>> for Arg<'a> {
 }
 impl<'a> From<&'a [u8]> for Arg<'a> {
     fn from(v: &'a [u8]) -> Self {
-        Arg::Bytes(Some(v))
+        Arg::Bytes(Some(Cow::Borrowed(v)))
     }
 }
 impl<'a> From<&'a Vec<u8>> for Arg<'a> {
     fn from(v: &'a Vec<u8>) -> Self {
-        Arg::Bytes(Some(v))
+        Arg::Bytes(Some(Cow::Borrowed(v)))
     }
 }
 impl<'a> From<&'a Option<Vec<u8>>> for Arg<'a> {
     fn from(v: &'a Option<Vec<u8>>) -> Self {
-        Arg::Bytes(v.as_deref())
+        Arg::Bytes(v.as_deref().map(Cow::Borrowed))
     }
 }
 /// A state binds as its stored name ([`State::as_str`]).
@@ -218,31 +257,35 @@ impl From<Option<State>> for Arg<'_> {
 pub(super) const TRANSITION_COLUMNS: &str =
     "tenant_id, operation_id, from_state, to_state, version, fence, actor, reason, at";
 
-/// A statement being bound, for dialect `D`.
+/// A statement being bound, for dialect `D`: its text (as the backend
+/// takes it, [`Dialect::q`]) and its values so far, in placeholder order.
 pub(super) struct Stmt<D: Dialect> {
-    query: Query<D>,
+    /// The text.
+    pub(super) text: &'static str,
+    /// The values.
+    pub(super) args: Vec<Arg<'static>>,
+    dialect: std::marker::PhantomData<D>,
 }
 
 /// The statement `text` (SQLite placeholders), for dialect `D`.
 pub(super) fn sql<D: Dialect>(text: &str) -> Stmt<D> {
     Stmt {
-        query: sqlx::query(D::q(text)),
+        text: D::q(text),
+        args: Vec::new(),
+        dialect: std::marker::PhantomData,
     }
 }
 
 impl<D: Dialect> Stmt<D> {
     /// Binds the next placeholder.
-    pub(super) fn bind<'a>(self, value: impl Into<Arg<'a>>) -> Self {
-        Self {
-            query: D::bind(self.query, value.into()),
-        }
+    pub(super) fn bind<'a>(mut self, value: impl Into<Arg<'a>>) -> Self {
+        self.args.push(value.into().into_owned());
+        self
     }
 
     /// Binds the next placeholders, in order.
     pub(super) fn bind_all<'a>(mut self, values: impl IntoIterator<Item = Arg<'a>>) -> Self {
-        for v in values {
-            self = self.bind(v);
-        }
+        self.args.extend(values.into_iter().map(|v| v.into_owned()));
         self
     }
 
@@ -253,7 +296,7 @@ impl<D: Dialect> Stmt<D> {
 
     /// Runs it; returns the number of rows it changed.
     pub(super) async fn execute(self, conn: &mut Conn<D>) -> Result<u64, sqlx::Error> {
-        D::execute(self.query, conn).await
+        D::execute(self, conn).await
     }
 
     /// Runs it; returns its first row, if any.
@@ -261,7 +304,7 @@ impl<D: Dialect> Stmt<D> {
         self,
         conn: &mut Conn<D>,
     ) -> Result<Option<D::Row>, sqlx::Error> {
-        D::fetch_optional(self.query, conn).await
+        D::fetch_optional(self, conn).await
     }
 
     /// Runs it; returns its first row ([`sqlx::Error::RowNotFound`] if
@@ -274,7 +317,7 @@ impl<D: Dialect> Stmt<D> {
 
     /// Runs it; returns all its rows.
     pub(super) async fn fetch_all(self, conn: &mut Conn<D>) -> Result<Vec<D::Row>, sqlx::Error> {
-        D::fetch_all(self.query, conn).await
+        D::fetch_all(self, conn).await
     }
 }
 
@@ -358,48 +401,6 @@ macro_rules! ledger_row {
     };
 }
 pub(super) use ledger_row;
-
-/// Implements [`Dialect::bind`], `execute`, `fetch_optional` and
-/// `fetch_all` with the concrete sqlx types (the same text for both
-/// backends; inside an `impl Dialect for …` block).
-macro_rules! sqlx_glue {
-    () => {
-        fn bind(
-            query: $crate::ledger::dialect::Query<Self>,
-            arg: $crate::ledger::dialect::Arg<'_>,
-        ) -> $crate::ledger::dialect::Query<Self> {
-            use $crate::ledger::dialect::Arg;
-            match arg {
-                Arg::Int(v) => query.bind(v),
-                Arg::Bool(v) => query.bind(v),
-                Arg::Text(v) => query.bind(v.as_deref()),
-                Arg::Bytes(v) => query.bind(v),
-            }
-        }
-
-        async fn execute(
-            query: $crate::ledger::dialect::Query<Self>,
-            conn: &mut $crate::ledger::dialect::Conn<Self>,
-        ) -> Result<u64, sqlx::Error> {
-            Ok(query.execute(conn).await?.rows_affected())
-        }
-
-        async fn fetch_optional(
-            query: $crate::ledger::dialect::Query<Self>,
-            conn: &mut $crate::ledger::dialect::Conn<Self>,
-        ) -> Result<Option<Self::Row>, sqlx::Error> {
-            query.fetch_optional(conn).await
-        }
-
-        async fn fetch_all(
-            query: $crate::ledger::dialect::Query<Self>,
-            conn: &mut $crate::ledger::dialect::Conn<Self>,
-        ) -> Result<Vec<Self::Row>, sqlx::Error> {
-            query.fetch_all(conn).await
-        }
-    };
-}
-pub(super) use sqlx_glue;
 
 static CACHE: LazyLock<RwLock<HashMap<(usize, String), &'static str>>> =
     LazyLock::new(Default::default);

@@ -20,11 +20,25 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-use super::dialect::{Conn, Dialect, Pool, ledger_row, sqlx_glue};
+use super::dialect::{Arg, Conn, Dialect, Pool, Query, Stmt, ledger_row};
 use super::store::{BatchLimits, Store};
 use super::{LedgerClock, LedgerError};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+
+/// `stmt` as sqlx runs it.
+fn query(stmt: Stmt<PgDialect>) -> Query<PgDialect> {
+    let mut query = sqlx::query(stmt.text);
+    for arg in stmt.args {
+        query = match arg {
+            Arg::Int(v) => query.bind(v),
+            Arg::Bool(v) => query.bind(v),
+            Arg::Text(v) => query.bind(v.map(std::borrow::Cow::into_owned)),
+            Arg::Bytes(v) => query.bind(v.map(std::borrow::Cow::into_owned)),
+        };
+    }
+    query
+}
 
 /// PostgreSQL: `$N` placeholders, time from the database clock, work
 /// claims `FOR UPDATE SKIP LOCKED`.
@@ -36,6 +50,9 @@ ledger_row!(sqlx::postgres::PgRow);
 impl Dialect for PgDialect {
     type Db = sqlx::Postgres;
     type Row = sqlx::postgres::PgRow;
+    type Conn = sqlx::pool::PoolConnection<sqlx::Postgres>;
+    /// The writer's connections come from the shared pool.
+    type WriteSource = Pool<Self>;
     const NAME: &'static str = "postgres";
     const ROW_ORDER: &'static str = "seq";
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
@@ -58,7 +75,40 @@ impl Dialect for PgDialect {
         )
     }
 
-    sqlx_glue!();
+    async fn acquire(pool: &Pool<Self>) -> Result<Self::Conn, sqlx::Error> {
+        pool.acquire().await
+    }
+
+    async fn connect_writer(pool: &Pool<Self>) -> Result<Self::Conn, sqlx::Error> {
+        pool.acquire().await
+    }
+
+    fn discard(conn: Self::Conn) {
+        drop(conn.detach());
+    }
+
+    async fn execute(stmt: Stmt<Self>, conn: &mut Self::Conn) -> Result<u64, sqlx::Error> {
+        Ok(query(stmt).execute(&mut **conn).await?.rows_affected())
+    }
+
+    async fn fetch_optional(
+        stmt: Stmt<Self>,
+        conn: &mut Self::Conn,
+    ) -> Result<Option<Self::Row>, sqlx::Error> {
+        query(stmt).fetch_optional(&mut **conn).await
+    }
+
+    async fn fetch_all(
+        stmt: Stmt<Self>,
+        conn: &mut Self::Conn,
+    ) -> Result<Vec<Self::Row>, sqlx::Error> {
+        query(stmt).fetch_all(&mut **conn).await
+    }
+
+    async fn run_durable(text: &'static str, conn: &mut Self::Conn) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(text).execute(&mut **conn).await?;
+        Ok(())
+    }
 
     /// Also re-measures the gateway clock's offset to the database clock.
     async fn now(pool: &Pool<Self>, clock: &LedgerClock) -> Result<i64, sqlx::Error> {
@@ -73,7 +123,7 @@ impl Dialect for PgDialect {
     /// connection can't shorten the leases the transaction stamps.
     async fn now_in(conn: &mut Conn<Self>, clock: &LedgerClock) -> Result<i64, sqlx::Error> {
         let db: i64 = sqlx::query_scalar("SELECT effectgate_now_ms()")
-            .fetch_one(conn)
+            .fetch_one(&mut **conn)
             .await?;
         clock.follow(db);
         Ok(db)
@@ -92,7 +142,7 @@ impl Dialect for PgDialect {
         } else {
             "SAVEPOINT effectgate_write; SELECT effectgate_now_ms()"
         };
-        let row = sqlx::raw_sql(sql).fetch_one(&mut *conn).await?;
+        let row = sqlx::raw_sql(sql).fetch_one(&mut **conn).await?;
         Ok(Some(row.try_get::<i64, _>(0)?))
     }
 
@@ -181,7 +231,7 @@ impl Store<PgDialect> {
             .connect_with(opts)
             .await?;
         MIGRATOR.run(&pool).await?;
-        let store = Self::new(pool.clone(), pool, clock, s.batch);
+        let store = Self::new(pool.clone(), pool.clone(), pool, clock, s.batch);
         store.now().await?;
         Ok(store)
     }

@@ -454,8 +454,6 @@ struct TransitionRow<'a> {
 
 #[cfg(test)]
 mod tests {
-    use sqlx::Connection;
-
     use super::*;
     use crate::ledger::Outcome;
     use crate::ledger::sqlite::SqliteDialect;
@@ -586,9 +584,10 @@ mod tests {
     /// legal one reaches the database (and fails there).
     #[tokio::test]
     async fn an_illegal_command_writes_nothing() {
-        let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:")
-            .await
-            .expect("an in-memory database");
+        let mut conn = crate::ledger::sqlite::Conn::Writer {
+            conn: Some(rusqlite::Connection::open_in_memory().expect("an in-memory database")),
+            busy: std::time::Duration::from_secs(1),
+        };
         let refused = apply::<SqliteDialect, _>(&mut conn, &claim(Failed), 0).await;
         assert!(
             matches!(

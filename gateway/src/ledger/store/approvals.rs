@@ -77,7 +77,7 @@ impl<D: Dialect> Store<D> {
         tenant: &str,
         id: &str,
     ) -> Result<Option<Approval>, LedgerError> {
-        let mut conn = self.read.acquire().await?;
+        let mut conn = D::acquire(&self.read).await?;
         let row = sql::<D>(&format!(
             "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant_id = ? AND id = ?"
         ))
@@ -117,7 +117,7 @@ impl<D: Dialect> Store<D> {
         status: Option<&str>,
         limit: u32,
     ) -> Result<Vec<Approval>, LedgerError> {
-        let mut conn = self.read.acquire().await?;
+        let mut conn = D::acquire(&self.read).await?;
         let rows = sql::<D>(&format!(
             "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant_id = ?1 AND (?2 IS NULL OR status = ?2) \
              ORDER BY created_at LIMIT ?3"
@@ -296,7 +296,7 @@ impl<D: Dialect> Store<D> {
     pub(crate) async fn expire_approvals(&self, limit: u32) -> Result<usize, LedgerError> {
         let now = self.now().await?;
         let rows = {
-            let mut conn = self.read.acquire().await?;
+            let mut conn = D::acquire(&self.read).await?;
             sql::<D>(&format!(
                 "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status IN ('pending', 'approved') AND expires_at <= ? \
                  ORDER BY expires_at LIMIT ?"

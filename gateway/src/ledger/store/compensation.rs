@@ -149,7 +149,7 @@ impl<D: Dialect> Store<D> {
         tenant: &str,
         operation_id: &str,
     ) -> Result<Option<CompensationLink>, LedgerError> {
-        let mut conn = self.read.acquire().await?;
+        let mut conn = D::acquire(&self.read).await?;
         Ok(fetch_link::<D>(&mut conn, tenant, operation_id).await?)
     }
 }

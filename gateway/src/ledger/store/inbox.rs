@@ -491,7 +491,7 @@ impl<D: Dialect> Store<D> {
     /// See [`crate::ledger::Ledger::held_due`].
     pub(crate) async fn held_due(&self, limit: u32) -> Result<Vec<InboxEvent>, LedgerError> {
         let now = self.now().await?;
-        let mut conn = self.read.acquire().await?;
+        let mut conn = D::acquire(&self.read).await?;
         let rows = sql::<D>(&format!(
             "SELECT {INBOX_COLUMNS} FROM inbox WHERE state = 'held' AND held_until <= ? ORDER BY held_until LIMIT ?"
         ))
@@ -616,7 +616,7 @@ impl<D: Dialect> Store<D> {
         state: Option<&str>,
         limit: u32,
     ) -> Result<Vec<InboxEvent>, LedgerError> {
-        let mut conn = self.read.acquire().await?;
+        let mut conn = D::acquire(&self.read).await?;
         let rows = sql::<D>(&format!(
             "SELECT {INBOX_COLUMNS} FROM inbox WHERE tenant_id = ?1 AND (?2 IS NULL OR source = ?2) \
              AND (?3 IS NULL OR state = ?3) ORDER BY received_at DESC, event_id DESC LIMIT ?4"
@@ -636,7 +636,7 @@ impl<D: Dialect> Store<D> {
         tenant: &str,
         operation_id: &str,
     ) -> Result<Vec<InboxEvent>, LedgerError> {
-        let mut conn = self.read.acquire().await?;
+        let mut conn = D::acquire(&self.read).await?;
         let rows = sql::<D>(&format!(
             "SELECT {INBOX_COLUMNS} FROM inbox WHERE tenant_id = ? AND operation_id = ? ORDER BY received_at"
         ))
@@ -651,7 +651,7 @@ impl<D: Dialect> Store<D> {
     pub(crate) async fn inbox_gauges(
         &self,
     ) -> Result<Vec<(String, String, i64, Option<i64>)>, LedgerError> {
-        let mut conn = self.read.acquire().await?;
+        let mut conn = D::acquire(&self.read).await?;
         let rows = sql::<D>(
             "SELECT source, state, COUNT(*) AS n, MIN(received_at) AS oldest FROM inbox \
              WHERE state IN ('held', 'quarantined') GROUP BY source, state",
@@ -725,7 +725,7 @@ impl<D: Dialect> Store<D> {
         &self,
         (tenant, source, key): (&str, &str, &str),
     ) -> Result<Option<i64>, LedgerError> {
-        let mut conn = self.read.acquire().await?;
+        let mut conn = D::acquire(&self.read).await?;
         let row = sql::<D>(
             "SELECT last_applied FROM inbox_sequences WHERE tenant_id = ? AND source = ? AND sequence_key = ?",
         )

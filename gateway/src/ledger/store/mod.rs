@@ -32,11 +32,12 @@ const TERMINAL: [State; 3] = [State::Completed, State::Failed, State::Compensate
 
 /// The ledger over one backend. Cheap to clone.
 pub(super) struct Store<D: Dialect> {
-    /// Every write: the group-commit writer (`writer.rs`), over a pool of
-    /// one connection on SQLite and the shared pool on PostgreSQL.
+    /// Every write: the group-commit writer (`writer/`), on a connection
+    /// of its own on SQLite and connections of the shared pool on
+    /// PostgreSQL.
     writer: Writer<D>,
-    /// The pool the writer takes its connection from (PostgreSQL: also
-    /// the reads' pool and the clock's).
+    /// The pool the clock is read through (PostgreSQL: the shared pool;
+    /// SQLite: the read pool, unused: its clock is the gateway's).
     write: Pool<D>,
     /// Reads (PostgreSQL: the same pool).
     read: Pool<D>,
@@ -72,18 +73,20 @@ impl<D: Dialect> fmt::Debug for Store<D> {
 }
 
 impl<D: Dialect> Store<D> {
-    /// A store writing through a group-commit writer over `write` (batches
-    /// bounded by `limits`) and reading through `read` (they may be the
-    /// same pool), stamping rows with `clock`. Must be called inside a
-    /// Tokio runtime (the writer's committer task).
+    /// A store writing through a group-commit writer on connections from
+    /// `source` (batches bounded by `limits`), reading through `read` and
+    /// the database clock through `write` (they may be the same pool),
+    /// stamping rows with `clock`. Must be called inside a Tokio runtime
+    /// (the writer's committer task).
     pub(super) fn new(
         write: Pool<D>,
+        source: D::WriteSource,
         read: Pool<D>,
         clock: Arc<LedgerClock>,
         limits: BatchLimits,
     ) -> Self {
         Self {
-            writer: Writer::new(write.clone(), limits),
+            writer: Writer::new(source, limits),
             write,
             read,
             clock,

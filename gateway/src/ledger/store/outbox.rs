@@ -140,7 +140,7 @@ impl<D: Dialect> Store<D> {
         &self,
         tenant: &str,
     ) -> Result<Vec<(String, String, Option<i64>, i64)>, LedgerError> {
-        let mut conn = self.read.acquire().await?;
+        let mut conn = D::acquire(&self.read).await?;
         let rows = sql::<D>(&format!(
             "SELECT event_id, event_type, delivered_at, attempts FROM outbox WHERE tenant_id = ? ORDER BY created_at, {}",
             D::ROW_ORDER
@@ -191,7 +191,7 @@ impl<D: Dialect> Store<D> {
         tenant: &str,
         limit: u32,
     ) -> Result<Vec<DeadEvent>, LedgerError> {
-        let mut conn = self.read.acquire().await?;
+        let mut conn = D::acquire(&self.read).await?;
         let rows = sql::<D>("SELECT event_id, event_type, attempts, last_error, created_at, dead_lettered_at FROM outbox \
              WHERE tenant_id = ? AND dead_lettered_at IS NOT NULL ORDER BY dead_lettered_at DESC LIMIT ?")
         .bind(tenant)
@@ -234,7 +234,7 @@ impl<D: Dialect> Store<D> {
 
     /// See [`crate::ledger::Ledger::oldest_pending_event_at`].
     pub(crate) async fn oldest_pending_event_at(&self) -> Result<Option<i64>, LedgerError> {
-        let mut conn = self.read.acquire().await?;
+        let mut conn = D::acquire(&self.read).await?;
         let row = sql::<D>(
             "SELECT MIN(created_at) AS at FROM outbox WHERE delivered_at IS NULL AND dead_lettered_at IS NULL",
         )
@@ -245,7 +245,7 @@ impl<D: Dialect> Store<D> {
 
     /// See [`crate::ledger::Ledger::pending_events`].
     pub(crate) async fn pending_events(&self) -> Result<i64, LedgerError> {
-        let mut conn = self.read.acquire().await?;
+        let mut conn = D::acquire(&self.read).await?;
         let row = sql::<D>(
             "SELECT COUNT(*) AS n FROM outbox WHERE delivered_at IS NULL AND dead_lettered_at IS NULL",
         )

@@ -18,7 +18,7 @@ pub(super) const OP_COLUMNS: &str = "tenant_id, operation_id, route, method, pat
 impl<D: Dialect> Store<D> {
     /// See [`crate::ledger::Ledger::ping`].
     pub(crate) async fn ping(&self) -> Result<(), LedgerError> {
-        let mut conn = self.read.acquire().await?;
+        let mut conn = D::acquire(&self.read).await?;
         sql::<D>("SELECT 1").execute(&mut conn).await?;
         Ok(())
     }
@@ -44,7 +44,7 @@ impl<D: Dialect> Store<D> {
         tenant: &str,
         operation_id: &str,
     ) -> Result<Option<Operation>, LedgerError> {
-        let mut conn = self.read.acquire().await?;
+        let mut conn = D::acquire(&self.read).await?;
         Ok(fetch_op::<D>(&mut conn, tenant, operation_id).await?)
     }
 
@@ -55,7 +55,7 @@ impl<D: Dialect> Store<D> {
         tenant: &str,
         operation_id: &str,
     ) -> Result<Option<(i64, i64)>, LedgerError> {
-        let mut conn = self.read.acquire().await?;
+        let mut conn = D::acquire(&self.read).await?;
         let row = sql::<D>(
             "SELECT version, updated_at FROM operations WHERE tenant_id = ? AND operation_id = ?",
         )
@@ -74,7 +74,7 @@ impl<D: Dialect> Store<D> {
         tenant: &str,
         operation_id: &str,
     ) -> Result<Vec<Attempt>, LedgerError> {
-        let mut conn = self.read.acquire().await?;
+        let mut conn = D::acquire(&self.read).await?;
         let rows = sql::<D>(
             "SELECT attempt, fence, status, outcome, detail, at, request_id FROM attempts \
              WHERE tenant_id = ? AND operation_id = ? ORDER BY attempt",
@@ -108,7 +108,7 @@ impl<D: Dialect> Store<D> {
         // Only this operation's: a refusal recorded under the same key
         // before the operation existed (a denied call, an earlier
         // operation's) is not part of its history.
-        let mut conn = self.read.acquire().await?;
+        let mut conn = D::acquire(&self.read).await?;
         let rows = sql::<D>("SELECT policy, content_hash, decision, reason, duration_us, fingerprint, at FROM policy_decisions d \
              WHERE d.tenant_id = ? AND d.operation_id = ? \
              AND d.at >= COALESCE((SELECT o.created_at FROM operations o \
@@ -140,7 +140,7 @@ impl<D: Dialect> Store<D> {
         tenant: &str,
         operation_id: &str,
     ) -> Result<Vec<Transition>, LedgerError> {
-        let mut conn = self.read.acquire().await?;
+        let mut conn = D::acquire(&self.read).await?;
         let rows = sql::<D>(
             "SELECT seq, from_state, to_state, version, fence, actor, reason, at FROM transitions \
              WHERE tenant_id = ? AND operation_id = ? ORDER BY seq",
@@ -291,7 +291,7 @@ impl<D: Dialect> Store<D> {
         tenant: Option<&str>,
         limit: u32,
     ) -> Result<Vec<Operation>, LedgerError> {
-        let mut conn = self.read.acquire().await?;
+        let mut conn = D::acquire(&self.read).await?;
         let rows = sql::<D>(&format!("SELECT {OP_COLUMNS} FROM operations WHERE dead_letter AND (?1 IS NULL OR tenant_id = ?1) \
              ORDER BY updated_at LIMIT ?2"))
         .bind(tenant)
@@ -306,7 +306,7 @@ impl<D: Dialect> Store<D> {
 
     /// See [`crate::ledger::Ledger::tenant_counts`].
     pub(crate) async fn tenant_counts(&self) -> Result<Vec<TenantCounts>, LedgerError> {
-        let mut conn = self.read.acquire().await?;
+        let mut conn = D::acquire(&self.read).await?;
         let rows = sql::<D>("SELECT tenant_id, COUNT(*) FILTER (WHERE state = ?1) AS unknown, COUNT(*) FILTER (WHERE dead_letter) AS dead, \
              MIN(CASE WHEN dead_letter THEN updated_at END) AS oldest, \
              MIN(CASE WHEN state = ?1 THEN updated_at END) AS oldest_unknown \
@@ -330,7 +330,7 @@ impl<D: Dialect> Store<D> {
 
     /// See [`crate::ledger::Ledger::stored_bytes`].
     pub(crate) async fn stored_bytes(&self, tenant: &str) -> Result<i64, LedgerError> {
-        let mut conn = self.read.acquire().await?;
+        let mut conn = D::acquire(&self.read).await?;
         let row = sql::<D>(
             "SELECT COALESCE(SUM(LENGTH(request_body) + COALESCE(LENGTH(response_body), 0)), 0) AS n \
              FROM operations WHERE tenant_id = ?",
@@ -348,7 +348,7 @@ impl<D: Dialect> Store<D> {
         state: Option<State>,
         limit: u32,
     ) -> Result<Vec<Operation>, LedgerError> {
-        let mut conn = self.read.acquire().await?;
+        let mut conn = D::acquire(&self.read).await?;
         let rows = sql::<D>(&format!("SELECT {OP_COLUMNS} FROM operations WHERE (?1 IS NULL OR tenant_id = ?1) AND (?2 IS NULL OR state = ?2) \
              ORDER BY updated_at DESC, operation_id LIMIT ?3"))
         .bind(tenant)

@@ -42,7 +42,7 @@ use std::time::Instant;
 use tokio::sync::{Mutex, Notify, OwnedMutexGuard, oneshot};
 
 use super::super::LedgerError;
-use super::super::dialect::{Conn, Dialect, Pool, sql};
+use super::super::dialect::{Conn, Dialect, sql};
 
 /// What one write of a batch hears back: the batch's size, or why its
 /// commit failed.
@@ -123,7 +123,7 @@ fn stalled(limit: Option<std::time::Duration>) -> String {
 struct Batch<D: Dialect> {
     /// The connection (`None` after a failure that may have broken it:
     /// the next write takes a fresh one from the pool).
-    conn: Option<sqlx::pool::PoolConnection<D::Db>>,
+    conn: Option<Conn<D>>,
     /// Whether `BEGIN` was sent.
     open: bool,
     /// A write's savepoint is still open: its owner was dropped before it
@@ -150,7 +150,7 @@ struct Batch<D: Dialect> {
 
 struct Shared<D: Dialect> {
     batch: Arc<Mutex<Batch<D>>>,
-    pool: Pool<D>,
+    source: D::WriteSource,
     limits: BatchLimits,
     /// Wakes the committer task: a batch has writes waiting.
     wake: Arc<Notify>,
@@ -203,10 +203,10 @@ impl<D: Dialect> Writer<D> {
     /// A writer taking `limits.connections` connections from `pool`
     /// (SQLite: a pool of one; PostgreSQL: the shared pool), each with its
     /// committer task. Must be called inside a Tokio runtime.
-    pub(in crate::ledger) fn new(pool: Pool<D>, limits: BatchLimits) -> Self {
+    pub(in crate::ledger) fn new(source: D::WriteSource, limits: BatchLimits) -> Self {
         let terminal_epoch = Arc::new(AtomicU64::new(0));
         let lanes: Vec<Arc<Shared<D>>> = (0..limits.connections.max(1))
-            .map(|_| Self::lane(pool.clone(), limits, terminal_epoch.clone()))
+            .map(|_| Self::lane(source.clone(), limits, terminal_epoch.clone()))
             .collect();
         Self {
             lanes: lanes.into(),
@@ -231,7 +231,11 @@ impl<D: Dialect> Writer<D> {
     }
 
     /// One write connection's batch and its committer task.
-    fn lane(pool: Pool<D>, limits: BatchLimits, terminal_epoch: Arc<AtomicU64>) -> Arc<Shared<D>> {
+    fn lane(
+        source: D::WriteSource,
+        limits: BatchLimits,
+        terminal_epoch: Arc<AtomicU64>,
+    ) -> Arc<Shared<D>> {
         let wake = Arc::new(Notify::new());
         let shared = Arc::new(Shared {
             batch: Arc::new(Mutex::new(Batch {
@@ -246,7 +250,7 @@ impl<D: Dialect> Writer<D> {
                 now: None,
                 terminal: false,
             })),
-            pool,
+            source,
             limits: BatchLimits {
                 max_writes: limits.max_writes.max(1),
                 max_bytes: limits.max_bytes.max(1),
@@ -318,7 +322,7 @@ async fn open_write<D: Dialect>(
     // dropped it) or stalled: the open batch is lost with it. Its writes
     // are told so, and this one tries once more on a fresh connection.
     loop {
-        let Err(e) = within(stall, prepare(&lane.pool, &mut guard)).await else {
+        let Err(e) = within(stall, prepare(&lane.source, &mut guard)).await else {
             return Ok(BatchTx {
                 guard: Some(guard),
                 shared: lane,
@@ -374,9 +378,9 @@ impl Drop for Queued<'_> {
 /// Makes the batch ready for one more write: a connection, no abandoned
 /// savepoint, `BEGIN` sent, a new savepoint (and, on PostgreSQL, the
 /// database clock read with it, in [`Batch::now`]).
-async fn prepare<D: Dialect>(pool: &Pool<D>, b: &mut Batch<D>) -> Result<(), sqlx::Error> {
+async fn prepare<D: Dialect>(source: &D::WriteSource, b: &mut Batch<D>) -> Result<(), sqlx::Error> {
     if b.conn.is_none() {
-        b.conn = Some(pool.acquire().await?);
+        b.conn = Some(D::connect_writer(source).await?);
     }
     let conn = b.conn.as_mut().expect("just set");
     if b.abandoned {
@@ -403,7 +407,7 @@ async fn prepare<D: Dialect>(pool: &Pool<D>, b: &mut Batch<D>) -> Result<(), sql
 /// state it is in); the next write takes a fresh one.
 fn discard<D: Dialect>(b: &mut Batch<D>) {
     if let Some(conn) = b.conn.take() {
-        drop(conn.detach());
+        D::discard(conn);
     }
     b.open = false;
     b.abandoned = false;
@@ -477,7 +481,7 @@ async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) {
     let result = if b.poisoned {
         Err("injected commit failure (ledger-commit-fail)".to_owned())
     } else {
-        match within(stall, sql::<D>("COMMIT").execute(conn)).await {
+        match within(stall, D::run_durable("COMMIT", conn)).await {
             Ok(_) => Ok(()),
             Err(Some(e)) => Err(e.to_string()),
             Err(None) => {
@@ -630,7 +634,7 @@ impl<D: Dialect> Deref for BatchTx<D> {
     fn deref(&self) -> &Conn<D> {
         self.guard
             .as_ref()
-            .and_then(|b| b.conn.as_deref())
+            .and_then(|b| b.conn.as_ref())
             .expect("a write holds the connection")
     }
 }
@@ -639,7 +643,7 @@ impl<D: Dialect> DerefMut for BatchTx<D> {
     fn deref_mut(&mut self) -> &mut Conn<D> {
         self.guard
             .as_mut()
-            .and_then(|b| b.conn.as_deref_mut())
+            .and_then(|b| b.conn.as_mut())
             .expect("a write holds the connection")
     }
 }

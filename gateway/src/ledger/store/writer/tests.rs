@@ -147,7 +147,7 @@ async fn a_lost_compare_and_swap_or_a_failed_write_never_aborts_the_batch() {
         let row = reopened.get("t", id).await.unwrap().unwrap();
         assert_eq!((last.version, last.fence), (row.version, row.fence), "{id}");
     }
-    let mut conn = reopened.read.acquire().await.unwrap();
+    let mut conn = SqliteDialect::acquire(&reopened.read).await.unwrap();
     let half = sql::<SqliteDialect>("SELECT COUNT(*) AS n FROM meta WHERE name = 'half-way'")
         .fetch_one(&mut conn)
         .await
@@ -415,7 +415,7 @@ async fn a_commit_that_hangs_fails_its_batch_after_the_stall_limit() {
         .await
         .unwrap();
     assert_eq!(next.commit().await.unwrap(), 1);
-    let mut conn = store.read.acquire().await.unwrap();
+    let mut conn = PgDialect::acquire(&store.read).await.unwrap();
     let n = sql::<PgDialect>("SELECT COUNT(*) AS n FROM meta WHERE name = 'next'")
         .fetch_one(&mut conn)
         .await

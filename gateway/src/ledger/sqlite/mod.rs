@@ -1,9 +1,10 @@
 //! The SQLite effect ledger: one file, for one gateway process.
 //!
-//! Writes go through the group-commit writer (`store/writer.rs`) on a pool
-//! of one connection (SQLite serialises writers; its batches start with
-//! `BEGIN IMMEDIATE`, so no statement has to upgrade a lock), reads through
-//! a separate pool. The file runs in WAL mode with
+//! Writes go through the group-commit writer (`store/writer/`) on one
+//! connection of its own (`conn.rs`: SQLite serialises writers; its
+//! batches start with `BEGIN IMMEDIATE`, so no statement has to upgrade a
+//! lock), reads through a separate sqlx pool; migrations run on a sqlx
+//! connection when the file opens. The file runs in WAL mode with
 //! `synchronous = FULL`, so a committed transition survives a crash of the
 //! process or the machine. Times come from the gateway's clock.
 
@@ -12,9 +13,13 @@ use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-use super::dialect::{Conn, Dialect, Pool, ledger_row, sqlx_glue};
+use super::dialect::{Arg, Dialect, Pool, Query, Stmt};
 use super::store::{BatchLimits, Store};
 use super::{Clock, LedgerClock, LedgerError};
+
+mod conn;
+
+pub(super) use conn::{Conn, Row, WriterOptions};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 
@@ -23,11 +28,25 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite"
 #[derive(Debug, Clone, Copy)]
 pub(super) struct SqliteDialect;
 
-ledger_row!(sqlx::sqlite::SqliteRow);
+/// `stmt` as sqlx runs it (a read).
+fn query(stmt: Stmt<SqliteDialect>) -> Query<SqliteDialect> {
+    let mut query = sqlx::query(stmt.text);
+    for arg in stmt.args {
+        query = match arg {
+            Arg::Int(v) => query.bind(v),
+            Arg::Bool(v) => query.bind(v),
+            Arg::Text(v) => query.bind(v),
+            Arg::Bytes(v) => query.bind(v),
+        };
+    }
+    query
+}
 
 impl Dialect for SqliteDialect {
     type Db = sqlx::Sqlite;
-    type Row = sqlx::sqlite::SqliteRow;
+    type Row = Row;
+    type Conn = Conn;
+    type WriteSource = WriterOptions;
     const NAME: &'static str = "sqlite";
     const ROW_ORDER: &'static str = "rowid";
     const SKIP_LOCKED: &'static str = "";
@@ -62,26 +81,51 @@ impl Dialect for SqliteDialect {
         )
     }
 
-    sqlx_glue!();
+    async fn acquire(pool: &Pool<Self>) -> Result<Conn, sqlx::Error> {
+        Ok(Conn::Pooled(pool.acquire().await?))
+    }
+
+    async fn connect_writer(options: &WriterOptions) -> Result<Conn, sqlx::Error> {
+        Conn::writer(options).await
+    }
+
+    fn discard(conn: Conn) {
+        if let Conn::Pooled(c) = conn {
+            drop(c.detach());
+        }
+    }
+
+    async fn execute(stmt: Stmt<Self>, conn: &mut Conn) -> Result<u64, sqlx::Error> {
+        conn.execute(stmt).await
+    }
+
+    async fn fetch_optional(stmt: Stmt<Self>, conn: &mut Conn) -> Result<Option<Row>, sqlx::Error> {
+        conn.fetch_optional(stmt).await
+    }
+
+    async fn fetch_all(stmt: Stmt<Self>, conn: &mut Conn) -> Result<Vec<Row>, sqlx::Error> {
+        conn.fetch_all(stmt).await
+    }
+
+    async fn run_durable(text: &'static str, conn: &mut Conn) -> Result<(), sqlx::Error> {
+        conn.run_durable(text).await
+    }
 
     async fn now(_pool: &Pool<Self>, clock: &LedgerClock) -> Result<i64, sqlx::Error> {
         Ok(clock.now_ms())
     }
 
-    async fn now_in(_conn: &mut Conn<Self>, clock: &LedgerClock) -> Result<i64, sqlx::Error> {
+    async fn now_in(_conn: &mut Conn, clock: &LedgerClock) -> Result<i64, sqlx::Error> {
         Ok(clock.now_ms())
     }
 
-    async fn open_savepoint(
-        conn: &mut Conn<Self>,
-        begin: bool,
-    ) -> Result<Option<i64>, sqlx::Error> {
+    async fn open_savepoint(conn: &mut Conn, begin: bool) -> Result<Option<i64>, sqlx::Error> {
         if begin {
-            // `BEGIN` and the savepoint in one call on the connection's
-            // thread.
+            // `BEGIN` and the savepoint in one call (on a blocking thread
+            // when it has to wait for another process's lock).
             const OPEN: &str = "BEGIN IMMEDIATE; SAVEPOINT effectgate_write";
             debug_assert!(OPEN.starts_with(Self::BEGIN));
-            sqlx::raw_sql(OPEN).execute(&mut *conn).await?;
+            conn.begin(OPEN).await?;
         } else {
             super::dialect::sql::<Self>("SAVEPOINT effectgate_write")
                 .execute(conn)
@@ -119,30 +163,39 @@ impl Store<SqliteDialect> {
         storage: &crate::config::StorageSpec,
         clock: Arc<LedgerClock>,
     ) -> Result<Self, LedgerError> {
-        let synchronous = match storage.synchronous {
-            crate::config::Synchronous::Full => SqliteSynchronous::Full,
-            crate::config::Synchronous::Normal => SqliteSynchronous::Normal,
+        let (synchronous, pragma) = match storage.synchronous {
+            crate::config::Synchronous::Full => (SqliteSynchronous::Full, "FULL"),
+            crate::config::Synchronous::Normal => (SqliteSynchronous::Normal, "NORMAL"),
         };
+        let busy_timeout = Duration::from_millis(storage.busy_timeout_ms);
         let opts = SqliteConnectOptions::new()
             .filename(&storage.path)
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(synchronous)
-            // A write's savepoint journal (the pages it may have to undo)
-            // in memory, not in a temporary file: it is never needed after
-            // the batch's COMMIT or a crash, and writing it to a file cost
-            // every write system calls on the connection's thread.
-            .pragma("temp_store", "memory")
-            .busy_timeout(Duration::from_millis(storage.busy_timeout_ms));
-        let write = SqlitePoolOptions::new()
+            .busy_timeout(busy_timeout);
+        // The migrations on a connection of their own, closed after them.
+        let migrate = SqlitePoolOptions::new()
             .max_connections(1)
             .connect_with(opts.clone())
             .await?;
-        MIGRATOR.run(&write).await?;
+        MIGRATOR.run(&migrate).await?;
+        migrate.close().await;
         let read = SqlitePoolOptions::new()
             .max_connections(storage.max_read_connections)
             .connect_with(opts)
             .await?;
-        Ok(Self::new(write, read, clock, batch_limits(storage)))
+        let writer = WriterOptions {
+            path: storage.path.clone(),
+            synchronous: pragma,
+            busy_timeout,
+        };
+        Ok(Self::new(
+            read.clone(),
+            writer,
+            read,
+            clock,
+            batch_limits(storage),
+        ))
     }
 }
