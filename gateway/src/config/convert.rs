@@ -149,6 +149,10 @@ impl ConfigFile {
                 "storage.write_connections",
                 u64::from(storage.write_connections),
             ),
+            (
+                "storage.wal_checkpoint_pages",
+                u64::from(storage.wal_checkpoint_pages),
+            ),
         ] {
             if value == 0 {
                 return Err(ConfigError::new(field, "must be at least 1"));

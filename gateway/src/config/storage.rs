@@ -73,6 +73,18 @@ pub struct StorageSpec {
     /// against the row's version on every use). Default 67108864 (64 MiB);
     /// 0 turns it off.
     pub replay_cache_bytes: u64,
+    /// SQLite: the write connection's page cache, in bytes (`PRAGMA
+    /// cache_size`): the pages of the tables and indexes that writes
+    /// touch. Keys arrive in no order, so the indexes on them are written
+    /// all over; a page not in this cache is read from the file again.
+    /// Default 33554432 (32 MiB); 0: SQLite's smallest.
+    pub page_cache_bytes: u64,
+    /// SQLite: WAL pages (4 KiB each) past which a checkpoint moves them
+    /// into the ledger file, on a thread and connection of its own (a
+    /// `PASSIVE` checkpoint: the writer never waits for it); past 16 times
+    /// this the writer checkpoints inside its own commit, so the WAL stays
+    /// bounded. Default 1000 (SQLite's own); at least 1.
+    pub wal_checkpoint_pages: u32,
 }
 
 /// The ledger backend a [`StorageSpec`] selects.
@@ -177,6 +189,8 @@ impl Default for StorageSpec {
             write_connections: 4,
             write_batch_bytes: 16 << 20,
             replay_cache_bytes: 64 << 20,
+            page_cache_bytes: 32 << 20,
+            wal_checkpoint_pages: 1000,
         }
     }
 }

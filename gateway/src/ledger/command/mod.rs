@@ -587,6 +587,8 @@ mod tests {
         let mut conn = crate::ledger::sqlite::Conn::Writer {
             conn: Some(rusqlite::Connection::open_in_memory().expect("an in-memory database")),
             busy: std::time::Duration::from_secs(1),
+            checkpointer: None,
+            checkpoint_pages: 1000,
         };
         let refused = apply::<SqliteDialect, _>(&mut conn, &claim(Failed), 0).await;
         assert!(

@@ -10,10 +10,22 @@
 //! `BEGIN IMMEDIATE` (the file's write lock, up to
 //! `storage.busy_timeout_ms`) — runs on Tokio's blocking threads
 //! ([`Conn::run_durable`]).
+//!
+//! Checkpoints: SQLite's automatic checkpoint runs inside the `COMMIT`
+//! that takes the WAL past 1000 pages and copies every page of it into
+//! the file, and the writes waiting for the next batch wait for it too.
+//! Here a thread of its own, on a connection of its own, runs `PASSIVE`
+//! checkpoints from a quarter of `storage.wal_checkpoint_pages` on, which
+//! never block the writer; at `storage.wal_checkpoint_pages` the writer
+//! checkpoints inside its `COMMIT` as SQLite would, but only the pages the
+//! thread has not copied yet, and the WAL then starts over at the next
+//! write (a checkpoint beside a busy writer never catches up with it).
 
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use rusqlite::types::Value;
@@ -36,11 +48,106 @@ pub(in crate::ledger) struct WriterOptions {
     pub synchronous: &'static str,
     /// How long a statement waits for another process's lock.
     pub busy_timeout: Duration,
+    /// The page cache, in KiB (`storage.page_cache_bytes`).
+    pub cache_kib: u64,
+    /// WAL pages past which the checkpointer runs
+    /// (`storage.wal_checkpoint_pages`, at least 1).
+    pub checkpoint_pages: u32,
+}
+
+/// The part of [`WriterOptions::checkpoint_pages`] past which the
+/// checkpointer thread runs (1/4).
+const BACKGROUND_CHECKPOINT_DIVISOR: u32 = 4;
+
+thread_local! {
+    /// The WAL's size in pages after the last commit on this thread (the
+    /// writer's WAL hook sets it; see [`note_wal`]).
+    static WAL_PAGES: Cell<i32> = const { Cell::new(0) };
+}
+
+/// The writer's WAL hook: notes the WAL's size after a commit (on the
+/// committing thread). Setting a hook turns SQLite's automatic
+/// checkpoint off.
+fn note_wal(_: &rusqlite::hooks::Wal, pages: std::ffi::c_int) -> rusqlite::Result<()> {
+    WAL_PAGES.set(pages);
+    Ok(())
+}
+
+/// The writer's checkpointer: a thread with a connection of its own that
+/// runs a `PASSIVE` checkpoint when told the WAL is past a quarter of
+/// [`WriterOptions::checkpoint_pages`]. It ends when the writer's
+/// connection is dropped.
+#[derive(Debug)]
+pub(in crate::ledger) struct Checkpointer {
+    /// Wakes it (a wake-up already pending is enough).
+    wake: SyncSender<()>,
+    /// Checkpoints it ran, and the condition a test waits on.
+    #[cfg(test)]
+    done: Arc<(Mutex<u64>, Condvar)>,
+}
+
+impl Checkpointer {
+    /// Starts the thread; `None` if it can't be started (the writer then
+    /// checkpoints inside its commits, as SQLite does by default).
+    fn start(options: &WriterOptions) -> Option<Self> {
+        let (wake, woken) = std::sync::mpsc::sync_channel::<()>(1);
+        let done = Arc::new((Mutex::new(0_u64), Condvar::new()));
+        let (options, counted) = (options.clone(), done.clone());
+        #[cfg(not(test))]
+        drop(done);
+        std::thread::Builder::new()
+            .name("ledger-checkpoint".into())
+            .spawn(move || {
+                let mut conn = None;
+                while woken.recv().is_ok() {
+                    if conn.is_none() {
+                        conn = options
+                            .open()
+                            .inspect_err(|e| tracing::warn!(error = %e, "the ledger's checkpointer can't open the file"))
+                            .ok();
+                    }
+                    let Some(c) = &conn else { continue };
+                    match c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                        Ok(()) => {
+                            let (n, cv) = &*counted;
+                            *n.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+                            cv.notify_all();
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "ledger WAL checkpoint failed");
+                            conn = None;
+                        }
+                    }
+                }
+            })
+            .ok()?;
+        Some(Self {
+            wake,
+            #[cfg(test)]
+            done,
+        })
+    }
+
+    /// Asks for a checkpoint. Returns `false` when the thread is gone.
+    fn wake(&self) -> bool {
+        !matches!(self.wake.try_send(()), Err(TrySendError::Disconnected(_)))
+    }
+
+    /// Waits until it has run `n` checkpoints, at most `limit` (tests).
+    #[cfg(test)]
+    fn wait_for(&self, n: u64, limit: Duration) -> bool {
+        let (count, cv) = &*self.done;
+        let guard = count.lock().unwrap_or_else(|e| e.into_inner());
+        let (guard, _) = cv
+            .wait_timeout_while(guard, limit, |c| *c < n)
+            .unwrap_or_else(|e| e.into_inner());
+        *guard >= n
+    }
 }
 
 impl WriterOptions {
-    /// Opens the writer's connection: WAL, `synchronous` as configured,
-    /// temporary data (a write's savepoint journal) in memory, foreign
+    /// Opens the writer's connection: WAL, `synchronous` and the page
+    /// cache as configured, temporary data (a write's savepoint journal) in memory, foreign
     /// keys on (as sqlx sets them for the read pool).
     ///
     /// Errors: the file can't be opened or a pragma fails.
@@ -49,8 +156,9 @@ impl WriterOptions {
         conn.busy_timeout(self.busy_timeout).map_err(db_error)?;
         conn.execute_batch(&format!(
             "PRAGMA journal_mode = WAL; PRAGMA synchronous = {}; \
-             PRAGMA temp_store = MEMORY; PRAGMA foreign_keys = ON;",
-            self.synchronous
+             PRAGMA temp_store = MEMORY; PRAGMA foreign_keys = ON; \
+             PRAGMA cache_size = -{};",
+            self.synchronous, self.cache_kib
         ))
         .map_err(db_error)?;
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
@@ -70,6 +178,10 @@ pub(in crate::ledger) enum Conn {
         conn: Option<rusqlite::Connection>,
         /// Its busy timeout (`storage.busy_timeout_ms`).
         busy: Duration,
+        /// Its checkpointer (`None`: SQLite's automatic checkpoint).
+        checkpointer: Option<Checkpointer>,
+        /// [`WriterOptions::checkpoint_pages`].
+        checkpoint_pages: u32,
     },
 }
 
@@ -88,15 +200,23 @@ impl Conn {
     /// Errors: as [`WriterOptions::open`].
     pub(in crate::ledger) async fn writer(options: &WriterOptions) -> Result<Self, sqlx::Error> {
         let busy = options.busy_timeout;
+        let checkpoint_pages = options.checkpoint_pages.max(1);
         let options = options.clone();
-        let conn = tokio::task::spawn_blocking(move || options.open())
-            .await
-            .map_err(|e| {
-                sqlx::Error::Protocol(format!("opening the ledger's writer failed: {e}"))
-            })??;
+        let (conn, checkpointer) = tokio::task::spawn_blocking(move || {
+            let conn = options.open()?;
+            let checkpointer = Checkpointer::start(&options);
+            if checkpointer.is_some() {
+                conn.wal_hook(Some(note_wal));
+            }
+            Ok::<_, sqlx::Error>((conn, checkpointer))
+        })
+        .await
+        .map_err(|e| sqlx::Error::Protocol(format!("opening the ledger's writer failed: {e}")))??;
         Ok(Conn::Writer {
             conn: Some(conn),
             busy,
+            checkpointer,
+            checkpoint_pages,
         })
     }
 
@@ -113,16 +233,47 @@ impl Conn {
                 sqlx::raw_sql(text).execute(&mut **c).await?;
                 Ok(())
             }
-            Conn::Writer { conn: slot, .. } => {
+            Conn::Writer {
+                conn: slot,
+                checkpointer,
+                checkpoint_pages,
+                ..
+            } => {
                 let conn = slot.take().ok_or_else(lost)?;
-                let (conn, result) = tokio::task::spawn_blocking(move || {
+                let inline = *checkpoint_pages;
+                let (conn, result, pages) = tokio::task::spawn_blocking(move || {
+                    WAL_PAGES.set(0);
                     let result = conn.execute_batch(text).map_err(db_error);
-                    (conn, result)
+                    let pages = u32::try_from(WAL_PAGES.get()).unwrap_or(0);
+                    if pages >= inline {
+                        // What the checkpointer has not copied yet, with
+                        // no write beside it: the WAL starts over next.
+                        if let Err(e) =
+                            conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+                        {
+                            tracing::warn!(error = %e, "ledger WAL checkpoint failed");
+                        }
+                    }
+                    (conn, result, pages)
                 })
                 .await
                 .map_err(|e| {
                     sqlx::Error::Protocol(format!("the ledger's writer thread failed: {e}"))
                 })?;
+                if pages >= (*checkpoint_pages / BACKGROUND_CHECKPOINT_DIVISOR).max(1)
+                    && pages < *checkpoint_pages
+                    && let Some(c) = checkpointer
+                    && !c.wake()
+                {
+                    // The thread is gone: SQLite checkpoints in the commits
+                    // again (the pragma puts its own hook back).
+                    if let Err(e) =
+                        conn.pragma_update(None, "wal_autocheckpoint", *checkpoint_pages)
+                    {
+                        tracing::warn!(error = %e, "the ledger's automatic checkpoint can't be turned back on");
+                    }
+                    *checkpointer = None;
+                }
                 *slot = Some(conn);
                 result
             }
@@ -140,6 +291,7 @@ impl Conn {
         if let Conn::Writer {
             conn: Some(conn),
             busy,
+            ..
         } = self
         {
             let busy = *busy;
@@ -472,6 +624,8 @@ mod tests {
         Conn::Writer {
             conn: Some(conn),
             busy: Duration::from_secs(1),
+            checkpointer: None,
+            checkpoint_pages: 1000,
         }
     }
 
@@ -603,6 +757,8 @@ mod tests {
             path: dir.path().join("ledger.db"),
             synchronous: "FULL",
             busy_timeout: Duration::from_millis(50),
+            cache_kib: 1024,
+            checkpoint_pages: 1000,
         };
         let mut conn = Conn::writer(&options).await.unwrap();
         let other = rusqlite::Connection::open(&options.path).unwrap();
@@ -622,5 +778,92 @@ mod tests {
             .unwrap();
         assert_eq!(n.int("n").unwrap(), 1);
         conn.run_durable("COMMIT").await.unwrap();
+    }
+
+    /// Past a quarter of `checkpoint_pages` the checkpointer moves the
+    /// WAL into the file (the writer's commits don't).
+    #[tokio::test]
+    async fn the_checkpointer_moves_the_wal_into_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = WriterOptions {
+            path: dir.path().join("ledger.db"),
+            synchronous: "FULL",
+            busy_timeout: Duration::from_secs(1),
+            cache_kib: 1024,
+            checkpoint_pages: 1000,
+        };
+        let mut conn = Conn::writer(&options).await.unwrap();
+        conn.begin("BEGIN IMMEDIATE; CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)")
+            .await
+            .unwrap();
+        conn.run_durable("COMMIT").await.unwrap();
+        // 16 KiB a commit, until the WAL is past 250 pages: one commit
+        // wakes the checkpointer, once.
+        let wal = dir.path().join("ledger.db-wal");
+        let mut id = 0_i64;
+        while std::fs::metadata(&wal).unwrap().len() < 250 * 4096 {
+            conn.begin("BEGIN IMMEDIATE").await.unwrap();
+            sql::<SqliteDialect>("INSERT INTO t (id, body) VALUES (?, zeroblob(16384))")
+                .bind(id)
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            conn.run_durable("COMMIT").await.unwrap();
+            id += 1;
+        }
+        let Conn::Writer {
+            checkpointer: Some(c),
+            ..
+        } = &conn
+        else {
+            panic!("no checkpointer: {conn:?}");
+        };
+        assert!(c.wait_for(1, Duration::from_secs(10)), "no checkpoint ran");
+        // What the WAL held is in the file now: a copy of the file alone,
+        // without its WAL, has the table and every row.
+        let copy = dir.path().join("copy.db");
+        std::fs::copy(&options.path, &copy).unwrap();
+        let probe = rusqlite::Connection::open(&copy).unwrap();
+        let n: i64 = probe
+            .query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, id);
+    }
+
+    /// At `checkpoint_pages` the writer checkpoints inside its commit and
+    /// the WAL starts over at the next write: it never grows much past it.
+    #[tokio::test]
+    async fn the_wal_starts_over_at_checkpoint_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = WriterOptions {
+            path: dir.path().join("ledger.db"),
+            synchronous: "NORMAL",
+            busy_timeout: Duration::from_secs(1),
+            cache_kib: 1024,
+            checkpoint_pages: 40,
+        };
+        let mut conn = Conn::writer(&options).await.unwrap();
+        conn.begin("BEGIN IMMEDIATE; CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)")
+            .await
+            .unwrap();
+        conn.run_durable("COMMIT").await.unwrap();
+        let mut largest = 0;
+        for id in 0..100_i64 {
+            conn.begin("BEGIN IMMEDIATE").await.unwrap();
+            sql::<SqliteDialect>("INSERT INTO t (id, body) VALUES (?, zeroblob(16384))")
+                .bind(id)
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            conn.run_durable("COMMIT").await.unwrap();
+            let wal = std::fs::metadata(dir.path().join("ledger.db-wal"))
+                .unwrap()
+                .len();
+            largest = largest.max(wal);
+        }
+        // 100 commits of 5 pages or more: 500 pages written; the WAL passes
+        // 40 pages only while the checkpointer's pass holds the writer's
+        // own checkpoint back.
+        assert!(largest <= 120 * 4_200, "the WAL grew to {largest} bytes");
     }
 }

@@ -189,6 +189,8 @@ impl Store<SqliteDialect> {
             path: storage.path.clone(),
             synchronous: pragma,
             busy_timeout,
+            cache_kib: storage.page_cache_bytes / 1024,
+            checkpoint_pages: storage.wal_checkpoint_pages,
         };
         Ok(Self::new(
             read.clone(),
