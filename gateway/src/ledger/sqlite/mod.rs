@@ -17,9 +17,14 @@ use super::dialect::{Arg, Dialect, Pool, Query, Stmt};
 use super::store::{BatchLimits, Store};
 use super::{Clock, LedgerClock, LedgerError};
 
+mod checkpoint;
 mod conn;
+mod row;
+#[cfg(test)]
+mod tests;
 
-pub(super) use conn::{Conn, Row, WriterOptions};
+pub(super) use conn::{Conn, WriterOptions};
+pub(super) use row::Row;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 

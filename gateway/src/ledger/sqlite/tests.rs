@@ -1,0 +1,261 @@
+//! The SQLite connections: statements on the writer's own connection,
+//! `BEGIN` and `COMMIT` on the blocking pool, and the WAL's checkpoints.
+
+use std::time::Duration;
+
+use super::SqliteDialect;
+use super::conn::{Conn, WriterOptions};
+use crate::ledger::dialect::{LedgerRow, sql};
+
+fn memory() -> Conn {
+    let conn = rusqlite::Connection::open_in_memory().expect("an in-memory database");
+    conn.execute_batch(
+        "CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT NOT NULL, flag BOOLEAN, body BLOB)",
+    )
+    .expect("a table");
+    Conn::Writer {
+        conn: Some(conn),
+        busy: Duration::from_secs(1),
+        checkpointer: None,
+        checkpoint_pages: 1000,
+    }
+}
+
+/// Each statement of a text takes as many values as it has
+/// placeholders, in order; the rows of all of them come back in order,
+/// and the count is of the rows the writing ones changed.
+#[tokio::test]
+async fn a_text_of_several_statements_hands_each_its_own_values() {
+    let mut conn = memory();
+    let inserted = sql::<SqliteDialect>(
+        "INSERT INTO t (id, name, flag, body) VALUES (?, ?, ?, ?); \
+         INSERT INTO t (id, name) VALUES (?, ?)",
+    )
+    .bind(1_i64)
+    .bind("one")
+    .bind(true)
+    .bind(&b"\x00\x01"[..])
+    .bind(2_i64)
+    .bind("two")
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(inserted, 2);
+    let rows = sql::<SqliteDialect>(
+        "UPDATE t SET name = ? WHERE id = ? RETURNING id, name; \
+         SELECT id, name, flag, body FROM t WHERE id = ?1",
+    )
+    .bind("uno")
+    .bind(1_i64)
+    .bind(2_i64)
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0].int("id").unwrap(), 1);
+    assert_eq!(rows[0].text("name").unwrap(), "uno");
+    assert_eq!(rows[1].int("id").unwrap(), 2);
+    assert_eq!(rows[1].opt_int("flag").unwrap(), None);
+    assert_eq!(rows[1].opt_bytes("body").unwrap(), None);
+    let one = sql::<SqliteDialect>("SELECT flag, body FROM t WHERE id = 1")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(one.flag("flag").unwrap());
+    assert_eq!(one.bytes("body").unwrap(), b"\x00\x01");
+}
+
+/// Values that don't match the placeholders, a column that isn't
+/// there and a value of another type are errors, not panics, and the
+/// database's own errors keep their kind.
+#[tokio::test]
+async fn mismatches_are_errors() {
+    let mut conn = memory();
+    let few = sql::<SqliteDialect>("INSERT INTO t (id, name) VALUES (?, ?)")
+        .bind(1_i64)
+        .execute(&mut conn)
+        .await;
+    assert!(
+        matches!(&few, Err(sqlx::Error::Protocol(m)) if m.contains("too few values")),
+        "{few:?}"
+    );
+    let many = sql::<SqliteDialect>("SELECT 1 AS one")
+        .bind(1_i64)
+        .fetch_all(&mut conn)
+        .await;
+    assert!(
+        matches!(&many, Err(sqlx::Error::Protocol(m)) if m.contains("more values")),
+        "{many:?}"
+    );
+    let row = sql::<SqliteDialect>("SELECT 'x' AS name")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(matches!(
+        row.int("name"),
+        Err(sqlx::Error::ColumnDecode { .. })
+    ));
+    assert!(matches!(
+        row.text("other"),
+        Err(sqlx::Error::ColumnNotFound(_))
+    ));
+    for _ in 0..2 {
+        let _ = sql::<SqliteDialect>("INSERT INTO t (id, name) VALUES (7, 'seven')")
+            .execute(&mut conn)
+            .await;
+    }
+    let dup = sql::<SqliteDialect>("INSERT INTO t (id, name) VALUES (7, 'again')")
+        .execute(&mut conn)
+        .await;
+    match dup {
+        Err(sqlx::Error::Database(e)) => {
+            assert!(e.is_unique_violation(), "{e}");
+            assert!(e.message().contains("UNIQUE"), "{}", e.message());
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// `COMMIT` and `BEGIN` run on a blocking thread and give the
+/// connection back.
+#[tokio::test]
+async fn a_durable_statement_gives_the_connection_back() {
+    let mut conn = memory();
+    conn.run_durable("BEGIN IMMEDIATE").await.unwrap();
+    sql::<SqliteDialect>("INSERT INTO t (id, name) VALUES (1, 'one')")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.run_durable("COMMIT").await.unwrap();
+    let n = sql::<SqliteDialect>("SELECT COUNT(*) AS n FROM t")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(n.int("n").unwrap(), 1);
+    let Conn::Writer { conn: Some(c), .. } = &conn else {
+        panic!("the connection was not given back: {conn:?}");
+    };
+    assert!(c.is_autocommit());
+}
+
+/// `BEGIN IMMEDIATE` while another connection holds the file's write
+/// lock waits for it on a blocking thread, up to the busy timeout, and
+/// fails with the database's error; the connection stays usable and
+/// begins once the lock is free.
+#[tokio::test]
+async fn a_begin_behind_another_writer_waits_then_fails_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = WriterOptions {
+        path: dir.path().join("ledger.db"),
+        synchronous: "FULL",
+        busy_timeout: Duration::from_millis(50),
+        cache_kib: 1024,
+        checkpoint_pages: 1000,
+    };
+    let mut conn = Conn::writer(&options).await.unwrap();
+    let other = rusqlite::Connection::open(&options.path).unwrap();
+    other
+        .execute_batch("CREATE TABLE t (id INTEGER); BEGIN IMMEDIATE; INSERT INTO t VALUES (1)")
+        .unwrap();
+    let busy = conn.begin("BEGIN IMMEDIATE; SAVEPOINT s").await;
+    match busy {
+        Err(sqlx::Error::Database(e)) => assert!(e.message().contains("locked"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    other.execute_batch("COMMIT").unwrap();
+    conn.begin("BEGIN IMMEDIATE; SAVEPOINT s").await.unwrap();
+    let n = sql::<SqliteDialect>("SELECT COUNT(*) AS n FROM t")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(n.int("n").unwrap(), 1);
+    conn.run_durable("COMMIT").await.unwrap();
+}
+
+/// Past a quarter of `checkpoint_pages` the checkpointer moves the
+/// WAL into the file (the writer's commits don't).
+#[tokio::test]
+async fn the_checkpointer_moves_the_wal_into_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = WriterOptions {
+        path: dir.path().join("ledger.db"),
+        synchronous: "FULL",
+        busy_timeout: Duration::from_secs(1),
+        cache_kib: 1024,
+        checkpoint_pages: 1000,
+    };
+    let mut conn = Conn::writer(&options).await.unwrap();
+    conn.begin("BEGIN IMMEDIATE; CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)")
+        .await
+        .unwrap();
+    conn.run_durable("COMMIT").await.unwrap();
+    // 16 KiB a commit, until the WAL is past 250 pages: one commit
+    // wakes the checkpointer, once.
+    let wal = dir.path().join("ledger.db-wal");
+    let mut id = 0_i64;
+    while std::fs::metadata(&wal).unwrap().len() < 250 * 4096 {
+        conn.begin("BEGIN IMMEDIATE").await.unwrap();
+        sql::<SqliteDialect>("INSERT INTO t (id, body) VALUES (?, zeroblob(16384))")
+            .bind(id)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        conn.run_durable("COMMIT").await.unwrap();
+        id += 1;
+    }
+    let Conn::Writer {
+        checkpointer: Some(c),
+        ..
+    } = &conn
+    else {
+        panic!("no checkpointer: {conn:?}");
+    };
+    assert!(c.wait_for(1, Duration::from_secs(10)), "no checkpoint ran");
+    // What the WAL held is in the file now: a copy of the file alone,
+    // without its WAL, has the table and every row.
+    let copy = dir.path().join("copy.db");
+    std::fs::copy(&options.path, &copy).unwrap();
+    let probe = rusqlite::Connection::open(&copy).unwrap();
+    let n: i64 = probe
+        .query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, id);
+}
+
+/// At `checkpoint_pages` the writer checkpoints inside its commit and
+/// the WAL starts over at the next write: it never grows much past it.
+#[tokio::test]
+async fn the_wal_starts_over_at_checkpoint_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = WriterOptions {
+        path: dir.path().join("ledger.db"),
+        synchronous: "NORMAL",
+        busy_timeout: Duration::from_secs(1),
+        cache_kib: 1024,
+        checkpoint_pages: 40,
+    };
+    let mut conn = Conn::writer(&options).await.unwrap();
+    conn.begin("BEGIN IMMEDIATE; CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)")
+        .await
+        .unwrap();
+    conn.run_durable("COMMIT").await.unwrap();
+    let mut largest = 0;
+    for id in 0..100_i64 {
+        conn.begin("BEGIN IMMEDIATE").await.unwrap();
+        sql::<SqliteDialect>("INSERT INTO t (id, body) VALUES (?, zeroblob(16384))")
+            .bind(id)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        conn.run_durable("COMMIT").await.unwrap();
+        let wal = std::fs::metadata(dir.path().join("ledger.db-wal"))
+            .unwrap()
+            .len();
+        largest = largest.max(wal);
+    }
+    // 100 commits of 5 pages or more: 500 pages written. The WAL passes
+    // 40 pages while a pass of the checkpointer holds the writer's own
+    // checkpoint back (how far depends on the machine's load), but it
+    // starts over: it never holds what was written.
+    assert!(largest < 400 * 4_096, "the WAL grew to {largest} bytes");
+}
