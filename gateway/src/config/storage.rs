@@ -77,7 +77,7 @@ pub struct StorageSpec {
     /// cache_size`): the pages of the tables and indexes that writes
     /// touch. Keys arrive in no order, so the indexes on them are written
     /// all over; a page not in this cache is read from the file again.
-    /// Default 33554432 (32 MiB); 0: SQLite's smallest.
+    /// Default 2097152 (2 MiB, SQLite's own); 0: SQLite's smallest.
     pub page_cache_bytes: u64,
     /// SQLite: WAL pages (4 KiB each) past which a checkpoint moves them
     /// into the ledger file, on a thread and connection of its own (a
@@ -189,7 +189,7 @@ impl Default for StorageSpec {
             write_connections: 4,
             write_batch_bytes: 16 << 20,
             replay_cache_bytes: 64 << 20,
-            page_cache_bytes: 32 << 20,
+            page_cache_bytes: 2 << 20,
             wal_checkpoint_pages: 1000,
         }
     }

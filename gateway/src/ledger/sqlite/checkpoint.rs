@@ -20,7 +20,7 @@ use super::conn::WriterOptions;
 
 /// The part of [`WriterOptions::checkpoint_pages`] past which the
 /// checkpointer thread runs (1/4).
-pub(super) const BACKGROUND_CHECKPOINT_DIVISOR: u32 = 4;
+const BACKGROUND_CHECKPOINT_DIVISOR: u32 = 4;
 
 thread_local! {
     /// The WAL's size in pages after the last commit on this thread (the
@@ -44,6 +44,9 @@ pub(super) fn note_wal(_: &rusqlite::hooks::Wal, pages: std::ffi::c_int) -> rusq
 pub(in crate::ledger) struct Checkpointer {
     /// Wakes it (a wake-up already pending is enough).
     wake: SyncSender<()>,
+    /// The WAL's size in pages when it was last woken (0: not since the
+    /// WAL started over).
+    woken_at: u32,
     /// Checkpoints it ran, and the condition a test waits on.
     #[cfg(test)]
     done: Arc<(Mutex<u64>, Condvar)>,
@@ -88,13 +91,27 @@ impl Checkpointer {
             .ok()?;
         Some(Self {
             wake,
+            woken_at: 0,
             #[cfg(test)]
             done,
         })
     }
 
-    /// Asks for a checkpoint. Returns `false` when the thread is gone.
-    pub(super) fn wake(&self) -> bool {
+    /// Notes a commit that left the WAL at `pages` (the writer
+    /// checkpoints itself at `limit`, `storage.wal_checkpoint_pages`): the
+    /// thread is woken each time the WAL has grown by a quarter of `limit`
+    /// since it was last woken, not on every commit (each pass ends in an
+    /// fsync of the file). Returns `false` when the thread is gone.
+    pub(super) fn committed(&mut self, pages: u32, limit: u32) -> bool {
+        if pages < self.woken_at {
+            // The WAL started over.
+            self.woken_at = 0;
+        }
+        let step = (limit / BACKGROUND_CHECKPOINT_DIVISOR).max(1);
+        if pages >= limit || pages < self.woken_at.saturating_add(step) {
+            return true;
+        }
+        self.woken_at = pages;
         !matches!(self.wake.try_send(()), Err(TrySendError::Disconnected(_)))
     }
 

@@ -21,7 +21,7 @@ use rusqlite::types::Value;
 
 use super::super::dialect::{Arg, Stmt};
 use super::SqliteDialect;
-use super::checkpoint::{self, BACKGROUND_CHECKPOINT_DIVISOR, Checkpointer, WAL_PAGES, note_wal};
+use super::checkpoint::{self, Checkpointer, WAL_PAGES, note_wal};
 use super::row::{Row, db_error};
 
 /// Prepared statements the writer's connection keeps (the ledger's write
@@ -159,10 +159,8 @@ impl Conn {
                 .map_err(|e| {
                     sqlx::Error::Protocol(format!("the ledger's writer thread failed: {e}"))
                 })?;
-                if pages >= (*checkpoint_pages / BACKGROUND_CHECKPOINT_DIVISOR).max(1)
-                    && pages < *checkpoint_pages
-                    && let Some(c) = checkpointer
-                    && !c.wake()
+                if let Some(c) = checkpointer
+                    && !c.committed(pages, *checkpoint_pages)
                 {
                     // The thread is gone: SQLite checkpoints in the commits
                     // again (the pragma puts its own hook back).
