@@ -379,6 +379,76 @@ async fn retention_runs_from_the_terminal_transition_and_never_drops_dead_letter
     }
 }
 
+/// `tenant_counts` counts each tenant's UNKNOWN operations and dead
+/// letters, with the last change of the oldest of each; other states
+/// and tenants with neither are left out.
+async fn tenant_counts_are_unknown_operations_and_dead_letters_per_tenant(l: Ledger) {
+    ended(&l, "u1", outcome(State::Unknown, "lost")).await;
+    l.shift_clock(1_000).await.unwrap();
+    ended(&l, "u2", outcome(State::Unknown, "lost")).await;
+    ended(&l, "d1", dead_letter()).await;
+    ended(&l, "c", outcome(State::Completed, "ok")).await;
+    let other = |id: &str| NewOperation {
+        tenant_id: "t2".into(),
+        ..new_op(id)
+    };
+    for (id, o) in [
+        ("d2", dead_letter()),
+        ("c2", outcome(State::Completed, "ok")),
+    ] {
+        let Reservation::Created(op) = l.reserve(&other(id)).await.unwrap() else {
+            panic!("{id} is new");
+        };
+        let c = l
+            .claim(("t2", id), State::Reserved, op.version, "A", 60_000, "x")
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            l.record_outcome("t2", id, c.fence, State::Executing, "A", &o)
+                .await
+                .unwrap()
+        );
+    }
+    l.reserve(&NewOperation {
+        tenant_id: "t3".into(),
+        ..new_op("r")
+    })
+    .await
+    .unwrap();
+    let changed = |tenant: &'static str, id: &'static str| {
+        let l = &l;
+        async move { l.get(tenant, id).await.unwrap().unwrap().updated_at }
+    };
+    let counts = l.tenant_counts().await.unwrap();
+    let got: Vec<_> = counts
+        .iter()
+        .map(|c| {
+            (
+                c.tenant.as_str(),
+                c.unknown,
+                c.oldest_unknown_at,
+                c.dead_letters,
+                c.oldest_dead_letter_at,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                "t",
+                2,
+                Some(changed("t", "u1").await),
+                1,
+                Some(changed("t", "d1").await)
+            ),
+            ("t2", 0, None, 1, Some(changed("t2", "d2").await)),
+        ]
+    );
+    assert!(changed("t", "u1").await < changed("t", "u2").await);
+}
+
 fn awaiting(id: &str, approval: &str, ttl_ms: i64) -> NewOperation {
     NewOperation {
         awaiting_approval: true,
@@ -1066,4 +1136,5 @@ conformance!(
     outbox_claims_are_fair_between_tenants,
     scans_of_two_instances_never_hand_out_the_same_operation,
     the_sweeper_deletes_expired_terminal_operations_in_batches_only,
+    tenant_counts_are_unknown_operations_and_dead_letters_per_tenant,
 );

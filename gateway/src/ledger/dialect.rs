@@ -57,6 +57,14 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
     const SKIP_LOCKED: &'static str;
     /// What opens a write batch's transaction.
     const BEGIN: &'static str;
+    /// Follows `FROM operations` in the retention sweep's scan so that it
+    /// reads the partial index of terminal rows by last change
+    /// (`operations_terminal_by_change`), not every row of a state.
+    /// SQLite: `INDEXED BY` it (without statistics its planner picks
+    /// `operations_by_state`, and then reads every terminal row each pass;
+    /// a statement that can't use the index fails instead); PostgreSQL:
+    /// empty (its planner chooses by cost).
+    const TERMINAL_BY_CHANGE: &'static str;
 
     /// Whether [`Dialect::with_transition`]'s text binds the row's tenant
     /// and operation id once more, after the transition's values.
@@ -78,6 +86,16 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
 
     /// A connection of the read pool `pool`.
     fn acquire(pool: &Pool<Self>) -> impl Future<Output = Result<Self::Conn, sqlx::Error>> + Send;
+
+    /// What point reads (one operation by its key) take their connections
+    /// from (SQLite: [`super::sqlite::PointReaders`], on the calling
+    /// thread; PostgreSQL: the shared pool).
+    type PointSource: Clone + fmt::Debug + Send + Sync + 'static;
+
+    /// A connection for a point read, from `source`.
+    fn acquire_point(
+        source: &Self::PointSource,
+    ) -> impl Future<Output = Result<Self::Conn, sqlx::Error>> + Send;
 
     /// A new connection for the writer, from `source`.
     fn connect_writer(
@@ -259,6 +277,7 @@ pub(super) const TRANSITION_COLUMNS: &str =
 
 /// A statement being bound, for dialect `D`: its text (as the backend
 /// takes it, [`Dialect::q`]) and its values so far, in placeholder order.
+#[derive(Clone)]
 pub(super) struct Stmt<D: Dialect> {
     /// The text.
     pub(super) text: &'static str,

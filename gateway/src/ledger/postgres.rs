@@ -57,6 +57,7 @@ impl Dialect for PgDialect {
     const ROW_ORDER: &'static str = "seq";
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
     const BEGIN: &'static str = "BEGIN";
+    const TERMINAL_BY_CHANGE: &'static str = "";
 
     const TRANSITION_NAMES_THE_ROW: bool = false;
 
@@ -76,6 +77,12 @@ impl Dialect for PgDialect {
     }
 
     async fn acquire(pool: &Pool<Self>) -> Result<Self::Conn, sqlx::Error> {
+        pool.acquire().await
+    }
+
+    type PointSource = Pool<Self>;
+
+    async fn acquire_point(pool: &Pool<Self>) -> Result<Self::Conn, sqlx::Error> {
         pool.acquire().await
     }
 
@@ -231,7 +238,14 @@ impl Store<PgDialect> {
             .connect_with(opts)
             .await?;
         MIGRATOR.run(&pool).await?;
-        let store = Self::new(pool.clone(), pool.clone(), pool, clock, s.batch);
+        let store = Self::new(
+            pool.clone(),
+            pool.clone(),
+            pool.clone(),
+            pool,
+            clock,
+            s.batch,
+        );
         store.now().await?;
         Ok(store)
     }

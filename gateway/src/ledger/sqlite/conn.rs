@@ -1,5 +1,13 @@
 //! The connections SQLite statements run on: a read pool's (through sqlx,
-//! whose connection thread runs each statement) and the writer's own.
+//! whose connection thread runs each statement), the point readers' and
+//! the writer's own.
+//!
+//! A point read (one operation by its key: a duplicate's check, the
+//! replay cache's version check) runs on the calling thread too, on a
+//! connection of [`PointReaders`]: in WAL mode a read never waits for the
+//! writer, and the hand-off to sqlx's connection thread and back cost
+//! more than the read. Should another process hold the file (a lock only
+//! its WAL recovery takes), the read waits for it on a blocking thread.
 //!
 //! The writer's connection runs a write's statements on the calling
 //! thread, without a hand-off to a connection thread per statement: the
@@ -67,10 +75,130 @@ impl WriterOptions {
     }
 }
 
+/// Prepared statements a point reader keeps (two texts are all it runs).
+const POINT_STATEMENTS: usize = 8;
+
+/// The connections point reads run on, on the calling thread: idle ones
+/// are kept (at most `storage.max_read_connections`), more are opened when
+/// every one is in use. A point read holds its connection without
+/// awaiting, so there are about as many in use as the runtime has threads.
+#[derive(Debug)]
+pub(in crate::ledger) struct PointReaders {
+    /// The file and its settings (the busy timeout is the one a read
+    /// waits on another process's lock with, off the runtime's threads).
+    options: WriterOptions,
+    /// Idle connections.
+    idle: std::sync::Mutex<Vec<rusqlite::Connection>>,
+    /// Most idle connections kept.
+    keep: usize,
+}
+
+impl PointReaders {
+    /// Point readers of the file `options` names, keeping up to `keep`
+    /// idle connections.
+    pub(in crate::ledger) fn new(options: WriterOptions, keep: usize) -> Arc<Self> {
+        Arc::new(Self {
+            options,
+            idle: std::sync::Mutex::new(Vec::new()),
+            keep: keep.max(1),
+        })
+    }
+
+    /// An idle connection, or a new one (opened on a blocking thread):
+    /// read-only (`query_only`), never waiting for a lock on the calling
+    /// thread (a zero busy timeout).
+    ///
+    /// Errors: the file can't be opened.
+    pub(in crate::ledger) async fn acquire(self: &Arc<Self>) -> Result<Conn, sqlx::Error> {
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let conn = match idle {
+            Some(c) => c,
+            None => {
+                let path = self.options.path.clone();
+                tokio::task::spawn_blocking(move || {
+                    let conn = rusqlite::Connection::open(&path).map_err(db_error)?;
+                    conn.execute_batch("PRAGMA query_only = ON; PRAGMA foreign_keys = ON;")
+                        .map_err(db_error)?;
+                    conn.busy_timeout(Duration::ZERO).map_err(db_error)?;
+                    conn.set_prepared_statement_cache_capacity(POINT_STATEMENTS);
+                    Ok::<_, sqlx::Error>(conn)
+                })
+                .await
+                .map_err(|e| {
+                    sqlx::Error::Protocol(format!("opening a ledger point reader failed: {e}"))
+                })??
+            }
+        };
+        Ok(Conn::Point(PointConn {
+            conn: Some(conn),
+            home: self.clone(),
+        }))
+    }
+}
+
+/// A point reader's connection, given back to its [`PointReaders`] when
+/// dropped.
+pub(in crate::ledger) struct PointConn {
+    /// `None` while a read waits on a blocking thread (a caller dropped
+    /// then loses it: a new one is opened next time).
+    conn: Option<rusqlite::Connection>,
+    home: Arc<PointReaders>,
+}
+
+impl Drop for PointConn {
+    fn drop(&mut self) {
+        if let Some(c) = self.conn.take() {
+            let mut idle = self.home.idle.lock().unwrap_or_else(|e| e.into_inner());
+            if idle.len() < self.home.keep {
+                idle.push(c);
+            }
+        }
+    }
+}
+
+impl PointConn {
+    /// Runs `stmt` on the calling thread; if another process holds a lock
+    /// it needs, once more on a blocking thread, waiting up to the busy
+    /// timeout.
+    async fn run(&mut self, stmt: Stmt<SqliteDialect>) -> Result<(Vec<Row>, u64), sqlx::Error> {
+        let conn = self.conn.as_ref().ok_or_else(lost)?;
+        let again = stmt.clone();
+        match Conn::run(conn, stmt) {
+            Err(e) if busy(&e) => {}
+            done => return done,
+        }
+        let conn = self.conn.take().ok_or_else(lost)?;
+        let wait = self.home.options.busy_timeout;
+        let (conn, result) = tokio::task::spawn_blocking(move || {
+            let result = conn
+                .busy_timeout(wait)
+                .map_err(db_error)
+                .and_then(|()| Conn::run(&conn, again));
+            let reset = conn.busy_timeout(Duration::ZERO);
+            (reset.is_ok().then_some(conn), result)
+        })
+        .await
+        .map_err(|e| sqlx::Error::Protocol(format!("a ledger point read failed: {e}")))?;
+        self.conn = conn;
+        result
+    }
+}
+
+/// Whether `e` is SQLite's "database is locked" (`SQLITE_BUSY`, any
+/// extended code).
+fn busy(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .and_then(|c| c.parse::<i32>().ok())
+        .is_some_and(|c| c & 0xff == rusqlite::ffi::SQLITE_BUSY)
+}
+
 /// A connection SQLite statements run on.
 pub(in crate::ledger) enum Conn {
     /// One of the read pool's, through sqlx.
     Pooled(sqlx::pool::PoolConnection<sqlx::Sqlite>),
+    /// A point reader's: statements run on the calling thread.
+    Point(PointConn),
     /// The writer's: statements run on the calling thread.
     Writer {
         /// The connection; `None` while [`Conn::run_durable`] has it on a
@@ -90,6 +218,7 @@ impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Conn::Pooled(_) => f.write_str("Conn::Pooled"),
+            Conn::Point(_) => f.write_str("Conn::Point"),
             Conn::Writer { conn, .. } => write!(f, "Conn::Writer(open: {})", conn.is_some()),
         }
     }
@@ -134,6 +263,7 @@ impl Conn {
                 sqlx::raw_sql(text).execute(&mut **c).await?;
                 Ok(())
             }
+            Conn::Point(c) => c.run(super::super::dialect::sql(text)).await.map(drop),
             Conn::Writer {
                 conn: slot,
                 checkpointer,
@@ -265,6 +395,7 @@ impl Conn {
                 let rows = super::query(stmt).fetch_all(&mut **c).await?;
                 Ok((rows.into_iter().map(Row::Sqlx).collect(), 0))
             }
+            Conn::Point(c) => c.run(stmt).await,
             Conn::Writer { conn, .. } => Self::run(conn.as_ref().ok_or_else(lost)?, stmt),
         }
     }
@@ -276,7 +407,7 @@ impl Conn {
     ) -> Result<u64, sqlx::Error> {
         match self {
             Conn::Pooled(c) => Ok(super::query(stmt).execute(&mut **c).await?.rows_affected()),
-            Conn::Writer { .. } => Ok(self.all(stmt).await?.1),
+            Conn::Point(_) | Conn::Writer { .. } => Ok(self.all(stmt).await?.1),
         }
     }
 
@@ -290,7 +421,7 @@ impl Conn {
                 .fetch_optional(&mut **c)
                 .await?
                 .map(Row::Sqlx)),
-            Conn::Writer { .. } => Ok(self.all(stmt).await?.0.into_iter().next()),
+            Conn::Point(_) | Conn::Writer { .. } => Ok(self.all(stmt).await?.0.into_iter().next()),
         }
     }
 

@@ -23,7 +23,7 @@ mod row;
 #[cfg(test)]
 mod tests;
 
-pub(super) use conn::{Conn, WriterOptions};
+pub(super) use conn::{Conn, PointReaders, WriterOptions};
 pub(super) use row::Row;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -58,6 +58,7 @@ impl Dialect for SqliteDialect {
     /// Takes the write lock up front (another process holding it is waited
     /// for `busy_timeout_ms`), so no statement of the batch has to upgrade.
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
+    const TERMINAL_BY_CHANGE: &'static str = " INDEXED BY operations_terminal_by_change";
 
     const TRANSITION_NAMES_THE_ROW: bool = true;
 
@@ -88,6 +89,12 @@ impl Dialect for SqliteDialect {
 
     async fn acquire(pool: &Pool<Self>) -> Result<Conn, sqlx::Error> {
         Ok(Conn::Pooled(pool.acquire().await?))
+    }
+
+    type PointSource = Arc<PointReaders>;
+
+    async fn acquire_point(source: &Arc<PointReaders>) -> Result<Conn, sqlx::Error> {
+        source.acquire().await
     }
 
     async fn connect_writer(options: &WriterOptions) -> Result<Conn, sqlx::Error> {
@@ -197,10 +204,12 @@ impl Store<SqliteDialect> {
             cache_kib: storage.page_cache_bytes / 1024,
             checkpoint_pages: storage.wal_checkpoint_pages,
         };
+        let point = PointReaders::new(writer.clone(), storage.max_read_connections as usize);
         Ok(Self::new(
             read.clone(),
             writer,
             read,
+            point,
             clock,
             batch_limits(storage),
         ))

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::SqliteDialect;
-use super::conn::{Conn, WriterOptions};
+use super::conn::{Conn, PointReaders, WriterOptions};
 use crate::ledger::dialect::{LedgerRow, sql};
 
 fn memory() -> Conn {
@@ -258,4 +258,104 @@ async fn the_wal_starts_over_at_checkpoint_pages() {
     // checkpoint back (how far depends on the machine's load), but it
     // starts over: it never holds what was written.
     assert!(largest < 400 * 4_096, "the WAL grew to {largest} bytes");
+}
+
+/// A point read (on the calling thread) sees what the writer committed,
+/// not what it has not, and can't write.
+#[tokio::test]
+async fn a_point_read_sees_commits_only_and_cannot_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = WriterOptions {
+        path: dir.path().join("ledger.db"),
+        synchronous: "FULL",
+        busy_timeout: Duration::from_secs(10),
+        cache_kib: 1024,
+        checkpoint_pages: 1000,
+    };
+    let mut writer = Conn::writer(&options).await.unwrap();
+    writer
+        .begin("BEGIN IMMEDIATE; CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT)")
+        .await
+        .unwrap();
+    writer.run_durable("COMMIT").await.unwrap();
+    let readers = PointReaders::new(options.clone(), 2);
+    writer.begin("BEGIN IMMEDIATE").await.unwrap();
+    sql::<SqliteDialect>("INSERT INTO t (id, name) VALUES (1, 'one')")
+        .execute(&mut writer)
+        .await
+        .unwrap();
+    assert_eq!(
+        point_read(&readers, 1).await.unwrap(),
+        None,
+        "not committed yet"
+    );
+    writer.run_durable("COMMIT").await.unwrap();
+    assert_eq!(
+        point_read(&readers, 1).await.unwrap().as_deref(),
+        Some("one")
+    );
+    let mut conn = readers.acquire().await.unwrap();
+    let refused = sql::<SqliteDialect>("DELETE FROM t")
+        .execute(&mut conn)
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("readonly"), "{refused}");
+}
+
+/// `name` of row `id` of `t`, read by a point reader of `readers`.
+async fn point_read(
+    readers: &std::sync::Arc<PointReaders>,
+    id: i64,
+) -> Result<Option<String>, sqlx::Error> {
+    let mut conn = readers.acquire().await?;
+    sql::<SqliteDialect>("SELECT name FROM t WHERE id = ?")
+        .bind(id)
+        .fetch_optional(&mut conn)
+        .await
+        .map(|r| r.map(|r| r.text("name").unwrap()))
+}
+
+/// While another process holds the file locked (`locking_mode =
+/// EXCLUSIVE`), a point read does not block the calling thread: its first
+/// poll is pending (the wait went to a blocking thread), and it answers
+/// once the lock is gone; its connection goes back to the readers.
+#[tokio::test]
+async fn a_point_read_waits_out_another_process_off_the_calling_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = WriterOptions {
+        path: dir.path().join("ledger.db"),
+        synchronous: "FULL",
+        busy_timeout: Duration::from_secs(10),
+        cache_kib: 1024,
+        checkpoint_pages: 1000,
+    };
+    rusqlite::Connection::open(&options.path)
+        .unwrap()
+        .execute_batch(
+            "PRAGMA journal_mode = WAL; CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT); \
+             INSERT INTO t VALUES (1, 'one')",
+        )
+        .unwrap();
+    // The lock needs the file to itself.
+    let other = rusqlite::Connection::open(&options.path).unwrap();
+    other
+        .execute_batch(
+            "PRAGMA locking_mode = EXCLUSIVE; BEGIN EXCLUSIVE; UPDATE t SET name = 'uno'; COMMIT",
+        )
+        .unwrap();
+    let readers = PointReaders::new(options.clone(), 2);
+    // One idle connection (opening one reads nothing).
+    drop(readers.acquire().await.unwrap());
+    let mut waiting = std::pin::pin!(point_read(&readers, 1));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(
+        std::future::Future::poll(waiting.as_mut(), &mut cx).is_pending(),
+        "the read waits for the lock, off the calling thread"
+    );
+    drop(other);
+    assert_eq!(waiting.await.unwrap().as_deref(), Some("uno"));
+    assert_eq!(
+        point_read(&readers, 1).await.unwrap().as_deref(),
+        Some("uno")
+    );
 }

@@ -10,7 +10,7 @@ use super::super::compensation::{CompensationLink, CompensationReservation, NewC
 use super::super::dialect::{Conn, Dialect, LedgerRow, clean, sql};
 use super::super::{LedgerError, NewOperation};
 use super::reads::fetch_op;
-use super::writes::{forget_history, insert_decisions};
+use super::writes::{DecisionsFor, forget_history, insert_decisions};
 use super::{Store, TERMINAL};
 use crate::config::compensated_id;
 
@@ -101,7 +101,15 @@ impl<D: Dialect> Store<D> {
                     .unwrap_or_default();
                 command::apply::<D, _>(&mut tx, &AwaitApproval { new, reason }, now).await?;
             }
-            insert_decisions::<D>(&mut tx, child, &new.fingerprint, &new.decisions, now).await?;
+            insert_decisions::<D>(
+                &mut tx,
+                child,
+                &new.fingerprint,
+                &new.decisions,
+                DecisionsFor::Reservation,
+                now,
+            )
+            .await?;
             if new.awaiting_approval
                 && let Some(a) = &new.approval
             {

@@ -8,6 +8,8 @@ mod compensation;
 mod events;
 mod inbox;
 mod outbox;
+#[cfg(test)]
+mod plans;
 mod reads;
 mod reconcile;
 mod writer;
@@ -41,6 +43,8 @@ pub(super) struct Store<D: Dialect> {
     write: Pool<D>,
     /// Reads (PostgreSQL: the same pool).
     read: Pool<D>,
+    /// Point reads (SQLite: on the calling thread; PostgreSQL: the pool).
+    point: D::PointSource,
     /// The ledger's clock (PostgreSQL: follows the database clock).
     pub(super) clock: Arc<LedgerClock>,
     stale_fence_rejections: Arc<AtomicU64>,
@@ -54,6 +58,7 @@ impl<D: Dialect> Clone for Store<D> {
             writer: self.writer.clone(),
             write: self.write.clone(),
             read: self.read.clone(),
+            point: self.point.clone(),
             clock: self.clock.clone(),
             stale_fence_rejections: self.stale_fence_rejections.clone(),
             subscriptions: self.subscriptions.clone(),
@@ -74,14 +79,15 @@ impl<D: Dialect> fmt::Debug for Store<D> {
 
 impl<D: Dialect> Store<D> {
     /// A store writing through a group-commit writer on connections from
-    /// `source` (batches bounded by `limits`), reading through `read` and
-    /// the database clock through `write` (they may be the same pool),
-    /// stamping rows with `clock`. Must be called inside a Tokio runtime
+    /// `source` (batches bounded by `limits`), reading through `read`
+    /// (point reads through `point`) and the database clock through
+    /// `write` (they may be the same pool), stamping rows with `clock`. Must be called inside a Tokio runtime
     /// (the writer's committer task).
     pub(super) fn new(
         write: Pool<D>,
         source: D::WriteSource,
         read: Pool<D>,
+        point: D::PointSource,
         clock: Arc<LedgerClock>,
         limits: BatchLimits,
     ) -> Self {
@@ -89,6 +95,7 @@ impl<D: Dialect> Store<D> {
             writer: Writer::new(source, limits),
             write,
             read,
+            point,
             clock,
             stale_fence_rejections: Arc::new(AtomicU64::new(0)),
             subscriptions: Arc::default(),

@@ -15,6 +15,57 @@ pub(super) const OP_COLUMNS: &str = "tenant_id, operation_id, route, method, pat
      reconcile_attempts, next_reconcile_at, dead_letter, dead_letter_reason, operator_check, provider_reference, \
      requeues, settle_until, retention_ms, trace_context";
 
+/// The condition of the partial index `operations_terminal_by_change`,
+/// word for word as its migration (0007) spells it: a query names it so
+/// for the index to be usable at all (neither planner proves a bound
+/// `state IN (?, ?, ?)` implies it). Built from [`State::as_str`].
+pub(super) fn terminal_rows() -> &'static str {
+    static TEXT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let states: Vec<String> = TERMINAL
+            .iter()
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect();
+        format!("state IN ({}) AND NOT dead_letter", states.join(", "))
+    });
+    &TEXT
+}
+
+/// The retention sweep's scan: marks (`scan_owner = ?1`) up to `?4`
+/// terminal operations, not dead letters, that changed last at or before
+/// `?2` (now less the shortest retention, ms since epoch) and whose own
+/// retention ended by `?3` (now), oldest first, reading only the partial
+/// index of such rows ([`Dialect::TERMINAL_BY_CHANGE`]).
+pub(super) fn sweep_mark<D: Dialect>() -> String {
+    format!(
+        "UPDATE operations SET scan_owner = ? WHERE (tenant_id, operation_id) IN ( \
+         SELECT tenant_id, operation_id FROM operations{} \
+         WHERE {} AND updated_at <= ? AND updated_at + retention_ms <= ? \
+         ORDER BY updated_at LIMIT ?{})",
+        D::TERMINAL_BY_CHANGE,
+        terminal_rows(),
+        D::SKIP_LOCKED
+    )
+}
+
+/// The retention sweep's first statement: deletes up to `?2` decisions of
+/// calls refused before reservation (`unreserved`, read through the
+/// partial index `policy_decisions_unreserved`) recorded at or before `?1`
+/// (ms since epoch) whose key names no operation.
+pub(super) const SWEEP_UNRESERVED_DECISIONS: &str = "DELETE FROM policy_decisions WHERE seq IN (\
+     SELECT d.seq FROM policy_decisions d WHERE d.unreserved AND d.at <= ? \
+     AND NOT EXISTS (SELECT 1 FROM operations o \
+     WHERE o.tenant_id = d.tenant_id AND o.operation_id = d.operation_id) LIMIT ?)";
+
+/// UNKNOWN operations per tenant (`?`: UNKNOWN), with the oldest last
+/// change: read from `operations_by_state` alone.
+pub(super) const COUNT_UNKNOWN: &str = "SELECT tenant_id, COUNT(*) AS n, MIN(updated_at) AS oldest \
+     FROM operations WHERE state = ? GROUP BY tenant_id";
+
+/// Dead letters per tenant, with the oldest last change: read from the
+/// partial index `operations_dead_letters` alone.
+pub(super) const COUNT_DEAD_LETTERS: &str = "SELECT tenant_id, COUNT(*) AS n, MIN(updated_at) AS oldest \
+     FROM operations WHERE dead_letter GROUP BY tenant_id";
+
 impl<D: Dialect> Store<D> {
     /// See [`crate::ledger::Ledger::ping`].
     pub(crate) async fn ping(&self) -> Result<(), LedgerError> {
@@ -44,7 +95,7 @@ impl<D: Dialect> Store<D> {
         tenant: &str,
         operation_id: &str,
     ) -> Result<Option<Operation>, LedgerError> {
-        let mut conn = D::acquire(&self.read).await?;
+        let mut conn = D::acquire_point(&self.point).await?;
         Ok(fetch_op::<D>(&mut conn, tenant, operation_id).await?)
     }
 
@@ -55,7 +106,7 @@ impl<D: Dialect> Store<D> {
         tenant: &str,
         operation_id: &str,
     ) -> Result<Option<(i64, i64)>, LedgerError> {
-        let mut conn = D::acquire(&self.read).await?;
+        let mut conn = D::acquire_point(&self.point).await?;
         let row = sql::<D>(
             "SELECT version, updated_at FROM operations WHERE tenant_id = ? AND operation_id = ?",
         )
@@ -228,34 +279,22 @@ impl<D: Dialect> Store<D> {
         let (mut tx, now) = self.begin().await?;
         // Decisions recorded for calls refused before reservation have no
         // operation; they go after the shortest key retention.
-        sql::<D>(
-            "DELETE FROM policy_decisions WHERE seq IN (SELECT d.seq FROM policy_decisions d \
-             WHERE d.at <= ? AND NOT EXISTS (SELECT 1 FROM operations o \
-             WHERE o.tenant_id = d.tenant_id AND o.operation_id = d.operation_id) LIMIT ?)",
-        )
-        .bind(now.saturating_sub(min_retention_ms.max(0)))
-        .bind(i64::from(batch))
-        .execute(&mut tx)
-        .await?;
+        sql::<D>(SWEEP_UNRESERVED_DECISIONS)
+            .bind(now.saturating_sub(min_retention_ms.max(0)))
+            .bind(i64::from(batch))
+            .execute(&mut tx)
+            .await?;
         // Mark the batch (rows another sweeper or a reservation holds are
         // skipped), delete the marked rows' history, then the rows: six
         // statements per batch, in one transaction, whatever its size.
         let token = format!("sweep:{}", hex::encode(rand::random::<[u8; 8]>()));
-        let marked = sql::<D>(&format!(
-            "UPDATE operations SET scan_owner = ? WHERE (tenant_id, operation_id) IN ( \
-             SELECT tenant_id, operation_id FROM operations \
-             WHERE state IN (?, ?, ?) AND NOT dead_letter \
-             AND updated_at <= ? AND updated_at + retention_ms <= ? \
-             ORDER BY updated_at LIMIT ?{})",
-            D::SKIP_LOCKED
-        ))
-        .bind(&token)
-        .bind_states(&TERMINAL)
-        .bind(now.saturating_sub(min_retention_ms.max(0)))
-        .bind(now)
-        .bind(i64::from(batch))
-        .execute(&mut tx)
-        .await?;
+        let marked = sql::<D>(&sweep_mark::<D>())
+            .bind(&token)
+            .bind(now.saturating_sub(min_retention_ms.max(0)))
+            .bind(now)
+            .bind(i64::from(batch))
+            .execute(&mut tx)
+            .await?;
         if marked == 0 {
             tx.commit().await?;
             return Ok(0);
@@ -304,28 +343,39 @@ impl<D: Dialect> Store<D> {
             .map_err(Into::into)
     }
 
-    /// See [`crate::ledger::Ledger::tenant_counts`].
+    /// See [`crate::ledger::Ledger::tenant_counts`]. Two reads, each of
+    /// an index that holds just the rows it counts (UNKNOWN ones in
+    /// `operations_by_state`, dead letters in the partial
+    /// `operations_dead_letters`), not a pass over every operation.
     pub(crate) async fn tenant_counts(&self) -> Result<Vec<TenantCounts>, LedgerError> {
         let mut conn = D::acquire(&self.read).await?;
-        let rows = sql::<D>("SELECT tenant_id, COUNT(*) FILTER (WHERE state = ?1) AS unknown, COUNT(*) FILTER (WHERE dead_letter) AS dead, \
-             MIN(CASE WHEN dead_letter THEN updated_at END) AS oldest, \
-             MIN(CASE WHEN state = ?1 THEN updated_at END) AS oldest_unknown \
-             FROM operations WHERE state = ?1 OR dead_letter GROUP BY tenant_id")
-        .bind(State::Unknown)
-        .fetch_all(&mut conn)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(TenantCounts {
-                    tenant: r.get("tenant_id")?,
-                    unknown: r.get("unknown")?,
-                    dead_letters: r.get("dead")?,
-                    oldest_dead_letter_at: r.get("oldest")?,
-                    oldest_unknown_at: r.get("oldest_unknown")?,
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(Into::into)
+        let unknown = sql::<D>(COUNT_UNKNOWN)
+            .bind(State::Unknown)
+            .fetch_all(&mut conn)
+            .await?;
+        let dead = sql::<D>(COUNT_DEAD_LETTERS).fetch_all(&mut conn).await?;
+        let mut by_tenant = std::collections::BTreeMap::<String, TenantCounts>::new();
+        for (rows, is_dead) in [(unknown, false), (dead, true)] {
+            for r in &rows {
+                let tenant: String = r.get("tenant_id")?;
+                let (n, oldest): (i64, Option<i64>) = (r.get("n")?, r.get("oldest")?);
+                let c = by_tenant
+                    .entry(tenant.clone())
+                    .or_insert_with(|| TenantCounts {
+                        tenant,
+                        unknown: 0,
+                        dead_letters: 0,
+                        oldest_dead_letter_at: None,
+                        oldest_unknown_at: None,
+                    });
+                if is_dead {
+                    (c.dead_letters, c.oldest_dead_letter_at) = (n, oldest);
+                } else {
+                    (c.unknown, c.oldest_unknown_at) = (n, oldest);
+                }
+            }
+        }
+        Ok(by_tenant.into_values().collect())
     }
 
     /// See [`crate::ledger::Ledger::stored_bytes`].

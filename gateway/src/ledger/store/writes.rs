@@ -88,7 +88,15 @@ impl<D: Dialect> Store<D> {
                 command::apply::<D, _>(&mut tx, &AwaitApproval { new, reason }, now).await?;
             }
             let op = OpRef::new(&new.tenant_id, &new.operation_id);
-            insert_decisions::<D>(&mut tx, op, &new.fingerprint, &new.decisions, now).await?;
+            insert_decisions::<D>(
+                &mut tx,
+                op,
+                &new.fingerprint,
+                &new.decisions,
+                DecisionsFor::Reservation,
+                now,
+            )
+            .await?;
             if new.awaiting_approval
                 && let Some(a) = &new.approval
             {
@@ -223,7 +231,15 @@ impl<D: Dialect> Store<D> {
             return Ok(());
         }
         let (mut tx, now) = self.begin().await?;
-        insert_decisions::<D>(&mut tx, op, fingerprint, decisions, now).await?;
+        insert_decisions::<D>(
+            &mut tx,
+            op,
+            fingerprint,
+            decisions,
+            DecisionsFor::Refusal,
+            now,
+        )
+        .await?;
         tx.commit().await?;
         Ok(())
     }
@@ -282,17 +298,33 @@ pub(super) async fn record_outcome_on<D: Dialect>(
     Ok(Some((applied, row)))
 }
 
+/// What a call's policy decisions are recorded with: the operation's
+/// reservation, in the same transaction, or nothing, the call having been
+/// refused before it was reserved (`unreserved`: the sweeper's
+/// `policy_decisions_unreserved` index holds only those rows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum DecisionsFor {
+    /// The operation reserved in the same transaction.
+    Reservation,
+    /// A call refused before any operation was reserved for it.
+    Refusal,
+}
+
+/// Appends one `policy_decisions` row per decision of `op`'s request
+/// (`fingerprint`), recorded with `of`, at `at` (ms since epoch), on
+/// `conn`.
 pub(super) async fn insert_decisions<D: Dialect>(
     conn: &mut Conn<D>,
     op: OpRef<'_>,
     fingerprint: &str,
     decisions: &[DecisionRecord],
+    of: DecisionsFor,
     at: i64,
 ) -> Result<(), sqlx::Error> {
     for d in decisions {
         sql::<D>(
             "INSERT INTO policy_decisions (tenant_id, operation_id, fingerprint, policy, content_hash, decision, reason, \
-             duration_us, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             duration_us, at, unreserved) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(op.tenant)
         .bind(op.operation_id)
@@ -303,6 +335,7 @@ pub(super) async fn insert_decisions<D: Dialect>(
         .bind(d.reason.as_deref().map(clean))
         .bind(d.duration_us)
         .bind(at)
+        .bind(of == DecisionsFor::Refusal)
         .execute(conn)
         .await?;
     }
