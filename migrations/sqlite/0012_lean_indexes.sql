@@ -20,9 +20,12 @@ CREATE INDEX operations_by_reference ON operations (tenant_id, provider_referenc
 -- Decisions of a call that policies refused before it was reserved (or of
 -- a refused compensation) have no operation; the sweeper deletes them
 -- after the shortest key retention. Marked, and indexed by time, so that
--- its pass reads those rows only, not every decision kept.
-ALTER TABLE policy_decisions ADD COLUMN unreserved INTEGER NOT NULL DEFAULT 0;
-UPDATE policy_decisions SET unreserved = 1 WHERE NOT EXISTS (
+-- its pass reads those rows only, not every decision kept. The gateway
+-- sets the mark on every row it writes; the default marks those that a
+-- gateway of an earlier version, still running beside this one on a shared
+-- ledger, writes (the sweep keeps any row whose operation exists).
+ALTER TABLE policy_decisions ADD COLUMN unreserved INTEGER NOT NULL DEFAULT 1;
+UPDATE policy_decisions SET unreserved = 0 WHERE EXISTS (
     SELECT 1 FROM operations o
     WHERE o.tenant_id = policy_decisions.tenant_id AND o.operation_id = policy_decisions.operation_id);
 CREATE INDEX policy_decisions_unreserved ON policy_decisions (at) WHERE unreserved;

@@ -387,6 +387,8 @@ async fn tenant_counts_are_unknown_operations_and_dead_letters_per_tenant(l: Led
     l.shift_clock(1_000).await.unwrap();
     ended(&l, "u2", outcome(State::Unknown, "lost")).await;
     ended(&l, "d1", dead_letter()).await;
+    l.shift_clock(1_000).await.unwrap();
+    ended(&l, "d3", dead_letter()).await;
     ended(&l, "c", outcome(State::Completed, "ok")).await;
     let other = |id: &str| NewOperation {
         tenant_id: "t2".into(),
@@ -440,13 +442,14 @@ async fn tenant_counts_are_unknown_operations_and_dead_letters_per_tenant(l: Led
                 "t",
                 2,
                 Some(changed("t", "u1").await),
-                1,
+                2,
                 Some(changed("t", "d1").await)
             ),
             ("t2", 0, None, 1, Some(changed("t2", "d2").await)),
         ]
     );
     assert!(changed("t", "u1").await < changed("t", "u2").await);
+    assert!(changed("t", "d1").await < changed("t", "d3").await);
 }
 
 fn awaiting(id: &str, approval: &str, ttl_ms: i64) -> NewOperation {

@@ -158,6 +158,13 @@ impl ConfigFile {
                 return Err(ConfigError::new(field, "must be at least 1"));
             }
         }
+        // SQLite takes its busy timeout as a C int of milliseconds.
+        if storage.busy_timeout_ms > i32::MAX as u64 {
+            return Err(ConfigError::new(
+                "storage.busy_timeout_ms",
+                format!("must be at most {} (about 24 days)", i32::MAX),
+            ));
+        }
         if self.reconcile.outbox_max_attempts == 0 {
             return Err(ConfigError::new(
                 "reconcile.outbox_max_attempts",

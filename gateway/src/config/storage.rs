@@ -77,13 +77,16 @@ pub struct StorageSpec {
     /// cache_size`): the pages of the tables and indexes that writes
     /// touch. Keys arrive in no order, so the indexes on them are written
     /// all over; a page not in this cache is read from the file again.
-    /// Default 2097152 (2 MiB, SQLite's own); 0: SQLite's smallest.
+    /// The checkpointer's connection has one of the same size. Default
+    /// 2097152 (2 MiB; SQLite's own is 2,048,000), rounded down to KiB;
+    /// 0: SQLite's smallest.
     pub page_cache_bytes: u64,
-    /// SQLite: WAL pages (4 KiB each) past which a checkpoint moves them
-    /// into the ledger file, on a thread and connection of its own (a
-    /// `PASSIVE` checkpoint: the writer never waits for it); past 16 times
-    /// this the writer checkpoints inside its own commit, so the WAL stays
-    /// bounded. Default 1000 (SQLite's own); at least 1.
+    /// SQLite: WAL pages (4 KiB each) that bound the WAL. Each time it has
+    /// grown by another quarter of this, a `PASSIVE` checkpoint (the
+    /// writer never waits for it) moves what no reader needs into the
+    /// ledger file, on a thread and connection of its own; at this many
+    /// the writer checkpoints inside its own commit and the WAL starts
+    /// over. Default 1000 (SQLite's own); at least 1.
     pub wal_checkpoint_pages: u32,
 }
 

@@ -57,6 +57,12 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
     const SKIP_LOCKED: &'static str;
     /// What opens a write batch's transaction.
     const BEGIN: &'static str;
+    /// Whether a write's savepoint is released when the write ends (SQLite:
+    /// a release is no round trip there, and with savepoints nested n deep
+    /// SQLite checks, and copies the page for, every open one on each page
+    /// a statement changes) rather than left open until the batch's
+    /// `COMMIT` (PostgreSQL: that saves each write a round trip).
+    const RELEASE_EACH_WRITE: bool;
     /// Follows `FROM operations` in the retention sweep's scan so that it
     /// reads the partial index of terminal rows by last change
     /// (`operations_terminal_by_change`), not every row of a state.
@@ -66,9 +72,9 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
     /// empty (its planner chooses by cost).
     const TERMINAL_BY_CHANGE: &'static str;
 
-    /// Whether [`Dialect::with_transition`]'s text binds the row's tenant
-    /// and operation id once more, after the transition's values.
-    const TRANSITION_NAMES_THE_ROW: bool;
+    /// How many times [`Dialect::with_transition`]'s text binds the row's
+    /// tenant and operation id once more, after the transition's values.
+    const TRANSITION_ROW_NAMES: usize;
 
     /// `sql` as this backend takes it (converted once, then cached).
     fn q(sql: &str) -> &'static str;
@@ -80,8 +86,8 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
     /// version and fencing token: one round trip instead of two. It
     /// returns `cas`'s row with those columns (none when it did not apply)
     /// and binds `cas`'s values, then tenant, operation id, from, to,
-    /// actor, reason and time, then (see
-    /// [`Dialect::TRANSITION_NAMES_THE_ROW`]) tenant and operation id.
+    /// actor, reason and time, then tenant and operation id as many times
+    /// as [`Dialect::TRANSITION_ROW_NAMES`] says.
     fn with_transition(cas: &str, returning: &str) -> String;
 
     /// A connection of the read pool `pool`.

@@ -57,9 +57,10 @@ impl Dialect for PgDialect {
     const ROW_ORDER: &'static str = "seq";
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
     const BEGIN: &'static str = "BEGIN";
+    const RELEASE_EACH_WRITE: bool = false;
     const TERMINAL_BY_CHANGE: &'static str = "";
 
-    const TRANSITION_NAMES_THE_ROW: bool = false;
+    const TRANSITION_ROW_NAMES: usize = 0;
 
     fn q(sql: &str) -> &'static str {
         super::dialect::cached(sql, super::dialect::dollar_placeholders)

@@ -379,7 +379,7 @@ async fn run_cas<D: Dialect>(
                 .bind(super::dialect::clean(t.record.actor))
                 .bind(super::dialect::clean(&t.record.reason))
                 .bind(t.at);
-            if D::TRANSITION_NAMES_THE_ROW {
+            for _ in 0..D::TRANSITION_ROW_NAMES {
                 stmt = stmt.bind(t.op.tenant).bind(t.op.operation_id);
             }
             // Every statement of the text runs (a first-row fetch would

@@ -14,10 +14,13 @@
 //! writer holds the batch's one connection while a write runs, so each
 //! hand-off (two thread wake-ups) was time no other write could use it. A
 //! point statement on a page in cache takes microseconds. What waits for
-//! the disk or another process — the batch's `COMMIT` (its fsync) and
-//! `BEGIN IMMEDIATE` (the file's write lock, up to
-//! `storage.busy_timeout_ms`) — runs on Tokio's blocking threads
-//! ([`Conn::run_durable`]).
+//! the disk or another process runs on Tokio's blocking threads
+//! ([`Conn::run_durable`]): the batch's `COMMIT` (its fsync), and
+//! `BEGIN IMMEDIATE` when another process holds the file's write lock (it
+//! is tried on the calling thread first, without waiting). The writer's
+//! connection never waits for a lock on the calling thread: its busy
+//! timeout is zero there, and `storage.busy_timeout_ms` only on a
+//! blocking thread.
 //!
 //! Checkpoints are `checkpoint.rs`'s.
 
@@ -81,7 +84,10 @@ const POINT_STATEMENTS: usize = 8;
 /// The connections point reads run on, on the calling thread: idle ones
 /// are kept (at most `storage.max_read_connections`), more are opened when
 /// every one is in use. A point read holds its connection without
-/// awaiting, so there are about as many in use as the runtime has threads.
+/// awaiting, so there are about as many in use as the runtime has threads,
+/// plus those waiting out another process's lock, of which there are at
+/// most `storage.max_read_connections` at a time (the others queue for a
+/// turn, as they did for the read pool).
 #[derive(Debug)]
 pub(in crate::ledger) struct PointReaders {
     /// The file and its settings (the busy timeout is the one a read
@@ -91,6 +97,8 @@ pub(in crate::ledger) struct PointReaders {
     idle: std::sync::Mutex<Vec<rusqlite::Connection>>,
     /// Most idle connections kept.
     keep: usize,
+    /// Turns to wait for a lock on a blocking thread (`keep` of them).
+    waits: tokio::sync::Semaphore,
 }
 
 impl PointReaders {
@@ -101,7 +109,14 @@ impl PointReaders {
             options,
             idle: std::sync::Mutex::new(Vec::new()),
             keep: keep.max(1),
+            waits: tokio::sync::Semaphore::new(keep.max(1)),
         })
+    }
+
+    /// Idle connections now (tests).
+    #[cfg(test)]
+    pub(super) fn idle(&self) -> usize {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// An idle connection, or a new one (opened on a blocking thread):
@@ -167,6 +182,12 @@ impl PointConn {
             Err(e) if busy(&e) => {}
             done => return done,
         }
+        let _turn = self
+            .home
+            .waits
+            .acquire()
+            .await
+            .map_err(|_| sqlx::Error::PoolClosed)?;
         let conn = self.conn.take().ok_or_else(lost)?;
         let wait = self.home.options.busy_timeout;
         let (conn, result) = tokio::task::spawn_blocking(move || {
@@ -234,6 +255,8 @@ impl Conn {
         let options = options.clone();
         let (conn, checkpointer) = tokio::task::spawn_blocking(move || {
             let conn = options.open()?;
+            // Waits happen on blocking threads only (`run_durable`).
+            conn.busy_timeout(Duration::ZERO).map_err(db_error)?;
             let checkpointer = Checkpointer::start(&options);
             if checkpointer.is_some() {
                 conn.wal_hook(Some(note_wal));
@@ -266,17 +289,24 @@ impl Conn {
             Conn::Point(c) => c.run(super::super::dialect::sql(text)).await.map(drop),
             Conn::Writer {
                 conn: slot,
+                busy,
                 checkpointer,
                 checkpoint_pages,
-                ..
             } => {
                 let conn = slot.take().ok_or_else(lost)?;
-                let inline = *checkpoint_pages;
+                let (inline, wait) = (*checkpoint_pages, *busy);
                 let (conn, result, pages) = tokio::task::spawn_blocking(move || {
-                    WAL_PAGES.set(0);
-                    let result = conn.execute_batch(text).map_err(db_error);
-                    let pages = u32::try_from(WAL_PAGES.get()).unwrap_or(0);
-                    if pages >= inline {
+                    // Still negative after it: no commit wrote to the WAL.
+                    WAL_PAGES.set(-1);
+                    let result = conn
+                        .busy_timeout(wait)
+                        .and_then(|()| conn.execute_batch(text))
+                        .map_err(db_error);
+                    let pages = u32::try_from(WAL_PAGES.get()).ok();
+                    if let Err(e) = conn.busy_timeout(Duration::ZERO) {
+                        tracing::warn!(error = %e, "the ledger writer's busy timeout can't be reset");
+                    }
+                    if pages.is_some_and(|p| p >= inline) {
                         // What the checkpointer has not copied yet, with
                         // no write beside it: the WAL starts over next.
                         if let Err(e) = checkpoint::passive(&conn) {
@@ -289,7 +319,7 @@ impl Conn {
                 .map_err(|e| {
                     sqlx::Error::Protocol(format!("the ledger's writer thread failed: {e}"))
                 })?;
-                if let Some(c) = checkpointer
+                if let (Some(c), Some(pages)) = (checkpointer.as_mut(), pages)
                     && !c.committed(pages, *checkpoint_pages)
                 {
                     // The thread is gone: SQLite checkpoints in the commits
@@ -316,16 +346,11 @@ impl Conn {
     /// Errors: the database's; the connection was lost.
     pub(in crate::ledger) async fn begin(&mut self, text: &'static str) -> Result<(), sqlx::Error> {
         if let Conn::Writer {
-            conn: Some(conn),
-            busy,
-            ..
+            conn: Some(conn), ..
         } = self
         {
-            let busy = *busy;
-            conn.busy_timeout(Duration::ZERO).map_err(db_error)?;
-            let first = conn.execute_batch(text);
-            conn.busy_timeout(busy).map_err(db_error)?;
-            match first {
+            // Its busy timeout is zero here: it does not wait for the lock.
+            match conn.execute_batch(text) {
                 Ok(()) => return Ok(()),
                 Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => {
                     // Nothing of it ran: `BEGIN IMMEDIATE` failed to lock.
@@ -337,6 +362,13 @@ impl Conn {
             }
         }
         self.run_durable(text).await
+    }
+
+    /// Whether this is the writer's connection and it has no transaction
+    /// open: SQLite rolled one back by itself (after a disk-full or I/O
+    /// error), or none was begun.
+    pub(in crate::ledger) fn outside_transaction(&self) -> bool {
+        matches!(self, Conn::Writer { conn: Some(c), .. } if c.is_autocommit())
     }
 
     /// Runs every statement of `stmt`'s text in turn on the writer's

@@ -58,31 +58,46 @@ impl Dialect for SqliteDialect {
     /// Takes the write lock up front (another process holding it is waited
     /// for `busy_timeout_ms`), so no statement of the batch has to upgrade.
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
+    const RELEASE_EACH_WRITE: bool = true;
     const TERMINAL_BY_CHANGE: &'static str = " INDEXED BY operations_terminal_by_change";
 
-    const TRANSITION_NAMES_THE_ROW: bool = true;
+    const TRANSITION_ROW_NAMES: usize = 2;
 
     fn q(sql: &str) -> &'static str {
         super::dialect::cached(sql, str::to_owned)
     }
 
-    /// Two statements in one text, run by one call on the connection's
-    /// thread (sqlx binds the values of each in turn): the
-    /// compare-and-swap, then an `INSERT … SELECT` of the row that holds
-    /// only when the compare-and-swap changed it (`changes()` is the count
-    /// of the statement completed just before).
-    fn with_transition(cas: &str, _returning: &str) -> String {
-        // sqlx hands out anonymous `?` values statement by statement; a
-        // numbered one (`?1`) would not advance them.
+    /// Three statements in one text, run by one call on the writer's
+    /// connection (each statement takes as many of the values as it has
+    /// placeholders, in turn: `conn.rs`): the compare-and-swap without its
+    /// `RETURNING`, an `INSERT … SELECT` of the transition row that holds
+    /// only when the compare-and-swap changed the row, then a `SELECT` of
+    /// `returning` by the row's key that holds only when that row was
+    /// appended (`changes()` is the count of the statement completed just
+    /// before). SQLite collects a `RETURNING` statement's rows in a
+    /// temporary b-tree opened and closed for each run; a read of the row
+    /// by its key costs a fraction of that.
+    fn with_transition(cas: &str, returning: &str) -> String {
+        // The values are handed out statement by statement, in order; a
+        // numbered placeholder (`?1`) would take them out of that order.
         debug_assert!(
             !cas.as_bytes()
                 .windows(2)
                 .any(|w| w[0] == b'?' && w[1].is_ascii_digit()),
             "a compare-and-swap with numbered placeholders: {cas}"
         );
+        // A text without that ending keeps its `RETURNING`: its row then
+        // comes first, the same values as the `SELECT`'s.
+        let suffix = format!(" RETURNING {returning}");
+        let plain = cas.strip_suffix(suffix.as_str()).unwrap_or(cas);
+        debug_assert!(
+            plain.len() < cas.len(),
+            "a compare-and-swap not ending in {suffix}: {cas}"
+        );
         format!(
-            "{cas}; INSERT INTO transitions ({}) SELECT ?, ?, ?, ?, version, fence, ?, ?, ? \
-             FROM operations WHERE tenant_id = ? AND operation_id = ? AND changes() = 1",
+            "{plain}; INSERT INTO transitions ({}) SELECT ?, ?, ?, ?, version, fence, ?, ?, ? \
+             FROM operations WHERE tenant_id = ? AND operation_id = ? AND changes() = 1; \
+             SELECT {returning} FROM operations WHERE tenant_id = ? AND operation_id = ? AND changes() = 1",
             super::dialect::TRANSITION_COLUMNS
         )
     }
@@ -139,6 +154,13 @@ impl Dialect for SqliteDialect {
             debug_assert!(OPEN.starts_with(Self::BEGIN));
             conn.begin(OPEN).await?;
         } else {
+            if conn.outside_transaction() {
+                // A bare savepoint would begin a transaction of its own,
+                // outside the batch and without its write lock.
+                return Err(sqlx::Error::Protocol(
+                    "the ledger's write batch lost its transaction (SQLite rolled it back after an error)".into(),
+                ));
+            }
             super::dialect::sql::<Self>("SAVEPOINT effectgate_write")
                 .execute(conn)
                 .await?;

@@ -6,10 +6,12 @@
 //! next one in turn, or the next idle one). A write ([`Writer::begin`])
 //! waits for its turn on it (turns are handed out first come, first
 //! served), runs its statements inside a `SAVEPOINT` of the open batch
-//! transaction and leaves the savepoint open ([`BatchTx::commit`]): the
-//! next write's savepoint nests inside it, and the batch's `COMMIT` ends
-//! them all (a batch of n writes nests n deep, n ≤
-//! `storage.write_batch_max`), which saves each write a round trip; a write
+//! transaction and, on PostgreSQL, leaves the savepoint open
+//! ([`BatchTx::commit`]): the next write's savepoint nests inside it, and
+//! the batch's `COMMIT` ends them all (a batch of n writes nests n deep,
+//! n ≤ `storage.write_batch_max`), which saves each write a round trip (on
+//! SQLite, where a release is no round trip, each write releases its own:
+//! [`Dialect::RELEASE_EACH_WRITE`]); a write
 //! that fails, loses its compare-and-swap with an error, or is dropped
 //! half-way is rolled back to its savepoint, so it never takes the others
 //! down with it. The writer's task then commits the batch once, with every
@@ -585,15 +587,26 @@ impl<D: Dialect> BatchTx<D> {
         b.crash_after |= crate::failpoint::names("batch-after-commit", operation_id);
     }
 
-    /// Ends this write (its savepoint stays open, see the module docs: a
-    /// later failed write rolls back only to its own) and waits until the
-    /// batch holding this write is committed. Returns the batch's size
-    /// (writes in it); the ledger span of the call records it as
-    /// `effectgate.batch_size`.
+    /// Ends this write (its savepoint stays open on PostgreSQL, see the
+    /// module docs: a later failed write rolls back only to its own; on
+    /// SQLite it is released, [`Dialect::RELEASE_EACH_WRITE`]) and waits
+    /// until the batch holding this write is committed. Returns the
+    /// batch's size (writes in it); the ledger span of the call records it
+    /// as `effectgate.batch_size`.
     ///
     /// Errors: the batch's `COMMIT` failed ([`LedgerError::BatchCommit`]:
-    /// nothing of this write was kept).
+    /// nothing of this write was kept); the savepoint's release failed
+    /// (the write is rolled back before the next one).
     pub(in crate::ledger) async fn commit(mut self) -> Result<usize, LedgerError> {
+        if D::RELEASE_EACH_WRITE {
+            let b = self.guard.as_mut().expect("a write commits once");
+            let conn = b.conn.as_mut().expect("a write holds the connection");
+            // On failure the write stays marked abandoned (dropping `self`
+            // wakes the committer for it).
+            sql::<D>("RELEASE SAVEPOINT effectgate_write")
+                .execute(conn)
+                .await?;
+        }
         let mut b = self.guard.take().expect("a write commits once");
         b.abandoned = false;
         let (tx, rx) = oneshot::channel();
