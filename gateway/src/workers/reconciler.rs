@@ -2,7 +2,8 @@
 //! approvals past their time, takes the due operations (UNKNOWN ones, and
 //! EXECUTING or RESERVED ones whose lease or grace ran out), runs a
 //! [`reconcile_op`] step for each in [`fair_order`], then runs the
-//! retention [`sweep`].
+//! retention [`sweep`] (and, on PostgreSQL, gives a fresh ledger's tables
+//! their first planner statistics).
 
 use std::time::Duration;
 
@@ -90,6 +91,16 @@ pub async fn scan(
         app.ledger.release_scan(&app.instance_id).await?;
     }
     sweep(app, cfg.sweep_batch, cfg.sweep_max_batches).await?;
+    match app.ledger.first_statistics().await {
+        Ok(tables) if !tables.is_empty() => {
+            tracing::info!(
+                ?tables,
+                "ledger tables given their first planner statistics"
+            );
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "ledger statistics could not be gathered"),
+    }
     Ok(steps)
 }
 

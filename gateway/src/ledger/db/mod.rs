@@ -315,6 +315,22 @@ impl Ledger {
         }
     }
 
+    /// PostgreSQL: gives the ledger's busiest tables their first planner
+    /// statistics once they have changed rows and were never analyzed
+    /// (see `Store::first_statistics`: without them a compare-and-swap's
+    /// cached plan may read a state's every row instead of the primary
+    /// key). The reconciler calls it every scan. SQLite: nothing (its
+    /// planner takes a full primary key for the one-row lookup it is).
+    /// Returns the tables analyzed.
+    ///
+    /// Errors: the database's.
+    pub async fn first_statistics(&self) -> Result<Vec<String>, LedgerError> {
+        match &self.db {
+            Db::Sqlite(_) => Ok(Vec::new()),
+            Db::Postgres(p) => p.first_statistics().await,
+        }
+    }
+
     /// Releases the scan claims `owner` holds (the reconciler calls it at
     /// the end of every scan). Returns how many rows it released.
     pub async fn release_scan(&self, owner: &str) -> Result<u64, LedgerError> {
