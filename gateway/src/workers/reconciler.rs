@@ -53,6 +53,17 @@ pub async fn scan(
     exec: Execution<'_>,
 ) -> Result<Vec<(String, String, Step)>, LedgerError> {
     crate::metrics::drift_scan();
+    // First, so that no failure later in the scan holds it back.
+    match app.ledger.first_statistics().await {
+        Ok(tables) if !tables.is_empty() => {
+            tracing::info!(
+                ?tables,
+                "ledger tables given their first planner statistics"
+            );
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "ledger statistics could not be gathered"),
+    }
     let settings = app.settings();
     let cfg = &settings.reconcile;
     // Approvals past their expiry can never authorise anything: expire them.
@@ -91,16 +102,6 @@ pub async fn scan(
         app.ledger.release_scan(&app.instance_id).await?;
     }
     sweep(app, cfg.sweep_batch, cfg.sweep_max_batches).await?;
-    match app.ledger.first_statistics().await {
-        Ok(tables) if !tables.is_empty() => {
-            tracing::info!(
-                ?tables,
-                "ledger tables given their first planner statistics"
-            );
-        }
-        Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "ledger statistics could not be gathered"),
-    }
     Ok(steps)
 }
 

@@ -505,33 +505,53 @@ impl Store<PgDialect> {
     /// dead versions included) instead of the primary key: throughput fell
     /// by half within a minute of a fresh ledger, until autovacuum's first
     /// analyze (its naptime is a minute). Analyzing invalidates the cached
-    /// plans. Later statistics are autovacuum's. Returns the tables
-    /// analyzed.
+    /// plans. Later statistics are autovacuum's. Only tables the
+    /// gateway's role may analyze (it owns them, or a role that does) are
+    /// tried; one that fails (a statement timeout on a large table whose
+    /// statistics were reset) is reported and the others are still tried.
+    /// Returns the tables that have statistics now.
     ///
     /// Errors: the database's.
     pub(in crate::ledger) async fn first_statistics(&self) -> Result<Vec<String>, LedgerError> {
         let mut conn = PgDialect::acquire(&self.read).await?;
         let due: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT relname::text FROM pg_stat_user_tables \
-             WHERE schemaname = current_schema() AND relname IN ({ANALYZED}) \
-             AND last_analyze IS NULL AND last_autoanalyze IS NULL AND n_mod_since_analyze >= $1 \
-             ORDER BY relname"
+            "SELECT s.relname::text FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid \
+             WHERE s.schemaname = current_schema() AND s.relname IN ({ANALYZED}) \
+             AND s.last_analyze IS NULL AND s.last_autoanalyze IS NULL AND s.n_mod_since_analyze >= $1 \
+             AND pg_has_role(c.relowner, 'USAGE') ORDER BY s.relname"
         )))
         .bind(FIRST_STATISTICS_AFTER_ROWS)
         .fetch_all(&mut *conn)
         .await?;
+        if due.is_empty() {
+            return Ok(due);
+        }
         for table in &due {
             // The names come from the list above, not from the database.
-            let table = ["attempts", "operations", "transitions"]
+            let Some(table) = ["attempts", "operations", "transitions"]
                 .into_iter()
                 .find(|t| t == table)
-                .ok_or_else(|| sqlx::Error::Protocol(format!("unexpected table {table}")))?;
-            sqlx::query(sqlx::AssertSqlSafe(format!(
+            else {
+                continue;
+            };
+            if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "ANALYZE (SKIP_LOCKED) {table}"
             )))
             .execute(&mut *conn)
-            .await?;
+            .await
+            {
+                tracing::warn!(table, error = %e, "a ledger table's first statistics failed");
+            }
         }
-        Ok(due)
+        // Skipped ones (another instance or autovacuum held the table) are
+        // tried again next time.
+        let analyzed: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT relname::text FROM pg_stat_user_tables \
+             WHERE schemaname = current_schema() AND relname IN ({ANALYZED}) \
+             AND (last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL) ORDER BY relname"
+        )))
+        .fetch_all(&mut *conn)
+        .await?;
+        Ok(due.into_iter().filter(|t| analyzed.contains(t)).collect())
     }
 }
