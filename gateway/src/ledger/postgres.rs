@@ -181,6 +181,46 @@ pub(super) struct PgSettings<'a> {
     pub batch: BatchLimits,
 }
 
+#[cfg(test)]
+impl<'a> PgSettings<'a> {
+    /// Settings for a test ledger in `schema` of the database at `url`:
+    /// three connections, one write lane, each of the writer's statements
+    /// bounded by `stall`.
+    pub(super) fn for_tests(url: &'a str, schema: &'a str, stall: Option<Duration>) -> Self {
+        Self {
+            url,
+            schema: Some(schema),
+            max_connections: 3,
+            min_connections: 0,
+            acquire_timeout_ms: 5_000,
+            statement_timeout_ms: 30_000,
+            idle_timeout_ms: 60_000,
+            batch: BatchLimits {
+                max_writes: 256,
+                max_bytes: 1 << 20,
+                connections: 1,
+                stall,
+            },
+        }
+    }
+}
+
+/// `TEST_POSTGRES_URL`, or `None` after saying (on the real stderr and in
+/// the run's summary; under CI a failure) that the test is skipped.
+#[cfg(test)]
+pub(super) fn test_url() -> Option<String> {
+    match std::env::var("TEST_POSTGRES_URL") {
+        Ok(u) if !u.is_empty() => Some(u),
+        _ => {
+            crate::ledger::test_skips::skip(
+                "PostgreSQL",
+                "set TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/DB (a database the tests may create schemas in; .ci/run starts a server and sets it)",
+            );
+            None
+        }
+    }
+}
+
 impl Store<PgDialect> {
     /// Connects, creates the schema if it is named and missing, and applies
     /// `migrations/postgres` (under sqlx's advisory lock, so instances

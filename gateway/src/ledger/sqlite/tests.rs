@@ -7,6 +7,22 @@ use super::SqliteDialect;
 use super::conn::{Conn, PointReaders, WriterOptions};
 use crate::ledger::dialect::{LedgerRow, sql};
 
+/// The writer's options for a `ledger.db` in `dir` (a 1 MiB page cache).
+fn options(
+    dir: &std::path::Path,
+    synchronous: &'static str,
+    busy_timeout: Duration,
+    checkpoint_pages: u32,
+) -> WriterOptions {
+    WriterOptions {
+        path: dir.join("ledger.db"),
+        synchronous,
+        busy_timeout,
+        cache_kib: 1024,
+        checkpoint_pages,
+    }
+}
+
 fn memory() -> Conn {
     let conn = rusqlite::Connection::open_in_memory().expect("an in-memory database");
     conn.execute_batch(
@@ -145,13 +161,7 @@ async fn a_durable_statement_gives_the_connection_back() {
 #[tokio::test]
 async fn a_begin_behind_another_writer_waits_then_fails_cleanly() {
     let dir = tempfile::tempdir().unwrap();
-    let options = WriterOptions {
-        path: dir.path().join("ledger.db"),
-        synchronous: "FULL",
-        busy_timeout: Duration::from_millis(50),
-        cache_kib: 1024,
-        checkpoint_pages: 1000,
-    };
+    let options = options(dir.path(), "FULL", Duration::from_millis(50), 1000);
     let mut conn = Conn::writer(&options).await.unwrap();
     let other = rusqlite::Connection::open(&options.path).unwrap();
     other
@@ -177,13 +187,7 @@ async fn a_begin_behind_another_writer_waits_then_fails_cleanly() {
 #[tokio::test]
 async fn the_checkpointer_moves_the_wal_into_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let options = WriterOptions {
-        path: dir.path().join("ledger.db"),
-        synchronous: "FULL",
-        busy_timeout: Duration::from_secs(1),
-        cache_kib: 1024,
-        checkpoint_pages: 1000,
-    };
+    let options = options(dir.path(), "FULL", Duration::from_secs(1), 1000);
     let mut conn = Conn::writer(&options).await.unwrap();
     conn.begin("BEGIN IMMEDIATE; CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)")
         .await
@@ -232,13 +236,7 @@ async fn the_checkpointer_moves_the_wal_into_the_file() {
 #[tokio::test]
 async fn the_wal_starts_over_at_checkpoint_pages() {
     let dir = tempfile::tempdir().unwrap();
-    let options = WriterOptions {
-        path: dir.path().join("ledger.db"),
-        synchronous: "NORMAL",
-        busy_timeout: Duration::from_secs(1),
-        cache_kib: 1024,
-        checkpoint_pages: 40,
-    };
+    let options = options(dir.path(), "NORMAL", Duration::from_secs(1), 40);
     let mut conn = Conn::writer(&options).await.unwrap();
     conn.begin("BEGIN IMMEDIATE; CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)")
         .await
@@ -270,13 +268,7 @@ async fn the_wal_starts_over_at_checkpoint_pages() {
 #[tokio::test]
 async fn a_point_read_sees_commits_only_and_cannot_write() {
     let dir = tempfile::tempdir().unwrap();
-    let options = WriterOptions {
-        path: dir.path().join("ledger.db"),
-        synchronous: "FULL",
-        busy_timeout: Duration::from_secs(10),
-        cache_kib: 1024,
-        checkpoint_pages: 1000,
-    };
+    let options = options(dir.path(), "FULL", Duration::from_secs(10), 1000);
     let mut writer = Conn::writer(&options).await.unwrap();
     writer
         .begin("BEGIN IMMEDIATE; CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT)")
@@ -327,13 +319,7 @@ async fn point_read(
 #[tokio::test]
 async fn a_point_read_waits_out_another_process_off_the_calling_thread() {
     let dir = tempfile::tempdir().unwrap();
-    let options = WriterOptions {
-        path: dir.path().join("ledger.db"),
-        synchronous: "FULL",
-        busy_timeout: Duration::from_secs(10),
-        cache_kib: 1024,
-        checkpoint_pages: 1000,
-    };
+    let options = options(dir.path(), "FULL", Duration::from_secs(10), 1000);
     rusqlite::Connection::open(&options.path)
         .unwrap()
         .execute_batch(

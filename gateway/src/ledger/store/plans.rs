@@ -142,35 +142,25 @@ fn the_sweep_names_the_partial_index_condition_of_both_migrations() {
     assert_eq!(TERMINAL.len(), 3);
 }
 
+/// The plan of `EXPLAIN EXECUTE {execute}` (a prepared statement and its
+/// values), one line a node.
+async fn pg_explain(conn: &mut <PgDialect as Dialect>::Conn, execute: &str) -> String {
+    let rows = sql::<PgDialect>(&format!("EXPLAIN EXECUTE {execute}"))
+        .fetch_all(conn)
+        .await
+        .unwrap();
+    rows.iter()
+        .map(|r| r.text("QUERY PLAN").unwrap())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// A ledger in a fresh schema of `TEST_POSTGRES_URL`'s database, and the
 /// schema; `None` (said with one line) without it.
 async fn pg_store() -> Option<(Store<PgDialect>, String)> {
-    let url = match std::env::var("TEST_POSTGRES_URL") {
-        Ok(u) if !u.is_empty() => u,
-        _ => {
-            crate::ledger::test_skips::skip(
-                "PostgreSQL",
-                "set TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/DB (a database the tests may create schemas in; .ci/run starts a server and sets it)",
-            );
-            return None;
-        }
-    };
+    let url = crate::ledger::postgres::test_url()?;
     let schema = format!("eg_{}", uuid::Uuid::new_v4().simple());
-    let settings = PgSettings {
-        url: &url,
-        schema: Some(&schema),
-        max_connections: 3,
-        min_connections: 0,
-        acquire_timeout_ms: 5_000,
-        statement_timeout_ms: 30_000,
-        idle_timeout_ms: 60_000,
-        batch: super::BatchLimits {
-            max_writes: 256,
-            max_bytes: 1 << 20,
-            connections: 1,
-            stall: None,
-        },
-    };
+    let settings = PgSettings::for_tests(&url, &schema, None);
     let store = Store::<PgDialect>::open(&settings, LedgerClock::new(Arc::new(SystemClock)))
         .await
         .expect("open the ledger");
@@ -218,15 +208,7 @@ async fn the_periodic_scans_can_read_their_own_indexes_on_postgres() {
         } else {
             format!("({})", values.join(", "))
         };
-        let rows = sql::<PgDialect>(&format!("EXPLAIN EXECUTE plan_{n}{args}"))
-            .fetch_all(&mut conn)
-            .await
-            .unwrap();
-        let plan = rows
-            .iter()
-            .map(|r| r.text("QUERY PLAN").unwrap())
-            .collect::<Vec<_>>()
-            .join("\n");
+        let plan = pg_explain(&mut conn, &format!("plan_{n}{args}")).await;
         assert!(
             plan.contains(index),
             "{what} can read {index} in a generic plan: {plan}"
@@ -286,19 +268,15 @@ async fn a_fresh_ledger_gets_first_statistics_and_its_cas_reads_the_key_on_postg
         .execute(&mut conn)
         .await
         .unwrap();
-    let rows = sql::<PgDialect>(&format!(
-        "EXPLAIN EXECUTE cas('{}', 't', 'k1', '{}', 3)",
-        State::Executing.as_str(),
-        State::Completed.as_str()
-    ))
-    .fetch_all(&mut conn)
-    .await
-    .unwrap();
-    let plan = rows
-        .iter()
-        .map(|r| r.text("QUERY PLAN").unwrap())
-        .collect::<Vec<_>>()
-        .join("\n");
+    let plan = pg_explain(
+        &mut conn,
+        &format!(
+            "cas('{}', 't', 'k1', '{}', 3)",
+            State::Executing.as_str(),
+            State::Completed.as_str()
+        ),
+    )
+    .await;
     assert!(plan.contains("operations_pkey"), "{plan}");
     sql::<PgDialect>(&format!("DROP SCHEMA {schema} CASCADE"))
         .execute(&mut conn)

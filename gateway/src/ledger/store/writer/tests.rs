@@ -356,36 +356,13 @@ async fn pass(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_that_hangs_fails_its_batch_after_the_stall_limit() {
     use crate::ledger::postgres::{PgDialect, PgSettings};
-    let url = match std::env::var("TEST_POSTGRES_URL") {
-        Ok(u) if !u.is_empty() => u,
-        _ => {
-            // Said on the real stderr and in the run's summary; under CI
-            // a failure.
-            crate::ledger::test_skips::skip(
-                "PostgreSQL",
-                "set TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/DB (a database the tests may create schemas in; .ci/run starts a server and sets it)",
-            );
-            return;
-        }
+    let Some(url) = crate::ledger::postgres::test_url() else {
+        return;
     };
     let relay = Relay::start(&url).await;
     let schema = format!("eg_{}", uuid::Uuid::new_v4().simple());
     let stall = Duration::from_millis(300);
-    let settings = PgSettings {
-        url: &relay.url,
-        schema: Some(&schema),
-        max_connections: 3,
-        min_connections: 0,
-        acquire_timeout_ms: 5_000,
-        statement_timeout_ms: 30_000,
-        idle_timeout_ms: 60_000,
-        batch: BatchLimits {
-            max_writes: 256,
-            max_bytes: 1 << 20,
-            connections: 1,
-            stall: Some(stall),
-        },
-    };
+    let settings = PgSettings::for_tests(&relay.url, &schema, Some(stall));
     let store = Store::<PgDialect>::open(&settings, LedgerClock::new(Arc::new(SystemClock)))
         .await
         .expect("open the ledger");
