@@ -283,7 +283,6 @@ pub(super) const TRANSITION_COLUMNS: &str =
 
 /// A statement being bound, for dialect `D`: its text (as the backend
 /// takes it, [`Dialect::q`]) and its values so far, in placeholder order.
-#[derive(Clone)]
 pub(super) struct Stmt<D: Dialect> {
     /// The text.
     pub(super) text: &'static str,

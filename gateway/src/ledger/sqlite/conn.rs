@@ -177,8 +177,7 @@ impl PointConn {
     /// timeout.
     async fn run(&mut self, stmt: Stmt<SqliteDialect>) -> Result<(Vec<Row>, u64), sqlx::Error> {
         let conn = self.conn.as_ref().ok_or_else(lost)?;
-        let again = stmt.clone();
-        match Conn::run(conn, stmt) {
+        match Conn::run(conn, &stmt) {
             Err(e) if busy(&e) => {}
             done => return done,
         }
@@ -194,7 +193,7 @@ impl PointConn {
             let result = conn
                 .busy_timeout(wait)
                 .map_err(db_error)
-                .and_then(|()| Conn::run(&conn, again));
+                .and_then(|()| Conn::run(&conn, &stmt));
             let reset = conn.busy_timeout(Duration::ZERO);
             (reset.is_ok().then_some(conn), result)
         })
@@ -380,9 +379,9 @@ impl Conn {
     /// Errors: the database's; the values don't match the placeholders.
     fn run(
         conn: &rusqlite::Connection,
-        stmt: Stmt<SqliteDialect>,
+        stmt: &Stmt<SqliteDialect>,
     ) -> Result<(Vec<Row>, u64), sqlx::Error> {
-        let mut args = stmt.args.into_iter();
+        let mut args = stmt.args.iter();
         let mut rows = Vec::new();
         let mut changed = 0;
         for text in stmt.text.split(';').filter(|t| !t.trim().is_empty()) {
@@ -428,7 +427,7 @@ impl Conn {
                 Ok((rows.into_iter().map(Row::Sqlx).collect(), 0))
             }
             Conn::Point(c) => c.run(stmt).await,
-            Conn::Writer { conn, .. } => Self::run(conn.as_ref().ok_or_else(lost)?, stmt),
+            Conn::Writer { conn, .. } => Self::run(conn.as_ref().ok_or_else(lost)?, &stmt),
         }
     }
 
@@ -468,10 +467,10 @@ impl Conn {
 
 /// Binds `arg` to placeholder `i` of `s` (a boolean as 0 or 1, as sqlx
 /// stores it).
-fn bind(s: &mut rusqlite::Statement<'_>, i: usize, arg: Arg<'static>) -> rusqlite::Result<()> {
+fn bind(s: &mut rusqlite::Statement<'_>, i: usize, arg: &Arg<'_>) -> rusqlite::Result<()> {
     match arg {
-        Arg::Int(v) => s.raw_bind_parameter(i, v),
-        Arg::Bool(v) => s.raw_bind_parameter(i, i64::from(v)),
+        Arg::Int(v) => s.raw_bind_parameter(i, *v),
+        Arg::Bool(v) => s.raw_bind_parameter(i, i64::from(*v)),
         Arg::Text(v) => s.raw_bind_parameter(i, v.as_deref()),
         Arg::Bytes(v) => s.raw_bind_parameter(i, v.as_deref()),
     }
