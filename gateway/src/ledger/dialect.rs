@@ -140,6 +140,15 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
         conn: &mut Self::Conn,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
+    /// Runs the batch's `COMMIT` on the calling thread, blocking it for
+    /// the fsync, when this backend can (SQLite, the writer's connection):
+    /// the writer does so for a batch of one write with nothing else
+    /// waiting, which the hand-offs of [`Dialect::run_durable`] would
+    /// otherwise slow more than the fsync. `None`: not done, the caller
+    /// commits with [`Dialect::run_durable`] (PostgreSQL: always; its
+    /// `COMMIT` is a round trip, not a wait on the disk here).
+    fn commit_now(conn: &mut Self::Conn) -> Option<Result<(), sqlx::Error>>;
+
     /// Now, in ms since the Unix epoch (SQLite: the gateway's clock;
     /// PostgreSQL: the database clock, which `clock` then follows).
     fn now(

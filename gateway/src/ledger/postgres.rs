@@ -118,6 +118,10 @@ impl Dialect for PgDialect {
         Ok(())
     }
 
+    fn commit_now(_conn: &mut Self::Conn) -> Option<Result<(), sqlx::Error>> {
+        None
+    }
+
     /// Also re-measures the gateway clock's offset to the database clock.
     async fn now(pool: &Pool<Self>, clock: &LedgerClock) -> Result<i64, sqlx::Error> {
         let db: i64 = sqlx::query_scalar("SELECT effectgate_now_ms()")

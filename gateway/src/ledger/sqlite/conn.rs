@@ -204,6 +204,61 @@ impl PointConn {
     }
 }
 
+/// Runs `text` on the writer's connection `conn`, waiting up to `wait`
+/// for another process's lock (`None`: not at all), and checkpoints what
+/// the checkpointer has not copied yet when the commit left the WAL at
+/// `inline` pages or more. Returns the result and the WAL's pages after a
+/// commit that wrote to it (`None`: no commit wrote).
+fn durable(
+    conn: &rusqlite::Connection,
+    text: &str,
+    wait: Option<Duration>,
+    inline: u32,
+) -> (Result<(), sqlx::Error>, Option<u32>) {
+    // Still negative after it: no commit wrote to the WAL.
+    WAL_PAGES.set(-1);
+    let result = match wait {
+        Some(wait) => conn
+            .busy_timeout(wait)
+            .and_then(|()| conn.execute_batch(text)),
+        None => conn.execute_batch(text),
+    }
+    .map_err(db_error);
+    let pages = u32::try_from(WAL_PAGES.get()).ok();
+    if wait.is_some()
+        && let Err(e) = conn.busy_timeout(Duration::ZERO)
+    {
+        tracing::warn!(error = %e, "the ledger writer's busy timeout can't be reset");
+    }
+    if pages.is_some_and(|p| p >= inline) {
+        // What the checkpointer has not copied yet, with no write beside
+        // it: the WAL starts over next.
+        if let Err(e) = checkpoint::passive(conn) {
+            tracing::warn!(error = %e, "ledger WAL checkpoint failed");
+        }
+    }
+    (result, pages)
+}
+
+/// Tells the checkpointer that a commit left the WAL at `pages` pages; if
+/// its thread is gone, SQLite checkpoints in the commits again (the pragma
+/// puts its own hook back) and `checkpointer` becomes `None`.
+fn fed(
+    conn: &rusqlite::Connection,
+    checkpointer: &mut Option<Checkpointer>,
+    checkpoint_pages: u32,
+    pages: Option<u32>,
+) {
+    if let (Some(c), Some(pages)) = (checkpointer.as_mut(), pages)
+        && !c.committed(pages, checkpoint_pages)
+    {
+        if let Err(e) = conn.pragma_update(None, "wal_autocheckpoint", checkpoint_pages) {
+            tracing::warn!(error = %e, "the ledger's automatic checkpoint can't be turned back on");
+        }
+        *checkpointer = None;
+    }
+}
+
 /// Whether `e` is SQLite's "database is locked" (`SQLITE_BUSY`, any
 /// extended code).
 fn busy(e: &sqlx::Error) -> bool {
@@ -295,45 +350,48 @@ impl Conn {
                 let conn = slot.take().ok_or_else(lost)?;
                 let (inline, wait) = (*checkpoint_pages, *busy);
                 let (conn, result, pages) = tokio::task::spawn_blocking(move || {
-                    // Still negative after it: no commit wrote to the WAL.
-                    WAL_PAGES.set(-1);
-                    let result = conn
-                        .busy_timeout(wait)
-                        .and_then(|()| conn.execute_batch(text))
-                        .map_err(db_error);
-                    let pages = u32::try_from(WAL_PAGES.get()).ok();
-                    if let Err(e) = conn.busy_timeout(Duration::ZERO) {
-                        tracing::warn!(error = %e, "the ledger writer's busy timeout can't be reset");
-                    }
-                    if pages.is_some_and(|p| p >= inline) {
-                        // What the checkpointer has not copied yet, with
-                        // no write beside it: the WAL starts over next.
-                        if let Err(e) = checkpoint::passive(&conn) {
-                            tracing::warn!(error = %e, "ledger WAL checkpoint failed");
-                        }
-                    }
+                    let (result, pages) = durable(&conn, text, Some(wait), inline);
                     (conn, result, pages)
                 })
                 .await
                 .map_err(|e| {
                     sqlx::Error::Protocol(format!("the ledger's writer thread failed: {e}"))
                 })?;
-                if let (Some(c), Some(pages)) = (checkpointer.as_mut(), pages)
-                    && !c.committed(pages, *checkpoint_pages)
-                {
-                    // The thread is gone: SQLite checkpoints in the commits
-                    // again (the pragma puts its own hook back).
-                    if let Err(e) =
-                        conn.pragma_update(None, "wal_autocheckpoint", *checkpoint_pages)
-                    {
-                        tracing::warn!(error = %e, "the ledger's automatic checkpoint can't be turned back on");
-                    }
-                    *checkpointer = None;
-                }
+                fed(&conn, checkpointer, *checkpoint_pages, pages);
                 *slot = Some(conn);
                 result
             }
         }
+    }
+
+    /// Runs the batch's `COMMIT` on the calling thread, fsync included,
+    /// when this is the writer's connection: for a batch of one write with
+    /// no other waiting, where the hand-offs to a blocking thread and back
+    /// (two thread wake-ups) took longer than the fsync itself. `None`:
+    /// not done (another connection kind, or SQLite answered
+    /// `SQLITE_BUSY`: the transaction is still open, and
+    /// [`Conn::run_durable`] commits it, waiting its busy timeout).
+    ///
+    /// Errors: the database's (the transaction's outcome is SQLite's: a
+    /// failed `COMMIT` leaves it open or rolled back, as for
+    /// [`Conn::run_durable`]).
+    pub(in crate::ledger) fn commit_now(&mut self) -> Option<Result<(), sqlx::Error>> {
+        let Conn::Writer {
+            conn: Some(conn),
+            checkpointer,
+            checkpoint_pages,
+            ..
+        } = self
+        else {
+            return None;
+        };
+        // Its busy timeout is zero here: it does not wait for a lock.
+        let (result, pages) = durable(conn, "COMMIT", None, *checkpoint_pages);
+        if result.as_ref().is_err_and(busy) {
+            return None;
+        }
+        fed(conn, checkpointer, *checkpoint_pages, pages);
+        Some(result)
     }
 
     /// Runs `text` (no binds; it starts with `BEGIN IMMEDIATE`) on the

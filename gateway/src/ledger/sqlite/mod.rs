@@ -138,6 +138,10 @@ impl Dialect for SqliteDialect {
         conn.run_durable(text).await
     }
 
+    fn commit_now(conn: &mut Conn) -> Option<Result<(), sqlx::Error>> {
+        conn.commit_now()
+    }
+
     async fn now(_pool: &Pool<Self>, clock: &LedgerClock) -> Result<i64, sqlx::Error> {
         Ok(clock.now_ms())
     }

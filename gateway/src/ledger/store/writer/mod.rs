@@ -19,7 +19,11 @@
 //! (durable: `synchronous = FULL` on SQLite, the server's own durability
 //! on PostgreSQL) answers each write. A batch is committed at once when it
 //! holds `storage.write_batch_max` writes or `storage.write_batch_bytes`
-//! of bodies.
+//! of bodies. A lone write (none queued behind it, and the last batch held
+//! one write too: a gateway with one caller at a time) commits itself on
+//! its own thread where the backend allows it (SQLite:
+//! [`Dialect::commit_now`]), without waking the committer or a blocking
+//! thread; once writes overlap, batches form again.
 //!
 //! A `COMMIT` that fails fails every write of its batch: each gets
 //! [`LedgerError::BatchCommit`] (503 `ledger-unavailable` for a request)
@@ -160,6 +164,8 @@ struct Shared<D: Dialect> {
     queued: AtomicUsize,
     /// Batches committed since start.
     commits: AtomicU64,
+    /// Writes in the last batch committed (0 before the first).
+    last_size: AtomicUsize,
     /// Bumped after every commit that changed or deleted a COMPLETED or
     /// FAILED operation (shared by the lanes).
     terminal_epoch: Arc<AtomicU64>,
@@ -262,6 +268,7 @@ impl<D: Dialect> Writer<D> {
             wake: wake.clone(),
             queued: AtomicUsize::new(0),
             commits: AtomicU64::new(0),
+            last_size: AtomicUsize::new(0),
             terminal_epoch,
         });
         tokio::spawn(committer(Arc::downgrade(&shared), wake));
@@ -500,33 +507,75 @@ async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) {
         }
     };
     match result {
-        Ok(()) => {
-            if b.crash_after && size >= 2 {
-                crate::failpoint::crash("batch-after-commit");
-            }
-            if size > 0 {
-                // (None: the batch held only an abandoned write.)
-                crate::metrics::ledger_batch(size, started.elapsed());
-                shared.commits.fetch_add(1, Ordering::Relaxed);
-            }
-            if std::mem::take(&mut b.terminal) {
-                // After the COMMIT, before any write of it is answered: a
-                // reader that saw the old epoch re-reads the row.
-                shared.terminal_epoch.fetch_add(1, Ordering::AcqRel);
-            }
-            b.open = false;
-            b.bytes = 0;
-            b.crash_before = false;
-            b.crash_after = false;
-            for w in b.waiting.drain(..) {
-                let _ = w.send(Ok(size));
-            }
-        }
+        Ok(()) => committed(shared, b, started),
         Err(why) => {
             tracing::error!(batch_size = size, error = %why, "ledger batch commit failed");
             abort(b, &why, stall).await;
         }
     }
+}
+
+/// After the batch's `COMMIT` (begun at `started`) returned: counts it and
+/// answers its writes.
+fn committed<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>, started: Instant) {
+    let size = b.waiting.len();
+    if b.crash_after && size >= 2 {
+        crate::failpoint::crash("batch-after-commit");
+    }
+    if size > 0 {
+        // (None: the batch held only an abandoned write.)
+        crate::metrics::ledger_batch(size, started.elapsed());
+        shared.commits.fetch_add(1, Ordering::Relaxed);
+        shared.last_size.store(size, Ordering::Relaxed);
+    }
+    if std::mem::take(&mut b.terminal) {
+        // After the COMMIT, before any write of it is answered: a reader
+        // that saw the old epoch re-reads the row.
+        shared.terminal_epoch.fetch_add(1, Ordering::AcqRel);
+    }
+    b.open = false;
+    b.bytes = 0;
+    b.crash_before = false;
+    b.crash_after = false;
+    for w in b.waiting.drain(..) {
+        let _ = w.send(Ok(size));
+    }
+}
+
+/// Commits a batch of one write (`b`, its write waiting) on the calling
+/// thread when nothing else is going on: no write queued for the
+/// connection and the last batch held one write too (a gateway under
+/// load batches; a lone caller's call would otherwise wait for the
+/// committer task and two thread hand-offs of its fsync). Nothing in it
+/// awaits, so a caller that gives up can't stop it half-way; a failed
+/// `COMMIT` is rolled back by a task of its own. Gives `b` back when it
+/// did not commit it (the backend can't, or the batch is marked by a
+/// failure injection or crash point).
+fn commit_alone<D: Dialect>(
+    shared: &Arc<Shared<D>>,
+    mut b: OwnedMutexGuard<Batch<D>>,
+) -> Option<OwnedMutexGuard<Batch<D>>> {
+    let quiet = b.waiting.len() == 1
+        && shared.queued.load(Ordering::Relaxed) == 0
+        && shared.last_size.load(Ordering::Relaxed) <= 1
+        && !(b.poisoned || b.crash_before || b.crash_after || b.abandoned);
+    if !quiet {
+        return Some(b);
+    }
+    let started = Instant::now();
+    let Some(result) = b.conn.as_mut().and_then(D::commit_now) else {
+        return Some(b);
+    };
+    match result {
+        Ok(()) => committed(shared, &mut b, started),
+        Err(e) => {
+            let why = e.to_string();
+            tracing::error!(batch_size = 1, error = %why, "ledger batch commit failed");
+            let stall = shared.limits.stall;
+            tokio::spawn(async move { abort(&mut b, &why, stall).await });
+        }
+    }
+    None
 }
 
 /// The committer: commits a batch whenever a write is waiting for one.
@@ -614,6 +663,9 @@ impl<D: Dialect> BatchTx<D> {
         b.bytes = b.bytes.saturating_add(self.bytes);
         let _ = JOINED.try_with(|j| j.store(true, Ordering::Release));
         let limits = self.shared.limits;
+        let Some(mut b) = commit_alone(&self.shared, b) else {
+            return answer(rx).await;
+        };
         if b.waiting.len() >= limits.max_writes || b.bytes >= limits.max_bytes {
             // Committed at once, by a task of its own that holds the batch:
             // a caller that gives up waiting (its request was cancelled)
@@ -629,16 +681,21 @@ impl<D: Dialect> BatchTx<D> {
             }
             drop(b);
         }
-        match rx.await {
-            Ok(Ok(size)) => {
-                tracing::Span::current().record("effectgate.batch_size", size);
-                Ok(size)
-            }
-            Ok(Err(why)) => Err(LedgerError::BatchCommit(why.to_string())),
-            Err(_) => Err(LedgerError::BatchCommit(
-                "the ledger writer stopped before committing".into(),
-            )),
+        answer(rx).await
+    }
+}
+
+/// What a write's commit heard back from its batch.
+async fn answer(rx: oneshot::Receiver<Answer>) -> Result<usize, LedgerError> {
+    match rx.await {
+        Ok(Ok(size)) => {
+            tracing::Span::current().record("effectgate.batch_size", size);
+            Ok(size)
         }
+        Ok(Err(why)) => Err(LedgerError::BatchCommit(why.to_string())),
+        Err(_) => Err(LedgerError::BatchCommit(
+            "the ledger writer stopped before committing".into(),
+        )),
     }
 }
 

@@ -469,3 +469,64 @@ async fn reserve_and_claim_is_one_commit() {
         .unwrap();
     assert!(matches!(r, Reservation::Existing(_)) && claim.is_none());
 }
+
+/// A lone write (nothing queued, the last batch held one write) commits
+/// on the calling thread: its commit is done at its first poll, durable
+/// (a fresh connection reads it), and no committer ran. With a write
+/// queued behind it, it waits for the committer and shares its commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_write_commits_on_its_own_thread_and_a_busy_one_joins_a_batch() {
+    use futures_util::FutureExt;
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path()).await;
+    for id in ["a", "b"] {
+        store.reserve(&new_op(id), None).await.unwrap();
+    }
+    let before = store.writer.commits();
+    let mut tx = store.writer.begin(0).await.unwrap();
+    sql::<SqliteDialect>("UPDATE operations SET route = 'alone' WHERE operation_id = 'a'")
+        .execute(&mut tx)
+        .await
+        .unwrap();
+    let size = tx
+        .commit()
+        .now_or_never()
+        .expect("committed at its first poll")
+        .unwrap();
+    assert_eq!((size, store.writer.commits()), (1, before + 1));
+    let reopened = self::store(dir.path()).await;
+    assert_eq!(
+        reopened.get("t", "a").await.unwrap().unwrap().route,
+        "alone"
+    );
+
+    // With a write queued for the connection, the commit is the
+    // committer's, and the queued write joins it.
+    let holder = store.writer.begin(0).await.unwrap();
+    let s = store.clone();
+    let b = tokio::spawn(async move { s.claim(&claim_of("b", 1)).await });
+    until_queued(&store, 1).await;
+    let mut commit = std::pin::pin!(holder.commit());
+    assert!(
+        futures_util::poll!(commit.as_mut()).is_pending(),
+        "waits for the batch's commit"
+    );
+    assert_eq!(commit.await.unwrap(), 2, "b shared the commit");
+    assert!(b.await.unwrap().unwrap().is_some(), "b is claimed");
+    assert_eq!(store.writer.commits(), before + 2);
+
+    // The last batch held two writes: the next lone write still waits
+    // for the committer (a gateway under load keeps batching); after that
+    // batch of one, the next commits at once again.
+    let tx = store.writer.begin(0).await.unwrap();
+    let mut commit = std::pin::pin!(tx.commit());
+    assert!(
+        futures_util::poll!(commit.as_mut()).is_pending(),
+        "after a batch of two, a lone write is batched"
+    );
+    assert_eq!(commit.await.unwrap(), 1);
+    let tx = store.writer.begin(0).await.unwrap();
+    let size = tx.commit().now_or_never().expect("committed at once");
+    assert_eq!(size.unwrap(), 1);
+    assert_eq!(store.writer.commits(), before + 4);
+}
