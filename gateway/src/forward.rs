@@ -146,11 +146,9 @@ pub fn caller_headers(
 /// context when traces are exported, else the caller's own `traceparent`
 /// and `tracestate` unchanged (`incoming`).
 pub fn trace_context(incoming: &HeaderMap, out: &mut HeaderMap) {
-    match crate::telemetry::traceparent_of(&tracing::Span::current()) {
-        Some(tp) => {
-            if let Ok(v) = HeaderValue::from_str(&tp) {
-                out.insert(crate::telemetry::TRACEPARENT, v);
-            }
+    match crate::telemetry::traceparent_header_of(&tracing::Span::current()) {
+        Some(v) => {
+            out.insert(crate::telemetry::TRACEPARENT, v);
         }
         None => {
             for name in [crate::telemetry::TRACEPARENT, crate::telemetry::TRACESTATE] {

@@ -11,9 +11,10 @@
 //!   slow-header flood larger than `limits.max_connections`;
 //! - (g) pass-through to the same mock over HTTPS (certificates made at
 //!   start), with HTTP/2 and with HTTP/1.1 by ALPN, as ratios to (b);
-//! - (t) pass-through and effectful with trace export off and on
-//!   (sampling 1.0, to a loopback receiver), as ratios on/off; last, since
-//!   the tracer stays installed.
+//! - (t) pass-through and effectful through three `effectgate serve`
+//!   processes: trace export on (sampling 1.0, to a loopback receiver),
+//!   export off, and untraced (`RUST_LOG=off`), as ratios on/off and
+//!   off/untraced of throughput and of the gateway's CPU per call.
 //!
 //! Prints requests/s and p50/p99 latency per scenario, and the ratios b/a,
 //! c/a, d/a of throughput. Bounded by `--requests` per scenario.
@@ -33,6 +34,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod flood;
 mod memory;
 mod nginx;
+mod process;
 mod targets;
 mod tracing_cost;
 

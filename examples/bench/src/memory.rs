@@ -2,15 +2,10 @@
 //! effectful calls (unique keys), measured on an `effectgate serve`
 //! process of its own in front of the bench's mock provider: the bench
 //! process itself holds the mock provider, which keeps every request it
-//! saw, so its own RSS would measure the mock. The binary is
-//! `$EFFECTGATE_BIN`, else `effectgate` next to the bench's binary (`cargo
-//! build --release -p bench -p effectgate`).
+//! saw, so its own RSS would measure the mock. The binary is found as
+//! [`process::binary`] says.
 
-use std::io::{Read, Write};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
+use crate::process;
 use crate::{HttpClient, run};
 
 /// What (m) measured.
@@ -23,30 +18,6 @@ pub struct Memory {
     pub errors: usize,
     /// The gateway's `storage.replay_cache_bytes`, MiB.
     pub replay_cache_mib: f64,
-}
-
-/// The gateway process; killed when dropped.
-struct Gateway(Child);
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn binary() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("EFFECTGATE_BIN") {
-        return Some(PathBuf::from(p));
-    }
-    let p = std::env::current_exe().ok()?.parent()?.join("effectgate");
-    p.exists().then_some(p)
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// `VmRSS` of process `pid`, MiB.
@@ -62,21 +33,6 @@ fn rss_mib(pid: u32) -> Option<f64> {
     Some(kb / 1024.0)
 }
 
-/// Whether `GET /readyz` on `port` answers 200.
-fn ready(port: u16) -> bool {
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    if s.write_all(b"GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .is_err()
-    {
-        return false;
-    }
-    let mut head = [0u8; 12];
-    s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
-}
-
 /// Runs (m), or says why it can't (no gateway binary: `None`).
 pub async fn measure(
     client: &HttpClient,
@@ -84,25 +40,19 @@ pub async fn measure(
     hash: &str,
     c: usize,
 ) -> anyhow::Result<Option<Memory>> {
-    let Some(bin) = binary() else {
+    let Some(bin) = process::binary() else {
         println!(
             "(m) skipped: no effectgate binary next to the bench (cargo build --release -p bench -p effectgate) and no $EFFECTGATE_BIN"
         );
         return Ok(None);
     };
-    let dir = tempfile::tempdir()?;
-    let (proxy, admin) = (free_port()?, free_port()?);
-    let cfg = dir.path().join("memory.toml");
     let replay_cache_bytes: u64 = 64 << 20;
-    std::fs::write(
-        &cfg,
-        format!(
+    let gw = process::spawn(
+        &bin,
+        &format!(
             r#"
-[listen]
-proxy = "127.0.0.1:{proxy}"
-admin = "127.0.0.1:{admin}"
 [storage]
-path = "{db}"
+path = "{{db}}"
 replay_cache_bytes = {replay_cache_bytes}
 [[tenants]]
 id = "bench"
@@ -113,26 +63,14 @@ prefix = "/pay/"
 upstream = "{up}"
 effectful_methods = ["POST"]
 provider_idempotency_header = "Idempotency-Key"
-"#,
-            db = dir.path().join("memory.db").display(),
+"#
         ),
-    )?;
-    let child = Command::new(&bin)
-        .args(["serve", "--config"])
-        .arg(&cfg)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let mut gw = Gateway(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !ready(admin) {
-        if gw.0.try_wait()?.is_some() || Instant::now() > deadline {
-            anyhow::bail!("(m): {} did not become ready", bin.display());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let pid = gw.0.id();
+        &[("RUST_LOG", "warn")],
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("(m): {e}"))?;
+    let pid = gw.pid();
+    let proxy = gw.proxy;
     let pay = format!("http://127.0.0.1:{proxy}/pay/v1/charges");
     let small = run(
         "(m) 1,000 effectful (own process)",

@@ -1,8 +1,29 @@
-//! (t) The cost of trace export: pass-through and effectful throughput
-//! with export paused and on (sampling 1.0, OTLP/HTTP to a receiver on
-//! loopback that reads and discards each export) in alternating rounds on
-//! one gateway, as ratios of the medians on/off from one run. Runs last:
-//! the tracer is process-wide and stays installed.
+//! (t) The cost of tracing: pass-through and effectful throughput of three
+//! `effectgate serve` processes (see [`crate::process`]) in front of the
+//! same mock provider, in interleaved rounds of one run:
+//!
+//! - **on**: the default log filter and trace export on
+//!   (`OTEL_EXPORTER_OTLP_ENDPOINT`, sampling 1.0, OTLP/HTTP to a receiver
+//!   in the bench that reads and discards each export);
+//! - **off**: the default log filter, no endpoint: what a gateway without
+//!   one runs;
+//! - **untraced**: `RUST_LOG=off` and no endpoint, so no span is built and
+//!   no line written.
+//!
+//! on / off is the cost of export (aim ≥ 0.9×); off / untraced is the cost
+//! of a gateway's spans and logs without export (aim ≥ 0.98×); it holds
+//! the info-level log line of each effectful call too, which predates
+//! tracing, so it is an upper bound of what spans cost.
+//!
+//! Rounds go in cycles, `untraced, off, on` and then the reverse order, so
+//! that a linear drift of the machine's speed falls on every arm alike;
+//! the ratios are taken within each cycle and their median is printed:
+//! the machine's speed changes from second to second here (by a third
+//! between runs), and a ratio of two rounds seconds apart carries that,
+//! while a median of per-cycle ratios carries much less. Each round also
+//! reads the CPU time the gateway process spent (`/proc/<pid>/stat`), per
+//! call: the steadier figure on a machine whose speed varies, since it
+//! doesn't depend on how much of the cores the client and the mock took.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,8 +31,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::{HttpClient, Stats, run};
 
 /// A gateway with a pass-through route `/pass/` and an effectful route
-/// `/pay/` in front of `up`, for the bench client key (`hash`); also the
-/// gateway of scenarios (b)–(d).
+/// `/pay/` in front of `up`, for the bench client key (`hash`), in this
+/// process: the gateway of scenarios (b)–(d).
 pub async fn gateway(
     up: &str,
     hash: &str,
@@ -47,35 +68,88 @@ provider_idempotency_header = "Idempotency-Key"
     Ok((gw, dir))
 }
 
-/// Rounds of (t): export off and on alternate, half each.
-const ROUNDS: usize = 8;
+/// Cycles of (t); each runs the three arms once.
+const CYCLES: usize = 8;
 
+/// One arm of (t).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Arm {
+    Untraced,
+    Off,
+    On,
+}
+
+impl Arm {
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            Arm::Untraced => ("(t) pass-through, untraced", "(t) effectful, untraced"),
+            Arm::Off => ("(t) pass-through, export off", "(t) effectful, export off"),
+            Arm::On => ("(t) pass-through, export on", "(t) effectful, export on"),
+        }
+    }
+}
+
+/// The arms of cycle `k` in order: forward in even cycles, reversed in odd
+/// ones.
+fn order(k: usize) -> [Arm; 3] {
+    if k.is_multiple_of(2) {
+        [Arm::Untraced, Arm::Off, Arm::On]
+    } else {
+        [Arm::On, Arm::Off, Arm::Untraced]
+    }
+}
+
+/// One round of an arm.
+struct Round {
+    arm: Arm,
+    pass: Stats,
+    effectful: Stats,
+    /// The gateway's CPU time per pass-through call, µs.
+    pass_cpu_us: f64,
+    /// The gateway's CPU time per effectful call, µs.
+    effectful_cpu_us: f64,
+}
+
+/// One round: `n` pass-through and `n / 5` (at least 200) effectful calls
+/// to `gw`, with the CPU time the gateway process spent on each.
 async fn measure(
     client: &HttpClient,
-    gw: &effectgate::Gateway,
+    gw: &crate::process::GatewayProcess,
+    arm: Arm,
     round: usize,
     n: usize,
     c: usize,
-) -> (Stats, Stats) {
-    let pass = format!("http://{}/pass/v1/charges", gw.proxy_addr);
-    let pay = format!("http://{}/pay/v1/charges", gw.proxy_addr);
-    let (pn, en): (&'static str, &'static str) = if round.is_multiple_of(2) {
-        ("(t) pass-through, export off", "(t) effectful, export off")
-    } else {
-        ("(t) pass-through, export on", "(t) effectful, export on")
+) -> Round {
+    let port = gw.proxy;
+    let pass = format!("http://127.0.0.1:{port}/pass/v1/charges");
+    let pay = format!("http://127.0.0.1:{port}/pay/v1/charges");
+    let (pn, en) = arm.names();
+    let per_call = |before: Option<f64>, after: Option<f64>, calls: usize| match (before, after) {
+        (Some(b), Some(a)) => (a - b) * 1000.0 / calls as f64,
+        _ => f64::NAN,
     };
-    let p = run(pn, client, pass, 2 * n, c, |_| None, true).await;
+    let cpu0 = gw.cpu_ms();
+    let p = run(pn, client, pass, n, c, |_| None, true).await;
+    let cpu1 = gw.cpu_ms();
+    let effectful_calls = (n / 5).max(200);
     let e = run(
         en,
         client,
         pay,
-        (n / 2).max(200),
+        effectful_calls,
         c,
         move |i| Some(format!("t-{round}-{i}")),
         true,
     )
     .await;
-    (p, e)
+    let cpu2 = gw.cpu_ms();
+    Round {
+        arm,
+        pass: p,
+        effectful: e,
+        pass_cpu_us: per_call(cpu0, cpu1, n),
+        effectful_cpu_us: per_call(cpu1, cpu2, effectful_calls),
+    }
 }
 
 /// The median of `xs` (not empty).
@@ -89,11 +163,61 @@ fn median(mut xs: Vec<f64>) -> f64 {
     }
 }
 
-/// Runs the scenario and prints its table and ratios: one gateway, the
-/// exporter installed once, and [`ROUNDS`] rounds of `2n` pass-through and
-/// `n/2` effectful calls in which export is paused
-/// ([`effectgate::telemetry::pause_export`]) and on in turn, so that drift
-/// of the machine over the run falls on both sides alike.
+/// The rounds of one cycle, one per arm.
+type Cycle = Vec<Round>;
+
+/// What is compared across arms.
+#[derive(Clone, Copy)]
+enum Figure {
+    PassRps,
+    EffectfulRps,
+    PassCpu,
+    EffectfulCpu,
+}
+
+impl Round {
+    fn figure(&self, f: Figure) -> f64 {
+        match f {
+            Figure::PassRps => self.pass.rps,
+            Figure::EffectfulRps => self.effectful.rps,
+            Figure::PassCpu => self.pass_cpu_us,
+            Figure::EffectfulCpu => self.effectful_cpu_us,
+        }
+    }
+}
+
+/// Per-cycle ratios `a / b` of `f`, as (median, lowest, highest).
+fn cycle_ratios(cycles: &[Cycle], a: Arm, b: Arm, f: Figure) -> (f64, f64, f64) {
+    let of = |cycle: &Cycle, arm: Arm| {
+        cycle
+            .iter()
+            .find(|r| r.arm == arm)
+            .map_or(f64::NAN, |r| r.figure(f))
+    };
+    let rs: Vec<f64> = cycles.iter().map(|cy| of(cy, a) / of(cy, b)).collect();
+    let lo = rs.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = rs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (median(rs), lo, hi)
+}
+
+/// The median of `f` over the rounds of `arm`.
+fn arm_median(cycles: &[Cycle], arm: Arm, f: Figure) -> f64 {
+    median(
+        cycles
+            .iter()
+            .flatten()
+            .filter(|r| r.arm == arm)
+            .map(|r| r.figure(f))
+            .collect(),
+    )
+}
+
+/// Runs the scenario and prints its table and ratios: three gateway
+/// processes (see the module docs) and [`CYCLES`] cycles of the three arms,
+/// each arm a round of `n` pass-through and `n / 5` effectful calls. Without
+/// a gateway binary it says that it skipped.
+///
+/// Errors: a gateway process can't start.
 pub async fn export_on_off(
     client: &HttpClient,
     up: &str,
@@ -101,6 +225,12 @@ pub async fn export_on_off(
     n: usize,
     c: usize,
 ) -> anyhow::Result<()> {
+    let Some(bin) = crate::process::binary() else {
+        println!(
+            "(t) skipped: no effectgate binary next to the bench (cargo build --release -p bench -p effectgate) and no $EFFECTGATE_BIN"
+        );
+        return Ok(());
+    };
     // The receiver: answers 200 to every export, counting them.
     let exports = Arc::new(AtomicU64::new(0));
     let counted = exports.clone();
@@ -120,57 +250,93 @@ pub async fn export_on_off(
     tokio::spawn(async move {
         let _ = axum::serve(l, app).await;
     });
-    // Logs: warnings only, as the other scenarios (which run with no
-    // subscriber at all) write none either.
-    let telemetry = effectgate::telemetry::init_with(
-        effectgate::telemetry::LogFormat::Text,
-        &effectgate::telemetry::TelemetrySettings {
-            traces_endpoint: Some(effectgate::telemetry::traces_url(&endpoint)),
-            sampling_ratio: 1.0,
-            ..Default::default()
-        },
-        "warn",
-    )?;
-    let (gw, _dir) = gateway(up, hash).await?;
-    let mut rows = Vec::with_capacity(ROUNDS);
-    for round in 0..ROUNDS {
-        effectgate::telemetry::pause_export(round.is_multiple_of(2));
-        rows.push(measure(client, &gw, round, n, c).await);
+    let config = format!(
+        r#"
+[storage]
+path = "{{db}}"
+[[tenants]]
+id = "bench"
+keys = [{{ role = "client", sha256 = "{hash}" }}]
+[[routes]]
+name = "pass"
+prefix = "/pass/"
+upstream = "{up}"
+mode = "pass"
+[[routes]]
+name = "pay"
+prefix = "/pay/"
+upstream = "{up}"
+effectful_methods = ["POST"]
+provider_idempotency_header = "Idempotency-Key"
+[telemetry]
+sampling_ratio = 1.0
+"#
+    );
+    let untraced = crate::process::spawn(&bin, &config, &[("RUST_LOG", "off")]).await?;
+    let off = crate::process::spawn(&bin, &config, &[]).await?;
+    let on = crate::process::spawn(
+        &bin,
+        &config,
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())],
+    )
+    .await?;
+    let mut cycles: Vec<Cycle> = Vec::with_capacity(CYCLES);
+    let mut round = 0;
+    for k in 0..CYCLES {
+        let mut cycle = Vec::with_capacity(3);
+        for arm in order(k) {
+            let gw = match arm {
+                Arm::Untraced => &untraced,
+                Arm::Off => &off,
+                Arm::On => &on,
+            };
+            cycle.push(measure(client, gw, arm, round, n, c).await);
+            round += 1;
+        }
+        cycles.push(cycle);
     }
-    effectgate::telemetry::pause_export(false);
-    gw.shutdown().await;
-    let telemetry = Arc::new(telemetry);
-    let t2 = telemetry.clone();
-    tokio::task::spawn_blocking(move || t2.flush()).await?;
+    drop((untraced, off, on));
 
     println!(
-        "trace export (OTLP/HTTP to a loopback receiver, sampling 1.0), one gateway, {ROUNDS} rounds, export off and on in turn:"
+        "tracing cost, three gateway processes: export on (OTLP/HTTP to a loopback receiver, sampling 1.0), export off (default logs), untraced (RUST_LOG=off); {CYCLES} cycles of the three arms:"
     );
     println!(
-        "{:<42} {:>10} {:>10} {:>10} {:>7}",
-        "scenario", "req/s", "p50 µs", "p99 µs", "errors"
+        "{:<42} {:>10} {:>10} {:>10} {:>7} {:>12}",
+        "scenario", "req/s", "p50 µs", "p99 µs", "errors", "CPU µs/call"
     );
-    for (p, e) in &rows {
-        for s in [p, e] {
+    for r in cycles.iter().flatten() {
+        for (s, cpu) in [(&r.pass, r.pass_cpu_us), (&r.effectful, r.effectful_cpu_us)] {
             println!(
-                "{:<42} {:>10.0} {:>10} {:>10} {:>7}",
-                s.name, s.rps, s.p50_us, s.p99_us, s.errors
+                "{:<42} {:>10.0} {:>10} {:>10} {:>7} {:>12.1}",
+                s.name, s.rps, s.p50_us, s.p99_us, s.errors, cpu
             );
         }
     }
-    let side = |on: bool, pass: bool| {
-        median(
-            rows.iter()
-                .enumerate()
-                .filter(|(i, _)| i.is_multiple_of(2) != on)
-                .map(|(_, (p, e))| if pass { p.rps } else { e.rps })
-                .collect(),
-        )
+    let show = |what: &str, a: Arm, b: Arm, aim: &str| {
+        let (pm, plo, phi) = cycle_ratios(&cycles, a, b, Figure::PassRps);
+        let (em, elo, ehi) = cycle_ratios(&cycles, a, b, Figure::EffectfulRps);
+        println!(
+            "{what}, median of per-cycle throughput ratios (lowest–highest): pass-through = {pm:.3} ({plo:.2}–{phi:.2}), effectful = {em:.3} ({elo:.2}–{ehi:.2}) (aim: at least {aim})"
+        );
+        let (pc, _, _) = cycle_ratios(&cycles, b, a, Figure::PassCpu);
+        let (ec, _, _) = cycle_ratios(&cycles, b, a, Figure::EffectfulCpu);
+        println!(
+            "{what}, median of per-cycle ratios of the gateway's CPU per call, inverted (CPU {b:?} / CPU {a:?}): pass-through = {pc:.3}, effectful = {ec:.3}"
+        );
     };
+    show("export on / off", Arm::On, Arm::Off, "0.9");
+    show("export off / untraced", Arm::Off, Arm::Untraced, "0.98");
     println!(
-        "ratios of median throughput on/off, same run: pass-through = {:.3}, effectful = {:.3} (aim: at least 0.9); {} export requests received",
-        side(true, true) / side(false, true),
-        side(true, false) / side(false, false),
+        "gateway CPU per call, median µs (untraced, off, on): pass-through {:.1}, {:.1}, {:.1}; effectful {:.1}, {:.1}, {:.1}",
+        arm_median(&cycles, Arm::Untraced, Figure::PassCpu),
+        arm_median(&cycles, Arm::Off, Figure::PassCpu),
+        arm_median(&cycles, Arm::On, Figure::PassCpu),
+        arm_median(&cycles, Arm::Untraced, Figure::EffectfulCpu),
+        arm_median(&cycles, Arm::Off, Figure::EffectfulCpu),
+        arm_median(&cycles, Arm::On, Figure::EffectfulCpu),
+    );
+    println!(
+        "{} export requests received",
         exports.load(Ordering::Relaxed)
     );
     Ok(())

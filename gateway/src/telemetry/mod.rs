@@ -16,6 +16,10 @@
 //! tenant, route, operation id, state and fencing token. Bodies and
 //! credentials never go into spans.
 
+mod log_fields;
+
+pub use log_fields::LogFields;
+
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
@@ -27,7 +31,6 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::Layer;
-use tracing_subscriber::filter::FilterExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -161,6 +164,7 @@ pub fn init_with(
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let fmt = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
+            .fmt_fields(LogFields)
             .with_writer(std::io::stderr)
             .with_ansi(ansi)
             .with_filter(filter)
@@ -193,10 +197,7 @@ pub fn init_with(
                 .with_tracked_inactivity(false)
                 .with_filter(
                     tracing_subscriber::filter::Targets::new()
-                        .with_target("effectgate", tracing::Level::DEBUG)
-                        .and(tracing_subscriber::filter::dynamic_filter_fn(|_, _| {
-                            exporting()
-                        })),
+                        .with_target("effectgate", tracing::Level::DEBUG),
                 );
             EXPORTING.store(true, std::sync::atomic::Ordering::Relaxed);
             (Some(layer), Some(provider))
@@ -307,24 +308,12 @@ pub fn extract(headers: &HeaderMap) -> opentelemetry::Context {
 }
 
 static EXPORTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-static PAUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Whether this process exports spans now ([`init`] installed an exporter,
-/// and [`pause_export`] has not paused it). Without export the helpers
-/// below skip every OpenTelemetry step and the export layer takes no span,
-/// so a request pays nothing for them.
+/// Whether this process exports spans ([`init`] installed an exporter).
+/// Without export the helpers below skip every OpenTelemetry step and no
+/// export layer is installed, so a request pays nothing for them.
 pub fn exporting() -> bool {
     EXPORTING.load(std::sync::atomic::Ordering::Relaxed)
-        && !PAUSED.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Pauses (`true`) or resumes (`false`) trace export in this process: while
-/// paused, spans started are never exported and cost what they cost
-/// without an exporter. Spans already started are exported as usual. The
-/// bench uses it to measure export on and off in alternating rounds of
-/// one process; a gateway never pauses by itself.
-pub fn pause_export(paused: bool) {
-    PAUSED.store(paused, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// `span`'s OpenTelemetry span context, when spans are exported and it
@@ -355,7 +344,7 @@ pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
 /// `traceparent` when export is off.
 pub fn trace_id_of(span: &tracing::Span, headers: &HeaderMap) -> Option<String> {
     if let Some(sc) = span_context(span) {
-        return Some(sc.trace_id().to_string());
+        return Some(hex::encode(sc.trace_id().to_bytes()));
     }
     headers
         .get(TRACEPARENT)
@@ -364,14 +353,37 @@ pub fn trace_id_of(span: &tracing::Span, headers: &HeaderMap) -> Option<String> 
         .map(|sc| sc.trace_id().to_string())
 }
 
+/// `00-<trace id>-<span id>-<flags>` (W3C Trace Context §3.2), 55 bytes of
+/// lowercase hex and dashes. Hex-encoded byte by byte: `TraceId`'s
+/// `Display` (`{:032x}` of a `u128`) costs about ten times as much, once
+/// or twice on every exported request.
+fn traceparent_bytes(sc: &SpanContext) -> [u8; 55] {
+    let mut b = *b"00-00000000000000000000000000000000-0000000000000000-00";
+    // The slices are exactly twice the bytes' lengths, so these can't fail.
+    let _ = hex::encode_to_slice(sc.trace_id().to_bytes(), &mut b[3..35]);
+    let _ = hex::encode_to_slice(sc.span_id().to_bytes(), &mut b[36..52]);
+    let _ = hex::encode_to_slice([sc.trace_flags().to_u8()], &mut b[53..55]);
+    b
+}
+
 /// `00-<trace id>-<span id>-<flags>` (W3C Trace Context §3.2).
 pub fn format_traceparent(sc: &SpanContext) -> String {
-    format!(
-        "00-{}-{}-{:02x}",
-        sc.trace_id(),
-        sc.span_id(),
-        sc.trace_flags().to_u8()
-    )
+    traceparent_bytes(sc)
+        .iter()
+        .map(|&b| char::from(b))
+        .collect()
+}
+
+/// [`format_traceparent`] as a header value (always one: hex digits and
+/// dashes).
+fn traceparent_value(sc: &SpanContext) -> Option<HeaderValue> {
+    HeaderValue::from_bytes(&traceparent_bytes(sc)).ok()
+}
+
+/// `span`'s `traceparent` as a header value, if it has an OpenTelemetry
+/// context (export on).
+pub fn traceparent_header_of(span: &tracing::Span) -> Option<HeaderValue> {
+    span_context(span).and_then(|sc| traceparent_value(&sc))
 }
 
 /// Parses a `traceparent` value (version 00; W3C Trace Context §3.2); an
@@ -408,7 +420,7 @@ pub fn inject_attempt(span: &tracing::Span, stored: Option<&str>, headers: &mut 
     } else {
         return;
     };
-    if let Ok(v) = HeaderValue::from_str(&format_traceparent(&sc)) {
+    if let Some(v) = traceparent_value(&sc) {
         headers.insert(TRACEPARENT, v);
     }
     let state = sc.trace_state().header();
@@ -483,6 +495,12 @@ mod tests {
         let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         let sc = parse_traceparent(tp).unwrap();
         assert_eq!(format_traceparent(&sc), tp);
+        assert_eq!(traceparent_value(&sc).unwrap(), tp);
+        let unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
+        assert_eq!(
+            format_traceparent(&parse_traceparent(unsampled).unwrap()),
+            unsampled
+        );
         for bad in [
             "",
             "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
