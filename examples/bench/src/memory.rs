@@ -50,20 +50,8 @@ pub async fn measure(
     let gw = process::spawn(
         &bin,
         &format!(
-            r#"
-[storage]
-path = "{{db}}"
-replay_cache_bytes = {replay_cache_bytes}
-[[tenants]]
-id = "bench"
-keys = [{{ role = "client", sha256 = "{hash}" }}]
-[[routes]]
-name = "pay"
-prefix = "/pay/"
-upstream = "{up}"
-effectful_methods = ["POST"]
-provider_idempotency_header = "Idempotency-Key"
-"#
+            "[storage]\npath = \"{{db}}\"\nreplay_cache_bytes = {replay_cache_bytes}\n{}",
+            crate::tracing_cost::tenant_and_routes(up, hash)
         ),
         &[("RUST_LOG", "warn")],
     )

@@ -30,21 +30,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::{HttpClient, Stats, run};
 
-/// A gateway with a pass-through route `/pass/` and an effectful route
-/// `/pay/` in front of `up`, for the bench client key (`hash`), in this
-/// process: the gateway of scenarios (b)–(d).
-pub async fn gateway(
-    up: &str,
-    hash: &str,
-) -> anyhow::Result<(effectgate::Gateway, tempfile::TempDir)> {
-    let dir = tempfile::tempdir()?;
-    let toml = format!(
+/// The bench tenant (client key digest `hash`, hex) with a pass-through
+/// route `/pass/` and an effectful route `/pay/` in front of `up`: the
+/// config of every bench gateway but its listeners and storage.
+pub fn tenant_and_routes(up: &str, hash: &str) -> String {
+    format!(
         r#"
-[listen]
-proxy = "127.0.0.1:0"
-admin = "127.0.0.1:0"
-[storage]
-path = "{db}"
 [[tenants]]
 id = "bench"
 keys = [{{ role = "client", sha256 = "{hash}" }}]
@@ -59,8 +50,21 @@ prefix = "/pay/"
 upstream = "{up}"
 effectful_methods = ["POST"]
 provider_idempotency_header = "Idempotency-Key"
-"#,
+"#
+    )
+}
+
+/// A gateway of [`tenant_and_routes`] in this process: the gateway of
+/// scenarios (b)–(d).
+pub async fn gateway(
+    up: &str,
+    hash: &str,
+) -> anyhow::Result<(effectgate::Gateway, tempfile::TempDir)> {
+    let dir = tempfile::tempdir()?;
+    let toml = format!(
+        "[listen]\nproxy = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n[storage]\npath = \"{db}\"\n{rest}",
         db = dir.path().join("bench.db").display(),
+        rest = tenant_and_routes(up, hash),
     );
     let cfg = dir.path().join("bench.toml");
     std::fs::write(&cfg, toml)?;
@@ -251,26 +255,8 @@ pub async fn export_on_off(
         let _ = axum::serve(l, app).await;
     });
     let config = format!(
-        r#"
-[storage]
-path = "{{db}}"
-[[tenants]]
-id = "bench"
-keys = [{{ role = "client", sha256 = "{hash}" }}]
-[[routes]]
-name = "pass"
-prefix = "/pass/"
-upstream = "{up}"
-mode = "pass"
-[[routes]]
-name = "pay"
-prefix = "/pay/"
-upstream = "{up}"
-effectful_methods = ["POST"]
-provider_idempotency_header = "Idempotency-Key"
-[telemetry]
-sampling_ratio = 1.0
-"#
+        "[storage]\npath = \"{{db}}\"\n[telemetry]\nsampling_ratio = 1.0\n{}",
+        tenant_and_routes(up, hash)
     );
     let untraced = crate::process::spawn(&bin, &config, &[("RUST_LOG", "off")]).await?;
     let off = crate::process::spawn(&bin, &config, &[]).await?;
