@@ -912,3 +912,56 @@ async fn a_caller_that_hangs_up_while_the_ledger_is_busy_still_gets_its_call_car
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(app.provider_calls().0, 1, "the retry is a replay");
 }
+
+/// The proxy listener remembers the principal of a connection's last
+/// `Authorization` for one settings snapshot: another key on the same
+/// keep-alive connection is its own tenant's, and a reload that revokes a
+/// key refuses that connection's next call with it.
+#[tokio::test]
+async fn a_connection_that_changes_keys_or_outlives_a_revocation_is_judged_afresh() {
+    let app = spawn_app().await;
+    // One client, one call at a time: every call rides the same connection.
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(1)
+        .build()
+        .unwrap();
+    let charge = |api_key: &'static str, key: &'static str| {
+        http.post(app.proxy("/pay/v1/charges"))
+            .bearer_auth(api_key)
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(BODY)
+            .send()
+    };
+    let r = charge(KEY_A, "same").await.unwrap();
+    assert_eq!(r.status(), 200);
+    // Tenant b's `same` is another operation than tenant a's: a fresh
+    // effect, not a replay of a's.
+    let r = charge(KEY_B, "same").await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("idempotent-replayed").is_none());
+    assert_eq!(app.mock.provider.effects(), 2);
+    let r = charge(KEY_A, "same").await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["idempotent-replayed"], "true");
+
+    // Tenant a's client key revoked (its digest replaced) by a reload.
+    let digest = |k: &str| -> String {
+        effectgate::config::key_digest(k)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    let path = app.gw.state.settings().source.clone().unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let revoked = text.replace(&digest(KEY_A), &digest("a-new-client-key"));
+    assert_ne!(revoked, text);
+    std::fs::write(&path, revoked).unwrap();
+    app.gw.state.reload(None).await.unwrap();
+    let r = charge(KEY_A, "after-revocation").await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(app.mock.provider.effects(), 2);
+    let r = charge(KEY_B, "b-after-reload").await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(app.mock.provider.effects(), 3);
+}

@@ -49,6 +49,9 @@ pub fn method_refusal(method: &Method) -> Option<OpError> {
             "{method} is never forwarded"
         )));
     }
+    if !method.as_str().bytes().any(|b| b.is_ascii_lowercase()) {
+        return None;
+    }
     let upper = method.as_str().to_ascii_uppercase();
     (upper != method.as_str() && STANDARD_METHODS.contains(&upper.as_str())).then(|| {
         OpError::BadRequest {
@@ -99,25 +102,28 @@ pub async fn refuse_dot_segments(req: Request, next: Next) -> Response {
     }
 }
 
-/// The refusal of `path`, if it could leave the route's base path.
+/// The refusal of `path`, if it could leave the route's base path: a `.`
+/// or `..` segment (also before a `;` path parameter: `..;x` is `..` to
+/// servlet containers), a backslash, or `%00`, `%2e`, `%2f`, `%5c` in
+/// either case. Reads the path in place (it runs on every call).
 pub fn path_refusal(path: &str) -> Option<OpError> {
-    path.split('/')
-        .any(|seg| {
-            let s = seg.to_ascii_lowercase();
-            // `..;x` is `..` to servlet containers (path parameters).
-            let bare = s.split(';').next().unwrap_or("");
-            bare == "."
-                || bare == ".."
-                || s.contains("%00")
-                || s.contains("%2e")
-                || s.contains("%2f")
-                || s.contains("%5c")
-                || s.contains('\\')
+    let encoded = path.as_bytes().windows(3).any(|w| {
+        w[0] == b'%'
+            && matches!(
+                (w[1], w[2].to_ascii_lowercase()),
+                (b'0', b'0') | (b'2', b'e') | (b'2', b'f') | (b'5', b'c')
+            )
+    });
+    let dots = || {
+        path.split('/').any(|seg| {
+            let bare = seg.split(';').next().unwrap_or("");
+            bare == "." || bare == ".."
         })
-        .then(|| OpError::BadRequest {
-            field: "path".into(),
-            message: "dot segments and encoded separators are not allowed in paths".into(),
-        })
+    };
+    (encoded || path.contains('\\') || dots()).then(|| OpError::BadRequest {
+        field: "path".into(),
+        message: "dot segments and encoded separators are not allowed in paths".into(),
+    })
 }
 
 #[cfg(test)]
@@ -182,6 +188,35 @@ mod tests {
         }
         for p in ["/pay/v1/charges", "/pay/v1/a.b/c", "/pay/v1/..x", "/"] {
             assert!(path_refusal(p).is_none(), "{p}");
+        }
+    }
+
+    /// The check as it was written first: each segment lowercased, then
+    /// searched.
+    fn path_refusal_by_segments(path: &str) -> bool {
+        path.split('/').any(|seg| {
+            let s = seg.to_ascii_lowercase();
+            let bare = s.split(';').next().unwrap_or("");
+            bare == "."
+                || bare == ".."
+                || s.contains("%00")
+                || s.contains("%2e")
+                || s.contains("%2f")
+                || s.contains("%5c")
+                || s.contains('\\')
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn path_refusal_reads_as_the_segment_by_segment_check(
+            path in "[/.;%25eEfFcC0a\\\\]{0,12}"
+        ) {
+            proptest::prop_assert_eq!(
+                path_refusal(&path).is_some(),
+                path_refusal_by_segments(&path),
+                "{:?}", path
+            );
         }
     }
 }

@@ -68,8 +68,12 @@ pub fn valid_request_id(v: &HeaderValue) -> bool {
 
 async fn drop_invalid_request_id(mut req: Request) -> Request {
     let bad = {
-        let all: Vec<&HeaderValue> = req.headers().get_all(&X_REQUEST_ID).iter().collect();
-        all.len() > 1 || all.first().is_some_and(|v| !valid_request_id(v))
+        let mut all = req.headers().get_all(&X_REQUEST_ID).iter();
+        match (all.next(), all.next()) {
+            (None, _) => false,
+            (Some(v), None) => !valid_request_id(v),
+            (Some(_), Some(_)) => true,
+        }
     };
     if bad {
         req.headers_mut().remove(&X_REQUEST_ID);

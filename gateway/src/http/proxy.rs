@@ -3,6 +3,7 @@
 //! (docs/design.md "Request flow", steps 1–4).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
@@ -15,7 +16,7 @@ use crate::config::{Principal, Role, Route};
 use crate::forward::{
     ListenerScheme, add_route_headers, build_request, caller_headers, upstream_uri,
 };
-use crate::http::auth::Authenticate;
+use crate::http::auth::{Authenticate, ConnAuth};
 use crate::http::guards;
 use crate::http::{answer_response, reply_response};
 use crate::idempotency::{fingerprint, parse_key};
@@ -112,7 +113,8 @@ async fn handle(
 /// 4. the bounded body and the fingerprint; then the effectful flow of
 /// [`Flow`].
 async fn handle_inner(app: &AppState, peer: SocketAddr, req: Request) -> Result<Response, OpError> {
-    let principal = authenticate_client(app, req.headers())?;
+    let conn_auth = req.extensions().get::<Arc<ConnAuth>>().cloned();
+    let principal = authenticate_client(app, req.headers(), conn_auth.as_deref())?;
     let rt = app.settings();
     let path = req.uri().path().to_owned();
     let route = rt
@@ -320,8 +322,12 @@ async fn mcp_decision(
 /// Step 1: the caller's principal, which must hold the `client` role.
 ///
 /// Errors: 401 without a valid key; 403 for any other role.
-fn authenticate_client(app: &AppState, headers: &http::HeaderMap) -> Result<Principal, OpError> {
-    let principal = app.authenticate(headers)?;
+fn authenticate_client(
+    app: &AppState,
+    headers: &http::HeaderMap,
+    conn: Option<&ConnAuth>,
+) -> Result<Principal, OpError> {
+    let principal = app.authenticate_on(headers, conn)?;
     if principal.role != Role::Client {
         return Err(OpError::Forbidden {
             role: principal.role.as_str(),
