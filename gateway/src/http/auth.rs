@@ -39,7 +39,6 @@ pub trait Authenticate {
 #[derive(Debug, Default)]
 pub struct ConnAuth(Mutex<Option<Memo>>);
 
-#[derive(Debug)]
 struct Memo {
     authorization: http::HeaderValue,
     /// The snapshot the principal was found in. Weak: an old snapshot's
@@ -49,14 +48,33 @@ struct Memo {
     principal: Principal,
 }
 
+impl std::fmt::Debug for Memo {
+    /// Names the principal; the `Authorization` value (a key) is never
+    /// written.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Memo")
+            .field("authorization", &"<redacted>")
+            .field("principal", &self.principal)
+            .finish()
+    }
+}
+
+/// Whether `a` and `b` hold the same bytes, in a time that depends on their
+/// length only (a connection a front proxy shares between callers must not
+/// tell one caller how much of its key matched another's).
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 impl ConnAuth {
     /// The memo's principal when `authorization` and `settings` are the ones
     /// it was found with.
     fn get(&self, authorization: &http::HeaderValue, settings: &Arc<Runtime>) -> Option<Principal> {
         let memo = self.0.lock().ok()?;
         let m = memo.as_ref()?;
-        (m.settings.as_ptr() == Arc::as_ptr(settings) && m.authorization == authorization)
-            .then(|| m.principal.clone())
+        (m.settings.as_ptr() == Arc::as_ptr(settings)
+            && same_bytes(m.authorization.as_bytes(), authorization.as_bytes()))
+        .then(|| m.principal.clone())
     }
 
     fn set(
@@ -152,5 +170,19 @@ impl Authenticate for AppState {
             });
         }
         Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_bytes_compares_whole_values() {
+        assert!(same_bytes(b"Bearer k1", b"Bearer k1"));
+        assert!(same_bytes(b"", b""));
+        assert!(!same_bytes(b"Bearer k1", b"Bearer k2"));
+        assert!(!same_bytes(b"Bearer k1", b"Bearer k10"));
+        assert!(!same_bytes(b"bearer k1", b"Bearer k1"));
     }
 }

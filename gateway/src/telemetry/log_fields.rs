@@ -68,9 +68,13 @@ impl Visit for LogVisitor<'_> {
             return;
         }
         let name = field.name();
+        // `DefaultFields` skips the `log` crate's metadata fields without
+        // a separator.
+        if name.starts_with("log.") {
+            return;
+        }
         if name == "message"
             || name.starts_with("r#")
-            || name.starts_with("log.")
             || self.writer.has_ansi_escapes()
             || !plain(value)
         {
@@ -149,6 +153,9 @@ mod tests {
             );
             span.record("tenant", "acme");
             let _g = span.enter();
+            // A `log` crate metadata field first: skipped, no separator.
+            let inner = tracing::info_span!("inner", log.target = "x", y = 1u64);
+            let _i = inner.enter();
             let err = std::io::Error::other("boom");
             tracing::info!(
                 path = "/x\ny",
@@ -183,6 +190,7 @@ mod tests {
             ),
             "{ours}"
         );
+        assert!(ours.contains("inner{y=1}"), "{ours}");
         assert!(
             ours.contains(r#"operation recorded: café path="/x\ny" ok=true error=boom"#),
             "{ours}"
