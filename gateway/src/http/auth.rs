@@ -59,13 +59,6 @@ impl std::fmt::Debug for Memo {
     }
 }
 
-/// Whether `a` and `b` hold the same bytes, in a time that depends on their
-/// length only (a connection a front proxy shares between callers must not
-/// tell one caller how much of its key matched another's).
-fn same_bytes(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 impl ConnAuth {
     /// The memo's principal when `authorization` and `settings` are the ones
     /// it was found with.
@@ -73,7 +66,7 @@ impl ConnAuth {
         let memo = self.0.lock().ok()?;
         let m = memo.as_ref()?;
         (m.settings.as_ptr() == Arc::as_ptr(settings)
-            && same_bytes(m.authorization.as_bytes(), authorization.as_bytes()))
+            && crate::http::same_bytes(m.authorization.as_bytes(), authorization.as_bytes()))
         .then(|| m.principal.clone())
     }
 
@@ -170,19 +163,5 @@ impl Authenticate for AppState {
             });
         }
         Ok(p)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn same_bytes_compares_whole_values() {
-        assert!(same_bytes(b"Bearer k1", b"Bearer k1"));
-        assert!(same_bytes(b"", b""));
-        assert!(!same_bytes(b"Bearer k1", b"Bearer k2"));
-        assert!(!same_bytes(b"Bearer k1", b"Bearer k10"));
-        assert!(!same_bytes(b"bearer k1", b"Bearer k1"));
     }
 }

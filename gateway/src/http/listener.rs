@@ -312,12 +312,15 @@ impl ConnCtx {
             idle_timeout,
         } = self;
         let c = conn.clone();
-        let auth = Arc::new(crate::http::auth::ConnAuth::default());
+        // Only the proxy listener's handler reads the memo.
+        let auth = (name == "proxy").then(|| Arc::new(crate::http::auth::ConnAuth::default()));
         let svc =
             hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
                 let in_flight = InFlight::new(c.clone());
                 req.extensions_mut().insert(ConnectInfo(peer));
-                req.extensions_mut().insert(auth.clone());
+                if let Some(auth) = &auth {
+                    req.extensions_mut().insert(auth.clone());
+                }
                 req.extensions_mut().insert(scheme);
                 // HTTP/2 carries the host in `:authority` (RFC 9113 §8.3.1):
                 // give the request the `Host` an HTTP/1.1 request has, so

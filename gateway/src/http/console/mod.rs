@@ -226,8 +226,9 @@ async fn login(
     headers: HeaderMap,
     Form(f): Form<LoginForm>,
 ) -> Response {
-    let form_ok = cookie(&headers, LOGIN_COOKIE)
-        .is_some_and(|c| !f.csrf.is_empty() && subtle_eq(c.as_bytes(), f.csrf.as_bytes()));
+    let form_ok = cookie(&headers, LOGIN_COOKIE).is_some_and(|c| {
+        !f.csrf.is_empty() && crate::http::same_bytes(c.as_bytes(), f.csrf.as_bytes())
+    });
     if !form_ok {
         return login_form(
             StatusCode::FORBIDDEN,
@@ -288,7 +289,7 @@ struct CsrfForm {
 /// The 403 for a form posted without its session's CSRF token, or `None`
 /// when the token matches.
 fn csrf_refused(s: &Session, token: &str) -> Option<Response> {
-    use subtle_eq as eq;
+    use crate::http::same_bytes as eq;
     (!eq(s.csrf.as_bytes(), token.as_bytes())).then(|| {
         OpError::Forbidden {
             role: "console session",
@@ -296,11 +297,6 @@ fn csrf_refused(s: &Session, token: &str) -> Option<Response> {
         }
         .into_response()
     })
-}
-
-/// Constant-time byte comparison.
-fn subtle_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn logout(
