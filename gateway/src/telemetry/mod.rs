@@ -150,8 +150,8 @@ pub fn init(format: LogFormat, settings: &TelemetrySettings) -> anyhow::Result<T
     init_with(format, settings, "effectgate=info,warn")
 }
 
-/// [`init`] with another log filter when `RUST_LOG` is unset (the bench
-/// logs warnings only).
+/// [`init`] with another log filter when `RUST_LOG` is unset (for an
+/// embedding program that wants fewer lines).
 ///
 /// Errors: as [`init`].
 pub fn init_with(
