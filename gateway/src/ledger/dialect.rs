@@ -60,8 +60,11 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
     /// Whether a write's savepoint is released when the write ends (SQLite:
     /// a release is no round trip there, and with savepoints nested n deep
     /// SQLite checks, and copies the page for, every open one on each page
-    /// a statement changes) rather than left open until the batch's
-    /// `COMMIT` (PostgreSQL: that saves each write a round trip).
+    /// a statement changes) rather than with the next write's savepoint, in
+    /// the same round trip, or by the batch's `COMMIT` (PostgreSQL: that
+    /// saves each write a round trip, and savepoints never nest: a
+    /// subtransaction n deep makes every row check walk all n, and past 64
+    /// every snapshot of the server overflows to `pg_subtrans`).
     const RELEASE_EACH_WRITE: bool;
     /// Follows `FROM operations` in the retention sweep's scan so that it
     /// reads the partial index of terminal rows by last change
@@ -163,13 +166,14 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
         clock: &LedgerClock,
     ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
 
-    /// Opens a write's savepoint on the batch connection (first its
-    /// transaction, when `begin`) in one round trip. PostgreSQL reads the
-    /// database clock in the same round trip and returns it (ms since the
-    /// Unix epoch); SQLite returns `None` (its clock is the gateway's).
+    /// Opens a write's savepoint on the batch connection in one round trip,
+    /// after what `before` says (the transaction's `BEGIN`, or the release
+    /// of the previous write's savepoint). PostgreSQL reads the database
+    /// clock in the same round trip and returns it (ms since the Unix
+    /// epoch); SQLite returns `None` (its clock is the gateway's).
     fn open_savepoint(
         conn: &mut Self::Conn,
-        begin: bool,
+        before: Before,
     ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send;
 
     /// Steps the ledger's clock by `ms`, negative: back (PostgreSQL: the
@@ -179,6 +183,20 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
         clock: &LedgerClock,
         ms: i64,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+}
+
+/// What [`Dialect::open_savepoint`] sends ahead of the savepoint, in the
+/// same round trip.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Before {
+    /// `BEGIN`: the batch's first write.
+    Begin,
+    /// `RELEASE SAVEPOINT`: the previous write of the batch ended with its
+    /// savepoint open (never on a dialect with
+    /// [`Dialect::RELEASE_EACH_WRITE`]).
+    Release,
+    /// Nothing: inside the open transaction, no savepoint open.
+    Nothing,
 }
 
 /// One bound value. The variant fixes the SQL type, so a NULL is typed

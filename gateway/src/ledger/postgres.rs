@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-use super::dialect::{Arg, Conn, Dialect, Pool, Query, Stmt, ledger_row};
+use super::dialect::{Arg, Before, Conn, Dialect, Pool, Query, Stmt, ledger_row};
 use super::store::{BatchLimits, Store};
 use super::{LedgerClock, LedgerError};
 
@@ -141,18 +141,20 @@ impl Dialect for PgDialect {
         Ok(db)
     }
 
-    /// One simple-query message: `[BEGIN;] SAVEPOINT …; SELECT
-    /// effectgate_now_ms()`, so the database clock costs no round trip of
-    /// its own.
+    /// One simple-query message: `[BEGIN; | RELEASE SAVEPOINT …;]
+    /// SAVEPOINT …; SELECT effectgate_now_ms()`, so the database clock and
+    /// the previous write's release cost no round trip of their own.
     async fn open_savepoint(
         conn: &mut Conn<Self>,
-        begin: bool,
+        before: Before,
     ) -> Result<Option<i64>, sqlx::Error> {
         use sqlx::Row;
-        let sql = if begin {
-            "BEGIN; SAVEPOINT effectgate_write; SELECT effectgate_now_ms()"
-        } else {
-            "SAVEPOINT effectgate_write; SELECT effectgate_now_ms()"
+        let sql = match before {
+            Before::Begin => "BEGIN; SAVEPOINT effectgate_write; SELECT effectgate_now_ms()",
+            Before::Release => {
+                "RELEASE SAVEPOINT effectgate_write; SAVEPOINT effectgate_write; SELECT effectgate_now_ms()"
+            }
+            Before::Nothing => "SAVEPOINT effectgate_write; SELECT effectgate_now_ms()",
         };
         let row = sqlx::raw_sql(sql).fetch_one(&mut **conn).await?;
         Ok(Some(row.try_get::<i64, _>(0)?))

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-use super::dialect::{Arg, Dialect, Pool, Query, Stmt};
+use super::dialect::{Arg, Before, Dialect, Pool, Query, Stmt};
 use super::store::{BatchLimits, Store};
 use super::{Clock, LedgerClock, LedgerError};
 
@@ -150,8 +150,12 @@ impl Dialect for SqliteDialect {
         Ok(clock.now_ms())
     }
 
-    async fn open_savepoint(conn: &mut Conn, begin: bool) -> Result<Option<i64>, sqlx::Error> {
-        if begin {
+    async fn open_savepoint(conn: &mut Conn, before: Before) -> Result<Option<i64>, sqlx::Error> {
+        debug_assert!(
+            before != Before::Release,
+            "SQLite releases each write's savepoint"
+        );
+        if before == Before::Begin {
             // `BEGIN` and the savepoint in one call (on a blocking thread
             // when it has to wait for another process's lock).
             const OPEN: &str = "BEGIN IMMEDIATE; SAVEPOINT effectgate_write";

@@ -7,10 +7,10 @@
 //! waits for its turn on it (turns are handed out first come, first
 //! served), runs its statements inside a `SAVEPOINT` of the open batch
 //! transaction and, on PostgreSQL, leaves the savepoint open
-//! ([`BatchTx::commit`]): the next write's savepoint nests inside it, and
-//! the batch's `COMMIT` ends them all (a batch of n writes nests n deep,
-//! n ≤ `storage.write_batch_max`), which saves each write a round trip (on
-//! SQLite, where a release is no round trip, each write releases its own:
+//! ([`BatchTx::commit`]): the next write releases it in the message that
+//! opens its own, and the batch's `COMMIT` releases the last, which saves
+//! each write a round trip without nesting savepoints (on SQLite, where a
+//! release is no round trip, each write releases its own:
 //! [`Dialect::RELEASE_EACH_WRITE`]); a write
 //! that fails, loses its compare-and-swap with an error, or is dropped
 //! half-way is rolled back to its savepoint, so it never takes the others
@@ -48,7 +48,7 @@ use std::time::Instant;
 use tokio::sync::{Mutex, Notify, OwnedMutexGuard, oneshot};
 
 use super::super::LedgerError;
-use super::super::dialect::{Conn, Dialect, sql};
+use super::super::dialect::{Before, Conn, Dialect, sql};
 
 /// What one write of a batch hears back: the batch's size, or why its
 /// commit failed.
@@ -135,6 +135,9 @@ struct Batch<D: Dialect> {
     /// A write's savepoint is still open: its owner was dropped before it
     /// finished. Rolled back before anything else runs.
     abandoned: bool,
+    /// The last write's savepoint is still open, its write done
+    /// (PostgreSQL): the next write's savepoint releases it first.
+    held: bool,
     /// Whether a failure injection (`ledger-commit-fail`) marked this
     /// batch to fail its `COMMIT`.
     poisoned: bool,
@@ -250,6 +253,7 @@ impl<D: Dialect> Writer<D> {
                 conn: None,
                 open: false,
                 abandoned: false,
+                held: false,
                 poisoned: false,
                 crash_before: false,
                 crash_after: false,
@@ -401,12 +405,19 @@ async fn prepare<D: Dialect>(source: &D::WriteSource, b: &mut Batch<D>) -> Resul
             .await?;
         b.abandoned = false;
     }
-    let begin = !b.open;
-    let now = D::open_savepoint(conn, begin).await;
-    if begin && now.is_ok() {
+    let before = if !b.open {
+        Before::Begin
+    } else if b.held {
+        Before::Release
+    } else {
+        Before::Nothing
+    };
+    let now = D::open_savepoint(conn, before).await;
+    if before == Before::Begin && now.is_ok() {
         b.open = true;
     }
     let now = now?;
+    b.held = false;
     b.abandoned = true;
     b.now = now;
     Ok(())
@@ -420,6 +431,7 @@ fn discard<D: Dialect>(b: &mut Batch<D>) {
     }
     b.open = false;
     b.abandoned = false;
+    b.held = false;
 }
 
 /// Rolls the open batch back and answers its writes with `why`. The
@@ -435,6 +447,7 @@ async fn abort<D: Dialect>(b: &mut Batch<D>, why: &str, stall: Option<std::time:
     }
     b.open = false;
     b.abandoned = false;
+    b.held = false;
     b.poisoned = false;
     b.crash_before = false;
     b.crash_after = false;
@@ -534,6 +547,7 @@ fn committed<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>, started: Instant)
         shared.terminal_epoch.fetch_add(1, Ordering::AcqRel);
     }
     b.open = false;
+    b.held = false;
     b.bytes = 0;
     b.crash_before = false;
     b.crash_after = false;
@@ -636,8 +650,8 @@ impl<D: Dialect> BatchTx<D> {
         b.crash_after |= crate::failpoint::names("batch-after-commit", operation_id);
     }
 
-    /// Ends this write (its savepoint stays open on PostgreSQL, see the
-    /// module docs: a later failed write rolls back only to its own; on
+    /// Ends this write (its savepoint stays open on PostgreSQL until the
+    /// next write's opens or the batch commits, see the module docs; on
     /// SQLite it is released, [`Dialect::RELEASE_EACH_WRITE`]) and waits
     /// until the batch holding this write is committed. Returns the
     /// batch's size (writes in it); the ledger span of the call records it
@@ -658,6 +672,7 @@ impl<D: Dialect> BatchTx<D> {
         }
         let mut b = self.guard.take().expect("a write commits once");
         b.abandoned = false;
+        b.held = !D::RELEASE_EACH_WRITE;
         let (tx, rx) = oneshot::channel();
         b.waiting.push(tx);
         b.bytes = b.bytes.saturating_add(self.bytes);
