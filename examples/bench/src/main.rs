@@ -90,7 +90,7 @@ struct Args {
     postgres: Option<String>,
     /// Also measure the resident memory of a gateway process of its own
     /// after 1,000 and after 100,000 effectful calls (about a minute; needs
-    /// the `effectgate` binary next to the bench's, or `$EFFECTGATE_BIN`).
+    /// the `effectgate` binary next to the bench's, or `$BENCH_EFFECTGATE_BIN`).
     #[arg(long)]
     memory: bool,
     /// Run only the trace-export scenario (t), e.g. under a profiler.

@@ -42,7 +42,7 @@ pub async fn measure(
 ) -> anyhow::Result<Option<Memory>> {
     let Some(bin) = process::binary() else {
         println!(
-            "(m) skipped: no effectgate binary next to the bench (cargo build --release -p bench -p effectgate) and no $EFFECTGATE_BIN"
+            "(m) skipped: no effectgate binary next to the bench (cargo build --release -p bench -p effectgate) and no $BENCH_EFFECTGATE_BIN"
         );
         return Ok(None);
     };

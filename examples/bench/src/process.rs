@@ -1,8 +1,11 @@
 //! `effectgate serve` processes of the bench's own, in front of its mock
 //! provider: scenarios (m) and (t) measure a gateway as users run it,
 //! apart from the bench process (which holds the client and the mock
-//! provider). The binary is `$EFFECTGATE_BIN`, else `effectgate` next to
+//! provider). The binary is `$BENCH_EFFECTGATE_BIN`, else `effectgate` next to
 //! the bench's binary (`cargo build --release -p bench -p effectgate`).
+//! Not `EFFECTGATE_BIN`: every `EFFECTGATE_…` variable is a setting of the
+//! gateway's configuration, read by the bench's in-process gateways and by
+//! the processes it starts, which refuse one they don't know.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -46,7 +49,7 @@ impl Drop for GatewayProcess {
 
 /// The gateway binary, if there is one.
 pub fn binary() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("EFFECTGATE_BIN") {
+    if let Ok(p) = std::env::var("BENCH_EFFECTGATE_BIN") {
         return Some(PathBuf::from(p));
     }
     let p = std::env::current_exe().ok()?.parent()?.join("effectgate");

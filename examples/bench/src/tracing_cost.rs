@@ -231,7 +231,7 @@ pub async fn export_on_off(
 ) -> anyhow::Result<()> {
     let Some(bin) = crate::process::binary() else {
         println!(
-            "(t) skipped: no effectgate binary next to the bench (cargo build --release -p bench -p effectgate) and no $EFFECTGATE_BIN"
+            "(t) skipped: no effectgate binary next to the bench (cargo build --release -p bench -p effectgate) and no $BENCH_EFFECTGATE_BIN"
         );
         return Ok(());
     };
