@@ -86,7 +86,11 @@ pub async fn compare(
     let lowest = ratios.iter().copied().fold(f64::INFINITY, f64::min);
     let highest = ratios.iter().copied().fold(0.0, f64::max);
     let paired = Paired {
-        ratio: median_f(ratios),
+        ratio: if ratios.is_empty() {
+            0.0
+        } else {
+            crate::tracing_cost::median(ratios)
+        },
         lowest,
         highest,
         a_p99_us: median_u(a_p99),
@@ -105,20 +109,6 @@ pub async fn compare(
     paired
 }
 
-/// The median of `xs` (0 when empty).
-fn median_f(mut xs: Vec<f64>) -> f64 {
-    if xs.is_empty() {
-        return 0.0;
-    }
-    xs.sort_by(f64::total_cmp);
-    let m = xs.len() / 2;
-    if xs.len() % 2 == 1 {
-        xs[m]
-    } else {
-        (xs[m - 1] + xs[m]) / 2.0
-    }
-}
-
 /// The median of `xs` (0 when empty; the lower middle of an even count).
 fn median_u(mut xs: Vec<u128>) -> u128 {
     xs.sort_unstable();
@@ -131,9 +121,8 @@ mod tests {
 
     #[test]
     fn medians_of_odd_and_even_counts() {
-        assert_eq!(median_f(vec![3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median_f(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
-        assert_eq!(median_f(Vec::new()), 0.0);
+        assert_eq!(crate::tracing_cost::median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(crate::tracing_cost::median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
         assert_eq!(median_u(vec![30, 10, 20, 40]), 20);
         assert_eq!(median_u(Vec::new()), 0);
     }

@@ -157,7 +157,7 @@ async fn measure(
 }
 
 /// The median of `xs` (not empty).
-fn median(mut xs: Vec<f64>) -> f64 {
+pub(crate) fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     let m = xs.len() / 2;
     if xs.len().is_multiple_of(2) {
