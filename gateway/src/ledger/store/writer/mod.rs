@@ -125,6 +125,20 @@ fn stalled(limit: Option<std::time::Duration>) -> String {
     )
 }
 
+/// The savepoint open on the write connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Savepoint {
+    /// None.
+    None,
+    /// A write's, and the write has not ended: once its owner is dropped
+    /// before it finished (abandoned), it is rolled back before anything
+    /// else runs.
+    Writing,
+    /// The last write's, its write done (PostgreSQL): the next write's
+    /// savepoint releases it first, or the batch's `COMMIT` does.
+    Held,
+}
+
 /// The write connection and the open batch.
 struct Batch<D: Dialect> {
     /// The connection (`None` after a failure that may have broken it:
@@ -132,12 +146,8 @@ struct Batch<D: Dialect> {
     conn: Option<Conn<D>>,
     /// Whether `BEGIN` was sent.
     open: bool,
-    /// A write's savepoint is still open: its owner was dropped before it
-    /// finished. Rolled back before anything else runs.
-    abandoned: bool,
-    /// The last write's savepoint is still open, its write done
-    /// (PostgreSQL): the next write's savepoint releases it first.
-    held: bool,
+    /// The savepoint open on the connection, if any.
+    savepoint: Savepoint,
     /// Whether a failure injection (`ledger-commit-fail`) marked this
     /// batch to fail its `COMMIT`.
     poisoned: bool,
@@ -252,8 +262,7 @@ impl<D: Dialect> Writer<D> {
             batch: Arc::new(Mutex::new(Batch {
                 conn: None,
                 open: false,
-                abandoned: false,
-                held: false,
+                savepoint: Savepoint::None,
                 poisoned: false,
                 crash_before: false,
                 crash_after: false,
@@ -396,29 +405,26 @@ async fn prepare<D: Dialect>(source: &D::WriteSource, b: &mut Batch<D>) -> Resul
         b.conn = Some(D::connect_writer(source).await?);
     }
     let conn = b.conn.as_mut().expect("just set");
-    if b.abandoned {
+    if b.savepoint == Savepoint::Writing {
         sql::<D>("ROLLBACK TO SAVEPOINT effectgate_write")
             .execute(conn)
             .await?;
         sql::<D>("RELEASE SAVEPOINT effectgate_write")
             .execute(conn)
             .await?;
-        b.abandoned = false;
+        b.savepoint = Savepoint::None;
     }
-    let before = if !b.open {
-        Before::Begin
-    } else if b.held {
-        Before::Release
-    } else {
-        Before::Nothing
+    let before = match (b.open, b.savepoint) {
+        (false, _) => Before::Begin,
+        (true, Savepoint::Held) => Before::Release,
+        (true, _) => Before::Nothing,
     };
     let now = D::open_savepoint(conn, before).await;
     if before == Before::Begin && now.is_ok() {
         b.open = true;
     }
     let now = now?;
-    b.held = false;
-    b.abandoned = true;
+    b.savepoint = Savepoint::Writing;
     b.now = now;
     Ok(())
 }
@@ -430,8 +436,7 @@ fn discard<D: Dialect>(b: &mut Batch<D>) {
         D::discard(conn);
     }
     b.open = false;
-    b.abandoned = false;
-    b.held = false;
+    b.savepoint = Savepoint::None;
 }
 
 /// Rolls the open batch back and answers its writes with `why`. The
@@ -446,8 +451,7 @@ async fn abort<D: Dialect>(b: &mut Batch<D>, why: &str, stall: Option<std::time:
         discard(b);
     }
     b.open = false;
-    b.abandoned = false;
-    b.held = false;
+    b.savepoint = Savepoint::None;
     b.poisoned = false;
     b.crash_before = false;
     b.crash_after = false;
@@ -473,7 +477,7 @@ async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) {
         abort(b, "the ledger's write connection was lost", stall).await;
         return;
     };
-    if b.abandoned {
+    if b.savepoint == Savepoint::Writing {
         let undo = async {
             sql::<D>("ROLLBACK TO SAVEPOINT effectgate_write")
                 .execute(&mut *conn)
@@ -493,7 +497,7 @@ async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) {
             abort(b, &why, stall).await;
             return;
         }
-        b.abandoned = false;
+        b.savepoint = Savepoint::None;
     }
     let size = b.waiting.len();
     if b.crash_before && size >= 2 {
@@ -547,7 +551,7 @@ fn committed<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>, started: Instant)
         shared.terminal_epoch.fetch_add(1, Ordering::AcqRel);
     }
     b.open = false;
-    b.held = false;
+    b.savepoint = Savepoint::None;
     b.bytes = 0;
     b.crash_before = false;
     b.crash_after = false;
@@ -572,7 +576,7 @@ fn commit_alone<D: Dialect>(
     let quiet = b.waiting.len() == 1
         && shared.queued.load(Ordering::Relaxed) == 0
         && shared.last_size.load(Ordering::Relaxed) <= 1
-        && !(b.poisoned || b.crash_before || b.crash_after || b.abandoned);
+        && !(b.poisoned || b.crash_before || b.crash_after || b.savepoint == Savepoint::Writing);
     if !quiet {
         return Some(b);
     }
@@ -671,8 +675,11 @@ impl<D: Dialect> BatchTx<D> {
                 .await?;
         }
         let mut b = self.guard.take().expect("a write commits once");
-        b.abandoned = false;
-        b.held = !D::RELEASE_EACH_WRITE;
+        b.savepoint = if D::RELEASE_EACH_WRITE {
+            Savepoint::None
+        } else {
+            Savepoint::Held
+        };
         let (tx, rx) = oneshot::channel();
         b.waiting.push(tx);
         b.bytes = b.bytes.saturating_add(self.bytes);
@@ -742,7 +749,7 @@ impl<D: Dialect> Drop for BatchTx<D> {
         // transaction ends, so it never stays open (on PostgreSQL holding
         // the rows the write locked) until some other write comes along.
         if let Some(b) = self.guard.take()
-            && (b.abandoned || !b.waiting.is_empty())
+            && (b.savepoint == Savepoint::Writing || !b.waiting.is_empty())
         {
             self.shared.wake.notify_one();
         }
