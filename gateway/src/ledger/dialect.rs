@@ -75,9 +75,11 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
     /// empty (its planner chooses by cost).
     const TERMINAL_BY_CHANGE: &'static str;
 
-    /// How many times [`Dialect::with_transition`]'s text binds the row's
-    /// tenant and operation id once more, after the transition's values.
-    const TRANSITION_ROW_NAMES: usize;
+    /// Whether [`Dialect::with_transitions`]' text binds the row's tenant
+    /// and operation id once more after each transition row's values, and
+    /// once more after the last (SQLite: it reads the row by its key;
+    /// PostgreSQL: from the compare-and-swap's `RETURNING`, binding none).
+    const TRANSITION_ROW_NAMES: bool;
 
     /// `sql` as this backend takes it (converted once, then cached).
     fn q(sql: &str) -> &'static str;
@@ -85,13 +87,33 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
     /// One statement text (SQLite placeholders) that runs `cas` — a
     /// compare-and-swap of one `operations` row ending in `RETURNING
     /// {returning}` (a column list naming `version` and `fence`) — and,
-    /// when it applied, appends its `transitions` row with the row's new
-    /// version and fencing token: one round trip instead of two. It
-    /// returns `cas`'s row with those columns (none when it did not apply)
-    /// and binds `cas`'s values, then tenant, operation id, from, to,
-    /// actor, reason and time, then tenant and operation id as many times
-    /// as [`Dialect::TRANSITION_ROW_NAMES`] says.
-    fn with_transition(cas: &str, returning: &str) -> String;
+    /// when it applied, appends `rows` (at least 1) `transitions` rows in
+    /// order: the last with the row's new version and fencing token, each
+    /// one before it with one version and one fencing token less than the
+    /// next (a reservation and its claim, written as one row: version 1,
+    /// token 0, then version 2, token 1). One round trip instead of
+    /// `rows + 1`. It returns `cas`'s row with those columns (none when it
+    /// did not apply) and binds `cas`'s values, then for each transition
+    /// row its tenant, operation id, from, to, actor, reason and time
+    /// (followed by tenant and operation id when
+    /// [`Dialect::TRANSITION_ROW_NAMES`]), then tenant and operation id
+    /// once more when [`Dialect::TRANSITION_ROW_NAMES`].
+    fn with_transitions(cas: &str, returning: &str, rows: usize) -> String;
+
+    /// [`Dialect::with_transitions`] with one transition row.
+    fn with_transition(cas: &str, returning: &str) -> String {
+        Self::with_transitions(cas, returning, 1)
+    }
+
+    /// `version, fence` of the transition row `back` rows before the last
+    /// one [`Dialect::with_transitions`] appends (0: the last).
+    fn transition_version(back: usize) -> String {
+        if back == 0 {
+            "version, fence".to_owned()
+        } else {
+            format!("version - {back}, fence - {back}")
+        }
+    }
 
     /// A connection of the read pool `pool`.
     fn acquire(pool: &Pool<Self>) -> impl Future<Output = Result<Self::Conn, sqlx::Error>> + Send;

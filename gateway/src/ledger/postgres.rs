@@ -60,20 +60,31 @@ impl Dialect for PgDialect {
     const RELEASE_EACH_WRITE: bool = false;
     const TERMINAL_BY_CHANGE: &'static str = "";
 
-    const TRANSITION_ROW_NAMES: usize = 0;
+    const TRANSITION_ROW_NAMES: bool = false;
 
     fn q(sql: &str) -> &'static str {
         super::dialect::cached(sql, super::dialect::dollar_placeholders)
     }
 
-    /// A data-modifying `WITH`: the transition row is inserted from the
-    /// compare-and-swap's `RETURNING` (no row, no transition).
-    fn with_transition(cas: &str, returning: &str) -> String {
+    /// A data-modifying `WITH`: the transition rows are inserted from the
+    /// compare-and-swap's `RETURNING` (no row, no transition), in order
+    /// (`UNION ALL` hands them to the `INSERT` one branch after the other,
+    /// so their `seq` follows that order).
+    fn with_transitions(cas: &str, returning: &str, rows: usize) -> String {
+        let selects: Vec<String> = (0..rows.max(1))
+            .rev()
+            .map(|back| {
+                format!(
+                    "SELECT ?, ?, ?, ?, {}, ?, ?, ? FROM applied",
+                    Self::transition_version(back)
+                )
+            })
+            .collect();
         format!(
-            "WITH applied AS ({cas}), appended AS (INSERT INTO transitions ({}) \
-             SELECT ?, ?, ?, ?, version, fence, ?, ?, ? FROM applied) \
+            "WITH applied AS ({cas}), appended AS (INSERT INTO transitions ({}) {}) \
              SELECT {returning} FROM applied",
-            super::dialect::TRANSITION_COLUMNS
+            super::dialect::TRANSITION_COLUMNS,
+            selects.join(" UNION ALL ")
         )
     }
 

@@ -284,7 +284,8 @@ pub(crate) async fn apply_returning<D: Dialect, C: Command>(
     });
     let row = match cmd.guard() {
         Guard::NewKey(new) => {
-            insert::<D>(conn, new, cmd.target(), transition, now, columns).await?
+            let transitions: &[TransitionRow<'_>] = transition.as_slice();
+            insert::<D>(conn, new, None, transitions, now, columns).await?
         }
         _ => update::<D, C>(conn, cmd, transition, now, columns).await?,
     };
@@ -357,58 +358,132 @@ async fn update<D: Dialect, C: Command>(
     if lease != LeaseCheck::Any {
         stmt = stmt.bind(now);
     }
-    run_cas::<D>(stmt, transition, conn).await
+    run_cas::<D>(stmt, transition.as_slice(), conn).await
 }
 
-/// Runs compare-and-swap `stmt` (its binds so far) and, with
-/// `transition`, the `transitions` row it appends when it applied, in the
-/// same round trip: then `stmt`'s text is [`Dialect::with_transition`]'s.
+/// Runs compare-and-swap `stmt` (its binds so far) and the `transitions`
+/// rows it appends when it applied, in order, in the same round trip: with
+/// any, `stmt`'s text is [`Dialect::with_transitions`]' for that many.
 async fn run_cas<D: Dialect>(
-    stmt: Stmt<D>,
-    transition: Option<TransitionRow<'_>>,
+    mut stmt: Stmt<D>,
+    transitions: &[TransitionRow<'_>],
     conn: &mut Conn<D>,
 ) -> Result<Option<D::Row>, sqlx::Error> {
-    Ok(match transition {
-        None => stmt.fetch_optional(conn).await?,
-        Some(t) => {
-            let mut stmt = stmt
-                .bind(t.op.tenant)
-                .bind(t.op.operation_id)
-                .bind(t.from)
-                .bind(t.to)
-                .bind(super::dialect::clean(t.record.actor))
-                .bind(super::dialect::clean(&t.record.reason))
-                .bind(t.at);
-            for _ in 0..D::TRANSITION_ROW_NAMES {
-                stmt = stmt.bind(t.op.tenant).bind(t.op.operation_id);
-            }
-            // Every statement of the text runs (a first-row fetch would
-            // stop after the compare-and-swap's row).
-            stmt.fetch_all(conn).await?.into_iter().next()
+    let Some(last) = transitions.last() else {
+        return stmt.fetch_optional(conn).await;
+    };
+    for t in transitions {
+        stmt = stmt
+            .bind(t.op.tenant)
+            .bind(t.op.operation_id)
+            .bind(t.from)
+            .bind(t.to)
+            .bind(super::dialect::clean(t.record.actor))
+            .bind(super::dialect::clean(&t.record.reason))
+            .bind(t.at);
+        if D::TRANSITION_ROW_NAMES {
+            stmt = stmt.bind(t.op.tenant).bind(t.op.operation_id);
         }
+    }
+    if D::TRANSITION_ROW_NAMES {
+        stmt = stmt.bind(last.op.tenant).bind(last.op.operation_id);
+    }
+    // Every statement of the text runs (a first-row fetch would stop after
+    // the compare-and-swap's row).
+    Ok(stmt.fetch_all(conn).await?.into_iter().next())
+}
+
+/// Applies [`Reserve`] and, in the same statement, the [`ClaimLease`] of
+/// the operation it creates (∅ → RESERVED → EXECUTING): the row is
+/// inserted as claimed (version 2, fencing token 1, attempt 1, `claim`'s
+/// lease from `now`) with both transition rows (the reservation's at
+/// version 1 and token 0, then the claim's), so a new operation's first
+/// durable write before the provider is called is one statement, not two
+/// (and the row is written once, not inserted and then updated). `claim`
+/// must be the claim of that new row: from RESERVED at version 1.
+///
+/// Returns the claim's [`Applied`] and the row after it with `columns`, or
+/// `None` when the key was taken (nothing written).
+///
+/// Errors: [`LedgerError::IllegalTransition`] (before any write) for a
+/// `claim` of another state or version; the database's.
+pub(crate) async fn reserve_claimed<D: Dialect>(
+    conn: &mut Conn<D>,
+    reserve: &Reserve<'_>,
+    claim: &ClaimLease<'_>,
+    now: i64,
+    columns: &str,
+) -> Result<Option<(Applied, D::Row)>, LedgerError> {
+    check(reserve)?;
+    check(claim)?;
+    if claim.from != State::Reserved || claim.version != 1 {
+        return Err(LedgerError::IllegalTransition {
+            from: claim.from,
+            to: claim.target(),
+        });
+    }
+    let (Some(reserved), Some(claimed)) = (reserve.record(), claim.record()) else {
+        return Ok(None);
+    };
+    let transitions = [
+        TransitionRow {
+            op: reserve.op(),
+            from: None,
+            to: reserve.target(),
+            record: &reserved,
+            at: now,
+        },
+        TransitionRow {
+            op: claim.op(),
+            from: claim.source(),
+            to: claim.target(),
+            record: &claimed,
+            at: now,
+        },
+    ];
+    let row = insert::<D>(
+        conn,
+        reserve.new,
+        Some(claim.lease),
+        &transitions,
+        now,
+        columns,
+    )
+    .await?;
+    Ok(match row {
+        Some(row) => Some((applied(&row)?, row)),
+        None => None,
     })
 }
 
-/// The reservation's `INSERT … ON CONFLICT DO NOTHING`, in state `to`.
+/// The reservation's `INSERT … ON CONFLICT DO NOTHING`: RESERVED at
+/// version 1, or, with `claim`, EXECUTING as claimed by it at `now`
+/// (version 2, fencing token 1, attempt 1, the lease's owner and expiry),
+/// appending `transitions` (none, the reservation's, or the reservation's
+/// and the claim's).
 async fn insert<D: Dialect>(
     conn: &mut Conn<D>,
     new: &NewOperation,
-    to: State,
-    transition: Option<TransitionRow<'_>>,
+    claim: Option<Lease<'_>>,
+    transitions: &[TransitionRow<'_>],
     now: i64,
     columns: &str,
 ) -> Result<Option<D::Row>, sqlx::Error> {
     let text = format!(
         "INSERT INTO operations (tenant_id, operation_id, route, method, path, query, fingerprint, provider_key, \
-         effect_class, state, version, attempts, fence, request_content_type, request_body, principal, \
-         created_at, updated_at, expires_at, request_headers, retention_ms, trace_context) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+         effect_class, state, version, attempts, fence, lease_owner, lease_expires_at, request_content_type, \
+         request_body, principal, created_at, updated_at, expires_at, request_headers, retention_ms, trace_context) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
          ON CONFLICT (tenant_id, operation_id) DO NOTHING \
          RETURNING {columns}"
     );
-    let stmt = match transition {
-        Some(_) => sql::<D>(&D::with_transition(&text, columns)),
-        None => sql::<D>(&text),
+    let (state, version, attempts, fence) = match claim {
+        None => (State::Reserved, 1_i64, 0_i64, 0_i64),
+        Some(_) => (State::Executing, 2, 1, 1),
+    };
+    let stmt = match transitions.len() {
+        0 => sql::<D>(&text),
+        n => sql::<D>(&D::with_transitions(&text, columns, n)),
     }
     .bind(&new.tenant_id)
     .bind(&new.operation_id)
@@ -419,7 +494,12 @@ async fn insert<D: Dialect>(
     .bind(&new.fingerprint)
     .bind(&new.provider_key)
     .bind(&new.effect_class)
-    .bind(to)
+    .bind(state)
+    .bind(version)
+    .bind(attempts)
+    .bind(fence)
+    .bind(claim.map(|l| l.owner))
+    .bind(claim.map(|l| l.expires_at(now)))
     .bind(&new.request_content_type)
     .bind(&new.request_body)
     .bind(&new.principal)
@@ -429,7 +509,7 @@ async fn insert<D: Dialect>(
     .bind(serde_json::to_string(&new.request_headers).unwrap_or_else(|_| "[]".into()))
     .bind(new.retention_ms)
     .bind(&new.trace_context);
-    run_cas::<D>(stmt, transition, conn).await
+    run_cas::<D>(stmt, transitions, conn).await
 }
 
 /// The version, fencing token and attempts of a row a compare-and-swap

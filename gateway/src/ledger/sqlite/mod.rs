@@ -61,23 +61,23 @@ impl Dialect for SqliteDialect {
     const RELEASE_EACH_WRITE: bool = true;
     const TERMINAL_BY_CHANGE: &'static str = " INDEXED BY operations_terminal_by_change";
 
-    const TRANSITION_ROW_NAMES: usize = 2;
+    const TRANSITION_ROW_NAMES: bool = true;
 
     fn q(sql: &str) -> &'static str {
         super::dialect::cached(sql, str::to_owned)
     }
 
-    /// Three statements in one text, run by one call on the writer's
-    /// connection (each statement takes as many of the values as it has
-    /// placeholders, in turn: `conn.rs`): the compare-and-swap without its
-    /// `RETURNING`, an `INSERT … SELECT` of the transition row that holds
-    /// only when the compare-and-swap changed the row, then a `SELECT` of
-    /// `returning` by the row's key that holds only when that row was
+    /// Statements in one text, run by one call on the writer's connection
+    /// (each statement takes as many of the values as it has placeholders,
+    /// in turn: `conn.rs`): the compare-and-swap without its `RETURNING`,
+    /// one `INSERT … SELECT` per transition row that holds only when the
+    /// statement before it changed a row, then a `SELECT` of `returning`
+    /// by the row's key that holds only when the last transition row was
     /// appended (`changes()` is the count of the statement completed just
     /// before). SQLite collects a `RETURNING` statement's rows in a
     /// temporary b-tree opened and closed for each run; a read of the row
     /// by its key costs a fraction of that.
-    fn with_transition(cas: &str, returning: &str) -> String {
+    fn with_transitions(cas: &str, returning: &str, rows: usize) -> String {
         // The values are handed out statement by statement, in order; a
         // numbered placeholder (`?1`) would take them out of that order.
         debug_assert!(
@@ -94,12 +94,19 @@ impl Dialect for SqliteDialect {
             plain.len() < cas.len(),
             "a compare-and-swap not ending in {suffix}: {cas}"
         );
-        format!(
-            "{plain}; INSERT INTO transitions ({}) SELECT ?, ?, ?, ?, version, fence, ?, ?, ? \
-             FROM operations WHERE tenant_id = ? AND operation_id = ? AND changes() = 1; \
-             SELECT {returning} FROM operations WHERE tenant_id = ? AND operation_id = ? AND changes() = 1",
-            super::dialect::TRANSITION_COLUMNS
-        )
+        let mut text = plain.to_owned();
+        for back in (0..rows.max(1)).rev() {
+            text.push_str(&format!(
+                "; INSERT INTO transitions ({}) SELECT ?, ?, ?, ?, {}, ?, ?, ? \
+                 FROM operations WHERE tenant_id = ? AND operation_id = ? AND changes() = 1",
+                super::dialect::TRANSITION_COLUMNS,
+                Self::transition_version(back),
+            ));
+        }
+        text.push_str(&format!(
+            "; SELECT {returning} FROM operations WHERE tenant_id = ? AND operation_id = ? AND changes() = 1"
+        ));
+        text
     }
 
     async fn acquire(pool: &Pool<Self>) -> Result<Conn, sqlx::Error> {

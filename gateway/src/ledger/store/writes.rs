@@ -5,7 +5,9 @@ use super::super::command::{
     self, AwaitApproval, ClaimLease, ExtendLease, Lease, NoteRetry, OpRef, RecordOutcome, Reserve,
 };
 use super::super::dialect::{Conn, Dialect, clean, sql};
-use super::super::{Claim, DecisionRecord, LedgerError, NewOperation, Operation, Reservation};
+use super::super::{
+    Claim, DecisionRecord, LedgerError, NewOperation, Operation, Reservation, State,
+};
 use super::reads::fetch_op;
 use super::{Store, TERMINAL};
 
@@ -38,15 +40,20 @@ impl<D: Dialect> Store<D> {
         let (mut tx, now) = self.begin().await?;
         tx.add_bytes(new.request_body.len());
         tx.inject(&new.operation_id);
+        // The claim of a new operation rides in its reservation's
+        // statement: one durable write before the provider is called, not
+        // two, and one statement, not two.
+        let claim = claim
+            .filter(|_| !new.awaiting_approval)
+            .map(|(lease, reason)| ClaimLease {
+                op: OpRef::new(&new.tenant_id, &new.operation_id),
+                from: State::Reserved,
+                version: 1,
+                lease,
+                reason,
+            });
         // The new row comes back with the insert (no read of its own).
-        let mut inserted = command::apply_returning::<D, _>(
-            &mut tx,
-            &Reserve { new },
-            now,
-            super::reads::OP_COLUMNS,
-        )
-        .await?
-        .map(|(_, row)| row);
+        let mut inserted = insert_new::<D>(&mut tx, new, claim.as_ref(), now).await?;
         let mut created = inserted.is_some();
         if !created {
             // The key is taken; by an operation whose retention ended, it is
@@ -65,14 +72,7 @@ impl<D: Dialect> Store<D> {
             if expired > 0 {
                 tx.changes_terminal();
                 forget_history::<D>(&mut tx, OpRef::new(&new.tenant_id, &new.operation_id)).await?;
-                inserted = command::apply_returning::<D, _>(
-                    &mut tx,
-                    &Reserve { new },
-                    now,
-                    super::reads::OP_COLUMNS,
-                )
-                .await?
-                .map(|(_, row)| row);
+                inserted = insert_new::<D>(&mut tx, new, claim.as_ref(), now).await?;
                 created = inserted.is_some();
             }
         }
@@ -103,34 +103,28 @@ impl<D: Dialect> Store<D> {
                 super::approvals::insert_approval::<D>(&mut tx, new, a, now).await?;
             }
         }
-        let op = match inserted {
+        let (op, claimed) = match inserted {
             // As inserted: nothing since changed the row (an approval wait
             // did: read it).
-            Some(row) if !new.awaiting_approval => super::reads::op_from_row(&row)?,
+            Some((applied, row)) if !new.awaiting_approval => {
+                let mut op = super::reads::op_from_row(&row)?;
+                let claimed = claim.as_ref().map(|c| {
+                    // Returned as reserved: the claim is what changed.
+                    op.state = State::Reserved;
+                    op.version = 1;
+                    op.attempts = 0;
+                    op.fence = 0;
+                    op.lease_owner = None;
+                    op.lease_expires_at = None;
+                    applied.claim(c.lease.expires_at(now))
+                });
+                (op, claimed)
+            }
             _ => match fetch_op::<D>(&mut tx, &new.tenant_id, &new.operation_id).await? {
-                Some(op) => op,
+                Some(op) => (op, None),
                 None => return Ok(None),
             },
         };
-        // The claim of a new operation rides in its reservation's commit:
-        // one durable write before the provider is called, not two. The
-        // operation is returned as reserved (the claim is what changed).
-        let mut claimed = None;
-        if created
-            && !new.awaiting_approval
-            && let Some((lease, reason)) = claim
-        {
-            let cmd = ClaimLease {
-                op: OpRef::new(&new.tenant_id, &new.operation_id),
-                from: op.state,
-                version: op.version,
-                lease,
-                reason,
-            };
-            claimed = command::apply::<D, _>(&mut tx, &cmd, now)
-                .await?
-                .map(|a| a.claim(lease.expires_at(now)));
-        }
         tx.commit().await?;
         Ok(Some((
             if created {
@@ -242,6 +236,30 @@ impl<D: Dialect> Store<D> {
         .await?;
         tx.commit().await?;
         Ok(())
+    }
+}
+
+/// Inserts `new` (RESERVED) or, with `claim`, `new` as claimed by it
+/// (EXECUTING, [`command::reserve_claimed`]), on `conn` at `now`. Returns
+/// the command's [`command::Applied`] and the row of
+/// [`super::reads::OP_COLUMNS`], or `None` when the key is taken.
+///
+/// Errors: as [`command::apply`].
+async fn insert_new<D: Dialect>(
+    conn: &mut Conn<D>,
+    new: &NewOperation,
+    claim: Option<&ClaimLease<'_>>,
+    now: i64,
+) -> Result<Option<(command::Applied, D::Row)>, LedgerError> {
+    let reserve = Reserve { new };
+    match claim {
+        None => {
+            command::apply_returning::<D, _>(conn, &reserve, now, super::reads::OP_COLUMNS).await
+        }
+        Some(claim) => {
+            command::reserve_claimed::<D>(conn, &reserve, claim, now, super::reads::OP_COLUMNS)
+                .await
+        }
     }
 }
 

@@ -462,7 +462,30 @@ async fn a_lone_abandoned_write_does_not_keep_the_transaction_open() {
 #[tokio::test]
 async fn reserve_and_claim_is_one_commit() {
     let dir = tempfile::tempdir().unwrap();
-    let store = store(dir.path()).await;
+    reserved_and_claimed_at_once(store(dir.path()).await).await;
+}
+
+/// [`reserve_and_claim_is_one_commit`] on PostgreSQL. Skipped, with one
+/// line, without `TEST_POSTGRES_URL`.
+#[tokio::test]
+async fn reserve_and_claim_is_one_postgres_commit() {
+    use crate::ledger::postgres::{PgDialect, PgSettings};
+    let Some(url) = crate::ledger::postgres::test_url() else {
+        return;
+    };
+    let schema = format!("eg_{}", uuid::Uuid::new_v4().simple());
+    let settings = PgSettings::for_tests(&url, &schema, None);
+    let store = Store::<PgDialect>::open(&settings, LedgerClock::new(Arc::new(SystemClock)))
+        .await
+        .expect("open the ledger");
+    reserved_and_claimed_at_once(store).await;
+}
+
+/// The exact row and history of a reservation with its claim: written as
+/// one row (one statement, one commit), read back as if reserved and then
+/// claimed.
+async fn reserved_and_claimed_at_once<D: Dialect>(store: Store<D>) {
+    use crate::ledger::State::{Executing, Reserved};
     let before = store.writer.commits();
     let lease = Lease {
         owner: "gw-1",
@@ -475,27 +498,84 @@ async fn reserve_and_claim_is_one_commit() {
     let Reservation::Created(op) = r else {
         panic!("created")
     };
-    assert_eq!(op.state, crate::ledger::State::Reserved);
+    // Returned as reserved: what the claim changed is in the claim.
+    assert_eq!(
+        (
+            op.state,
+            op.version,
+            op.fence,
+            op.attempts,
+            op.lease_owner.as_deref()
+        ),
+        (Reserved, 1, 0, 0, None)
+    );
     let claim = claim.expect("claimed");
     assert_eq!((claim.fence, claim.attempt, claim.version), (1, 1, 2));
+    assert_eq!(claim.lease_expires_at, op.created_at + 60_000);
     assert_eq!(store.writer.commits(), before + 1);
     let row = store.get("t", "x").await.unwrap().unwrap();
-    assert_eq!(row.state, crate::ledger::State::Executing);
-    let steps: Vec<_> = store
-        .transitions("t", "x")
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|t| (t.from_state, t.to_state))
+    assert_eq!(
+        (
+            row.state,
+            row.version,
+            row.fence,
+            row.attempts,
+            row.lease_owner.as_deref(),
+            row.lease_expires_at,
+            row.updated_at,
+        ),
+        (
+            Executing,
+            2,
+            1,
+            1,
+            Some("gw-1"),
+            Some(claim.lease_expires_at),
+            op.created_at
+        )
+    );
+    let steps = store.transitions("t", "x").await.unwrap();
+    let seen: Vec<_> = steps
+        .iter()
+        .map(|t| {
+            (
+                t.from_state,
+                t.to_state,
+                t.version,
+                t.fence,
+                t.actor.as_str(),
+                t.reason.as_str(),
+                t.at,
+            )
+        })
         .collect();
-    use crate::ledger::State::{Executing, Reserved};
-    assert_eq!(steps, vec![(None, Reserved), (Some(Reserved), Executing)]);
+    let at = op.created_at;
+    assert_eq!(
+        seen,
+        vec![
+            (None, Reserved, 1, 0, "client", "reserved", at),
+            (
+                Some(Reserved),
+                Executing,
+                2,
+                1,
+                "gw-1",
+                "lease claimed for attempt",
+                at
+            ),
+        ]
+    );
+    assert!(
+        steps[0].seq < steps[1].seq,
+        "the reservation's row comes first"
+    );
     // A duplicate reserves nothing and claims nothing.
     let (r, claim) = store
         .reserve(&new_op("x"), Some((lease, "lease claimed for attempt")))
         .await
         .unwrap();
     assert!(matches!(r, Reservation::Existing(_)) && claim.is_none());
+    assert_eq!(store.transitions("t", "x").await.unwrap().len(), 2);
 }
 
 /// A lone write (nothing queued, the last batch held one write) commits
