@@ -11,8 +11,9 @@
 //! 4. `TraceLayer`: one span per request (`HTTP request` in the logs, named
 //!    `{method} {route}` in traces, kind server), the caller's W3C
 //!    `traceparent` as its parent; the answer's status is recorded on it;
-//! 5. the request id is made available to the use cases (the attempts
-//!    they log carry it).
+//! 5. the request's id and trace id are made available to the use cases
+//!    (the attempts they record and the log lines they write carry them:
+//!    [`crate::telemetry::RequestContext`]).
 
 use std::time::Duration;
 
@@ -109,9 +110,6 @@ fn request_span(req: &Request, listener: &'static str) -> tracing::Span {
         effectgate.fence = tracing::field::Empty,
     );
     crate::telemetry::set_parent_from(&span, req.headers());
-    if let Some(t) = crate::telemetry::trace_id_of(&span, req.headers()) {
-        span.record("trace_id", t.as_str());
-    }
     span
 }
 
@@ -137,13 +135,23 @@ fn record_response<B>(res: &http::Response<B>, _latency: Duration, span: &tracin
     }
 }
 
+/// Serves `req` in its [`crate::telemetry::RequestContext`]: its request
+/// id and trace id (of the request span, a child of the caller's
+/// `traceparent`, when spans are exported; else the caller's), also
+/// recorded on the span.
 async fn scope_request_id(req: Request, next: Next) -> Response {
     let id = req
         .extensions()
         .get::<RequestId>()
         .and_then(|r| r.header_value().to_str().ok())
         .map(std::sync::Arc::<str>::from);
-    crate::telemetry::with_request_id(id, next.run(req)).await
+    let span = tracing::Span::current();
+    let trace_id = crate::telemetry::trace_id_of(&span, req.headers());
+    if let Some(t) = &trace_id {
+        span.record("trace_id", t.as_str());
+    }
+    let context = crate::telemetry::RequestContext::new(id, trace_id);
+    crate::telemetry::with_request(Some(std::sync::Arc::new(context)), next.run(req)).await
 }
 
 /// Records the matched route on the current request span: `http.route` (the

@@ -284,9 +284,12 @@ async fn run_flow(
         };
         flow.run(body, content_type, key, fp).await
     };
+    // Boxed before it is wrapped and spawned: the flow's future is
+    // kilobytes, and each wrapper and the spawn would copy it whole.
+    let flow = Box::pin(flow);
     tracker
         .spawn(
-            crate::telemetry::with_request_id(crate::telemetry::request_id_handle(), flow)
+            crate::telemetry::with_request(crate::telemetry::request_context(), flow)
                 .in_current_span(),
         )
         .await

@@ -65,7 +65,7 @@ impl Flow<'_> {
         key: String,
         fp: String,
     ) -> Answer {
-        tracing::Span::current().record("effectgate.operation_id", key.as_str());
+        crate::telemetry::note_operation_id(&key);
         if crate::config::compensated_id(&key).is_some() {
             // Those ids are the gateway's own compensating operations.
             return Err(OpError::IdempotencyKeyInvalid(format!(

@@ -1,16 +1,19 @@
 //! The field formatter of human-readable log lines: what tracing-subscriber's
-//! `DefaultFields` writes, with a fast path for the common field.
+//! `DefaultFields` writes, with a fast path for the common field, and the
+//! ids of the request being served after the event's own fields.
 //!
-//! Every request span's fields (method, path, request id, route, tenant,
-//! trace id, …) are formatted when the span opens and as each is recorded,
-//! whether or not a line is ever logged inside it. `DefaultFields` writes
-//! each string through `Debug` (escaping it character by character) and
-//! each name through an ANSI style, about a tenth of a pass-through call's
-//! instructions. A string of visible ASCII without `"` or `\` reads the
-//! same under `Debug` with its quotes around it, so such a value is written
-//! as `name="value"` directly; any other value, the `message` field and
-//! every field when the writer colours its output go to `DefaultFields`'
-//! own visitor, so a line reads exactly as before.
+//! A string of visible ASCII without `"` or `\` reads the same under
+//! `Debug` with its quotes around it, so such a value is written as
+//! `name="value"` directly (`DefaultFields` writes each string through
+//! `Debug`, escaping it character by character, and each name through an
+//! ANSI style); any other value, the `message` field and every field when
+//! the writer colours its output go to `DefaultFields`' own visitor, so a
+//! line reads exactly as it would with it.
+//!
+//! A line written while a request is served ends with that request's
+//! `request_id`, `trace_id` and `effectgate.operation_id` (each one
+//! known; the operation id not when the event names its `operation_id`
+//! itself), from its [`super::RequestContext`].
 
 use std::fmt;
 
@@ -31,6 +34,7 @@ impl<'a> MakeVisitor<Writer<'a>> for LogFields {
             writer,
             is_empty: true,
             result: Ok(()),
+            names_operation: false,
         }
     }
 }
@@ -41,6 +45,8 @@ pub struct LogVisitor<'a> {
     writer: Writer<'a>,
     is_empty: bool,
     result: fmt::Result,
+    /// The event has an `operation_id` field of its own.
+    names_operation: bool,
 }
 
 /// Whether `Debug` writes `value` as itself between quotes: visible ASCII
@@ -68,6 +74,7 @@ impl Visit for LogVisitor<'_> {
             return;
         }
         let name = field.name();
+        self.names_operation |= name == "operation_id";
         // `DefaultFields` skips the `log` crate's metadata fields without
         // a separator.
         if name.starts_with("log.") {
@@ -100,6 +107,7 @@ impl Visit for LogVisitor<'_> {
         if field.name().starts_with("log.") {
             return;
         }
+        self.names_operation |= field.name() == "operation_id";
         self.delegate(|v| v.record_debug(field, value));
     }
 
@@ -111,8 +119,41 @@ impl Visit for LogVisitor<'_> {
     }
 }
 
+impl LogVisitor<'_> {
+    /// Writes `name=value` after the fields so far (the value as `Debug`
+    /// writes a string unless it is plain).
+    fn append(&mut self, name: &str, value: &str) {
+        let pad = if self.is_empty { "" } else { " " };
+        self.is_empty = false;
+        let w = &mut self.writer;
+        self.result = if plain(value) {
+            write!(w, "{pad}{name}=\"{value}\"")
+        } else {
+            write!(w, "{pad}{name}={value:?}")
+        };
+    }
+}
+
 impl VisitOutput<fmt::Result> for LogVisitor<'_> {
-    fn finish(self) -> fmt::Result {
+    fn finish(mut self) -> fmt::Result {
+        if self.result.is_ok()
+            && let Some(c) = super::request_context()
+        {
+            for (name, value) in [
+                ("request_id", c.id()),
+                ("trace_id", c.trace_id()),
+                (
+                    "effectgate.operation_id",
+                    c.operation_id().filter(|_| !self.names_operation),
+                ),
+            ] {
+                if let Some(v) = value
+                    && self.result.is_ok()
+                {
+                    self.append(name, v);
+                }
+            }
+        }
         self.result
     }
 }

@@ -90,14 +90,13 @@ pub async fn execute_for_caller(
     let operation_id = op.operation_id.clone();
     // The execution goes on in the caller's request span and with its
     // request id, even after the caller stops waiting.
-    let request_id = crate::telemetry::request_id_handle();
-    app.lifecycle.executions.spawn(
-        crate::telemetry::with_request_id(
-            request_id,
-            run(app.clone(), route.clone(), op, claim, Some(tx)),
-        )
-        .in_current_span(),
-    );
+    let request = crate::telemetry::request_context();
+    // Boxed before it is wrapped and spawned: the execution's future is
+    // kilobytes, and each wrapper and the spawn would copy it whole.
+    let execution = Box::pin(run(app.clone(), route.clone(), op, claim, Some(tx)));
+    app.lifecycle
+        .executions
+        .spawn(crate::telemetry::with_request(request, execution).in_current_span());
     match tokio::time::timeout(Duration::from_millis(route.retry.max_wait_ms), rx).await {
         Ok(Ok(resp)) => resp,
         Ok(Err(_)) => Err(OpError::Internal(
