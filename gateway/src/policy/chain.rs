@@ -284,12 +284,16 @@ pub async fn evaluate_chain_async(
         }
     };
     let (p, r, t) = (policies.to_vec(), route.clone(), tenant.to_owned());
-    // The blocking thread continues the caller's span.
+    // The blocking thread continues the caller's span and request (its
+    // log lines name the request).
     let parent = tracing::Span::current();
+    let request_context = crate::telemetry::request_context();
     let run = move || {
         let _entered = parent.enter();
         let _permit = permit;
-        evaluate_chain(&engine, &p, &r, &t, &request)
+        crate::telemetry::in_request(request_context, || {
+            evaluate_chain(&engine, &p, &r, &t, &request)
+        })
     };
     match tokio::task::spawn_blocking(run).await {
         Ok(v) => v,

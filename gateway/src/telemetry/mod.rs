@@ -172,7 +172,12 @@ pub fn init_with(
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     // The log layer takes events only: the request's ids come from its
     // [`RequestContext`].
-    let filter = filter.and(tracing_subscriber::filter::filter_fn(|m| m.is_event()));
+    // (The hint keeps the subscriber's most verbose level the filter's, so
+    // that disabled `log` records and events stay skipped early: without
+    // one, `and` has none.)
+    let events = tracing_subscriber::filter::filter_fn(|m| m.is_event())
+        .with_max_level_hint(tracing_subscriber::filter::LevelFilter::TRACE);
+    let filter = filter.and(events);
     let fmt = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .fmt_fields(LogFields)
@@ -516,6 +521,13 @@ pub async fn with_request<F: std::future::Future>(
     REQUEST.scope(context, f).await
 }
 
+/// Runs `f` with `context` as the current request, on this thread (a
+/// blocking thread that works for a request: [`with_request`] is for
+/// tasks).
+pub fn in_request<R>(context: Option<std::sync::Arc<RequestContext>>, f: impl FnOnce() -> R) -> R {
+    REQUEST.sync_scope(context, f)
+}
+
 /// The request being served, as a cheap handle to pass to a spawned task.
 pub fn request_context() -> Option<std::sync::Arc<RequestContext>> {
     REQUEST.try_with(Clone::clone).ok().flatten()
@@ -631,7 +643,7 @@ mod tests {
             s
         };
         tracing::dispatcher::with_default(&dispatch, || {
-            REQUEST.sync_scope(Some(Arc::new(ctx)), || {
+            in_request(Some(Arc::new(ctx)), || {
                 note_operation_id("op-1");
                 if names_operation {
                     tracing::info!(operation_id = "op-1", "operation recorded");

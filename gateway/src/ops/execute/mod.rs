@@ -119,10 +119,11 @@ pub async fn run_detached(
     claim: Claim,
     wait: Duration,
 ) -> Option<OpState> {
-    let task = app
-        .lifecycle
-        .executions
-        .spawn(run(app.clone(), route.clone(), op, claim, None).in_current_span());
+    let execution = Box::pin(run(app.clone(), route.clone(), op, claim, None));
+    let task = app.lifecycle.executions.spawn(
+        crate::telemetry::with_request(crate::telemetry::request_context(), execution)
+            .in_current_span(),
+    );
     tokio::time::timeout(wait, task)
         .await
         .ok()
@@ -480,9 +481,15 @@ async fn record(
     span.record("effectgate.state", outcome.state.as_str());
     span.record("effectgate.fence", claim.fence);
     crate::metrics::recorded(&op.tenant_id, &route.name, outcome.state.as_str());
+    // String values (not `Display`): the log's field formatter writes a
+    // plain string directly.
     tracing::info!(
-        tenant = %op.tenant_id, operation_id = %op.operation_id, route = %route.name,
-        state = %outcome.state, attempts, outcome = outcome.attempt_outcome.as_deref().unwrap_or("-"),
+        tenant = op.tenant_id.as_str(),
+        operation_id = op.operation_id.as_str(),
+        route = route.name.as_str(),
+        state = outcome.state.as_str(),
+        attempts,
+        outcome = outcome.attempt_outcome.as_deref().unwrap_or("-"),
         "operation recorded"
     );
     Ok((Some(outcome.state), answer))
