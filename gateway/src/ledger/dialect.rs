@@ -100,6 +100,15 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
     /// once more when [`Dialect::TRANSITION_ROW_NAMES`].
     fn with_transitions(cas: &str, returning: &str, rows: usize) -> String;
 
+    /// [`Dialect::with_transitions`]' text (one transition row) that also
+    /// appends the compare-and-swap's attempts-log row when it applied,
+    /// numbered by the row's `attempts` (`ON CONFLICT DO NOTHING`): after
+    /// the transition's values it binds tenant, operation id, fencing
+    /// token, status, outcome, detail, time and request id. `None`: the
+    /// attempts row is a statement of its own here (SQLite, where it costs
+    /// no round trip; PostgreSQL saves one a call).
+    fn with_transition_and_attempt(cas: &str, returning: &str) -> Option<String>;
+
     /// [`Dialect::with_transitions`] with one transition row.
     fn with_transition(cas: &str, returning: &str) -> String {
         Self::with_transitions(cas, returning, 1)
@@ -327,6 +336,11 @@ impl From<Option<State>> for Arg<'_> {
 /// The columns of a `transitions` row, in the order
 /// [`Dialect::with_transition`] binds them (version and fence come from the
 /// row).
+/// The columns of an `attempts` row, in the order they are bound (as the
+/// attempts log's own `INSERT` names them: `command::insert_attempt`).
+pub(super) const ATTEMPT_COLUMNS: &str =
+    "tenant_id, operation_id, attempt, fence, status, outcome, detail, at, request_id";
+
 pub(super) const TRANSITION_COLUMNS: &str =
     "tenant_id, operation_id, from_state, to_state, version, fence, actor, reason, at";
 

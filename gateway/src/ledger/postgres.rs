@@ -70,6 +70,20 @@ impl Dialect for PgDialect {
     /// compare-and-swap's `RETURNING` (no row, no transition), in order
     /// (`UNION ALL` hands them to the `INSERT` one branch after the other,
     /// so their `seq` follows that order).
+    /// [`Dialect::with_transitions`]' `WITH` with one more data-modifying
+    /// member: the attempts row, from the compare-and-swap's `RETURNING`.
+    fn with_transition_and_attempt(cas: &str, returning: &str) -> Option<String> {
+        Some(format!(
+            "WITH applied AS ({cas}), appended AS (INSERT INTO transitions ({}) \
+             SELECT ?, ?, ?, ?, version, fence, ?, ?, ? FROM applied), \
+             attempted AS (INSERT INTO attempts ({}) \
+             SELECT ?, ?, attempts, ?, ?, ?, ?, ?, ? FROM applied ON CONFLICT DO NOTHING) \
+             SELECT {returning} FROM applied",
+            super::dialect::TRANSITION_COLUMNS,
+            super::dialect::ATTEMPT_COLUMNS,
+        ))
+    }
+
     fn with_transitions(cas: &str, returning: &str, rows: usize) -> String {
         let selects: Vec<String> = (0..rows.max(1))
             .rev()

@@ -273,6 +273,52 @@ pub(crate) async fn apply_returning<D: Dialect, C: Command>(
     now: i64,
     columns: &str,
 ) -> Result<Option<(Applied, D::Row)>, LedgerError> {
+    apply_logging::<D, C>(conn, cmd, now, columns, None).await
+}
+
+/// One row of the attempts log, but its number: what an attempt ended
+/// with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AttemptLog<'a> {
+    /// The fencing token it ran under.
+    pub fence: i64,
+    /// The provider's status, if a response head arrived.
+    pub status: Option<i64>,
+    /// Short outcome.
+    pub outcome: &'a str,
+    /// Detail.
+    pub detail: Option<&'a str>,
+    /// When (ms since epoch).
+    pub at: i64,
+    /// The caller's `x-request-id`, if the attempt was made for one.
+    pub request_id: Option<&'a str>,
+}
+
+/// [`apply_returning`] for a command that ends an attempt (it appends a
+/// transition row): when it applies, `attempt` is logged as attempt number
+/// `attempts` of the row after it, in the compare-and-swap's own statement
+/// text where the backend has one ([`Dialect::with_transition_and_attempt`]:
+/// no round trip of its own), else as a statement of its own right after.
+///
+/// Errors: as [`apply`].
+pub(crate) async fn apply_returning_with_attempt<D: Dialect, C: Command>(
+    conn: &mut Conn<D>,
+    cmd: &C,
+    now: i64,
+    columns: &str,
+    attempt: &AttemptLog<'_>,
+) -> Result<Option<(Applied, D::Row)>, LedgerError> {
+    apply_logging::<D, C>(conn, cmd, now, columns, Some(attempt)).await
+}
+
+/// [`apply_returning`], and with `attempt`, [`apply_returning_with_attempt`].
+async fn apply_logging<D: Dialect, C: Command>(
+    conn: &mut Conn<D>,
+    cmd: &C,
+    now: i64,
+    columns: &str,
+    attempt: Option<&AttemptLog<'_>>,
+) -> Result<Option<(Applied, D::Row)>, LedgerError> {
     check(cmd)?;
     let record = cmd.record();
     let transition = record.as_ref().map(|record| TransitionRow {
@@ -282,17 +328,52 @@ pub(crate) async fn apply_returning<D: Dialect, C: Command>(
         record,
         at: now,
     });
-    let row = match cmd.guard() {
+    let (row, logged) = match cmd.guard() {
         Guard::NewKey(new) => {
             let transitions: &[TransitionRow<'_>] = transition.as_slice();
-            insert::<D>(conn, new, None, transitions, now, columns).await?
+            let row = insert::<D>(conn, new, None, transitions, now, columns).await?;
+            (row, false)
         }
-        _ => update::<D, C>(conn, cmd, transition, now, columns).await?,
+        _ => update::<D, C>(conn, cmd, transition, attempt, now, columns).await?,
     };
-    Ok(match row {
-        Some(row) => Some((applied(&row)?, row)),
-        None => None,
-    })
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let applied = applied(&row)?;
+    if let Some(a) = attempt
+        && !logged
+    {
+        insert_attempt::<D>(conn, cmd.op(), applied.attempts, a).await?;
+    }
+    Ok(Some((applied, row)))
+}
+
+/// Appends attempt number `number` of `op` to the attempts log (`ON
+/// CONFLICT DO NOTHING`: an attempt is logged once).
+///
+/// Errors: the database's.
+pub(crate) async fn insert_attempt<D: Dialect>(
+    conn: &mut Conn<D>,
+    op: OpRef<'_>,
+    number: i64,
+    a: &AttemptLog<'_>,
+) -> Result<(), sqlx::Error> {
+    sql::<D>(
+        "INSERT INTO attempts (tenant_id, operation_id, attempt, fence, status, outcome, detail, at, request_id) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+    )
+    .bind(op.tenant)
+    .bind(op.operation_id)
+    .bind(number)
+    .bind(a.fence)
+    .bind(a.status)
+    .bind(super::dialect::clean(a.outcome))
+    .bind(a.detail.map(super::dialect::clean))
+    .bind(a.at)
+    .bind(a.request_id)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// What [`apply`] reads back of the row.
@@ -318,14 +399,17 @@ fn lease_sql(lease: LeaseCheck) -> &'static str {
     }
 }
 
-/// The compare-and-swap `UPDATE` of a command that has a source state.
+/// The compare-and-swap `UPDATE` of a command that has a source state;
+/// with a transition and `attempt`, also its attempts-log row where the
+/// backend writes it in the same text (then the `bool` is true).
 async fn update<D: Dialect, C: Command>(
     conn: &mut Conn<D>,
     cmd: &C,
     transition: Option<TransitionRow<'_>>,
+    attempt: Option<&AttemptLog<'_>>,
     now: i64,
     columns: &str,
-) -> Result<Option<D::Row>, sqlx::Error> {
+) -> Result<(Option<D::Row>, bool), sqlx::Error> {
     let op = cmd.op();
     let set = cmd.set(now);
     let lease = cmd.lease_check();
@@ -343,8 +427,17 @@ async fn update<D: Dialect, C: Command>(
         set.sql,
         lease_sql(lease)
     );
+    let mut logged = None;
     if transition.is_some() {
-        text = D::with_transition(&text, columns);
+        text = match attempt
+            .and_then(|a| Some((a, D::with_transition_and_attempt(&text, columns)?)))
+        {
+            Some((a, with_attempt)) => {
+                logged = Some(a);
+                with_attempt
+            }
+            None => D::with_transition(&text, columns),
+        };
     }
     let mut stmt = sql::<D>(&text)
         .bind(cmd.target())
@@ -358,7 +451,8 @@ async fn update<D: Dialect, C: Command>(
     if lease != LeaseCheck::Any {
         stmt = stmt.bind(now);
     }
-    run_cas::<D>(stmt, transition.as_slice(), conn).await
+    let row = run_cas::<D>(stmt, transition.as_slice(), conn, logged.map(|a| (op, a))).await?;
+    Ok((row, logged.is_some()))
 }
 
 /// Runs compare-and-swap `stmt` (its binds so far) and the `transitions`
@@ -368,6 +462,7 @@ async fn run_cas<D: Dialect>(
     mut stmt: Stmt<D>,
     transitions: &[TransitionRow<'_>],
     conn: &mut Conn<D>,
+    attempt: Option<(OpRef<'_>, &AttemptLog<'_>)>,
 ) -> Result<Option<D::Row>, sqlx::Error> {
     let Some(last) = transitions.last() else {
         return stmt.fetch_optional(conn).await;
@@ -387,6 +482,17 @@ async fn run_cas<D: Dialect>(
     }
     if D::TRANSITION_ROW_NAMES {
         stmt = stmt.bind(last.op.tenant).bind(last.op.operation_id);
+    }
+    if let Some((op, a)) = attempt {
+        stmt = stmt
+            .bind(op.tenant)
+            .bind(op.operation_id)
+            .bind(a.fence)
+            .bind(a.status)
+            .bind(super::dialect::clean(a.outcome))
+            .bind(a.detail.map(super::dialect::clean))
+            .bind(a.at)
+            .bind(a.request_id);
     }
     // Every statement of the text runs (a first-row fetch would stop after
     // the compare-and-swap's row).
@@ -509,7 +615,7 @@ async fn insert<D: Dialect>(
     .bind(serde_json::to_string(&new.request_headers).unwrap_or_else(|_| "[]".into()))
     .bind(new.retention_ms)
     .bind(&new.trace_context);
-    run_cas::<D>(stmt, transitions, conn).await
+    run_cas::<D>(stmt, transitions, conn, None).await
 }
 
 /// The version, fencing token and attempts of a row a compare-and-swap

@@ -109,6 +109,10 @@ impl Dialect for SqliteDialect {
         text
     }
 
+    fn with_transition_and_attempt(_cas: &str, _returning: &str) -> Option<String> {
+        None
+    }
+
     async fn acquire(pool: &Pool<Self>) -> Result<Conn, sqlx::Error> {
         Ok(Conn::Pooled(pool.acquire().await?))
     }

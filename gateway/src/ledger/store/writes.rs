@@ -188,9 +188,7 @@ impl<D: Dialect> Store<D> {
             self.count_stale_fence();
             return Ok(false);
         };
-        let attempt = AttemptRow {
-            op: cmd.op,
-            attempt: applied.attempts - 1,
+        let attempt = command::AttemptLog {
             fence: cmd.fence,
             status: status.map(i64::from),
             outcome: cmd.outcome,
@@ -198,7 +196,7 @@ impl<D: Dialect> Store<D> {
             at: now,
             request_id: cmd.request_id,
         };
-        insert_attempt::<D>(&mut tx, &attempt).await?;
+        command::insert_attempt::<D>(&mut tx, cmd.op, applied.attempts - 1, &attempt).await?;
         tx.commit().await?;
         Ok(true)
     }
@@ -280,25 +278,35 @@ pub(super) async fn record_outcome_on<D: Dialect>(
     cmd: &RecordOutcome<'_>,
     now: i64,
 ) -> Result<Option<(command::Applied, D::Row)>, LedgerError> {
-    let Some((applied, row)) =
-        command::apply_returning::<D, _>(&mut *conn, cmd, now, super::reads::OP_COLUMNS).await?
-    else {
+    let outcome = cmd.outcome;
+    // The attempt's log row, numbered by the row's attempts after the
+    // compare-and-swap, rides in its statement where the backend can.
+    let applied = match &outcome.attempt_outcome {
+        Some(attempt_outcome) => {
+            let attempt = command::AttemptLog {
+                fence: cmd.fence,
+                status: outcome.response_status.map(i64::from),
+                outcome: attempt_outcome,
+                detail: outcome.error_detail.as_deref(),
+                at: now,
+                request_id: outcome.request_id.as_deref(),
+            };
+            command::apply_returning_with_attempt::<D, _>(
+                &mut *conn,
+                cmd,
+                now,
+                super::reads::OP_COLUMNS,
+                &attempt,
+            )
+            .await?
+        }
+        None => {
+            command::apply_returning::<D, _>(&mut *conn, cmd, now, super::reads::OP_COLUMNS).await?
+        }
+    };
+    let Some((applied, row)) = applied else {
         return Ok(None);
     };
-    let outcome = cmd.outcome;
-    if let Some(attempt_outcome) = &outcome.attempt_outcome {
-        let attempt = AttemptRow {
-            op: cmd.op,
-            attempt: applied.attempts,
-            fence: cmd.fence,
-            status: outcome.response_status.map(i64::from),
-            outcome: attempt_outcome,
-            detail: outcome.error_detail.as_deref(),
-            at: now,
-            request_id: outcome.request_id.as_deref(),
-        };
-        insert_attempt::<D>(&mut *conn, &attempt).await?;
-    }
     if outcome.state == super::super::State::Completed {
         // A compensation's original becomes COMPENSATED with it.
         super::compensation::complete_original::<D>(&mut *conn, cmd.op, now).await?;
@@ -357,47 +365,6 @@ pub(super) async fn insert_decisions<D: Dialect>(
         .execute(conn)
         .await?;
     }
-    Ok(())
-}
-
-/// One row of the attempts log.
-struct AttemptRow<'a> {
-    op: OpRef<'a>,
-    /// Attempt number (1-based).
-    attempt: i64,
-    /// Fencing token it ran under.
-    fence: i64,
-    /// Provider status, if a response head arrived.
-    status: Option<i64>,
-    /// Short outcome.
-    outcome: &'a str,
-    /// Detail.
-    detail: Option<&'a str>,
-    /// The caller's `x-request-id`, if the attempt was made for one.
-    request_id: Option<&'a str>,
-    /// When (ms since epoch).
-    at: i64,
-}
-
-async fn insert_attempt<D: Dialect>(
-    conn: &mut Conn<D>,
-    a: &AttemptRow<'_>,
-) -> Result<(), sqlx::Error> {
-    sql::<D>(
-        "INSERT INTO attempts (tenant_id, operation_id, attempt, fence, status, outcome, detail, at, request_id) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-    )
-    .bind(a.op.tenant)
-    .bind(a.op.operation_id)
-    .bind(a.attempt)
-    .bind(a.fence)
-    .bind(a.status)
-    .bind(clean(a.outcome))
-    .bind(a.detail.map(clean))
-    .bind(a.at)
-    .bind(a.request_id)
-    .execute(conn)
-    .await?;
     Ok(())
 }
 

@@ -576,6 +576,42 @@ async fn reserved_and_claimed_at_once<D: Dialect>(store: Store<D>) {
         .unwrap();
     assert!(matches!(r, Reservation::Existing(_)) && claim.is_none());
     assert_eq!(store.transitions("t", "x").await.unwrap().len(), 2);
+    // The outcome's statement logs the attempt (number 1, from the row).
+    let mut outcome = crate::ledger::Outcome::new(crate::ledger::State::Completed, "answered");
+    outcome.response_status = Some(201);
+    outcome.attempt_outcome = Some("status-201".into());
+    outcome.request_id = Some("req-1".into());
+    let cmd = crate::ledger::command::RecordOutcome {
+        op: OpRef::new("t", "x"),
+        from: Executing,
+        fence: 1,
+        actor: "gw-1",
+        outcome: &outcome,
+    };
+    let done = store.record_outcome(&cmd).await.unwrap().expect("recorded");
+    assert_eq!(
+        (done.state, done.version),
+        (crate::ledger::State::Completed, 3)
+    );
+    let attempts = store.attempts("t", "x").await.unwrap();
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    let a = &attempts[0];
+    assert_eq!(
+        (
+            a.attempt,
+            a.fence,
+            a.status,
+            a.outcome.as_str(),
+            a.request_id.as_deref()
+        ),
+        (1, 1, Some(201), "status-201", Some("req-1"))
+    );
+    assert_eq!(a.at, done.updated_at);
+    // A stale fencing token writes neither the outcome nor an attempt.
+    let stale = crate::ledger::command::RecordOutcome { fence: 0, ..cmd };
+    assert!(store.record_outcome(&stale).await.unwrap().is_none());
+    assert_eq!(store.attempts("t", "x").await.unwrap().len(), 1);
+    assert_eq!(store.transitions("t", "x").await.unwrap().len(), 3);
 }
 
 /// A lone write (nothing queued, the last batch held one write) commits
