@@ -333,14 +333,14 @@ impl From<Option<State>> for Arg<'_> {
     }
 }
 
-/// The columns of a `transitions` row, in the order
-/// [`Dialect::with_transition`] binds them (version and fence come from the
-/// row).
 /// The columns of an `attempts` row, in the order they are bound (as the
 /// attempts log's own `INSERT` names them: `command::insert_attempt`).
 pub(super) const ATTEMPT_COLUMNS: &str =
     "tenant_id, operation_id, attempt, fence, status, outcome, detail, at, request_id";
 
+/// The columns of a `transitions` row, in the order
+/// [`Dialect::with_transition`] binds them (version and fence come from the
+/// row).
 pub(super) const TRANSITION_COLUMNS: &str =
     "tenant_id, operation_id, from_state, to_state, version, fence, actor, reason, at";
 

@@ -66,10 +66,6 @@ impl Dialect for PgDialect {
         super::dialect::cached(sql, super::dialect::dollar_placeholders)
     }
 
-    /// A data-modifying `WITH`: the transition rows are inserted from the
-    /// compare-and-swap's `RETURNING` (no row, no transition), in order
-    /// (`UNION ALL` hands them to the `INSERT` one branch after the other,
-    /// so their `seq` follows that order).
     /// [`Dialect::with_transitions`]' `WITH` with one more data-modifying
     /// member: the attempts row, from the compare-and-swap's `RETURNING`.
     fn with_transition_and_attempt(cas: &str, returning: &str) -> Option<String> {
@@ -84,6 +80,10 @@ impl Dialect for PgDialect {
         ))
     }
 
+    /// A data-modifying `WITH`: the transition rows are inserted from the
+    /// compare-and-swap's `RETURNING` (no row, no transition), in order
+    /// (`UNION ALL` hands them to the `INSERT` one branch after the other,
+    /// so their `seq` follows that order).
     fn with_transitions(cas: &str, returning: &str, rows: usize) -> String {
         let selects: Vec<String> = (0..rows.max(1))
             .rev()

@@ -588,6 +588,12 @@ async fn reserved_and_claimed_at_once<D: Dialect>(store: Store<D>) {
         actor: "gw-1",
         outcome: &outcome,
     };
+    // A stale fencing token, the row still EXECUTING: neither the outcome
+    // nor an attempt row is written.
+    let stale = crate::ledger::command::RecordOutcome { fence: 0, ..cmd };
+    assert!(store.record_outcome(&stale).await.unwrap().is_none());
+    assert!(store.attempts("t", "x").await.unwrap().is_empty());
+    assert_eq!(store.get("t", "x").await.unwrap().unwrap().version, 2);
     let done = store.record_outcome(&cmd).await.unwrap().expect("recorded");
     assert_eq!(
         (done.state, done.version),
@@ -607,10 +613,6 @@ async fn reserved_and_claimed_at_once<D: Dialect>(store: Store<D>) {
         (1, 1, Some(201), "status-201", Some("req-1"))
     );
     assert_eq!(a.at, done.updated_at);
-    // A stale fencing token writes neither the outcome nor an attempt.
-    let stale = crate::ledger::command::RecordOutcome { fence: 0, ..cmd };
-    assert!(store.record_outcome(&stale).await.unwrap().is_none());
-    assert_eq!(store.attempts("t", "x").await.unwrap().len(), 1);
     assert_eq!(store.transitions("t", "x").await.unwrap().len(), 3);
 }
 
