@@ -165,7 +165,7 @@ impl VisitFmt for LogVisitor<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use tracing_subscriber::fmt::FormatFields;
     use tracing_subscriber::fmt::format::DefaultFields;
@@ -209,7 +209,11 @@ mod tests {
         String::from_utf8(out.lock().unwrap().clone()).unwrap()
     }
 
-    struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    /// A log writer into shared memory: what a test's subscriber wrote.
+    #[derive(Clone)]
+    pub(in crate::telemetry) struct Sink(
+        pub(in crate::telemetry) std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    );
 
     impl std::io::Write for Sink {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
