@@ -308,9 +308,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         },
         Command::Migrate(c) => {
-            let settings = config::load(c.config.as_deref())?;
-            Ledger::migrate(&settings.storage).await?;
-            println!("ledger {} is migrated", settings.storage.display_name());
+            let storage = config::load_storage(c.config.as_deref())?;
+            Ledger::migrate(&storage).await?;
+            println!("ledger {} is migrated", storage.display_name());
         }
         Command::Policy { command } => {
             // Policy calls block (and a policy's stdout/stderr block on the
@@ -487,9 +487,11 @@ async fn compensate(
     }
 }
 
+/// The ledger the config names, for a command that only reads or writes
+/// the ledger: only `[storage]` is checked ([`config::load_storage`]).
 async fn open(c: ConfigArg) -> anyhow::Result<Ledger> {
-    let settings = config::load(c.config.as_deref())?;
-    if let Ok(config::Backend::Sqlite(path)) = settings.storage.backend()
+    let storage = config::load_storage(c.config.as_deref())?;
+    if let Ok(config::Backend::Sqlite(path)) = storage.backend()
         && !path.exists()
     {
         let shown = std::path::absolute(&path).unwrap_or_else(|_| path.clone());
@@ -503,7 +505,7 @@ async fn open(c: ConfigArg) -> anyhow::Result<Ledger> {
         max_read_connections: 1,
         max_connections: 2,
         min_connections: 0,
-        ..settings.storage.clone()
+        ..storage
     };
     Ok(Ledger::open_storage(&storage, std::sync::Arc::new(SystemClock)).await?)
 }

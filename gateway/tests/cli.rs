@@ -179,6 +179,76 @@ fn migrate_then_ledger_list_and_show() {
     );
 }
 
+/// The ledger commands check only `[storage]`: an operator can read the
+/// ledger with the gateway's config but without its secrets (a key from
+/// an unset variable) or its policy builds (a module not built), which
+/// `check-config` (and `serve`) refuse.
+#[test]
+fn ledger_commands_need_only_the_storage_section() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("gw.toml");
+    std::fs::write(
+        &cfg,
+        r#"
+[storage]
+path = "ledger.db"
+[[tenants]]
+id = "t"
+keys = [{ role = "client", env = "EFFECTGATE_TEST_UNSET_CLIENT_KEY" }]
+[[tenants.policies]]
+route = "pay"
+module = "not-built.wasm"
+config = {}
+[[routes]]
+name = "pay"
+prefix = "/pay/"
+upstream = "http://127.0.0.1:9"
+"#,
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        effectgate()
+            .args(args)
+            .arg("--config")
+            .arg(&cfg)
+            .env_remove("EFFECTGATE_TEST_UNSET_CLIENT_KEY")
+            .output()
+            .unwrap()
+    };
+    let out = run(&["check-config"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("EFFECTGATE_TEST_UNSET_CLIENT_KEY"), "{err}");
+    for args in [
+        &["migrate"][..],
+        &["ledger", "list"],
+        &["ledger", "dead-letters"],
+        &["inbox", "list", "t"],
+    ] {
+        let out = run(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // The ledger file is next to the config, as `serve` would open it.
+    assert!(dir.path().join("ledger.db").exists());
+    let out = run(&["ledger", "show", "t", "nope"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("nope"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A bad `[storage]` is still refused, naming the field.
+    std::fs::write(&cfg, "[storage]\nurl = \"redis://x\"\n").unwrap();
+    let out = run(&["ledger", "list"]);
+    assert_ne!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("storage.url"), "{err}");
+}
+
 /// Without a ledger file the CLI names the absolute path it looked for
 /// and says how to point it at the gateway's config.
 #[test]
@@ -476,6 +546,39 @@ async fn a_second_gateway_on_the_same_sqlite_ledger_stops_at_start() {
     assert!(
         !out.status.success() && err.contains("served by another gateway process"),
         "{err}"
+    );
+    // A hard link is the same file under another name (and another
+    // `.lock` name): the ledger file's own lock refuses it, before the
+    // second gateway opens the file (with a `-wal` of its own).
+    let link = dir.path().join("linked.db");
+    std::fs::hard_link(&db, &link).unwrap();
+    let linked = dir.path().join("linked.toml");
+    std::fs::write(
+        &linked,
+        format!(
+            "[listen]\nproxy = \"127.0.0.1:{}\"\nadmin = \"127.0.0.1:{}\"\n\
+             [storage]\npath = \"{}\"\n",
+            common::free_port(),
+            common::free_port(),
+            link.display()
+        ),
+    )
+    .unwrap();
+    let out = tokio::task::block_in_place(|| {
+        effectgate()
+            .args(["serve", "--config"])
+            .arg(&linked)
+            .output()
+            .unwrap()
+    });
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("served by another gateway process"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("linked.db-wal").exists(),
+        "the linked name was never opened"
     );
     let ready = reqwest::get(format!("http://127.0.0.1:{}/readyz", first.admin))
         .await

@@ -23,6 +23,14 @@ impl ConfigFile {
         let proxy_addr = parse_addr("listen.proxy", &self.listen.proxy)?;
         let storage = self.storage_from(source, &base_dir)?;
         let admin_addr = parse_addr("listen.admin", &self.listen.admin)?;
+        if admin_addr == proxy_addr && admin_addr.port() != 0 {
+            return Err(ConfigError::new(
+                "listen.admin",
+                format!(
+                    "is the proxy's address too ({admin_addr}): the two listeners need their own"
+                ),
+            ));
+        }
         self.check_pools_and_limits()?;
         let (tenants, keys) = self.tenants_and_keys()?;
         let mut routes = Vec::new();
@@ -83,6 +91,21 @@ impl ConfigFile {
             shutdown: self.shutdown,
             inbox,
         })
+    }
+
+    /// Only `[storage]` (and the outbox limits of `[reconcile]`), checked
+    /// and with relative paths resolved as [`ConfigFile::into_settings_from`]
+    /// resolves them: what the ledger commands need. Tenants, keys, routes
+    /// and policy modules are neither converted nor checked, so an operator
+    /// can read the ledger without the gateway's secrets or policy builds.
+    ///
+    /// Errors: a [`ConfigError`] naming the `storage.*` field.
+    pub fn storage_settings_from(&self, source: Option<&Path>) -> Result<StorageSpec, ConfigError> {
+        let base_dir = source
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        self.storage_from(source, &base_dir)
     }
 
     /// `[storage]` with relative paths resolved next to the file (and the
@@ -202,6 +225,20 @@ impl ConfigFile {
                 ));
             }
         }
+        if matches!(storage.backend(), Ok(super::Backend::Sqlite(_))) && storage.path.is_dir() {
+            return Err(ConfigError::new(
+                if storage.url.is_some() {
+                    "storage.url"
+                } else {
+                    "storage.path"
+                },
+                format!(
+                    "{} is a directory: name the ledger file, e.g. {}",
+                    storage.path.display(),
+                    storage.path.join("effectgate.db").display()
+                ),
+            ));
+        }
         Ok(storage)
     }
 
@@ -239,6 +276,22 @@ impl ConfigFile {
             if value == 0 {
                 return Err(ConfigError::new(field, "must be at least 1"));
             }
+        }
+        // A lease is extended every third of itself while a call runs: a
+        // lease of a few ms would be lost between two extensions, and each
+        // call would end "outcome unknown" while it spins on extensions.
+        if self.limits.lease_ms < 100 {
+            return Err(ConfigError::new(
+                "limits.lease_ms",
+                "must be at least 100 (a lease is extended every third of it while a provider call runs)",
+            ));
+        }
+        // Below this no ordinary request head fits (each would get 431).
+        if self.limits.max_header_bytes < 1024 {
+            return Err(ConfigError::new(
+                "limits.max_header_bytes",
+                "must be at least 1024",
+            ));
         }
         if self.limits.max_decoded_replay_bytes == 0 {
             return Err(ConfigError::new(

@@ -348,6 +348,16 @@ pub fn load(path: Option<&Path>) -> Result<Settings, ConfigError> {
     load_file(path)?.into_settings_from(path)
 }
 
+/// Loads `path` like [`load`], but converts and checks only `[storage]`
+/// ([`ConfigFile::storage_settings_from`]): for the commands that only open
+/// the ledger (`migrate`, `ledger …`, `inbox list`).
+///
+/// Errors: as [`load_file`], or a [`ConfigError`] naming the `storage.*`
+/// field.
+pub fn load_storage(path: Option<&Path>) -> Result<StorageSpec, ConfigError> {
+    load_file(path)?.storage_settings_from(path)
+}
+
 /// Loads and layers the file without the semantic checks.
 ///
 /// Errors name the file (missing, unreadable, with the line and column of

@@ -243,9 +243,13 @@ impl Ledger {
             Backend::Postgres(_) => None,
         };
         let ledger = Self::open_storage(storage, clock).await?;
-        if let Some(file) = lock {
+        if let Some(mut files) = lock {
+            // A ledger this call created: its file's own lock now.
+            if let Some(path) = &ledger.sqlite_path {
+                files.cover_file(path)?;
+            }
             let mut slot = ledger.exclusive.slot();
-            ledger.exclusive.hold(&mut slot, file);
+            ledger.exclusive.hold(&mut slot, files);
         }
         Ok(ledger)
     }
