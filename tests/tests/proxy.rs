@@ -560,20 +560,24 @@ async fn a_response_over_the_stored_limit_reaches_the_caller_but_is_not_stored()
     .await;
     let r = app.charge("large", BODY).await;
     assert_eq!(r.status(), 200);
-    let full: Value = r.json().await.unwrap();
+    // Streamed to the caller whole; the provider sent it with a
+    // Content-Length, which is what the ledger records as its size.
+    let text = r.text().await.unwrap();
+    let sent_length = text.len();
+    let full: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(full["amount"], 100, "the first caller gets the whole body");
     let op = app.op_json("large").await;
     assert_eq!(op["state"], "COMPLETED");
     assert_eq!(op["response_body_omitted"], true);
     assert_eq!(op["response_body"], Value::Null);
+    // The size is the provider's Content-Length.
+    assert_eq!(op["response_body_bytes"], sent_length, "{op}");
     let dup = app.charge("large", BODY).await;
     assert_eq!(dup.status(), 200, "the replay keeps the original status");
     assert_eq!(dup.headers()["idempotent-replayed"], "true");
-    assert!(
-        dup.headers()["effectgate-stored-body"]
-            .to_str()
-            .unwrap()
-            .starts_with("omitted")
+    assert_eq!(
+        dup.headers()["effectgate-stored-body"],
+        format!("omitted; size={sent_length}").as_str()
     );
     assert_eq!(dup.text().await.unwrap(), "");
     assert_eq!(app.mock.provider.effects(), 1);

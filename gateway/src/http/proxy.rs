@@ -386,7 +386,9 @@ async fn pass_through_policies(
 /// Step 4: the whole body, at most `max_bytes`, within `timeout_ms`.
 ///
 /// Errors: 413 `payload-too-large` (by `Content-Length` at once, or while
-/// reading); 408 `request-timeout` when the body stalls.
+/// reading); 408 `request-timeout` when the body stalls; 400 `bad-request`
+/// naming `body` when it can't be read whole (shorter than its
+/// `Content-Length`, a malformed or cut-off chunk: RFC 9112 §6.3, §7.1).
 async fn read_body(
     headers: &http::HeaderMap,
     body: Body,
@@ -408,7 +410,30 @@ async fn read_body(
     .map_err(|_| OpError::RequestTimeout {
         limit_ms: timeout_ms,
     })?
-    .map_err(|_| OpError::PayloadTooLarge { limit: max_bytes })
+    .map_err(|e| {
+        if exceeds_limit(&e) {
+            OpError::PayloadTooLarge { limit: max_bytes }
+        } else {
+            OpError::BadRequest {
+                field: "body".into(),
+                message: format!("the request body could not be read whole: {e}"),
+            }
+        }
+    })
+}
+
+/// Whether reading a body failed because it passed the limit
+/// (`http_body_util::LengthLimitError` somewhere in its sources), rather
+/// than because it was malformed or cut off.
+fn exceeds_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if s.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// Streams a non-effectful request through without buffering either body.

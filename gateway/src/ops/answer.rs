@@ -96,7 +96,12 @@ pub fn replay(op: &Operation) -> Reply {
                 }
             }
             if op.response_body_omitted {
-                let v = format!("omitted; size={}", op.response_body_bytes.unwrap_or(-1));
+                // The size is the provider's `Content-Length`; a body sent
+                // without one (chunked) was never counted whole.
+                let v = match op.response_body_bytes {
+                    Some(n) => format!("omitted; size={n}"),
+                    None => "omitted".to_owned(),
+                };
                 if let Ok(v) = HeaderValue::from_str(&v) {
                     r.headers.insert("effectgate-stored-body", v);
                 }

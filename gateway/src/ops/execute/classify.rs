@@ -139,7 +139,7 @@ pub(super) fn classify(
             o.attempt_outcome = Some(format!("status-{code}"));
             o.response_status = Some(code);
             o.response_headers = stored_headers(route, &head.headers);
-            let reply_body = store_body(&mut o, body);
+            let reply_body = store_body(&mut o, body, content_length(&head.headers));
             if o.state == OpState::Completed {
                 check_success(route, &head.headers, &mut o);
             }
@@ -263,10 +263,22 @@ fn by_status(
     }
 }
 
+/// A response's `Content-Length` (RFC 9110 §8.6), when it has one valid
+/// value: what an omitted body's size is recorded as.
+fn content_length(headers: &http::HeaderMap) -> Option<i64> {
+    let mut values = headers.get_all(http::header::CONTENT_LENGTH).iter();
+    let v = values.next()?;
+    if values.next().is_some() {
+        return None;
+    }
+    v.to_str().ok()?.parse::<u64>().ok()?.try_into().ok()
+}
+
 /// Stores what was read of the body in `o` and returns the caller's body:
-/// the whole body, or the prefix and the rest streamed (not stored), or
+/// the whole body, or the prefix and the rest streamed (not stored, its
+/// size recorded as the provider's `content_length` when it sent one), or
 /// the prefix of a body that broke off.
-fn store_body(o: &mut Outcome, body: ReadBody) -> ReplyBody {
+fn store_body(o: &mut Outcome, body: ReadBody, content_length: Option<i64>) -> ReplyBody {
     match body {
         ReadBody::Whole(b) => {
             o.response_body_bytes = Some(b.len() as i64);
@@ -275,6 +287,7 @@ fn store_body(o: &mut Outcome, body: ReadBody) -> ReplyBody {
         }
         ReadBody::Overflow(prefix, rest) => {
             o.response_body_omitted = true;
+            o.response_body_bytes = content_length;
             ReplyBody::Streamed(prefix, rest)
         }
         ReadBody::Broken(prefix, err) => {
