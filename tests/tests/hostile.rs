@@ -876,6 +876,39 @@ async fn a_body_cut_off_or_malformed_is_400_and_one_too_large_is_413() {
     assert!(app.mock.provider.requests().is_empty());
 }
 
+/// An HTTP/1.1 request without a Host, or any with two, is 400 naming
+/// `header:Host` (RFC 9112 §3.2), before authentication, the ledger or the
+/// provider; HTTP/1.0 needs none.
+#[tokio::test]
+async fn a_request_without_exactly_one_host_is_400() {
+    const BODY: &str = r#"{"amount":100,"currency":"eur"}"#;
+    let app = spawn_app().await;
+    let request = |version: &str, hosts: &str, key: &str| {
+        format!(
+            "POST /pay/v1/charges {version}\r\n{hosts}Authorization: Bearer {KEY_A}\r\n\
+             Idempotency-Key: {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{BODY}",
+            BODY.len()
+        )
+    };
+    for (version, hosts, key) in [
+        ("HTTP/1.1", "", "no-host"),
+        ("HTTP/1.1", "Host: a\r\nHost: b\r\n", "two-hosts"),
+    ] {
+        let status = raw_status(&app, request(version, hosts, key)).await;
+        assert_eq!(status, "HTTP/1.1 400 Bad Request", "{key}");
+        assert_eq!(
+            app.operation(ADMIN_A, "a", key).await.status(),
+            404,
+            "{key}"
+        );
+    }
+    assert!(app.mock.provider.requests().is_empty());
+    let status = raw_status(&app, request("HTTP/1.0", "", "http-1-0")).await;
+    assert_eq!(status, "HTTP/1.0 200 OK");
+    assert_eq!(app.mock.provider.effects(), 1);
+}
+
 /// Sends `head` (a raw HTTP/1.1 request head, CRLFs included, body after)
 /// to the proxy and returns the status line.
 async fn raw_status(app: &TestApp, head: String) -> String {

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Longest `routes[].key_retention_hours`: 100 years of hours.
+const MAX_KEY_RETENTION_HOURS: u64 = 100 * 366 * 24;
+
 /// Stored response headers, and injected headers with their values.
 type RouteHeaders = (Vec<HeaderName>, Vec<(HeaderName, HeaderValue)>);
 
@@ -208,10 +211,12 @@ fn route_fields(
             "must be at least 1",
         ));
     }
-    if r.key_retention_hours == 0 {
+    // At most about 100 years: an expiry past that would overflow the
+    // ledger's ms timestamps (and could not be shown as a date).
+    if !(1..=MAX_KEY_RETENTION_HOURS).contains(&r.key_retention_hours) {
         return Err(ConfigError::new(
             format!("{rp}.key_retention_hours"),
-            "must be at least 1",
+            format!("must be in 1..={MAX_KEY_RETENTION_HOURS} (about 100 years)"),
         ));
     }
     if r.retry.max_attempts == 0 {

@@ -8,7 +8,9 @@
 //!   be the same one to a provider that compares them case-insensitively,
 //!   so it would skip the ledger there: 400 naming `method`. So is a method
 //!   override header (`X-HTTP-Method-Override` and its kin), which asks a
-//!   provider to run another method than the one the gateway judged;
+//!   provider to run another method than the one the gateway judged; and
+//!   so is an HTTP/1.1 request without exactly one `Host` (RFC 9112 §3.2),
+//!   which a provider behind a virtual host would read as another site's;
 //! - [`limit_header_bytes`]: the request head is bounded by
 //!   `limits.max_header_bytes` (431, RFC 6585 §5);
 //! - [`refuse_dot_segments`]: dot segments and encoded separators would walk
@@ -22,9 +24,14 @@ use http::{HeaderMap, Method};
 use crate::ops::OpError;
 use crate::state::AppState;
 
-/// 405 for TRACE and CONNECT; every other method passes.
+/// 405 for TRACE and CONNECT, 400 for another spelling of a standard
+/// method, a method override header, or an HTTP/1.1 request without one
+/// `Host` ([`host_refusal`]); every other request passes.
 pub async fn refuse_methods(req: Request, next: Next) -> Response {
-    match method_refusal(req.method()).or_else(|| override_refusal(req.headers())) {
+    match method_refusal(req.method())
+        .or_else(|| override_refusal(req.headers()))
+        .or_else(|| host_refusal(req.version(), req.headers()))
+    {
         Some(e) => e.into_response(),
         None => next.run(req).await,
     }
@@ -60,6 +67,25 @@ pub fn method_refusal(method: &Method) -> Option<OpError> {
                 "{method:?} is not {upper}: method names are case-sensitive (RFC 9110 §9.1); send {upper}"
             ),
         }
+    })
+}
+
+/// The refusal of a request without exactly one `Host`: an HTTP/1.1
+/// request must have one and any request at most one (RFC 9112 §3.2; an
+/// HTTP/2 request names its authority in `:authority` instead, and HTTP/1.0
+/// needs none).
+pub fn host_refusal(version: http::Version, headers: &HeaderMap) -> Option<OpError> {
+    let mut hosts = headers.get_all(http::header::HOST).iter();
+    let message = match (hosts.next(), hosts.next()) {
+        (None, _) if version == http::Version::HTTP_11 => {
+            "an HTTP/1.1 request must have a Host header (RFC 9112 §3.2)"
+        }
+        (Some(_), Some(_)) => "a request must have at most one Host header (RFC 9112 §3.2)",
+        _ => return None,
+    };
+    Some(OpError::BadRequest {
+        field: "header:Host".into(),
+        message: message.into(),
     })
 }
 
@@ -158,6 +184,24 @@ mod tests {
         assert!(
             matches!(e, OpError::BadRequest { ref field, .. } if field == "header:x-http-method-override")
         );
+    }
+
+    #[test]
+    fn an_http_1_1_request_needs_exactly_one_host() {
+        use http::Version;
+        let mut h = HeaderMap::new();
+        assert!(matches!(
+            host_refusal(Version::HTTP_11, &h),
+            Some(OpError::BadRequest { field, .. }) if field == "header:Host"
+        ));
+        assert!(host_refusal(Version::HTTP_10, &h).is_none());
+        assert!(host_refusal(Version::HTTP_2, &h).is_none());
+        h.insert(http::header::HOST, "gateway".parse().unwrap());
+        assert!(host_refusal(Version::HTTP_11, &h).is_none());
+        h.append(http::header::HOST, "other".parse().unwrap());
+        for v in [Version::HTTP_10, Version::HTTP_11, Version::HTTP_2] {
+            assert!(host_refusal(v, &h).is_some(), "{v:?}");
+        }
     }
 
     #[test]
