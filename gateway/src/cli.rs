@@ -84,8 +84,8 @@ enum InboxCommand {
         /// Only this state: accepted, stale, held, quarantined, dropped.
         #[arg(long)]
         state: Option<String>,
-        /// At most this many rows.
-        #[arg(long, default_value_t = 100)]
+        /// At most this many rows (at least 1).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
         #[command(flatten)]
         config: ConfigArg,
@@ -176,8 +176,8 @@ enum LedgerCommand {
         /// Only this tenant.
         #[arg(long)]
         tenant: Option<String>,
-        /// At most this many rows.
-        #[arg(long, default_value_t = 100)]
+        /// At most this many rows (at least 1).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
         #[command(flatten)]
         config: ConfigArg,
@@ -209,8 +209,8 @@ enum LedgerCommand {
         /// Only this tenant.
         #[arg(long)]
         tenant: Option<String>,
-        /// At most this many rows.
-        #[arg(long, default_value_t = 100)]
+        /// At most this many rows (at least 1).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
         #[command(flatten)]
         config: ConfigArg,

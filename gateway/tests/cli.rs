@@ -161,6 +161,20 @@ fn migrate_then_ledger_list_and_show() {
     assert_eq!(out.status.code(), Some(1));
     let out = run(&["ledger", "list", "--state", "BOGUS"]);
     assert_eq!(out.status.code(), Some(2));
+    // A limit of 0 is refused, as the admin API refuses it.
+    for args in [
+        &["ledger", "list", "--limit", "0"][..],
+        &["ledger", "dead-letters", "--limit", "0"],
+        &["inbox", "list", "t", "--limit", "0"],
+    ] {
+        let out = run(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("--limit"),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     // A state in any case, as the admin API takes it.
     let out = run(&["ledger", "list", "--state", "unknown"]);
     assert!(

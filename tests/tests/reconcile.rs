@@ -498,6 +498,9 @@ async fn admin_errors_are_always_problem_json() {
         .unwrap();
     assert_eq!(r.status(), 405);
     assert_eq!(r.headers()["content-type"], "application/problem+json");
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["type"], "urn:effectgate:problem:method-not-allowed");
+    assert_eq!(p["status"], 405);
     let r = app
         .http
         .get(app.admin("/admin/tenants/a/operations/%FF"))

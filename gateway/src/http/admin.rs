@@ -104,10 +104,7 @@ pub fn router(state: AppState) -> Router {
         .merge(crate::http::console::routes())
         .fallback(|| async { OpError::NotFound("no such admin endpoint".into()) })
         .method_not_allowed_fallback(|| async {
-            (
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method not allowed on this admin endpoint",
-            )
+            OpError::MethodNotAllowed("method not allowed on this admin endpoint".into())
         })
         .layer(axum::middleware::map_response(as_problem))
         .with_state(state)
@@ -115,7 +112,9 @@ pub fn router(state: AppState) -> Router {
 
 /// Turns the framework's plain-text rejections (a malformed path segment,
 /// an oversized body, a bad form) into RFC 9457 problem+json, so every
-/// admin error has the same shape. Console pages (HTML) pass unchanged.
+/// admin error has the same shape: kind `payload-too-large` for a 413,
+/// `method-not-allowed` for a 405, else `bad-request`. Console pages
+/// (HTML) pass unchanged.
 async fn as_problem(resp: Response) -> Response {
     let status = resp.status();
     let ct = resp
@@ -135,8 +134,14 @@ async fn as_problem(resp: Response) -> Response {
         Ok(b) if !b.is_empty() => String::from_utf8_lossy(&b).into_owned(),
         _ => status.canonical_reason().unwrap_or("error").to_owned(),
     };
+    // The kinds of the gateway's own errors with the same status.
+    let kind = match status {
+        StatusCode::METHOD_NOT_ALLOWED => "method-not-allowed",
+        StatusCode::PAYLOAD_TOO_LARGE => "payload-too-large",
+        _ => "bad-request",
+    };
     let problem = json!({
-        "type": "urn:effectgate:problem:bad-request",
+        "type": format!("urn:effectgate:problem:{kind}"),
         "title": status.canonical_reason().unwrap_or("Error"),
         "status": status.as_u16(),
         "detail": detail,
