@@ -23,11 +23,18 @@ impl ConfigFile {
         let proxy_addr = parse_addr("listen.proxy", &self.listen.proxy)?;
         let storage = self.storage_from(source, &base_dir)?;
         let admin_addr = parse_addr("listen.admin", &self.listen.admin)?;
-        if admin_addr == proxy_addr && admin_addr.port() != 0 {
+        // The same port on the same address, or on an unspecified one
+        // (0.0.0.0 or ::, every address): the second bind would fail.
+        if admin_addr.port() == proxy_addr.port()
+            && admin_addr.port() != 0
+            && (admin_addr.ip() == proxy_addr.ip()
+                || admin_addr.ip().is_unspecified()
+                || proxy_addr.ip().is_unspecified())
+        {
             return Err(ConfigError::new(
                 "listen.admin",
                 format!(
-                    "is the proxy's address too ({admin_addr}): the two listeners need their own"
+                    "{admin_addr} takes the proxy's port ({proxy_addr}): the two listeners need their own"
                 ),
             ));
         }
@@ -118,6 +125,13 @@ impl ConfigFile {
     ) -> Result<StorageSpec, ConfigError> {
         // Relative paths in a config file mean "next to the file".
         let mut storage = self.storage.clone();
+        // Where the SQLite file was named, for an error about it (a
+        // `sqlite://` URL becomes `storage.path` below).
+        let path_field = if storage.url.as_deref().is_some_and(|u| !u.trim().is_empty()) {
+            "storage.url"
+        } else {
+            "storage.path"
+        };
         // An empty URL (an unset environment variable, say) means "no URL".
         if storage.url.as_deref().is_some_and(|u| u.trim().is_empty()) {
             storage.url = None;
@@ -227,11 +241,7 @@ impl ConfigFile {
         }
         if matches!(storage.backend(), Ok(super::Backend::Sqlite(_))) && storage.path.is_dir() {
             return Err(ConfigError::new(
-                if storage.url.is_some() {
-                    "storage.url"
-                } else {
-                    "storage.path"
-                },
+                path_field,
                 format!(
                     "{} is a directory: name the ledger file, e.g. {}",
                     storage.path.display(),
@@ -280,11 +290,16 @@ impl ConfigFile {
         // A lease is extended every third of itself while a call runs: a
         // lease of a few ms would be lost between two extensions, and each
         // call would end "outcome unknown" while it spins on extensions.
-        if self.limits.lease_ms < 100 {
-            return Err(ConfigError::new(
-                "limits.lease_ms",
-                "must be at least 100 (a lease is extended every third of it while a provider call runs)",
-            ));
+        for (field, value) in [
+            ("limits.lease_ms", self.limits.lease_ms),
+            ("reconcile.lease_ms", self.reconcile.lease_ms),
+        ] {
+            if value < 100 {
+                return Err(ConfigError::new(
+                    field,
+                    "must be at least 100 (a lease is extended every third of it while a provider call runs)",
+                ));
+            }
         }
         // Below this no ordinary request head fits (each would get 431).
         if self.limits.max_header_bytes < 1024 {

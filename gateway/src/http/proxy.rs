@@ -454,3 +454,31 @@ async fn pass_through(
         .map_err(OpError::ProviderUnreachable)?;
     Ok(resp.map(Body::new))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Over the limit is a 413; a body whose stream fails is a 400 naming
+    /// `body`.
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_413_and_a_broken_one_400() {
+        let none = http::HeaderMap::new();
+        let big = Body::from(vec![b'x'; 11]);
+        let e = read_body(&none, big, 10, 5_000).await.unwrap_err();
+        assert!(matches!(e, OpError::PayloadTooLarge { limit: 10 }), "{e:?}");
+        let broken = Body::from_stream(futures_util::stream::iter([
+            Ok::<_, std::io::Error>(Bytes::from_static(b"{\"a\"")),
+            Err(std::io::Error::other(
+                "connection closed before the body ended",
+            )),
+        ]));
+        let e = read_body(&none, broken, 10, 5_000).await.unwrap_err();
+        assert!(
+            matches!(&e, OpError::BadRequest { field, .. } if field == "body"),
+            "{e:?}"
+        );
+        let whole = Body::from("{}");
+        assert_eq!(read_body(&none, whole, 10, 5_000).await.unwrap(), "{}");
+    }
+}

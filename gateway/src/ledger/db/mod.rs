@@ -243,13 +243,9 @@ impl Ledger {
             Backend::Postgres(_) => None,
         };
         let ledger = Self::open_storage(storage, clock).await?;
-        if let Some(mut files) = lock {
-            // A ledger this call created: its file's own lock now.
-            if let Some(path) = &ledger.sqlite_path {
-                files.cover_file(path)?;
-            }
+        if let Some(file) = lock {
             let mut slot = ledger.exclusive.slot();
-            ledger.exclusive.hold(&mut slot, files);
+            ledger.exclusive.hold(&mut slot, file);
         }
         Ok(ledger)
     }

@@ -245,7 +245,10 @@ async fn a_fresh_ledger_gets_first_statistics_and_its_cas_reads_the_key_on_postg
         .execute(&mut conn)
         .await
         .unwrap();
-    // The counts reach the statistics when this backend next goes idle.
+    // The counts reach the statistics when this backend next goes idle,
+    // which it does after answering, so another connection's read may
+    // still come first: read again (bounded by a deadline) until they
+    // have arrived.
     sql::<PgDialect>("SELECT pg_stat_force_next_flush()")
         .execute(&mut conn)
         .await
@@ -254,7 +257,15 @@ async fn a_fresh_ledger_gets_first_statistics_and_its_cas_reads_the_key_on_postg
         .execute(&mut conn)
         .await
         .unwrap();
-    assert_eq!(store.first_statistics().await.unwrap(), ["operations"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let analyzed = loop {
+        let analyzed = store.first_statistics().await.unwrap();
+        if !analyzed.is_empty() || std::time::Instant::now() > deadline {
+            break analyzed;
+        }
+        tokio::task::yield_now().await;
+    };
+    assert_eq!(analyzed, ["operations"]);
     assert!(store.first_statistics().await.unwrap().is_empty());
     sql::<PgDialect>("SET plan_cache_mode = force_generic_plan")
         .execute(&mut conn)
