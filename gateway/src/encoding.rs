@@ -1,4 +1,11 @@
-//! Content codings of replayed answers (RFC 9110 §8.4, §12.5.3).
+//! Content codings of effectful request bodies and replayed answers (RFC
+//! 9110 §8.4, §12.5.3).
+//!
+//! An effectful call's request body in gzip, deflate or br is decoded
+//! when it arrives (`http::proxy`), within the route's `max_body_bytes`:
+//! its fingerprint, its contract check, its policies and the ledger all
+//! see the JSON, and the provider gets it decoded, without
+//! `Content-Encoding`. Any other coding is refused with 415.
 //!
 //! An effectful call's response body is stored exactly as the provider
 //! sent it, with its `Content-Encoding` and `Vary`. A duplicate gets those
@@ -12,8 +19,12 @@
 
 use std::io::Read;
 
+/// The codings [`decode`] reads, as an `Accept-Encoding` value: what a
+/// 415 for a request body in another coding lists (RFC 9110 §12.5.3).
+pub const REQUEST_CODINGS: &str = "gzip, deflate, br";
+
 /// Codings decoded at most for one replay (`gzip, br`, …); more is refused.
-const MAX_CODINGS: usize = 4;
+pub const MAX_CODINGS: usize = 4;
 
 /// Whether `accept_encoding` (the request's header values, joined) accepts
 /// `coding`: listed with q > 0, or `*` with q > 0 and not itself refused
@@ -61,42 +72,78 @@ pub fn accepts(accept_encoding: Option<&str>, coding: &str) -> bool {
     }
 }
 
+/// Why [`decode`] could not decode a body.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// More than [`MAX_CODINGS`] codings are listed.
+    #[error("more than {MAX_CODINGS} content codings")]
+    TooManyCodings,
+    /// A coding other than gzip (x-gzip), deflate, br and identity.
+    #[error("unknown content coding {0:?}")]
+    UnknownCoding(String),
+    /// The data is not valid for its coding.
+    #[error("the body can't be decoded as {coding}: {detail}")]
+    Corrupt {
+        /// The coding that failed.
+        coding: String,
+        /// The decoder's error.
+        detail: String,
+    },
+    /// The decoded body would be over the limit given to [`decode`].
+    #[error("the decoded body is over {limit} bytes")]
+    OverLimit {
+        /// The limit, in bytes.
+        limit: usize,
+    },
+}
+
 /// Decodes `body` encoded with `codings` (a `Content-Encoding` value: the
-/// codings in the order they were applied), into at most `limit` bytes.
+/// codings in the order they were applied, RFC 9110 §8.4), into at most
+/// `limit` bytes. Codings: gzip (and x-gzip), deflate (zlib, or raw
+/// deflate without the zlib header), br, identity.
 ///
-/// Errors: an unknown coding, corrupt data, or a result over `limit`.
-pub fn decode(codings: &str, body: &[u8], limit: usize) -> Result<Vec<u8>, String> {
+/// Errors: [`DecodeError`]: too many codings, an unknown coding, corrupt
+/// data, or a result over `limit`.
+pub fn decode(codings: &str, body: &[u8], limit: usize) -> Result<Vec<u8>, DecodeError> {
     if codings.split(',').count() > MAX_CODINGS {
-        return Err(format!("more than {MAX_CODINGS} content codings"));
+        return Err(DecodeError::TooManyCodings);
     }
     let mut data = body.to_vec();
     for coding in codings.split(',').rev() {
         let coding = coding.trim().to_ascii_lowercase();
         data = match coding.as_str() {
             "" | "identity" => data,
-            "gzip" | "x-gzip" => read_limited(flate2::read::MultiGzDecoder::new(&data[..]), limit)?,
+            "gzip" | "x-gzip" => {
+                read_limited(flate2::read::MultiGzDecoder::new(&data[..]), &coding, limit)?
+            }
             // "deflate" is zlib (RFC 9110 §8.4.1.2); some servers send raw
             // deflate, so that is tried when the zlib header is absent.
-            "deflate" => match read_limited(flate2::read::ZlibDecoder::new(&data[..]), limit) {
-                Ok(d) => d,
-                Err(_) => read_limited(flate2::read::DeflateDecoder::new(&data[..]), limit)?,
-            },
-            "br" => read_limited(brotli::Decompressor::new(&data[..], 4096), limit)?,
-            other => return Err(format!("unknown content coding {other:?}")),
+            "deflate" => {
+                match read_limited(flate2::read::ZlibDecoder::new(&data[..]), &coding, limit) {
+                    Ok(d) => d,
+                    Err(DecodeError::Corrupt { .. }) => {
+                        read_limited(flate2::read::DeflateDecoder::new(&data[..]), &coding, limit)?
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            "br" => read_limited(brotli::Decompressor::new(&data[..], 4096), &coding, limit)?,
+            _ => return Err(DecodeError::UnknownCoding(coding)),
         };
     }
     Ok(data)
 }
 
-fn read_limited(r: impl Read, limit: usize) -> Result<Vec<u8>, String> {
+fn read_limited(r: impl Read, coding: &str, limit: usize) -> Result<Vec<u8>, DecodeError> {
     let mut out = Vec::new();
     r.take(limit as u64 + 1)
         .read_to_end(&mut out)
-        .map_err(|e| format!("the stored body can't be decoded: {e}"))?;
+        .map_err(|e| DecodeError::Corrupt {
+            coding: coding.to_owned(),
+            detail: e.to_string(),
+        })?;
     if out.len() > limit {
-        return Err(format!(
-            "the decoded body is over limits.max_decoded_replay_bytes ({limit} bytes)"
-        ));
+        return Err(DecodeError::OverLimit { limit });
     }
     Ok(out)
 }
@@ -153,12 +200,17 @@ mod tests {
             .unwrap();
         assert_eq!(decode("gzip, br", &both, 1 << 20).unwrap(), plain);
         // Over the limit, corrupt, unknown: errors, never a panic.
-        assert!(
-            decode("gzip", &gz, 10)
-                .unwrap_err()
-                .contains("max_decoded_replay_bytes")
+        assert_eq!(
+            decode("gzip", &gz, 10).unwrap_err(),
+            DecodeError::OverLimit { limit: 10 }
         );
-        assert!(decode("gzip", b"not gzip", 1 << 20).is_err());
-        assert!(decode("zstd", &gz, 1 << 20).unwrap_err().contains("zstd"));
+        assert!(matches!(
+            decode("gzip", b"not gzip", 1 << 20).unwrap_err(),
+            DecodeError::Corrupt { coding, .. } if coding == "gzip"
+        ));
+        assert_eq!(
+            decode("zstd", &gz, 1 << 20).unwrap_err(),
+            DecodeError::UnknownCoding("zstd".into())
+        );
     }
 }

@@ -140,3 +140,101 @@ async fn an_uncompressed_first_answer_is_replayed_as_is() {
     assert_eq!(bytes, first);
     assert_eq!(app.mock.provider.effects(), 1);
 }
+
+fn gzip(body: &[u8], level: u32) -> Vec<u8> {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(level));
+    gz.write_all(body).unwrap();
+    gz.finish().unwrap()
+}
+
+async fn post_encoded(app: &TestApp, key: &str, coding: &str, body: Vec<u8>) -> reqwest::Response {
+    app.http
+        .post(app.proxy("/pay/v1/charges"))
+        .bearer_auth(KEY_A)
+        .header("Idempotency-Key", key)
+        .header("Content-Type", "application/json")
+        .header("Content-Encoding", coding)
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn problem(r: reqwest::Response) -> (u16, serde_json::Value) {
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap())
+}
+
+/// A request body sent compressed is decoded when it arrives: the provider
+/// gets the JSON without `Content-Encoding`, the fingerprint is the JSON's
+/// (a retry compressed at another level, or not at all, is a replay; other
+/// JSON under the key is 422), and the decoded size is held to the route's
+/// `max_body_bytes`. An unknown coding is 415 with `Accept-Encoding`, and
+/// corrupt data 400; neither records nor sends anything.
+#[tokio::test]
+async fn compressed_request_bodies_are_decoded_and_fingerprinted_as_json() {
+    let app = spawn_app().await;
+    let r = post_encoded(&app, "gz-req", "gzip", gzip(BODY.as_bytes(), 1)).await;
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let charges = app.mock.provider.charges();
+    assert_eq!(charges.len(), 1);
+    assert_eq!(charges[0].amount, 100);
+    assert_eq!(charges[0].client_ref.as_deref(), Some("gz"));
+    let seen = app.mock.provider.requests();
+    let post = seen.iter().find(|r| r.method == "POST").unwrap();
+    assert!(
+        !post.headers.iter().any(|(n, _)| n == "content-encoding"),
+        "{:?}",
+        post.headers
+    );
+    let length = post.headers.iter().find(|(n, _)| n == "content-length");
+    assert_eq!(
+        length.map(|(_, v)| v.as_str()),
+        Some(BODY.len().to_string().as_str())
+    );
+
+    for retry in [
+        post_encoded(&app, "gz-req", "gzip", gzip(BODY.as_bytes(), 9)).await,
+        app.charge("gz-req", BODY).await,
+        post_encoded(&app, "gz-req", "identity", BODY.into()).await,
+    ] {
+        assert_eq!(retry.status(), 200);
+        assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    }
+    let other = br#"{"amount":999,"currency":"eur","client_ref":"gz"}"#;
+    let (status, p) = problem(post_encoded(&app, "gz-req", "gzip", gzip(other, 6)).await).await;
+    assert_eq!(status, 422, "{p}");
+    assert_eq!(p["type"], "urn:effectgate:problem:idempotency-key-reused");
+
+    let r = post_encoded(&app, "zstd-req", "zstd", BODY.into()).await;
+    assert_eq!(r.headers()["accept-encoding"], "gzip, deflate, br");
+    let (status, p) = problem(r).await;
+    assert_eq!(status, 415, "{p}");
+    assert_eq!(
+        p["type"],
+        "urn:effectgate:problem:unsupported-content-encoding"
+    );
+    assert_eq!(p["field"], "header:Content-Encoding");
+    assert_eq!(p["coding"], "zstd");
+
+    let (status, p) =
+        problem(post_encoded(&app, "bad-gz", "gzip", b"not gzip".to_vec()).await).await;
+    assert_eq!(status, 400, "{p}");
+    assert_eq!(p["field"], "body");
+
+    // 1 MiB of JSON whitespace gzips to about 1 KiB: under the test
+    // route's 4096-byte `max_body_bytes` as sent, far over it decoded.
+    let mut bomb = b"{\"amount\":1".to_vec();
+    bomb.extend(std::iter::repeat_n(b' ', 1 << 20));
+    bomb.push(b'}');
+    let (status, p) = problem(post_encoded(&app, "gz-bomb", "gzip", gzip(&bomb, 9)).await).await;
+    assert_eq!(status, 413, "{p}");
+    assert_eq!(p["limit_bytes"], 4096);
+
+    assert_eq!(app.mock.provider.charges().len(), 1);
+    for key in ["zstd-req", "bad-gz", "gz-bomb"] {
+        let r = app.operation(ADMIN_A, "a", key).await;
+        assert_eq!(r.status(), 404, "{key} was recorded");
+    }
+}

@@ -59,7 +59,12 @@ pub async fn decode_replays(State(app): State<AppState>, req: Request, next: Nex
     let (c, b) = (codings.clone(), bytes.clone());
     let decoded = tokio::task::spawn_blocking(move || decode(&c, &b, limit))
         .await
-        .unwrap_or_else(|e| Err(format!("decoding failed: {e}")));
+        .unwrap_or_else(|e| {
+            Err(crate::encoding::DecodeError::Corrupt {
+                coding: codings.clone(),
+                detail: e.to_string(),
+            })
+        });
     match decoded {
         Ok(decoded) => {
             parts.headers.remove(header::CONTENT_ENCODING);
@@ -90,6 +95,12 @@ pub async fn decode_replays(State(app): State<AppState>, req: Request, next: Nex
             Response::from_parts(parts, Body::from(decoded))
         }
         Err(e) => {
+            let e = match e {
+                crate::encoding::DecodeError::OverLimit { limit } => format!(
+                    "the decoded body is over limits.max_decoded_replay_bytes ({limit} bytes)"
+                ),
+                e => e.to_string(),
+            };
             tracing::warn!(error = %e, codings = %codings, "a replayed body could not be decoded; sent as stored");
             Response::from_parts(parts, Body::from(bytes))
         }

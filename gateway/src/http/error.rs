@@ -45,6 +45,7 @@ impl Problem for OpError {
             }
             OpError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             OpError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            OpError::UnsupportedContentEncoding { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             OpError::TenantLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             OpError::QuotaExceeded { .. } => StatusCode::INSUFFICIENT_STORAGE,
             OpError::BadRequest { .. } => StatusCode::BAD_REQUEST,
@@ -96,6 +97,10 @@ impl Problem for OpError {
             }
             OpError::MethodNotAllowed(_) => {
                 body.insert("field".into(), json!("method"));
+            }
+            OpError::UnsupportedContentEncoding { coding } => {
+                body.insert("field".into(), json!("header:Content-Encoding"));
+                body.insert("coding".into(), json!(coding));
             }
             OpError::RequestTimeout { limit_ms } => {
                 body.insert("field".into(), json!("body"));
@@ -188,6 +193,13 @@ impl IntoResponse for OpError {
             && *status == StatusCode::CONFLICT
         {
             h.insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+        }
+        if matches!(self, OpError::UnsupportedContentEncoding { .. }) {
+            // The codings a request body may have (RFC 9110 §12.5.3).
+            h.insert(
+                header::ACCEPT_ENCODING,
+                HeaderValue::from_static(crate::encoding::REQUEST_CODINGS),
+            );
         }
         if matches!(self, OpError::Unauthenticated) {
             h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

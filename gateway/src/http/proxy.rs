@@ -162,7 +162,7 @@ async fn handle_inner(app: &AppState, peer: SocketAddr, req: Request) -> Result<
             })?,
         )
     };
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     let body = read_body(
         &parts.headers,
         body,
@@ -170,6 +170,7 @@ async fn handle_inner(app: &AppState, peer: SocketAddr, req: Request) -> Result<
         rt.limits.body_read_timeout_ms,
     )
     .await?;
+    let body = decode_body(&mut parts.headers, body, route.max_body_bytes).await?;
     let content_type = parts
         .headers
         .get(header::CONTENT_TYPE)
@@ -420,6 +421,64 @@ async fn read_body(
             }
         }
     })
+}
+
+/// Decodes an effectful request's body sent with a `Content-Encoding`
+/// (gzip, deflate, br; RFC 9110 §8.4) into at most `max_bytes` (the
+/// route's `max_body_bytes`, which bounds the decoded body as well as the
+/// encoded one), off the request threads, and drops the header: what is
+/// fingerprinted, checked, stored and forwarded is the decoded body. A
+/// body without a coding (or `identity`) is returned as it came.
+///
+/// Errors: 415 `unsupported-content-encoding` for another coding (with
+/// `Accept-Encoding` listing the ones read, §12.5.3); 413
+/// `payload-too-large` when the decoded body is over `max_bytes`; 400
+/// `bad-request` naming `body` when the data isn't valid for its coding,
+/// and `header:Content-Encoding` for more than
+/// [`crate::encoding::MAX_CODINGS`] codings.
+async fn decode_body(
+    headers: &mut http::HeaderMap,
+    body: Bytes,
+    max_bytes: usize,
+) -> Result<Bytes, OpError> {
+    use crate::encoding::DecodeError;
+    let codings = headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .map(|v| v.to_str().unwrap_or("\u{fffd}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    if codings
+        .split(',')
+        .all(|c| c.trim().is_empty() || c.trim().eq_ignore_ascii_case("identity"))
+    {
+        headers.remove(header::CONTENT_ENCODING);
+        return Ok(body);
+    }
+    let c = codings.clone();
+    let decoded =
+        tokio::task::spawn_blocking(move || crate::encoding::decode(&c, &body, max_bytes))
+            .await
+            .map_err(|e| OpError::Internal(format!("decoding the request body: {e}")))?;
+    match decoded {
+        Ok(d) => {
+            headers.remove(header::CONTENT_ENCODING);
+            headers.remove(header::CONTENT_LENGTH);
+            Ok(Bytes::from(d))
+        }
+        Err(DecodeError::UnknownCoding(coding)) => {
+            Err(OpError::UnsupportedContentEncoding { coding })
+        }
+        Err(DecodeError::OverLimit { limit }) => Err(OpError::PayloadTooLarge { limit }),
+        Err(e @ DecodeError::Corrupt { .. }) => Err(OpError::BadRequest {
+            field: "body".into(),
+            message: format!("the request body can't be decoded: {e}"),
+        }),
+        Err(e @ DecodeError::TooManyCodings) => Err(OpError::BadRequest {
+            field: "header:Content-Encoding".into(),
+            message: e.to_string(),
+        }),
+    }
 }
 
 /// Whether reading a body failed because it passed the limit

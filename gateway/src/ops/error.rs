@@ -118,6 +118,16 @@ pub enum OpError {
         /// The limit in bytes.
         limit: usize,
     },
+    /// 415: the request body's `Content-Encoding` names a coding the
+    /// gateway can't decode (it decodes gzip, deflate and br; RFC 9110
+    /// §15.5.16, §12.5.3); nothing was recorded or sent.
+    #[error(
+        "the request body's content coding {coding:?} is not supported (gzip, deflate, br are); nothing was recorded or sent"
+    )]
+    UnsupportedContentEncoding {
+        /// The coding, lowercased.
+        coding: String,
+    },
     /// 408: the request body did not arrive within
     /// `limits.body_read_timeout_ms`; nothing was reserved or sent.
     #[error("the request body did not arrive within {limit_ms} ms; nothing was recorded or sent")]
@@ -215,6 +225,7 @@ impl OpError {
             OpError::Conflict(_) => "conflict",
             OpError::PayloadTooLarge { .. } => "payload-too-large",
             OpError::RequestTimeout { .. } => "request-timeout",
+            OpError::UnsupportedContentEncoding { .. } => "unsupported-content-encoding",
             OpError::TenantLimited { .. } => "tenant-limited",
             OpError::QuotaExceeded { .. } => "tenant-quota-exceeded",
             OpError::BadRequest { .. } => "bad-request",

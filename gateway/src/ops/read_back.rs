@@ -154,7 +154,10 @@ async fn http_read_back(
         // Read-backs ask for no coding, but a provider may compress anyway;
         // what is matched and stored is the decoded JSON.
         let body = match coding {
-            Some(c) => Bytes::from(crate::encoding::decode(&c, &body, READ_BACK_MAX_BYTES)?),
+            Some(c) => Bytes::from(
+                crate::encoding::decode(&c, &body, READ_BACK_MAX_BYTES)
+                    .map_err(|e| format!("read-back answer: {e}"))?,
+            ),
             None => body,
         };
         Ok::<(StatusCode, Bytes), String>((status, body))
