@@ -512,6 +512,21 @@ async fn admin_errors_are_always_problem_json() {
     assert_eq!(r.headers()["content-type"], "application/problem+json");
     let p: Value = r.json().await.unwrap();
     assert_eq!(p["status"], 400);
+    // One byte over `limits.max_admin_body_bytes` (65536 by default).
+    let reason = "x".repeat(65536);
+    let r = app
+        .admin_post(
+            ADMIN_A,
+            "/admin/tenants/a/operations/none/requeue",
+            &format!(r#"{{"reason":"{reason}"}}"#)[..65537],
+        )
+        .await;
+    assert_eq!(r.status(), 413);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["type"], "urn:effectgate:problem:payload-too-large");
+    assert_eq!(p["field"], "body");
+    assert_eq!(p["limit_bytes"], 65536);
 }
 
 #[tokio::test]

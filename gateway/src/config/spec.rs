@@ -504,6 +504,11 @@ pub struct LimitsSpec {
     /// Open connections on the admin listener at most. Default 256.
     #[serde(default = "default_max_admin_connections")]
     pub max_admin_connections: usize,
+    /// Largest request body the admin listener reads (admin API and
+    /// console forms), in bytes; larger gets 413 `payload-too-large`. Set
+    /// at start. Default 65536.
+    #[serde(default = "default_max_admin_body_bytes")]
+    pub max_admin_body_bytes: usize,
     /// How long an operator console session lasts after its login, in ms
     /// (the cookie's `Max-Age`; a revoked key ends it sooner). At least 1.
     /// Default 28800000 (8 hours).
@@ -531,6 +536,10 @@ fn default_max_admin_connections() -> usize {
     256
 }
 
+fn default_max_admin_body_bytes() -> usize {
+    64 * 1024
+}
+
 fn default_max_decoded_replay_bytes() -> usize {
     64 << 20
 }
@@ -548,6 +557,7 @@ impl Default for LimitsSpec {
             idle_timeout_ms: default_idle_timeout_ms(),
             max_connections: None,
             max_admin_connections: default_max_admin_connections(),
+            max_admin_body_bytes: default_max_admin_body_bytes(),
             console_session_ms: default_console_session_ms(),
         }
     }

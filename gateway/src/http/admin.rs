@@ -43,6 +43,8 @@ const OPERATORS: &[Role] = &[Role::Admin, Role::Operator];
 
 /// The admin router.
 pub fn router(state: AppState) -> Router {
+    // Set at start: the layer holds the number.
+    let max_body = state.settings().limits.max_admin_body_bytes;
     let router = Router::new()
         .route(
             "/healthz",
@@ -106,16 +108,20 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(|| async {
             OpError::MethodNotAllowed("method not allowed on this admin endpoint".into())
         })
-        .layer(axum::middleware::map_response(as_problem))
+        .layer(axum::middleware::map_response(move |resp: Response| {
+            as_problem(resp, max_body)
+        }))
+        .layer(axum::extract::DefaultBodyLimit::max(max_body))
         .with_state(state)
 }
 
 /// Turns the framework's plain-text rejections (a malformed path segment,
-/// an oversized body, a bad form) into RFC 9457 problem+json, so every
-/// admin error has the same shape: kind `payload-too-large` for a 413,
-/// `method-not-allowed` for a 405, else `bad-request`. Console pages
-/// (HTML) pass unchanged.
-async fn as_problem(resp: Response) -> Response {
+/// a body over `limits.max_admin_body_bytes`, a bad form) into RFC 9457
+/// problem+json, so every admin error has the same shape: kind
+/// `payload-too-large` for a 413 (with `field: "body"` and `limit_bytes`,
+/// `max_body`), `method-not-allowed` for a 405, else `bad-request`.
+/// Console pages (HTML) pass unchanged.
+async fn as_problem(resp: Response, max_body: usize) -> Response {
     let status = resp.status();
     let ct = resp
         .headers()
@@ -140,12 +146,16 @@ async fn as_problem(resp: Response) -> Response {
         StatusCode::PAYLOAD_TOO_LARGE => "payload-too-large",
         _ => "bad-request",
     };
-    let problem = json!({
+    let mut problem = json!({
         "type": format!("urn:effectgate:problem:{kind}"),
         "title": status.canonical_reason().unwrap_or("Error"),
         "status": status.as_u16(),
         "detail": detail,
     });
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        problem["field"] = json!("body");
+        problem["limit_bytes"] = json!(max_body);
+    }
     let mut r = (parts.status, problem.to_string()).into_response();
     r.headers_mut().insert(
         http::header::CONTENT_TYPE,

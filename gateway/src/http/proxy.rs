@@ -442,6 +442,9 @@ async fn decode_body(
     max_bytes: usize,
 ) -> Result<Bytes, OpError> {
     use crate::encoding::DecodeError;
+    if !headers.contains_key(header::CONTENT_ENCODING) {
+        return Ok(body);
+    }
     let codings = headers
         .get_all(header::CONTENT_ENCODING)
         .iter()
