@@ -87,6 +87,9 @@ enum InboxCommand {
         /// At most this many rows (at least 1).
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
+        /// One JSON object a line instead of the table.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         config: ConfigArg,
     },
@@ -179,6 +182,9 @@ enum LedgerCommand {
         /// At most this many rows (at least 1).
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
+        /// One JSON object a line instead of the table.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         config: ConfigArg,
     },
@@ -324,6 +330,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     source,
                     state,
                     limit,
+                    json,
                     config: c,
                 },
         } => {
@@ -340,24 +347,41 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let events = ledger
                 .inbox_events(&tenant, source.as_deref(), state.as_deref(), limit)
                 .await?;
-            println!(
-                "{:<16} {:<32} {:<24} {:<12} {:<24} RECEIVED (UTC)",
-                "SOURCE", "EVENT", "TYPE", "STATE", "OPERATION"
-            );
-            for e in events {
-                println!(
-                    "{:<16} {:<32} {:<24} {:<12} {:<24} {}",
-                    e.source,
-                    e.event_id,
-                    e.event_type.as_deref().unwrap_or("-"),
-                    if e.gap {
-                        format!("{} (gap)", e.state)
-                    } else {
-                        e.state.clone()
-                    },
-                    e.operation_id.as_deref().unwrap_or("-"),
-                    crate::times::rfc3339(e.received_at)
-                        .unwrap_or_else(|| format!("{} ms", e.received_at))
+            if json {
+                for e in events {
+                    let mut v = serde_json::to_value(&e)?;
+                    crate::times::annotate(&mut v);
+                    println!("{v}");
+                }
+            } else {
+                let rows = events
+                    .iter()
+                    .map(|e| {
+                        vec![
+                            e.source.clone(),
+                            e.event_id.clone(),
+                            e.event_type.clone().unwrap_or_else(|| "-".into()),
+                            if e.gap {
+                                format!("{} (gap)", e.state)
+                            } else {
+                                e.state.clone()
+                            },
+                            e.operation_id.clone().unwrap_or_else(|| "-".into()),
+                            readable_time(e.received_at),
+                        ]
+                    })
+                    .collect::<Vec<_>>();
+                print_table(
+                    &[
+                        "SOURCE",
+                        "EVENT",
+                        "TYPE",
+                        "STATE",
+                        "OPERATION",
+                        "RECEIVED (UTC)",
+                    ],
+                    &rows,
+                    &[],
                 );
             }
         }
@@ -384,26 +408,51 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 state,
                 tenant,
                 limit,
+                json,
                 config: c,
             } => {
                 let ledger = open(c).await?;
                 let ops = ledger.list(tenant.as_deref(), state, limit).await?;
-                println!(
-                    "{:<16} {:<32} {:<18} {:>8} {:<16} UPDATED (UTC)",
-                    "TENANT", "OPERATION", "STATE", "ATTEMPTS", "ROUTE"
-                );
-                for op in ops {
-                    println!(
-                        "{:<16} {:<32} {:<18} {:>8} {:<16} {}",
-                        op.tenant_id,
-                        op.operation_id,
-                        op.state.as_str(),
-                        op.attempts,
-                        op.route,
-                        crate::times::rfc3339(op.updated_at)
-                            .unwrap_or_else(|| format!("{} ms", op.updated_at))
-                    );
+                if json {
+                    for op in ops {
+                        let mut v = serde_json::json!({
+                            "tenant": op.tenant_id,
+                            "operation_id": op.operation_id,
+                            "state": op.state.as_str(),
+                            "attempts": op.attempts,
+                            "route": op.route,
+                            "updated_at": op.updated_at,
+                        });
+                        crate::times::annotate(&mut v);
+                        println!("{v}");
+                    }
+                    return Ok(ExitCode::SUCCESS);
                 }
+                let rows = ops
+                    .iter()
+                    .map(|op| {
+                        vec![
+                            op.tenant_id.clone(),
+                            op.operation_id.clone(),
+                            op.state.as_str().to_owned(),
+                            op.attempts.to_string(),
+                            op.route.clone(),
+                            readable_time(op.updated_at),
+                        ]
+                    })
+                    .collect::<Vec<_>>();
+                print_table(
+                    &[
+                        "TENANT",
+                        "OPERATION",
+                        "STATE",
+                        "ATTEMPTS",
+                        "ROUTE",
+                        "UPDATED (UTC)",
+                    ],
+                    &rows,
+                    &[3],
+                );
             }
             LedgerCommand::Compensate {
                 tenant,
@@ -434,6 +483,66 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         },
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A time in ms since the Unix epoch as RFC 3339 in UTC (`… ms` when out
+/// of range).
+fn readable_time(ms: i64) -> String {
+    crate::times::rfc3339(ms).unwrap_or_else(|| format!("{ms} ms"))
+}
+
+/// A table cell as printed: as it is, or quoted (with escapes) when it is
+/// empty or holds white space, a quote or a control character, so that
+/// every line splits into the same columns.
+fn cell(s: &str) -> String {
+    if s.is_empty()
+        || s.chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '"')
+    {
+        format!("{s:?}")
+    } else {
+        s.to_owned()
+    }
+}
+
+/// Prints `head` and `rows` as columns as wide as their widest cell (in
+/// characters), two spaces apart; the columns at the indexes in `right`
+/// are aligned right. The last column is not padded, and is printed as
+/// it is (a readable time, which has a space in `… ms`).
+fn print_table(head: &[&str], rows: &[Vec<String>], right: &[usize]) {
+    let last = head.len() - 1;
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            r.iter()
+                .enumerate()
+                .map(|(i, c)| if i == last { c.clone() } else { cell(c) })
+                .collect()
+        })
+        .collect();
+    let mut widths: Vec<usize> = head.iter().map(|h| h.chars().count()).collect();
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut out = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i == last {
+                out.push_str(c);
+            } else if right.contains(&i) {
+                out.push_str(&format!("{c:>w$}  ", w = widths[i]));
+            } else {
+                out.push_str(&format!("{c:<w$}  ", w = widths[i]));
+            }
+        }
+        println!("{out}");
+    };
+    line(head.to_vec());
+    for r in &rows {
+        line(r.iter().map(String::as_str).collect());
+    }
 }
 
 /// `effectgate ledger compensate`: the compensation use case in this

@@ -615,3 +615,76 @@ async fn a_second_gateway_on_the_same_sqlite_ledger_stops_at_start() {
     let again = common::spawn_gateway(config, &[], None).await;
     drop(again);
 }
+
+/// `ledger list` prints columns as wide as their widest cell, a key with
+/// a space quoted (so a line still reads as its columns), and `--json`
+/// one object a line with the same fields.
+#[test]
+fn ledger_list_columns_fit_their_cells_and_json_has_the_same_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("l.db");
+    let run = |args: &[&str]| {
+        effectgate()
+            .args(args)
+            .env("EFFECTGATE_STORAGE__PATH", &db)
+            .output()
+            .unwrap()
+    };
+    assert!(run(&["migrate"]).status.success());
+    let long = "k".repeat(40);
+    {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        for (key, state, at) in [
+            ("order 42", "COMPLETED", 1_796_181_622_924_i64),
+            (long.as_str(), "UNKNOWN", 1_796_181_622_000),
+        ] {
+            conn.execute(
+                "INSERT INTO operations (tenant_id, operation_id, route, method, path, fingerprint, \
+                 provider_key, state, version, attempts, request_body, principal, created_at, \
+                 updated_at, expires_at) \
+                 VALUES ('acme', ?1, 'payments', 'POST', '/', 'fp', ?1, ?2, 3, 12, x'', 'p', ?3, ?3, ?3)",
+                rusqlite::params![key, state, at],
+            )
+            .unwrap();
+        }
+    }
+    let out = run(&["ledger", "list"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    // Newest change first; every column starts where its heading does.
+    let state_at = lines[0].find("STATE").unwrap();
+    let route_at = lines[0].find("ROUTE").unwrap();
+    assert!(lines[1].starts_with("acme    \"order 42\"  "), "{text}");
+    assert_eq!(&lines[1][state_at..state_at + 9], "COMPLETED", "{text}");
+    assert_eq!(&lines[2][state_at..state_at + 7], "UNKNOWN", "{text}");
+    assert!(lines[2].contains(&long), "{text}");
+    for line in &lines[1..] {
+        assert_eq!(&line[route_at..route_at + 8], "payments", "{text}");
+    }
+    assert!(
+        lines[1].ends_with("12  payments  2026-12-02T03:20:22.924Z"),
+        "{text}"
+    );
+    let out = run(&["ledger", "list", "--json"]);
+    assert!(out.status.success());
+    let rows: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["operation_id"], "order 42");
+    assert_eq!(rows[0]["tenant"], "acme");
+    assert_eq!(rows[0]["state"], "COMPLETED");
+    assert_eq!(rows[0]["attempts"], 12);
+    assert_eq!(rows[0]["route"], "payments");
+    assert_eq!(rows[0]["updated_at"], 1_796_181_622_924_i64);
+    assert_eq!(rows[0]["updated_at_rfc3339"], "2026-12-02T03:20:22.924Z");
+    assert_eq!(rows[1]["operation_id"], long.as_str());
+}
