@@ -1,7 +1,9 @@
 //! Checking a [`ConfigFile`] field by field and converting it into the
 //! runtime [`Settings`].
 
+use super::checks::{check_policy, check_routes_and_reconcile};
 use super::convert_route::route;
+use super::telemetry::telemetry;
 use super::*;
 
 impl ConfigFile {
@@ -252,88 +254,6 @@ impl ConfigFile {
         Ok(storage)
     }
 
-    /// The read pool and `[limits]`.
-    fn check_pools_and_limits(&self) -> Result<(), ConfigError> {
-        if self.storage.path.as_os_str().is_empty() {
-            return Err(ConfigError::new("storage.path", "must not be empty"));
-        }
-        if self.storage.max_read_connections == 0 {
-            return Err(ConfigError::new(
-                "storage.max_read_connections",
-                "must be at least 1",
-            ));
-        }
-        for (field, value) in [
-            (
-                "limits.header_read_timeout_ms",
-                self.limits.header_read_timeout_ms,
-            ),
-            (
-                "limits.body_read_timeout_ms",
-                self.limits.body_read_timeout_ms,
-            ),
-            ("limits.idle_timeout_ms", self.limits.idle_timeout_ms),
-            ("limits.console_session_ms", self.limits.console_session_ms),
-            (
-                "limits.max_connections",
-                self.limits.max_connections.map_or(1, |n| n as u64),
-            ),
-            (
-                "limits.max_admin_connections",
-                self.limits.max_admin_connections as u64,
-            ),
-            (
-                "limits.max_admin_body_bytes",
-                self.limits.max_admin_body_bytes as u64,
-            ),
-        ] {
-            if value == 0 {
-                return Err(ConfigError::new(field, "must be at least 1"));
-            }
-        }
-        // A lease is extended every third of itself while a call runs: a
-        // lease of a few ms would be lost between two extensions, and each
-        // call would end "outcome unknown" while it spins on extensions.
-        for (field, value) in [
-            ("limits.lease_ms", self.limits.lease_ms),
-            ("reconcile.lease_ms", self.reconcile.lease_ms),
-        ] {
-            if value < 100 {
-                return Err(ConfigError::new(
-                    field,
-                    "must be at least 100 (a lease is extended every third of it while a provider call runs)",
-                ));
-            }
-        }
-        // Below this no ordinary request head fits (each would get 431).
-        if self.limits.max_header_bytes < 1024 {
-            return Err(ConfigError::new(
-                "limits.max_header_bytes",
-                "must be at least 1024",
-            ));
-        }
-        if self.limits.max_decoded_replay_bytes == 0 {
-            return Err(ConfigError::new(
-                "limits.max_decoded_replay_bytes",
-                "must be at least 1",
-            ));
-        }
-        if !(1..=255).contains(&self.limits.max_idempotency_key_len) {
-            return Err(ConfigError::new(
-                "limits.max_idempotency_key_len",
-                "must be in 1..=255",
-            ));
-        }
-        if self.limits.max_list_limit == 0 {
-            return Err(ConfigError::new(
-                "limits.max_list_limit",
-                "must be at least 1",
-            ));
-        }
-
-        Ok(())
-    }
-
     /// The tenants' ids and every key's digest with its principal.
     fn tenants_and_keys(&self) -> Result<(BTreeSet<String>, KeyTable), ConfigError> {
         let mut tenants = BTreeSet::new();
@@ -579,87 +499,6 @@ type TenantExtras = (
     HashMap<String, std::collections::BTreeMap<String, ToolOverride>>,
 );
 
-/// `[policy]`: its limits, and the compile cache folder resolved next to
-/// the file.
-fn check_policy(
-    policy: &mut PolicyLimitsSpec,
-    source: Option<&Path>,
-    base_dir: &Path,
-) -> Result<(), ConfigError> {
-    if policy.memory_bytes < 64 * 1024 {
-        return Err(ConfigError::new(
-            "policy.memory_bytes",
-            "must be at least 65536 (one wasm page)",
-        ));
-    }
-    if policy.deadline_ms == 0 {
-        return Err(ConfigError::new("policy.deadline_ms", "must be at least 1"));
-    }
-    if policy.pool_instances == 0 {
-        return Err(ConfigError::new(
-            "policy.pool_instances",
-            "must be at least 1",
-        ));
-    }
-    if policy.max_concurrent_per_tenant == 0 {
-        return Err(ConfigError::new(
-            "policy.max_concurrent_per_tenant",
-            "must be at least 1",
-        ));
-    }
-    if policy.breaker_failures > 0 && policy.breaker_cooldown_ms == 0 {
-        return Err(ConfigError::new(
-            "policy.breaker_cooldown_ms",
-            "must be at least 1 (set policy.breaker_failures = 0 to turn the breaker off)",
-        ));
-    }
-    if let Some(dir) = &mut policy.cache_dir {
-        if dir.as_os_str().is_empty() {
-            return Err(ConfigError::new(
-                "policy.cache_dir",
-                "must not be empty (leave it unset to compile policies in memory)",
-            ));
-        }
-        if dir.is_relative() && source.is_some() {
-            *dir = base_dir.join(&*dir);
-        }
-        if dir.exists() && !dir.is_dir() {
-            return Err(ConfigError::new(
-                "policy.cache_dir",
-                format!("{} exists and is not a directory", dir.display()),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Unique route prefixes (longest first afterwards) and `[reconcile]`.
-fn check_routes_and_reconcile(
-    routes: &mut [Route],
-    reconcile: &ReconcileSpec,
-) -> Result<(), ConfigError> {
-    let mut seen = BTreeSet::new();
-    for (ri, r) in routes.iter().enumerate() {
-        if !seen.insert(r.prefix.clone()) {
-            return Err(ConfigError::new(
-                format!("routes[{ri}].prefix"),
-                format!("duplicate prefix {:?}", r.prefix),
-            ));
-        }
-    }
-    routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
-    if reconcile.interval_ms == 0 {
-        return Err(ConfigError::new(
-            "reconcile.interval_ms",
-            "must be at least 1",
-        ));
-    }
-    if reconcile.batch == 0 {
-        return Err(ConfigError::new("reconcile.batch", "must be at least 1"));
-    }
-    Ok(())
-}
-
 /// What to say about a policy module that isn't there: the path it was
 /// resolved to and, for this repository's policies, the command that
 /// builds them.
@@ -686,84 +525,4 @@ fn missing_module(module: &Path) -> String {
         );
     }
     s
-}
-
-/// `[telemetry]` with the standard variables applied (`env` reads one):
-/// `OTEL_EXPORTER_OTLP_ENDPOINT` over `endpoint`, `OTEL_SERVICE_NAME` over
-/// `service_name`, `OTEL_EXPORTER_OTLP_HEADERS` (`k=v,k2=v2`) added to
-/// `headers`.
-///
-/// Errors: an endpoint that isn't an `http(s)://` URL, a ratio outside
-/// 0.0–1.0, a zero timeout, a header that isn't a valid name or value.
-pub(super) fn telemetry(
-    spec: &TelemetrySpec,
-    env: impl Fn(&str) -> Option<String>,
-) -> Result<crate::telemetry::TelemetrySettings, ConfigError> {
-    let from_env = env("OTEL_EXPORTER_OTLP_ENDPOINT").filter(|v| !v.trim().is_empty());
-    let (field, endpoint) = match (&from_env, &spec.endpoint) {
-        (Some(v), _) => ("OTEL_EXPORTER_OTLP_ENDPOINT", Some(v.clone())),
-        (None, Some(v)) if !v.trim().is_empty() => ("telemetry.endpoint", Some(v.clone())),
-        _ => ("telemetry.endpoint", None),
-    };
-    let traces_endpoint = match endpoint {
-        None => None,
-        Some(e) => {
-            let ok = url::Url::parse(e.trim())
-                .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
-            if !ok {
-                return Err(ConfigError::new(
-                    field,
-                    format!("{e:?} is not an http:// or https:// URL"),
-                ));
-            }
-            Some(crate::telemetry::traces_url(&e))
-        }
-    };
-    if !(0.0..=1.0).contains(&spec.sampling_ratio) {
-        return Err(ConfigError::new(
-            "telemetry.sampling_ratio",
-            format!("{} is outside 0.0–1.0", spec.sampling_ratio),
-        ));
-    }
-    if spec.export_timeout_ms == 0 {
-        return Err(ConfigError::new(
-            "telemetry.export_timeout_ms",
-            "must be at least 1",
-        ));
-    }
-    let mut headers: Vec<(String, String)> = Vec::new();
-    for (k, v) in &spec.headers {
-        headers.push((k.clone(), v.clone()));
-    }
-    if let Some(list) = env("OTEL_EXPORTER_OTLP_HEADERS") {
-        for pair in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let Some((k, v)) = pair.split_once('=') else {
-                return Err(ConfigError::new(
-                    "OTEL_EXPORTER_OTLP_HEADERS",
-                    format!("{pair:?} is not key=value"),
-                ));
-            };
-            headers.push((k.trim().to_owned(), v.trim().to_owned()));
-        }
-    }
-    for (k, v) in &headers {
-        if http::HeaderName::from_bytes(k.as_bytes()).is_err()
-            || http::HeaderValue::from_str(v).is_err()
-        {
-            return Err(ConfigError::new(
-                format!("telemetry.headers.{k}"),
-                "not a valid header name and value",
-            ));
-        }
-    }
-    let service_name = env("OTEL_SERVICE_NAME")
-        .filter(|v| !v.trim().is_empty())
-        .unwrap_or_else(|| spec.service_name.clone());
-    Ok(crate::telemetry::TelemetrySettings {
-        traces_endpoint,
-        service_name,
-        sampling_ratio: spec.sampling_ratio,
-        headers,
-        export_timeout_ms: spec.export_timeout_ms,
-    })
 }

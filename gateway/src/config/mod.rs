@@ -54,6 +54,7 @@ impl ConfigError {
     }
 }
 
+mod checks;
 mod compensation;
 mod convert;
 mod convert_route;
@@ -63,6 +64,7 @@ mod read_back;
 mod route_spec;
 mod spec;
 mod storage;
+mod telemetry;
 
 use read_back::read_back;
 
