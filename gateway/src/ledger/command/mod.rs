@@ -47,6 +47,7 @@ mod approvals;
 mod compensation;
 mod executor;
 mod recovery;
+mod statements;
 
 use std::borrow::Cow;
 
@@ -59,7 +60,9 @@ pub(super) use recovery::{
     ExpireLease, LeaseForReconcile, ReadBackNow, Reattempt, Requeue, SelfAudit, Unschedule,
 };
 
-use super::dialect::{Arg, Conn, Dialect, LedgerRow, Stmt, sql};
+use statements::{TransitionRow, applied, insert, update};
+
+use super::dialect::{Arg, Conn, Dialect, sql};
 use super::{Claim, LedgerError, NewOperation, State};
 
 /// An operation's key.
@@ -379,126 +382,6 @@ pub(crate) async fn insert_attempt<D: Dialect>(
 /// What [`apply`] reads back of the row.
 const APPLIED_COLUMNS: &str = "version, fence, attempts";
 
-/// The guard's `WHERE` condition and its value.
-fn guard_sql(guard: Guard<'_>) -> (&'static str, Option<Arg<'_>>) {
-    match guard {
-        Guard::Version(v) => (" AND version = ?", Some(v.into())),
-        Guard::DeadLetter(v) => (" AND version = ? AND dead_letter", Some(v.into())),
-        Guard::Fence(f) => (" AND fence = ?", Some(f.into())),
-        Guard::Fingerprint(fp) => (" AND fingerprint = ?", Some(fp.into())),
-        Guard::SourceState | Guard::NewKey(_) => ("", None),
-    }
-}
-
-/// The lease's `WHERE` condition (it binds now once, if not empty).
-fn lease_sql(lease: LeaseCheck) -> &'static str {
-    match lease {
-        LeaseCheck::Any => "",
-        LeaseCheck::Lapsed => " AND lease_expires_at <= ?",
-        LeaseCheck::NotLive => " AND (lease_expires_at IS NULL OR lease_expires_at <= ?)",
-    }
-}
-
-/// The compare-and-swap `UPDATE` of a command that has a source state;
-/// with a transition and `attempt`, also its attempts-log row where the
-/// backend writes it in the same text (then the `bool` is true).
-async fn update<D: Dialect, C: Command>(
-    conn: &mut Conn<D>,
-    cmd: &C,
-    transition: Option<TransitionRow<'_>>,
-    attempt: Option<&AttemptLog<'_>>,
-    now: i64,
-    columns: &str,
-) -> Result<(Option<D::Row>, bool), sqlx::Error> {
-    let op = cmd.op();
-    let set = cmd.set(now);
-    let lease = cmd.lease_check();
-    let (guard, guard_arg) = guard_sql(cmd.guard());
-    let bump = if cmd.record().is_some() {
-        ", version = version + 1"
-    } else {
-        ""
-    };
-    let sep = if set.sql.is_empty() { "" } else { ", " };
-    let mut text = format!(
-        "UPDATE operations SET state = ?{bump}{sep}{} \
-         WHERE tenant_id = ? AND operation_id = ? AND state = ?{guard}{} \
-         RETURNING {columns}",
-        set.sql,
-        lease_sql(lease)
-    );
-    let mut logged = None;
-    if transition.is_some() {
-        text = match attempt
-            .and_then(|a| Some((a, D::with_transition_and_attempt(&text, columns)?)))
-        {
-            Some((a, with_attempt)) => {
-                logged = Some(a);
-                with_attempt
-            }
-            None => D::with_transition(&text, columns),
-        };
-    }
-    let mut stmt = sql::<D>(&text)
-        .bind(cmd.target())
-        .bind_all(set.args)
-        .bind(op.tenant)
-        .bind(op.operation_id)
-        .bind(cmd.source());
-    if let Some(arg) = guard_arg {
-        stmt = stmt.bind(arg);
-    }
-    if lease != LeaseCheck::Any {
-        stmt = stmt.bind(now);
-    }
-    let row = run_cas::<D>(stmt, transition.as_slice(), conn, logged.map(|a| (op, a))).await?;
-    Ok((row, logged.is_some()))
-}
-
-/// Runs compare-and-swap `stmt` (its binds so far) and the `transitions`
-/// rows it appends when it applied, in order, in the same round trip: with
-/// any, `stmt`'s text is [`Dialect::with_transitions`]' for that many.
-async fn run_cas<D: Dialect>(
-    mut stmt: Stmt<D>,
-    transitions: &[TransitionRow<'_>],
-    conn: &mut Conn<D>,
-    attempt: Option<(OpRef<'_>, &AttemptLog<'_>)>,
-) -> Result<Option<D::Row>, sqlx::Error> {
-    let Some(last) = transitions.last() else {
-        return stmt.fetch_optional(conn).await;
-    };
-    for t in transitions {
-        stmt = stmt
-            .bind(t.op.tenant)
-            .bind(t.op.operation_id)
-            .bind(t.from)
-            .bind(t.to)
-            .bind(super::dialect::clean(t.record.actor))
-            .bind(super::dialect::clean(&t.record.reason))
-            .bind(t.at);
-        if D::TRANSITION_ROW_NAMES {
-            stmt = stmt.bind(t.op.tenant).bind(t.op.operation_id);
-        }
-    }
-    if D::TRANSITION_ROW_NAMES {
-        stmt = stmt.bind(last.op.tenant).bind(last.op.operation_id);
-    }
-    if let Some((op, a)) = attempt {
-        stmt = stmt
-            .bind(op.tenant)
-            .bind(op.operation_id)
-            .bind(a.fence)
-            .bind(a.status)
-            .bind(super::dialect::clean(a.outcome))
-            .bind(a.detail.map(super::dialect::clean))
-            .bind(a.at)
-            .bind(a.request_id);
-    }
-    // Every statement of the text runs (a first-row fetch would stop after
-    // the compare-and-swap's row).
-    Ok(stmt.fetch_all(conn).await?.into_iter().next())
-}
-
 /// Applies [`Reserve`] and, in the same statement, the [`ClaimLease`] of
 /// the operation it creates (∅ → RESERVED → EXECUTING): the row is
 /// inserted as claimed (version 2, fencing token 1, attempt 1, `claim`'s
@@ -560,82 +443,6 @@ pub(crate) async fn reserve_claimed<D: Dialect>(
         Some(row) => Some((applied(&row)?, row)),
         None => None,
     })
-}
-
-/// The reservation's `INSERT … ON CONFLICT DO NOTHING`: RESERVED at
-/// version 1, or, with `claim`, EXECUTING as claimed by it at `now`
-/// (version 2, fencing token 1, attempt 1, the lease's owner and expiry),
-/// appending `transitions` (none, the reservation's, or the reservation's
-/// and the claim's).
-async fn insert<D: Dialect>(
-    conn: &mut Conn<D>,
-    new: &NewOperation,
-    claim: Option<Lease<'_>>,
-    transitions: &[TransitionRow<'_>],
-    now: i64,
-    columns: &str,
-) -> Result<Option<D::Row>, sqlx::Error> {
-    let text = format!(
-        "INSERT INTO operations (tenant_id, operation_id, route, method, path, query, fingerprint, provider_key, \
-         effect_class, state, version, attempts, fence, lease_owner, lease_expires_at, request_content_type, \
-         request_body, principal, created_at, updated_at, expires_at, request_headers, retention_ms, trace_context) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
-         ON CONFLICT (tenant_id, operation_id) DO NOTHING \
-         RETURNING {columns}"
-    );
-    let (state, version, attempts, fence) = match claim {
-        None => (State::Reserved, 1_i64, 0_i64, 0_i64),
-        Some(_) => (State::Executing, 2, 1, 1),
-    };
-    let stmt = match transitions.len() {
-        0 => sql::<D>(&text),
-        n => sql::<D>(&D::with_transitions(&text, columns, n)),
-    }
-    .bind(&new.tenant_id)
-    .bind(&new.operation_id)
-    .bind(&new.route)
-    .bind(&new.method)
-    .bind(&new.path)
-    .bind(&new.query)
-    .bind(&new.fingerprint)
-    .bind(&new.provider_key)
-    .bind(&new.effect_class)
-    .bind(state)
-    .bind(version)
-    .bind(attempts)
-    .bind(fence)
-    .bind(claim.map(|l| l.owner))
-    .bind(claim.map(|l| l.expires_at(now)))
-    .bind(&new.request_content_type)
-    .bind(&new.request_body)
-    .bind(&new.principal)
-    .bind(now)
-    .bind(now)
-    .bind(now.saturating_add(new.retention_ms))
-    .bind(serde_json::to_string(&new.request_headers).unwrap_or_else(|_| "[]".into()))
-    .bind(new.retention_ms)
-    .bind(&new.trace_context);
-    run_cas::<D>(stmt, transitions, conn, None).await
-}
-
-/// The version, fencing token and attempts of a row a compare-and-swap
-/// returned.
-fn applied<R: LedgerRow>(row: &R) -> Result<Applied, sqlx::Error> {
-    Ok(Applied {
-        version: row.get("version")?,
-        fence: row.get("fence")?,
-        attempts: row.get("attempts")?,
-    })
-}
-
-/// One `transitions` row; its version and fencing token are the row's
-/// after the compare-and-swap.
-struct TransitionRow<'a> {
-    op: OpRef<'a>,
-    from: Option<State>,
-    to: State,
-    record: &'a Record<'a>,
-    at: i64,
 }
 
 #[cfg(test)]
