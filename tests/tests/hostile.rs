@@ -273,6 +273,84 @@ async fn a_body_that_stops_arriving_gets_408_and_nothing_is_reserved() {
     assert!(app.mock.provider.requests().is_empty());
 }
 
+/// The admin listener reads a body before its handlers authenticate: a
+/// declared length over `limits.max_admin_body_bytes` is 413 at once, a
+/// body that stops arriving is 408 at `limits.body_read_timeout_ms` (it
+/// held the connection forever: enough of them locked out `/healthz`),
+/// and an endpoint that reads no body (`/admin/reload`, an inbox event's
+/// release) is held to the limit too.
+#[tokio::test]
+async fn the_admin_listener_bounds_every_body_in_size_and_time() {
+    let app = spawn_with(Opts {
+        more: "[limits]\nbody_read_timeout_ms = 800\nmax_admin_body_bytes = 100\n".into(),
+        ..Default::default()
+    })
+    .await;
+    let answer = |head: String| async move {
+        let mut s = tokio::net::TcpStream::connect(app.gw.admin_addr)
+            .await
+            .unwrap();
+        s.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        let started = Instant::now();
+        // The connection stays open after a 413 (keep-alive): read the
+        // answer's head and body, not to the end.
+        let mut buf = [0_u8; 4096];
+        loop {
+            let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+                .await
+                .expect("answered in time")
+                .unwrap();
+            answer.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&answer);
+            if n == 0 || text.contains("}") {
+                break;
+            }
+        }
+        (
+            String::from_utf8_lossy(&answer).into_owned(),
+            started.elapsed(),
+        )
+    };
+    // No credentials, a million bytes declared, none sent.
+    let (text, took) = answer(
+        "POST /admin/tenants/a/operations/x/requeue HTTP/1.1\r\nHost: admin\r\n\
+         Content-Length: 1000000\r\n\r\n"
+            .into(),
+    )
+    .await;
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(text.contains("\"limit_bytes\":100"), "{text}");
+    assert!(took < Duration::from_millis(700), "{took:?}");
+    let (text, took) = answer(
+        "POST /admin/tenants/a/operations/x/requeue HTTP/1.1\r\nHost: admin\r\n\
+         Content-Length: 50\r\n\r\n{\"reason\":"
+            .into(),
+    )
+    .await;
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(
+        text.contains("urn:effectgate:problem:request-timeout"),
+        "{text}"
+    );
+    assert!(took >= Duration::from_millis(700), "{took:?}");
+    // Chunked, no length declared, to endpoints whose handlers read no body.
+    for path in ["/admin/reload", "/admin/tenants/a/inbox/src/e1/release"] {
+        let chunk = "x".repeat(150);
+        let (text, _) = answer(format!(
+            "POST {path} HTTP/1.1\r\nHost: admin\r\nAuthorization: Bearer {ADMIN_A}\r\n\
+             Transfer-Encoding: chunked\r\n\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n",
+            chunk.len()
+        ))
+        .await;
+        assert!(text.starts_with("HTTP/1.1 413"), "{path}: {text}");
+        assert!(text.contains("\"field\":\"body\""), "{path}: {text}");
+    }
+    // Within the limit the listener answers as ever.
+    let r = app.http.get(app.admin("/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+}
+
 #[tokio::test]
 async fn a_tenants_rate_and_in_flight_limits_answer_429_and_spare_other_tenants() {
     let app = spawn_with(Opts {

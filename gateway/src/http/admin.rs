@@ -108,11 +108,49 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(|| async {
             OpError::MethodNotAllowed("method not allowed on this admin endpoint".into())
         })
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            move |State(app): State<AppState>,
+                  req: axum::extract::Request,
+                  next: axum::middleware::Next| {
+                read_body_first(app, req, next, max_body)
+            },
+        ))
         .layer(axum::middleware::map_response(move |resp: Response| {
             as_problem(resp, max_body)
         }))
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
         .with_state(state)
+}
+
+/// Reads every admin request's body whole before a handler runs (also of
+/// the endpoints that take none), within `limits.max_admin_body_bytes`
+/// (`max_body`; a declared `Content-Length` over it is refused at once)
+/// and `limits.body_read_timeout_ms`: a body that never comes can't hold
+/// an admin connection longer than that, whoever sent it (a handler
+/// authenticates after its extractors ran).
+///
+/// Errors: 413 `payload-too-large`, 408 `request-timeout`, 400 naming
+/// `body` for one that can't be read whole (see
+/// [`crate::http::proxy::read_body`]).
+async fn read_body_first(
+    app: AppState,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+    max_body: usize,
+) -> Response {
+    let timeout_ms = app.settings().limits.body_read_timeout_ms;
+    let (parts, body) = req.into_parts();
+    match crate::http::proxy::read_body(&parts.headers, body, max_body, timeout_ms).await {
+        Ok(bytes) => {
+            next.run(axum::extract::Request::from_parts(
+                parts,
+                axum::body::Body::from(bytes),
+            ))
+            .await
+        }
+        Err(e) => e.into_response(),
+    }
 }
 
 /// Turns the framework's plain-text rejections (a malformed path segment,
