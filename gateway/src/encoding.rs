@@ -105,14 +105,19 @@ pub enum DecodeError {
 /// Errors: [`DecodeError`]: too many codings, an unknown coding, corrupt
 /// data, or a result over `limit`.
 pub fn decode(codings: &str, body: &[u8], limit: usize) -> Result<Vec<u8>, DecodeError> {
-    if codings.split(',').count() > MAX_CODINGS {
+    // Empty list elements are no codings (RFC 9110 §5.6.1), nor is
+    // `identity`.
+    let applied: Vec<String> = codings
+        .split(',')
+        .map(|c| c.trim().to_ascii_lowercase())
+        .filter(|c| !c.is_empty() && c != "identity")
+        .collect();
+    if applied.len() > MAX_CODINGS {
         return Err(DecodeError::TooManyCodings);
     }
     let mut data = body.to_vec();
-    for coding in codings.split(',').rev() {
-        let coding = coding.trim().to_ascii_lowercase();
+    for coding in applied.into_iter().rev() {
         data = match coding.as_str() {
-            "" | "identity" => data,
             "gzip" | "x-gzip" => {
                 read_limited(flate2::read::MultiGzDecoder::new(&data[..]), &coding, limit)?
             }

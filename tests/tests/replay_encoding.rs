@@ -175,7 +175,22 @@ async fn problem(r: reqwest::Response) -> (u16, serde_json::Value) {
 #[tokio::test]
 async fn compressed_request_bodies_are_decoded_and_fingerprinted_as_json() {
     let app = spawn_app().await;
-    let r = post_encoded(&app, "gz-req", "gzip", gzip(BODY.as_bytes(), 1)).await;
+    // Digests of the compressed bytes go with them: the provider gets
+    // neither.
+    let r = app
+        .http
+        .post(app.proxy("/pay/v1/charges"))
+        .bearer_auth(KEY_A)
+        .header("Idempotency-Key", "gz-req")
+        .header("Content-Type", "application/json")
+        .header("Content-Encoding", "gzip")
+        .header("Content-Digest", "sha-256=:AAAA:")
+        .header("Repr-Digest", "sha-256=:AAAA:")
+        .header("Content-MD5", "AAAA")
+        .body(gzip(BODY.as_bytes(), 1))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200, "{:?}", r.text().await);
     let charges = app.mock.provider.charges();
     assert_eq!(charges.len(), 1);
@@ -183,11 +198,18 @@ async fn compressed_request_bodies_are_decoded_and_fingerprinted_as_json() {
     assert_eq!(charges[0].client_ref.as_deref(), Some("gz"));
     let seen = app.mock.provider.requests();
     let post = seen.iter().find(|r| r.method == "POST").unwrap();
-    assert!(
-        !post.headers.iter().any(|(n, _)| n == "content-encoding"),
-        "{:?}",
-        post.headers
-    );
+    for name in [
+        "content-encoding",
+        "content-digest",
+        "repr-digest",
+        "content-md5",
+    ] {
+        assert!(
+            !post.headers.iter().any(|(n, _)| n == name),
+            "{name}: {:?}",
+            post.headers
+        );
+    }
     let length = post.headers.iter().find(|(n, _)| n == "content-length");
     assert_eq!(
         length.map(|(_, v)| v.as_str()),
@@ -196,6 +218,15 @@ async fn compressed_request_bodies_are_decoded_and_fingerprinted_as_json() {
 
     for retry in [
         post_encoded(&app, "gz-req", "gzip", gzip(BODY.as_bytes(), 9)).await,
+        // Empty list elements and `identity` are no codings (RFC 9110
+        // §5.6.1): one gzip.
+        post_encoded(
+            &app,
+            "gz-req",
+            ", gzip, , identity, , , ",
+            gzip(BODY.as_bytes(), 5),
+        )
+        .await,
         app.charge("gz-req", BODY).await,
         post_encoded(&app, "gz-req", "identity", BODY.into()).await,
     ] {

@@ -390,7 +390,7 @@ async fn pass_through_policies(
 /// reading); 408 `request-timeout` when the body stalls; 400 `bad-request`
 /// naming `body` when it can't be read whole (shorter than its
 /// `Content-Length`, a malformed or cut-off chunk: RFC 9112 §6.3, §7.1).
-async fn read_body(
+pub(crate) async fn read_body(
     headers: &http::HeaderMap,
     body: Body,
     max_bytes: usize,
@@ -423,10 +423,16 @@ async fn read_body(
     })
 }
 
+/// Headers that carry a digest of a body as sent (RFC 9530
+/// `Content-Digest` and `Repr-Digest`, RFC 3230 `Digest`, RFC 1864
+/// `Content-MD5`): dropped when the body is decoded.
+const DIGEST_HEADERS: [&str; 4] = ["content-digest", "repr-digest", "digest", "content-md5"];
+
 /// Decodes an effectful request's body sent with a `Content-Encoding`
 /// (gzip, deflate, br; RFC 9110 §8.4) into at most `max_bytes` (the
 /// route's `max_body_bytes`, which bounds the decoded body as well as the
-/// encoded one), off the request threads, and drops the header: what is
+/// encoded one), off the request threads, and drops the header (and the
+/// digests of the encoded bytes, [`DIGEST_HEADERS`]): what is
 /// fingerprinted, checked, stored and forwarded is the decoded body. A
 /// body without a coding (or `identity`) is returned as it came.
 ///
@@ -448,7 +454,7 @@ async fn decode_body(
     let codings = headers
         .get_all(header::CONTENT_ENCODING)
         .iter()
-        .map(|v| v.to_str().unwrap_or("\u{fffd}"))
+        .map(|v| String::from_utf8_lossy(v.as_bytes()))
         .collect::<Vec<_>>()
         .join(",");
     if codings
@@ -467,6 +473,11 @@ async fn decode_body(
         Ok(d) => {
             headers.remove(header::CONTENT_ENCODING);
             headers.remove(header::CONTENT_LENGTH);
+            // Digests of the encoded bytes (RFC 9530 §2, §3; RFC 3230;
+            // RFC 1864) don't hold for the decoded body.
+            for name in DIGEST_HEADERS {
+                headers.remove(name);
+            }
             Ok(Bytes::from(d))
         }
         Err(DecodeError::UnknownCoding(coding)) => {
