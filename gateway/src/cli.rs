@@ -358,15 +358,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     .iter()
                     .map(|e| {
                         vec![
-                            e.source.clone(),
-                            e.event_id.clone(),
-                            e.event_type.clone().unwrap_or_else(|| "-".into()),
+                            cell(&e.source),
+                            cell(&e.event_id),
+                            e.event_type.as_deref().map_or_else(|| "-".into(), cell),
                             if e.gap {
-                                format!("{} (gap)", e.state)
+                                format!("{}(gap)", e.state)
                             } else {
                                 e.state.clone()
                             },
-                            e.operation_id.clone().unwrap_or_else(|| "-".into()),
+                            e.operation_id.as_deref().map_or_else(|| "-".into(), cell),
                             readable_time(e.received_at),
                         ]
                     })
@@ -432,11 +432,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     .iter()
                     .map(|op| {
                         vec![
-                            op.tenant_id.clone(),
-                            op.operation_id.clone(),
+                            cell(&op.tenant_id),
+                            cell(&op.operation_id),
                             op.state.as_str().to_owned(),
                             op.attempts.to_string(),
-                            op.route.clone(),
+                            cell(&op.route),
                             readable_time(op.updated_at),
                         ]
                     })
@@ -492,12 +492,16 @@ fn readable_time(ms: i64) -> String {
 }
 
 /// A table cell as printed: as it is, or quoted (with escapes) when it is
-/// empty or holds white space, a quote or a control character, so that
-/// every line splits into the same columns.
+/// empty, a lone `-` (which stands for a missing value), or holds white
+/// space, a quote, or a character Rust's `Debug` escapes (control and
+/// format characters: bidirectional overrides, zero-width spaces), so
+/// that every line splits into the same columns and shows what it holds.
 fn cell(s: &str) -> String {
     if s.is_empty()
-        || s.chars()
-            .any(|c| c.is_whitespace() || c.is_control() || c == '"')
+        || s == "-"
+        || s.chars().any(|c| {
+            c.is_whitespace() || c == '"' || c == '\\' || c.escape_debug().nth(1).is_some()
+        })
     {
         format!("{s:?}")
     } else {
@@ -505,23 +509,14 @@ fn cell(s: &str) -> String {
     }
 }
 
-/// Prints `head` and `rows` as columns as wide as their widest cell (in
+/// Prints `head` and `rows` (cells as [`cell`] made them, `-` for a
+/// missing value) as columns as wide as their widest cell (in
 /// characters), two spaces apart; the columns at the indexes in `right`
-/// are aligned right. The last column is not padded, and is printed as
-/// it is (a readable time, which has a space in `… ms`).
+/// are aligned right. The last column is not padded.
 fn print_table(head: &[&str], rows: &[Vec<String>], right: &[usize]) {
     let last = head.len() - 1;
-    let rows: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            r.iter()
-                .enumerate()
-                .map(|(i, c)| if i == last { c.clone() } else { cell(c) })
-                .collect()
-        })
-        .collect();
     let mut widths: Vec<usize> = head.iter().map(|h| h.chars().count()).collect();
-    for r in &rows {
+    for r in rows {
         for (w, c) in widths.iter_mut().zip(r) {
             *w = (*w).max(c.chars().count());
         }
@@ -540,7 +535,7 @@ fn print_table(head: &[&str], rows: &[Vec<String>], right: &[usize]) {
         println!("{out}");
     };
     line(head.to_vec());
-    for r in &rows {
+    for r in rows {
         line(r.iter().map(String::as_str).collect());
     }
 }

@@ -637,6 +637,8 @@ fn ledger_list_columns_fit_their_cells_and_json_has_the_same_rows() {
         for (key, state, at) in [
             ("order 42", "COMPLETED", 1_796_181_622_924_i64),
             (long.as_str(), "UNKNOWN", 1_796_181_622_000),
+            ("pay\u{202e}gnp.exe", "FAILED", 1_796_181_621_000),
+            ("-", "FAILED", 1_796_181_620_000),
         ] {
             conn.execute(
                 "INSERT INTO operations (tenant_id, operation_id, route, method, path, fingerprint, \
@@ -656,7 +658,11 @@ fn ledger_list_columns_fit_their_cells_and_json_has_the_same_rows() {
     );
     let text = String::from_utf8(out.stdout).unwrap();
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines.len(), 5, "{text}");
+    // A bidirectional override is shown escaped, not obeyed; a key `-` is
+    // quoted (a bare `-` is a missing value).
+    assert!(lines[3].contains(r#""pay\u{202e}gnp.exe""#), "{text}");
+    assert!(lines[4].starts_with(r#"acme    "-"  "#), "{text}");
     // Newest change first; every column starts where its heading does.
     let state_at = lines[0].find("STATE").unwrap();
     let route_at = lines[0].find("ROUTE").unwrap();
@@ -678,7 +684,7 @@ fn ledger_list_columns_fit_their_cells_and_json_has_the_same_rows() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(rows.len(), 2);
+    assert_eq!(rows.len(), 4);
     assert_eq!(rows[0]["operation_id"], "order 42");
     assert_eq!(rows[0]["tenant"], "acme");
     assert_eq!(rows[0]["state"], "COMPLETED");
