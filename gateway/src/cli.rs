@@ -351,7 +351,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 for e in events {
                     let mut v = serde_json::to_value(&e)?;
                     crate::times::annotate(&mut v);
-                    println!("{v}");
+                    println!("{}", json_line(&v));
                 }
             } else {
                 let rows = events
@@ -424,7 +424,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                             "updated_at": op.updated_at,
                         });
                         crate::times::annotate(&mut v);
-                        println!("{v}");
+                        println!("{}", json_line(&v));
                     }
                     return Ok(ExitCode::SUCCESS);
                 }
@@ -477,12 +477,21 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     let mut v = crate::ops::operator::dead_letter_json(&op);
                     v["tenant"] = serde_json::json!(op.tenant_id);
                     crate::times::annotate(&mut v);
-                    println!("{v}");
+                    println!("{}", json_line(&v));
                 }
             }
         },
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `v` as one line of JSON, with U+2028, U+2029 and U+0085 escaped too
+/// (valid JSON either way, but some line readers split a line at them).
+fn json_line(v: &serde_json::Value) -> String {
+    v.to_string()
+        .replace('\u{2028}', "\\u2028")
+        .replace('\u{2029}', "\\u2029")
+        .replace('\u{85}', "\\u0085")
 }
 
 /// A time in ms since the Unix epoch as RFC 3339 in UTC (`… ms` when out

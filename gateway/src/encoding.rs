@@ -118,28 +118,51 @@ pub fn decode(codings: &str, body: &[u8], limit: usize) -> Result<Vec<u8>, Decod
     let mut data = body.to_vec();
     for coding in applied.into_iter().rev() {
         data = match coding.as_str() {
-            "gzip" | "x-gzip" => {
-                read_limited(flate2::read::MultiGzDecoder::new(&data[..]), &coding, limit)?
-            }
-            // "deflate" is zlib (RFC 9110 §8.4.1.2); some servers send raw
-            // deflate, so that is tried when the zlib header is absent.
-            "deflate" => {
-                match read_limited(flate2::read::ZlibDecoder::new(&data[..]), &coding, limit) {
-                    Ok(d) => d,
-                    Err(DecodeError::Corrupt { .. }) => {
-                        read_limited(flate2::read::DeflateDecoder::new(&data[..]), &coding, limit)?
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            "br" => read_limited(brotli::Decompressor::new(&data[..], 4096), &coding, limit)?,
+            "gzip" | "x-gzip" => read_limited(
+                &mut flate2::read::MultiGzDecoder::new(&data[..]),
+                &coding,
+                limit,
+            )?,
+            "deflate" => inflate(&data, limit)?,
+            "br" => read_limited(
+                &mut brotli::Decompressor::new(&data[..], 4096),
+                &coding,
+                limit,
+            )?,
             _ => return Err(DecodeError::UnknownCoding(coding)),
         };
     }
     Ok(data)
 }
 
-fn read_limited(r: impl Read, coding: &str, limit: usize) -> Result<Vec<u8>, DecodeError> {
+/// `deflate`: zlib (RFC 9110 §8.4.1.2), or raw deflate when the zlib
+/// header is absent (some servers send that). Bytes after the end of the
+/// stream are refused, as gzip's decoder refuses them.
+fn inflate(data: &[u8], limit: usize) -> Result<Vec<u8>, DecodeError> {
+    let whole = |out: Vec<u8>, used: u64| {
+        let left = data.len() as u64 - used.min(data.len() as u64);
+        if left == 0 {
+            Ok(out)
+        } else {
+            Err(DecodeError::Corrupt {
+                coding: "deflate".into(),
+                detail: format!("{left} bytes after the end of the compressed data"),
+            })
+        }
+    };
+    let mut zlib = flate2::read::ZlibDecoder::new(data);
+    match read_limited(&mut zlib, "deflate", limit) {
+        Ok(out) => whole(out, zlib.total_in()),
+        Err(DecodeError::Corrupt { .. }) => {
+            let mut raw = flate2::read::DeflateDecoder::new(data);
+            let out = read_limited(&mut raw, "deflate", limit)?;
+            whole(out, raw.total_in())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn read_limited(r: &mut impl Read, coding: &str, limit: usize) -> Result<Vec<u8>, DecodeError> {
     let mut out = Vec::new();
     r.take(limit as u64 + 1)
         .read_to_end(&mut out)
@@ -189,10 +212,21 @@ mod tests {
         let mut raw =
             flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::default());
         raw.write_all(&plain).unwrap();
-        assert_eq!(
-            decode("deflate", &raw.finish().unwrap(), 1 << 20).unwrap(),
-            plain
-        );
+        let raw = raw.finish().unwrap();
+        assert_eq!(decode("deflate", &raw, 1 << 20).unwrap(), plain);
+        // Bytes after the end of the stream are refused, for zlib and raw
+        // deflate as for gzip.
+        for (coding, stream) in [("deflate", &zl), ("deflate", &raw), ("gzip", &gz)] {
+            let mut trailing = stream.clone();
+            trailing.extend_from_slice(b"garbage");
+            assert!(
+                matches!(
+                    decode(coding, &trailing, 1 << 20),
+                    Err(DecodeError::Corrupt { .. })
+                ),
+                "{coding}"
+            );
+        }
         let mut br = Vec::new();
         brotli::CompressorWriter::new(&mut br, 4096, 5, 22)
             .write_all(&plain)

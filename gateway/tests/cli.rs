@@ -639,6 +639,7 @@ fn ledger_list_columns_fit_their_cells_and_json_has_the_same_rows() {
             (long.as_str(), "UNKNOWN", 1_796_181_622_000),
             ("pay\u{202e}gnp.exe", "FAILED", 1_796_181_621_000),
             ("-", "FAILED", 1_796_181_620_000),
+            ("line\u{2028}break", "FAILED", 1_796_181_619_000),
         ] {
             conn.execute(
                 "INSERT INTO operations (tenant_id, operation_id, route, method, path, fingerprint, \
@@ -658,11 +659,12 @@ fn ledger_list_columns_fit_their_cells_and_json_has_the_same_rows() {
     );
     let text = String::from_utf8(out.stdout).unwrap();
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 5, "{text}");
+    assert_eq!(lines.len(), 6, "{text}");
     // A bidirectional override is shown escaped, not obeyed; a key `-` is
     // quoted (a bare `-` is a missing value).
     assert!(lines[3].contains(r#""pay\u{202e}gnp.exe""#), "{text}");
     assert!(lines[4].starts_with(r#"acme    "-"  "#), "{text}");
+    assert!(lines[5].contains(r#""line\u{2028}break""#), "{text}");
     // Newest change first; every column starts where its heading does.
     let state_at = lines[0].find("STATE").unwrap();
     let route_at = lines[0].find("ROUTE").unwrap();
@@ -679,12 +681,16 @@ fn ledger_list_columns_fit_their_cells_and_json_has_the_same_rows() {
     );
     let out = run(&["ledger", "list", "--json"]);
     assert!(out.status.success());
-    let rows: Vec<serde_json::Value> = String::from_utf8(out.stdout)
-        .unwrap()
+    let json = String::from_utf8(out.stdout).unwrap();
+    // One object a line even for a reader that splits at U+2028.
+    assert!(!json.contains('\u{2028}'), "{json}");
+    assert!(json.contains(r"line\u2028break"), "{json}");
+    let rows: Vec<serde_json::Value> = json
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(rows.len(), 4);
+    assert_eq!(rows.len(), 5);
+    assert_eq!(rows[4]["operation_id"], "line\u{2028}break");
     assert_eq!(rows[0]["operation_id"], "order 42");
     assert_eq!(rows[0]["tenant"], "acme");
     assert_eq!(rows[0]["state"], "COMPLETED");
