@@ -82,6 +82,24 @@ async fn a_compensation_refunds_once_and_the_charge_is_compensated() {
     assert_eq!(first.status(), 200);
     let original_body = first.text().await.unwrap();
 
+    // A reason over `limits.max_reason_chars` (1024) is refused, not cut:
+    // nothing is reserved or sent.
+    let long = app
+        .admin_post(
+            OPERATOR_A,
+            "/admin/tenants/a/operations/k1/compensate",
+            &format!(r#"{{"reason":"{}"}}"#, "x".repeat(1025)),
+        )
+        .await;
+    assert_eq!(long.status(), 400);
+    let p: Value = long.json().await.unwrap();
+    assert_eq!(p["field"], "body.reason");
+    assert_eq!(
+        app.operation(ADMIN_A, "a", &child("k1")).await.status(),
+        404
+    );
+    assert!(refunds(&app).is_empty());
+
     let r = compensate(&app, OPERATOR_A, "k1").await;
     assert_eq!(r.status(), 200);
     let v: Value = r.json().await.unwrap();
@@ -305,6 +323,17 @@ async fn a_policy_requiring_approval_sends_nothing_until_approved() {
         )
         .await;
     assert_eq!(own.status(), 403);
+    let long = app
+        .admin_post(
+            APPROVER_A,
+            &format!("/admin/tenants/a/approvals/{approval}/approve"),
+            &format!(r#"{{"comment":"{}"}}"#, "x".repeat(1025)),
+        )
+        .await;
+    assert_eq!(long.status(), 400);
+    let p: Value = long.json().await.unwrap();
+    assert_eq!(p["field"], "body.comment");
+    assert!(refunds(&app).is_empty());
     let ok = app
         .admin_post(
             APPROVER_A,

@@ -512,6 +512,18 @@ async fn admin_errors_are_always_problem_json() {
     assert_eq!(r.headers()["content-type"], "application/problem+json");
     let p: Value = r.json().await.unwrap();
     assert_eq!(p["status"], 400);
+    // A reason over `limits.max_reason_chars` (1024 by default).
+    let r = app
+        .admin_post(
+            ADMIN_A,
+            "/admin/tenants/a/operations/maybe/resolve",
+            &format!(r#"{{"outcome":"absent","reason":"{}"}}"#, "é".repeat(1025)),
+        )
+        .await;
+    assert_eq!(r.status(), 400);
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["field"], "body.reason");
+    assert!(p["detail"].as_str().unwrap().contains("1025"), "{p}");
     // One byte over `limits.max_admin_body_bytes` (65536 by default).
     let reason = "x".repeat(65536);
     let r = app

@@ -39,6 +39,10 @@ impl ConfigFile {
                 "limits.max_admin_body_bytes",
                 self.limits.max_admin_body_bytes as u64,
             ),
+            (
+                "limits.max_reason_chars",
+                self.limits.max_reason_chars as u64,
+            ),
         ] {
             if value == 0 {
                 return Err(ConfigError::new(field, "must be at least 1"));

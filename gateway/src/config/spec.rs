@@ -509,6 +509,12 @@ pub struct LimitsSpec {
     /// at start. Default 65536.
     #[serde(default = "default_max_admin_body_bytes")]
     pub max_admin_body_bytes: usize,
+    /// Longest text an operator or approver gives with an action (a
+    /// requeue's, resolve's, replay's or compensation's `reason`, an
+    /// approval's `comment`), in characters; longer is refused with 400
+    /// naming the field. At least 1. Default 1024.
+    #[serde(default = "default_max_reason_chars")]
+    pub max_reason_chars: usize,
     /// How long an operator console session lasts after its login, in ms
     /// (the cookie's `Max-Age`; a revoked key ends it sooner). At least 1.
     /// Default 28800000 (8 hours).
@@ -536,6 +542,10 @@ fn default_max_admin_connections() -> usize {
     256
 }
 
+fn default_max_reason_chars() -> usize {
+    1024
+}
+
 fn default_max_admin_body_bytes() -> usize {
     64 * 1024
 }
@@ -558,6 +568,7 @@ impl Default for LimitsSpec {
             max_connections: None,
             max_admin_connections: default_max_admin_connections(),
             max_admin_body_bytes: default_max_admin_body_bytes(),
+            max_reason_chars: default_max_reason_chars(),
             console_session_ms: default_console_session_ms(),
         }
     }

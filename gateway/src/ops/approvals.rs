@@ -72,7 +72,7 @@ pub async fn decide_as(
             action: "decide a request it made itself".into(),
         });
     }
-    let comment = comment.map(|c| c.chars().take(1024).collect::<String>());
+    crate::ops::operator::check_reason(app, "body.comment", comment.as_deref())?;
     let Some(decided) = app
         .ledger
         .decide(tenant, id, decision, &p.name, comment.as_deref())

@@ -76,8 +76,8 @@ pub async fn compensate_as(
             action: "compensate operations".into(),
         });
     }
+    crate::ops::operator::check_reason(app, "body.reason", reason.as_deref())?;
     let reason = reason
-        .map(|r| r.chars().take(1024).collect::<String>())
         .filter(|r| !r.trim().is_empty())
         .unwrap_or_else(|| "no reason given".into());
     let original = crate::ops::operator::load(app, tenant, operation_id).await?;

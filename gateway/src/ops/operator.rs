@@ -12,6 +12,26 @@ use crate::state::AppState;
 
 pub use crate::ops::replay::replay_verdict_for;
 
+/// Checks the text an operator or approver gives with an action (`field`
+/// names it: `body.reason`, `body.comment`) against
+/// `limits.max_reason_chars`.
+///
+/// Errors: 400 `bad-request` naming `field` when it is longer (it used to
+/// be cut, silently).
+pub fn check_reason(app: &AppState, field: &str, text: Option<&str>) -> Result<(), OpError> {
+    let max = app.settings().limits.max_reason_chars;
+    match text {
+        Some(t) if t.chars().count() > max => Err(OpError::BadRequest {
+            field: field.to_owned(),
+            message: format!(
+                "{field} is {} characters; at most {max} (limits.max_reason_chars)",
+                t.chars().count()
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// An operator's resolution of an UNKNOWN operation (the body of
 /// `POST …/resolve`; `reason` also serves requeue).
 #[derive(Debug, Default, Deserialize)]
@@ -163,6 +183,7 @@ pub async fn requeue(
     operation_id: &str,
     reason: Option<&str>,
 ) -> Result<serde_json::Value, OpError> {
+    check_reason(app, "body.reason", reason)?;
     let tenant = principal.tenant.as_str();
     let op = load(app, tenant, operation_id).await?;
     if !op.dead_letter {
@@ -269,6 +290,7 @@ pub async fn resolve(
     operation_id: &str,
     action: &Resolution,
 ) -> Result<serde_json::Value, OpError> {
+    check_reason(app, "body.reason", action.reason.as_deref())?;
     let tenant = principal.tenant.as_str();
     let outcome = action
         .outcome

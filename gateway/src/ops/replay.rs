@@ -36,6 +36,7 @@ pub async fn replay_as(
             action: "replay operations".into(),
         });
     }
+    crate::ops::operator::check_reason(app, "body.reason", reason.as_deref())?;
     let op = app
         .ledger
         .get(tenant, operation_id)
