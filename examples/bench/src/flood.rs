@@ -26,29 +26,14 @@ pub async fn slow_header_flood(
 ) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let toml = format!(
-        r#"
-[listen]
-proxy = "127.0.0.1:0"
-admin = "127.0.0.1:0"
-[storage]
-path = "{db}"
-[limits]
-max_connections = {MAX_CONNECTIONS}
-header_read_timeout_ms = 2000
-[[tenants]]
-id = "bench"
-keys = [{{ role = "client", sha256 = "{key_hash}" }}]
-[[routes]]
-name = "pass"
-prefix = "/pass/"
-upstream = "{upstream}"
-mode = "pass"
-"#,
+        "{LISTEN}[storage]\npath = \"{db}\"\n[limits]\nmax_connections = {MAX_CONNECTIONS}\n\
+         header_read_timeout_ms = 2000\n{tenant}{route}",
+        LISTEN = crate::config::LISTEN,
         db = dir.path().join("flood.db").display(),
+        tenant = crate::config::tenant(key_hash),
+        route = crate::config::pass_route(upstream),
     );
-    let cfg = dir.path().join("flood.toml");
-    std::fs::write(&cfg, toml)?;
-    let gw = effectgate::Gateway::start(effectgate::config::load(Some(&cfg))?).await?;
+    let gw = crate::config::start(dir.path(), "flood.toml", &toml).await?;
     let url = format!("http://{}/pass/v1/charges", gw.proxy_addr);
     let calm = run(
         "(f0) normal client, no flood",

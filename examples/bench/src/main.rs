@@ -34,6 +34,7 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod config;
 mod flood;
 mod load;
 mod memory;

@@ -51,7 +51,7 @@ pub async fn measure(
         &bin,
         &format!(
             "[storage]\npath = \"{{db}}\"\nreplay_cache_bytes = {replay_cache_bytes}\n{}",
-            crate::tracing_cost::tenant_and_routes(up, hash)
+            crate::config::tenant_and_routes(up, hash)
         ),
         &[("RUST_LOG", "warn")],
     )

@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use crate::config;
 use crate::{Args, BODY, HttpClient, run};
 
 fn n_reqs(args: &Args) -> usize {
@@ -262,29 +263,13 @@ pub(crate) async fn policy_scenarios(
         let dir = tempfile::tempdir()?;
         let policies = policy_bindings(&args.policy_dir, n);
         let toml = format!(
-            r#"
-[listen]
-proxy = "127.0.0.1:0"
-admin = "127.0.0.1:0"
-[storage]
-path = "{db}"
-[[tenants]]
-id = "bench"
-keys = [{{ role = "client", sha256 = "{hash}" }}]
-{policies}
-[[routes]]
-name = "pay"
-prefix = "/pay/"
-upstream = "{up}"
-effectful_methods = ["POST"]
-provider_idempotency_header = "Idempotency-Key"
-"#,
+            "{LISTEN}[storage]\npath = \"{db}\"\n{tenant}{policies}\n{route}",
+            LISTEN = config::LISTEN,
             db = dir.path().join("bench.db").display(),
-            up = mock.url()
+            tenant = config::tenant(hash),
+            route = config::pay_route(&mock.url()),
         );
-        let cfg = dir.path().join("bench.toml");
-        std::fs::write(&cfg, toml)?;
-        let gw = effectgate::Gateway::start(effectgate::config::load(Some(&cfg))?).await?;
+        let gw = config::start(dir.path(), "bench.toml", &toml).await?;
         let url = format!("http://{}/pay/v1/charges", gw.proxy_addr);
         let name: &'static str = match n {
             0 => "(c0) effectful, 0 policies",

@@ -1,6 +1,7 @@
 //! The PostgreSQL scenarios (e) and (f): one and two gateway instances
 //! sharing one ledger, against SQLite's effectful figure of the same run.
 
+use crate::config;
 use crate::{Args, HttpClient, PAIRED_CYCLES, Stats, paired, run};
 
 /// What the PostgreSQL scenarios are compared with: the same run's
@@ -33,29 +34,13 @@ pub(crate) async fn shared_ledger(
     let dir = tempfile::tempdir()?;
     let schema = format!("bench_{:016x}", rand::random::<u64>());
     let toml = format!(
-        r#"
-[listen]
-proxy = "127.0.0.1:0"
-admin = "127.0.0.1:0"
-[storage]
-url = "{url}"
-schema = "{schema}"
-max_connections = 16
-[[tenants]]
-id = "bench"
-keys = [{{ role = "client", sha256 = "{hash}" }}]
-[[routes]]
-name = "pay"
-prefix = "/pay/"
-upstream = "{up}"
-effectful_methods = ["POST"]
-provider_idempotency_header = "Idempotency-Key"
-"#,
-        up = mock.url()
+        "{LISTEN}[storage]\nurl = \"{url}\"\nschema = \"{schema}\"\nmax_connections = 16\n{tenant}{route}",
+        LISTEN = config::LISTEN,
+        tenant = config::tenant(hash),
+        route = config::pay_route(&mock.url()),
     );
     let cfg = dir.path().join("bench-pg.toml");
-    std::fs::write(&cfg, toml)?;
-    let one = effectgate::Gateway::start(effectgate::config::load(Some(&cfg))?).await?;
+    let one = config::start(dir.path(), "bench-pg.toml", &toml).await?;
     let pay = |gw: &effectgate::Gateway| format!("http://{}/pay/v1/charges", gw.proxy_addr);
     let (n, c) = (args.requests, args.concurrency);
     run(

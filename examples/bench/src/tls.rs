@@ -1,6 +1,7 @@
 //! Scenario (g): pass-through to the mock provider over HTTPS, with
 //! HTTP/2 and with HTTP/1.1.
 
+use crate::config;
 use crate::{Args, HttpClient, Stats, run};
 
 /// Pass-through over HTTPS: the mock provider behind TLS (a CA and
@@ -31,30 +32,14 @@ pub(crate) async fn https_pass_through(
         tls.http2 = http2;
         let mock = mock_provider::spawn_tls("127.0.0.1:0".parse()?, &tls).await?;
         let toml = format!(
-            r#"
-[listen]
-proxy = "127.0.0.1:0"
-admin = "127.0.0.1:0"
-[storage]
-path = "{db}"
-[[tenants]]
-id = "bench"
-keys = [{{ role = "client", sha256 = "{hash}" }}]
-[[routes]]
-name = "pass"
-prefix = "/pass/"
-upstream = "{up}"
-mode = "pass"
-[routes.tls]
-ca_file = "{ca}"
-"#,
+            "{LISTEN}[storage]\npath = \"{db}\"\n{tenant}{route}[routes.tls]\nca_file = \"{ca}\"\n",
+            LISTEN = config::LISTEN,
             db = dir.path().join(format!("tls-{http2}.db")).display(),
-            up = mock.url(),
+            tenant = config::tenant(hash),
+            route = config::pass_route(&mock.url()),
             ca = ca_file.display()
         );
-        let cfg = dir.path().join("bench-tls.toml");
-        std::fs::write(&cfg, toml)?;
-        let gw = effectgate::Gateway::start(effectgate::config::load(Some(&cfg))?).await?;
+        let gw = config::start(dir.path(), "bench-tls.toml", &toml).await?;
         let url = format!("http://{}/pass/v1/charges", gw.proxy_addr);
         run(
             "warmup",

@@ -28,31 +28,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::config::{LISTEN, start, tenant_and_routes};
 use crate::{HttpClient, Stats, run};
-
-/// The bench tenant (client key digest `hash`, hex) with a pass-through
-/// route `/pass/` and an effectful route `/pay/` in front of `up`: the
-/// config of every bench gateway but its listeners and storage.
-pub fn tenant_and_routes(up: &str, hash: &str) -> String {
-    format!(
-        r#"
-[[tenants]]
-id = "bench"
-keys = [{{ role = "client", sha256 = "{hash}" }}]
-[[routes]]
-name = "pass"
-prefix = "/pass/"
-upstream = "{up}"
-mode = "pass"
-[[routes]]
-name = "pay"
-prefix = "/pay/"
-upstream = "{up}"
-effectful_methods = ["POST"]
-provider_idempotency_header = "Idempotency-Key"
-"#
-    )
-}
 
 /// A gateway of [`tenant_and_routes`] in this process: the gateway of
 /// scenarios (b)–(d).
@@ -62,13 +39,11 @@ pub async fn gateway(
 ) -> anyhow::Result<(effectgate::Gateway, tempfile::TempDir)> {
     let dir = tempfile::tempdir()?;
     let toml = format!(
-        "[listen]\nproxy = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n[storage]\npath = \"{db}\"\n{rest}",
+        "{LISTEN}[storage]\npath = \"{db}\"\n{rest}",
         db = dir.path().join("bench.db").display(),
         rest = tenant_and_routes(up, hash),
     );
-    let cfg = dir.path().join("bench.toml");
-    std::fs::write(&cfg, toml)?;
-    let gw = effectgate::Gateway::start(effectgate::config::load(Some(&cfg))?).await?;
+    let gw = start(dir.path(), "bench.toml", &toml).await?;
     Ok((gw, dir))
 }
 
