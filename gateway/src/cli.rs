@@ -519,34 +519,51 @@ fn cell(s: &str) -> String {
 }
 
 /// Prints `head` and `rows` (cells as [`cell`] made them, `-` for a
-/// missing value) as columns as wide as their widest cell (in
-/// characters), two spaces apart; the columns at the indexes in `right`
-/// are aligned right. The last column is not padded.
+/// missing value) as columns as wide as their widest cell, two spaces
+/// apart; the columns at the indexes in `right` are aligned right. The
+/// last column is not padded. Widths are terminal columns (Unicode
+/// `East_Asian_Width`: a CJK character or an emoji takes two), not
+/// characters, so a column starts at the same place on every line.
 fn print_table(head: &[&str], rows: &[Vec<String>], right: &[usize]) {
-    let last = head.len() - 1;
-    let mut widths: Vec<usize> = head.iter().map(|h| h.chars().count()).collect();
+    for line in table_lines(head, rows, right) {
+        println!("{line}");
+    }
+}
+
+/// The lines [`print_table`] prints.
+fn table_lines(head: &[&str], rows: &[Vec<String>], right: &[usize]) -> Vec<String> {
+    use unicode_width::UnicodeWidthStr;
+    let last = head.len().saturating_sub(1);
+    let mut widths: Vec<usize> = head.iter().map(|h| h.width()).collect();
     for r in rows {
         for (w, c) in widths.iter_mut().zip(r) {
-            *w = (*w).max(c.chars().count());
+            *w = (*w).max(c.width());
         }
     }
     let line = |cells: Vec<&str>| {
         let mut out = String::new();
         for (i, c) in cells.iter().enumerate() {
+            let fill = " ".repeat(widths[i].saturating_sub(c.width()));
             if i == last {
                 out.push_str(c);
             } else if right.contains(&i) {
-                out.push_str(&format!("{c:>w$}  ", w = widths[i]));
+                out.push_str(&fill);
+                out.push_str(c);
+                out.push_str("  ");
             } else {
-                out.push_str(&format!("{c:<w$}  ", w = widths[i]));
+                out.push_str(c);
+                out.push_str(&fill);
+                out.push_str("  ");
             }
         }
-        println!("{out}");
+        out
     };
-    line(head.to_vec());
-    for r in rows {
-        line(r.iter().map(String::as_str).collect());
-    }
+    std::iter::once(line(head.to_vec()))
+        .chain(
+            rows.iter()
+                .map(|r| line(r.iter().map(String::as_str).collect())),
+        )
+        .collect()
 }
 
 /// `effectgate ledger compensate`: the compensation use case in this

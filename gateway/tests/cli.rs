@@ -616,9 +616,10 @@ async fn a_second_gateway_on_the_same_sqlite_ledger_stops_at_start() {
     drop(again);
 }
 
-/// `ledger list` prints columns as wide as their widest cell, a key with
-/// a space quoted (so a line still reads as its columns), and `--json`
-/// one object a line with the same fields.
+/// `ledger list` prints columns as wide as their widest cell (in terminal
+/// columns: a CJK character or an emoji takes two), a key with a space
+/// quoted (so a line still reads as its columns), and `--json` one object
+/// a line with the same fields.
 #[test]
 fn ledger_list_columns_fit_their_cells_and_json_has_the_same_rows() {
     let dir = tempfile::tempdir().unwrap();
@@ -640,6 +641,8 @@ fn ledger_list_columns_fit_their_cells_and_json_has_the_same_rows() {
             ("pay\u{202e}gnp.exe", "FAILED", 1_796_181_621_000),
             ("-", "FAILED", 1_796_181_620_000),
             ("line\u{2028}break", "FAILED", 1_796_181_619_000),
+            ("注文-42", "FAILED", 1_796_181_618_000),
+            ("pay-💳", "FAILED", 1_796_181_617_000),
         ] {
             conn.execute(
                 "INSERT INTO operations (tenant_id, operation_id, route, method, path, fingerprint, \
@@ -659,7 +662,7 @@ fn ledger_list_columns_fit_their_cells_and_json_has_the_same_rows() {
     );
     let text = String::from_utf8(out.stdout).unwrap();
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 6, "{text}");
+    assert_eq!(lines.len(), 8, "{text}");
     // A bidirectional override is shown escaped, not obeyed; a key `-` is
     // quoted (a bare `-` is a missing value).
     assert!(lines[3].contains(r#""pay\u{202e}gnp.exe""#), "{text}");
@@ -672,9 +675,19 @@ fn ledger_list_columns_fit_their_cells_and_json_has_the_same_rows() {
     assert_eq!(&lines[1][state_at..state_at + 9], "COMPLETED", "{text}");
     assert_eq!(&lines[2][state_at..state_at + 7], "UNKNOWN", "{text}");
     assert!(lines[2].contains(&long), "{text}");
+    // In terminal columns: the CJK and emoji keys' lines are as wide as
+    // the others, though longer in characters and bytes.
+    use unicode_width::UnicodeWidthStr;
     for line in &lines[1..] {
-        assert_eq!(&line[route_at..route_at + 8], "payments", "{text}");
+        let route = line.find("payments").unwrap();
+        assert_eq!(line[..route].width(), route_at, "{text}");
     }
+    for line in &lines[6..] {
+        let state = line.find("FAILED").unwrap();
+        assert_eq!(line[..state].width(), state_at, "{text}");
+    }
+    assert!(lines[6].starts_with("acme    注文-42  "), "{text}");
+    assert!(lines[7].starts_with("acme    pay-💳  "), "{text}");
     assert!(
         lines[1].ends_with("12  payments  2026-12-02T03:20:22.924Z"),
         "{text}"
@@ -689,7 +702,7 @@ fn ledger_list_columns_fit_their_cells_and_json_has_the_same_rows() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(rows.len(), 5);
+    assert_eq!(rows.len(), 7);
     assert_eq!(rows[4]["operation_id"], "line\u{2028}break");
     assert_eq!(rows[0]["operation_id"], "order 42");
     assert_eq!(rows[0]["tenant"], "acme");
