@@ -124,11 +124,7 @@ pub fn decode(codings: &str, body: &[u8], limit: usize) -> Result<Vec<u8>, Decod
                 limit,
             )?,
             "deflate" => inflate(&data, limit)?,
-            "br" => read_limited(
-                &mut brotli::Decompressor::new(&data[..], 4096),
-                &coding,
-                limit,
-            )?,
+            "br" => unbrotli(&data, limit)?,
             _ => return Err(DecodeError::UnknownCoding(coding)),
         };
     }
@@ -160,6 +156,59 @@ fn inflate(data: &[u8], limit: usize) -> Result<Vec<u8>, DecodeError> {
         }
         Err(e) => Err(e),
     }
+}
+
+/// `br` (RFC 7932), the whole body given at once so that bytes after the
+/// end of the stream are seen and refused, as gzip's and deflate's are (a
+/// reader over the body would stop at the stream's end and leave them
+/// unread). Output is taken 16 KiB at a time, and refused once past
+/// `limit`.
+fn unbrotli(data: &[u8], limit: usize) -> Result<Vec<u8>, DecodeError> {
+    use brotli::BrotliResult;
+    use brotli::reader::StandardAlloc;
+    let corrupt = |detail: String| DecodeError::Corrupt {
+        coding: "br".into(),
+        detail,
+    };
+    let mut state = brotli::BrotliState::new(
+        StandardAlloc::default(),
+        StandardAlloc::default(),
+        StandardAlloc::default(),
+    );
+    let mut out = Vec::new();
+    let mut chunk = vec![0u8; 16 * 1024];
+    let (mut available_in, mut input_offset, mut total_out) = (data.len(), 0, 0);
+    loop {
+        let (mut available_out, mut output_offset) = (chunk.len(), 0);
+        let result = brotli::BrotliDecompressStream(
+            &mut available_in,
+            &mut input_offset,
+            data,
+            &mut available_out,
+            &mut output_offset,
+            &mut chunk,
+            &mut total_out,
+            &mut state,
+        );
+        out.extend_from_slice(&chunk[..output_offset]);
+        if out.len() > limit {
+            return Err(DecodeError::OverLimit { limit });
+        }
+        match result {
+            BrotliResult::ResultSuccess => break,
+            BrotliResult::NeedsMoreOutput => {}
+            BrotliResult::NeedsMoreInput => {
+                return Err(corrupt("the data ends before the compressed stream".into()));
+            }
+            BrotliResult::ResultFailure => return Err(corrupt("invalid compressed data".into())),
+        }
+    }
+    if available_in > 0 {
+        return Err(corrupt(format!(
+            "{available_in} bytes after the end of the compressed data"
+        )));
+    }
+    Ok(out)
 }
 
 fn read_limited(r: &mut impl Read, coding: &str, limit: usize) -> Result<Vec<u8>, DecodeError> {
@@ -232,6 +281,33 @@ mod tests {
             .write_all(&plain)
             .unwrap();
         assert_eq!(decode("br", &br, 1 << 20).unwrap(), plain);
+        // br too refuses bytes after its stream, a stream cut short, and
+        // output past the limit.
+        let mut trailing = br.clone();
+        trailing.extend_from_slice(b"garbage");
+        assert_eq!(
+            decode("br", &trailing, 1 << 20).unwrap_err(),
+            DecodeError::Corrupt {
+                coding: "br".into(),
+                detail: "7 bytes after the end of the compressed data".into()
+            }
+        );
+        assert!(matches!(
+            decode("br", &br[..br.len() - 1], 1 << 20).unwrap_err(),
+            DecodeError::Corrupt { coding, .. } if coding == "br"
+        ));
+        assert_eq!(
+            decode("br", &br, 100).unwrap_err(),
+            DecodeError::OverLimit { limit: 100 }
+        );
+        assert_eq!(decode("br", &br, plain.len()).unwrap(), plain);
+        // A large body decodes across many output chunks.
+        let big: Vec<u8> = (0..200_000u32).flat_map(|i| i.to_le_bytes()).collect();
+        let mut big_br = Vec::new();
+        brotli::CompressorWriter::new(&mut big_br, 4096, 5, 22)
+            .write_all(&big)
+            .unwrap();
+        assert_eq!(decode("br", &big_br, 1 << 20).unwrap(), big);
         // gzip applied first, then br: decode br, then gzip.
         let mut both = Vec::new();
         brotli::CompressorWriter::new(&mut both, 4096, 5, 22)
