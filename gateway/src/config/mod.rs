@@ -60,6 +60,7 @@ mod convert;
 mod convert_route;
 mod egress;
 mod inbox;
+mod listen_spec;
 mod read_back;
 mod route_spec;
 mod spec;
@@ -70,6 +71,7 @@ use read_back::read_back;
 
 pub use compensation::*;
 pub use inbox::*;
+pub use listen_spec::*;
 pub use route_spec::*;
 pub use spec::*;
 pub use storage::*;
