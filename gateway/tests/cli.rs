@@ -10,6 +10,16 @@ fn effectgate() -> Command {
     c
 }
 
+/// Runs `effectgate args` on the SQLite ledger at `db` (no config file)
+/// and returns what it printed and its exit status.
+fn on_ledger(db: &std::path::Path, args: &[&str]) -> std::process::Output {
+    effectgate()
+        .args(args)
+        .env("EFFECTGATE_STORAGE__PATH", db)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn every_command_has_help() {
     for args in [
@@ -140,13 +150,7 @@ fn the_real_provider_example_checks_and_tls_errors_name_the_field() {
 fn migrate_then_ledger_list_and_show() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("l.db");
-    let run = |args: &[&str]| {
-        effectgate()
-            .args(args)
-            .env("EFFECTGATE_STORAGE__PATH", &db)
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| on_ledger(&db, args);
     let out = run(&["migrate"]);
     assert!(
         out.status.success(),
@@ -478,13 +482,7 @@ async fn inbox_list_prints_a_tenants_events_with_iso_times() {
             .unwrap();
         assert!(matches!(got, effectgate::ledger::Received::Stored { .. }));
     }
-    let run = |args: &[&str]| {
-        effectgate()
-            .args(args)
-            .env("EFFECTGATE_STORAGE__PATH", &db)
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| on_ledger(&db, args);
     let out = run(&["inbox", "list", "t"]);
     assert!(
         out.status.success(),
@@ -624,13 +622,7 @@ async fn a_second_gateway_on_the_same_sqlite_ledger_stops_at_start() {
 fn ledger_list_columns_fit_their_cells_and_json_has_the_same_rows() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("l.db");
-    let run = |args: &[&str]| {
-        effectgate()
-            .args(args)
-            .env("EFFECTGATE_STORAGE__PATH", &db)
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| on_ledger(&db, args);
     assert!(run(&["migrate"]).status.success());
     let long = "k".repeat(40);
     {
