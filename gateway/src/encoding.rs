@@ -161,8 +161,11 @@ fn inflate(data: &[u8], limit: usize) -> Result<Vec<u8>, DecodeError> {
 /// `br` (RFC 7932), the whole body given at once so that bytes after the
 /// end of the stream are seen and refused, as gzip's and deflate's are (a
 /// reader over the body would stop at the stream's end and leave them
-/// unread). Output is taken 16 KiB at a time, and refused once past
-/// `limit`.
+/// unread). Only RFC 7932's windows (at most 16 MiB) are accepted: a
+/// "large window" stream (up to 1 GiB, an extension) is corrupt here. The
+/// decoder hands output over when its window is full or the stream ends,
+/// so the body is refused once past `limit`, after at most one window of
+/// output beyond it.
 fn unbrotli(data: &[u8], limit: usize) -> Result<Vec<u8>, DecodeError> {
     use brotli::BrotliResult;
     use brotli::reader::StandardAlloc;
@@ -170,7 +173,7 @@ fn unbrotli(data: &[u8], limit: usize) -> Result<Vec<u8>, DecodeError> {
         coding: "br".into(),
         detail,
     };
-    let mut state = brotli::BrotliState::new(
+    let mut state = brotli::BrotliState::new_strict(
         StandardAlloc::default(),
         StandardAlloc::default(),
         StandardAlloc::default(),
@@ -198,7 +201,9 @@ fn unbrotli(data: &[u8], limit: usize) -> Result<Vec<u8>, DecodeError> {
             BrotliResult::ResultSuccess => break,
             BrotliResult::NeedsMoreOutput => {}
             BrotliResult::NeedsMoreInput => {
-                return Err(corrupt("the data ends before the compressed stream".into()));
+                return Err(corrupt(
+                    "the data ends before the end of the compressed stream".into(),
+                ));
             }
             BrotliResult::ResultFailure => return Err(corrupt("invalid compressed data".into())),
         }
@@ -308,6 +313,19 @@ mod tests {
             .write_all(&big)
             .unwrap();
         assert_eq!(decode("br", &big_br, 1 << 20).unwrap(), big);
+        // A large-window stream (not RFC 7932's br) is refused, whatever
+        // it holds: its window alone could be 1 GiB.
+        let mut large = Vec::new();
+        let params = brotli::enc::BrotliEncoderParams {
+            large_window: true,
+            lgwin: 26,
+            ..Default::default()
+        };
+        brotli::enc::BrotliCompress(&mut &plain[..], &mut large, &params).unwrap();
+        assert!(matches!(
+            decode("br", &large, 1 << 20).unwrap_err(),
+            DecodeError::Corrupt { coding, .. } if coding == "br"
+        ));
         // gzip applied first, then br: decode br, then gzip.
         let mut both = Vec::new();
         brotli::CompressorWriter::new(&mut both, 4096, 5, 22)
