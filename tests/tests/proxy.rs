@@ -217,6 +217,10 @@ async fn bad_input_gets_a_problem_naming_the_field() {
     assert_eq!(r.status(), 413);
     let p: Value = r.json().await.unwrap();
     assert_eq!(p["limit_bytes"], 4096);
+    assert_eq!(
+        p["detail"],
+        "request body exceeds the route's max_body_bytes of 4096 bytes"
+    );
 
     let r = app
         .http

@@ -539,6 +539,11 @@ async fn admin_errors_are_always_problem_json() {
     assert_eq!(p["type"], "urn:effectgate:problem:payload-too-large");
     assert_eq!(p["field"], "body");
     assert_eq!(p["limit_bytes"], 65536);
+    // The admin listener's own limit, not a route's.
+    assert_eq!(
+        p["detail"],
+        "request body exceeds limits.max_admin_body_bytes of 65536 bytes"
+    );
 }
 
 #[tokio::test]

@@ -149,6 +149,14 @@ async fn read_body_first(
             ))
             .await
         }
+        // The admin listener's limit, not a route's.
+        Err(crate::ops::OpError::PayloadTooLarge { limit, .. }) => {
+            crate::ops::OpError::PayloadTooLarge {
+                limit,
+                setting: "limits.max_admin_body_bytes",
+            }
+            .into_response()
+        }
         Err(e) => e.into_response(),
     }
 }

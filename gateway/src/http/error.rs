@@ -91,7 +91,7 @@ impl Problem for OpError {
                 body.insert("operation_id".into(), json!(operation_id));
                 body.insert("reason".into(), json!(reason));
             }
-            OpError::PayloadTooLarge { limit } => {
+            OpError::PayloadTooLarge { limit, .. } => {
                 body.insert("field".into(), json!("body"));
                 body.insert("limit_bytes".into(), json!(limit));
             }

@@ -384,6 +384,9 @@ async fn pass_through_policies(
     }
 }
 
+/// What a 413 of a proxied body names as its limit.
+const ROUTE_BODY_LIMIT: &str = "the route's max_body_bytes";
+
 /// Step 4: the whole body, at most `max_bytes`, within `timeout_ms`.
 ///
 /// Errors: 413 `payload-too-large` (by `Content-Length` at once, or while
@@ -401,7 +404,10 @@ pub(crate) async fn read_body(
         .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
         && len > max_bytes
     {
-        return Err(OpError::PayloadTooLarge { limit: max_bytes });
+        return Err(OpError::PayloadTooLarge {
+            limit: max_bytes,
+            setting: ROUTE_BODY_LIMIT,
+        });
     }
     tokio::time::timeout(
         std::time::Duration::from_millis(timeout_ms),
@@ -413,7 +419,10 @@ pub(crate) async fn read_body(
     })?
     .map_err(|e| {
         if exceeds_limit(&e) {
-            OpError::PayloadTooLarge { limit: max_bytes }
+            OpError::PayloadTooLarge {
+                limit: max_bytes,
+                setting: ROUTE_BODY_LIMIT,
+            }
         } else {
             OpError::BadRequest {
                 field: "body".into(),
@@ -483,7 +492,10 @@ async fn decode_body(
         Err(DecodeError::UnknownCoding(coding)) => {
             Err(OpError::UnsupportedContentEncoding { coding })
         }
-        Err(DecodeError::OverLimit { limit }) => Err(OpError::PayloadTooLarge { limit }),
+        Err(DecodeError::OverLimit { limit }) => Err(OpError::PayloadTooLarge {
+            limit,
+            setting: ROUTE_BODY_LIMIT,
+        }),
         Err(e @ DecodeError::Corrupt { .. }) => Err(OpError::BadRequest {
             field: "body".into(),
             message: format!("the request body can't be decoded: {e}"),
@@ -539,7 +551,10 @@ mod tests {
         let none = http::HeaderMap::new();
         let big = Body::from(vec![b'x'; 11]);
         let e = read_body(&none, big, 10, 5_000).await.unwrap_err();
-        assert!(matches!(e, OpError::PayloadTooLarge { limit: 10 }), "{e:?}");
+        assert!(
+            matches!(e, OpError::PayloadTooLarge { limit: 10, .. }),
+            "{e:?}"
+        );
         let broken = Body::from_stream(futures_util::stream::iter([
             Ok::<_, std::io::Error>(Bytes::from_static(b"{\"a\"")),
             Err(std::io::Error::other(

@@ -112,11 +112,15 @@ pub enum OpError {
         /// The limit in bytes.
         limit: usize,
     },
-    /// 413: the request body exceeds the route's `max_body_bytes`.
-    #[error("request body exceeds the route's limit of {limit} bytes")]
+    /// 413: the request body exceeds `setting` (a route's
+    /// `max_body_bytes`, or `limits.max_admin_body_bytes` on the admin
+    /// listener), as sent or decoded.
+    #[error("request body exceeds {setting} of {limit} bytes")]
     PayloadTooLarge {
         /// The limit in bytes.
         limit: usize,
+        /// The setting that sets it, as the message names it.
+        setting: &'static str,
     },
     /// 415: the request body's `Content-Encoding` names a coding the
     /// gateway can't decode (it decodes gzip, deflate and br; RFC 9110
