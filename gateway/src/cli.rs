@@ -81,7 +81,8 @@ enum InboxCommand {
         /// Only this source (`[[inbox]]` name).
         #[arg(long)]
         source: Option<String>,
-        /// Only this state: accepted, stale, held, quarantined, dropped.
+        /// Only this state: accepted, stale, held, quarantined, dropped
+        /// (any case, as `ledger list --state`).
         #[arg(long)]
         state: Option<String>,
         /// At most this many rows (at least 1).
@@ -334,6 +335,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     config: c,
                 },
         } => {
+            // Stored in lowercase; any case is taken, as `ledger list` does.
+            let state = state.map(|s| s.to_ascii_lowercase());
             if let Some(s) = &state
                 && !crate::ledger::INBOX_STATES.contains(&s.as_str())
             {

@@ -499,10 +499,13 @@ async fn inbox_list_prints_a_tenants_events_with_iso_times() {
     );
     assert!(text.contains("evt_3") && text.contains("held"), "{text}");
     assert!(text.contains("Z\n"), "ISO 8601 times: {text}");
-    let out = run(&["inbox", "list", "t", "--state", "held"]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(text.lines().count(), 2, "{text}");
-    assert!(text.contains("evt_3"));
+    // Any case, as `ledger list --state`.
+    for state in ["held", "HELD"] {
+        let out = run(&["inbox", "list", "t", "--state", state]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(text.lines().count(), 2, "{state}: {text}");
+        assert!(text.contains("evt_3"));
+    }
     let out = run(&["inbox", "list", "t", "--state", "bogus"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(run(&["inbox", "list", "other"]).status.success());

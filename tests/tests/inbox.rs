@@ -702,6 +702,38 @@ async fn a_duplicate_sent_ten_times_at_once_is_stored_and_delivered_once(
     );
 }
 
+/// A duplicate's answer names the stored event's delivery, as the first
+/// answer did: none for a source that doesn't deliver.
+async fn a_duplicate_answers_with_the_stored_events_delivery(storage: Option<StorageSpec>) {
+    let rx = spawn_receiver().await;
+    let app = app_with(
+        &rx,
+        Setup {
+            storage,
+            stripe_extra: "deliver = false\n".into(),
+            ..Setup::default()
+        },
+    )
+    .await;
+    let body = charge_event("evt_quiet", "charge.updated", json!({"id": "ch_1"}));
+    for want in ["accepted", "duplicate"] {
+        let r = stripe_event(&app, &body).await;
+        assert_eq!(r.status(), 200);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["state"], want, "{v}");
+        assert_eq!(v["delivery_id"], Value::Null, "{want}: {v}");
+    }
+    let rows = inbox_list(&app, "").await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["outbox_event_id"], Value::Null, "{rows:?}");
+}
+
+both!(
+    a_duplicate_answers_with_the_stored_events_delivery_sqlite,
+    a_duplicate_answers_with_the_stored_events_delivery_postgres,
+    a_duplicate_answers_with_the_stored_events_delivery
+);
+
 async fn events_past_the_dedupe_window_are_swept(storage: Option<StorageSpec>) {
     let rx = spawn_receiver().await;
     let app = app_with(

@@ -171,7 +171,12 @@ pub enum Received {
         resolution: Option<Resolution>,
     },
     /// Seen before (within the dedupe window): nothing changed.
-    Duplicate,
+    Duplicate {
+        /// The outbox event id the stored event's delivery was queued
+        /// under, if it was (not for a source that doesn't deliver, nor
+        /// yet for an event held for its order, nor for a stale one).
+        outbox_event_id: Option<String>,
+    },
 }
 
 /// One stored inbox event.

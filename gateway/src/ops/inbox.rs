@@ -355,13 +355,14 @@ pub async fn receive(
     drop(resolving);
     crate::failpoint::hit("after-inbox-commit");
     let (state, delivery_id) = match got {
-        Received::Duplicate => {
+        Received::Duplicate { outbox_event_id } => {
             crate::metrics::inbox_received(&src.name, "duplicate");
-            let delivery_id = crate::ledger::delivery_id(&src.tenant, &src.name, &parsed.event_id);
+            // The stored event's delivery, as its first answer gave it (a
+            // held event's, once released).
             return Ok(Receipt {
                 event_id: parsed.event_id,
                 state: "duplicate".into(),
-                delivery_id: Some(delivery_id),
+                delivery_id: outbox_event_id,
             });
         }
         Received::Stored {

@@ -406,10 +406,23 @@ impl<D: Dialect> Store<D> {
     ) -> Result<Received, LedgerError> {
         let (mut tx, now) = self.begin().await?;
         tx.add_bytes(ev.payload.len());
-        // The one indexed statement a duplicate costs.
+        // The indexed insert a duplicate costs, and the read of the
+        // stored event's delivery by its key.
         if !insert_inbox_row::<D>(&mut tx, ev, now).await? {
+            let queued = sql::<D>(
+                "SELECT outbox_event_id FROM inbox WHERE tenant_id = ? AND source = ? AND event_id = ?",
+            )
+            .bind(ev.tenant)
+            .bind(ev.source)
+            .bind(ev.event_id)
+            .fetch_optional(&mut tx)
+            .await?;
+            let outbox_event_id = match queued {
+                Some(r) => r.get::<Option<String>>("outbox_event_id")?,
+                None => None,
+            };
             tx.commit().await?;
-            return Ok(Received::Duplicate);
+            return Ok(Received::Duplicate { outbox_event_id });
         }
         let id = (ev.tenant, ev.source, ev.event_id);
         let mut released = Vec::new();
