@@ -141,21 +141,21 @@ async fn read_body_first(
 ) -> Response {
     let timeout_ms = app.settings().limits.body_read_timeout_ms;
     let (parts, body) = req.into_parts();
-    match crate::http::proxy::read_body(&parts.headers, body, max_body, timeout_ms).await {
+    match crate::http::proxy::read_body(
+        &parts.headers,
+        body,
+        max_body,
+        "limits.max_admin_body_bytes",
+        timeout_ms,
+    )
+    .await
+    {
         Ok(bytes) => {
             next.run(axum::extract::Request::from_parts(
                 parts,
                 axum::body::Body::from(bytes),
             ))
             .await
-        }
-        // The admin listener's limit, not a route's.
-        Err(crate::ops::OpError::PayloadTooLarge { limit, .. }) => {
-            crate::ops::OpError::PayloadTooLarge {
-                limit,
-                setting: "limits.max_admin_body_bytes",
-            }
-            .into_response()
         }
         Err(e) => e.into_response(),
     }

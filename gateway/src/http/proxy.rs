@@ -167,6 +167,7 @@ async fn handle_inner(app: &AppState, peer: SocketAddr, req: Request) -> Result<
         &parts.headers,
         body,
         route.max_body_bytes,
+        ROUTE_BODY_LIMIT,
         rt.limits.body_read_timeout_ms,
     )
     .await?;
@@ -387,7 +388,8 @@ async fn pass_through_policies(
 /// What a 413 of a proxied body names as its limit.
 const ROUTE_BODY_LIMIT: &str = "the route's max_body_bytes";
 
-/// Step 4: the whole body, at most `max_bytes`, within `timeout_ms`.
+/// Step 4: the whole body, at most `max_bytes` (the value of `setting`,
+/// which a 413 names), within `timeout_ms`.
 ///
 /// Errors: 413 `payload-too-large` (by `Content-Length` at once, or while
 /// reading); 408 `request-timeout` when the body stalls; 400 `bad-request`
@@ -397,6 +399,7 @@ pub(crate) async fn read_body(
     headers: &http::HeaderMap,
     body: Body,
     max_bytes: usize,
+    setting: &'static str,
     timeout_ms: u64,
 ) -> Result<Bytes, OpError> {
     if let Some(len) = headers
@@ -406,7 +409,7 @@ pub(crate) async fn read_body(
     {
         return Err(OpError::PayloadTooLarge {
             limit: max_bytes,
-            setting: ROUTE_BODY_LIMIT,
+            setting,
         });
     }
     tokio::time::timeout(
@@ -421,7 +424,7 @@ pub(crate) async fn read_body(
         if exceeds_limit(&e) {
             OpError::PayloadTooLarge {
                 limit: max_bytes,
-                setting: ROUTE_BODY_LIMIT,
+                setting,
             }
         } else {
             OpError::BadRequest {
@@ -550,7 +553,9 @@ mod tests {
     async fn a_body_over_the_limit_is_413_and_a_broken_one_400() {
         let none = http::HeaderMap::new();
         let big = Body::from(vec![b'x'; 11]);
-        let e = read_body(&none, big, 10, 5_000).await.unwrap_err();
+        let e = read_body(&none, big, 10, ROUTE_BODY_LIMIT, 5_000)
+            .await
+            .unwrap_err();
         assert!(
             matches!(e, OpError::PayloadTooLarge { limit: 10, .. }),
             "{e:?}"
@@ -561,12 +566,19 @@ mod tests {
                 "connection closed before the body ended",
             )),
         ]));
-        let e = read_body(&none, broken, 10, 5_000).await.unwrap_err();
+        let e = read_body(&none, broken, 10, ROUTE_BODY_LIMIT, 5_000)
+            .await
+            .unwrap_err();
         assert!(
             matches!(&e, OpError::BadRequest { field, .. } if field == "body"),
             "{e:?}"
         );
         let whole = Body::from("{}");
-        assert_eq!(read_body(&none, whole, 10, 5_000).await.unwrap(), "{}");
+        assert_eq!(
+            read_body(&none, whole, 10, ROUTE_BODY_LIMIT, 5_000)
+                .await
+                .unwrap(),
+            "{}"
+        );
     }
 }

@@ -407,20 +407,11 @@ impl<D: Dialect> Store<D> {
         let (mut tx, now) = self.begin().await?;
         tx.add_bytes(ev.payload.len());
         // The indexed insert a duplicate costs, and the read of the
-        // stored event's delivery by its key.
+        // stored event (its delivery) by its key.
         if !insert_inbox_row::<D>(&mut tx, ev, now).await? {
-            let queued = sql::<D>(
-                "SELECT outbox_event_id FROM inbox WHERE tenant_id = ? AND source = ? AND event_id = ?",
-            )
-            .bind(ev.tenant)
-            .bind(ev.source)
-            .bind(ev.event_id)
-            .fetch_optional(&mut tx)
-            .await?;
-            let outbox_event_id = match queued {
-                Some(r) => r.get::<Option<String>>("outbox_event_id")?,
-                None => None,
-            };
+            let outbox_event_id = fetch_inbox::<D>(&mut tx, (ev.tenant, ev.source, ev.event_id))
+                .await?
+                .and_then(|stored| stored.outbox_event_id);
             tx.commit().await?;
             return Ok(Received::Duplicate { outbox_event_id });
         }
