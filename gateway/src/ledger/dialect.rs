@@ -57,15 +57,17 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
     const SKIP_LOCKED: &'static str;
     /// What opens a write batch's transaction.
     const BEGIN: &'static str;
-    /// Whether a write's savepoint is released when the write ends (SQLite:
-    /// a release is no round trip there, and with savepoints nested n deep
-    /// SQLite checks, and copies the page for, every open one on each page
-    /// a statement changes) rather than with the next write's savepoint, in
-    /// the same round trip, or by the batch's `COMMIT` (PostgreSQL: that
-    /// saves each write a round trip, and savepoints never nest: a
-    /// subtransaction n deep makes every row check walk all n, and past 64
-    /// every snapshot of the server overflows to `pg_subtrans`).
-    const RELEASE_EACH_WRITE: bool;
+    /// Whether each write of a batch runs inside a savepoint of its own,
+    /// released when the write ends, so that a write that fails or is
+    /// abandoned is rolled back alone (SQLite: a savepoint there is no
+    /// round trip, and an error does not end the transaction). `false`
+    /// (PostgreSQL): the writes of a batch share its transaction without
+    /// savepoints, which saves each write a round trip; a write that fails
+    /// (an error ends a PostgreSQL transaction) or is abandoned after a
+    /// statement undoes the whole batch, and the writes already waiting
+    /// for its commit are told so ([`crate::ledger::LedgerError::BatchUndone`])
+    /// and run again.
+    const SAVEPOINT_EACH_WRITE: bool;
     /// Follows `FROM operations` in the retention sweep's scan so that it
     /// reads the partial index of terminal rows by last change
     /// (`operations_terminal_by_change`), not every row of a state.
@@ -197,14 +199,19 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
         clock: &LedgerClock,
     ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
 
-    /// Opens a write's savepoint on the batch connection in one round trip,
-    /// after what `before` says (the transaction's `BEGIN`, or the release
-    /// of the previous write's savepoint). PostgreSQL reads the database
-    /// clock in the same round trip and returns it (ms since the Unix
-    /// epoch); SQLite returns `None` (its clock is the gateway's).
-    fn open_savepoint(
+    /// Opens one write on the batch connection: `first`, the batch's
+    /// first write, also opens its transaction (with [`Dialect::BEGIN`]).
+    /// SQLite opens the write's savepoint (one call, no round trip) and
+    /// returns `None` (its clock is the gateway's). PostgreSQL sends
+    /// nothing for a write after the first unless `read_clock` (the
+    /// ledger's clock was moved since `BEGIN`); with the first, or with
+    /// `read_clock`, it reads the database clock in that round trip and
+    /// returns it (ms since the Unix epoch), from which the writer times
+    /// the writes of the batch that follow.
+    fn open_write(
         conn: &mut Self::Conn,
-        before: Before,
+        first: bool,
+        read_clock: bool,
     ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send;
 
     /// Steps the ledger's clock by `ms`, negative: back (PostgreSQL: the
@@ -214,20 +221,6 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
         clock: &LedgerClock,
         ms: i64,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
-}
-
-/// What [`Dialect::open_savepoint`] sends ahead of the savepoint, in the
-/// same round trip.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Before {
-    /// `BEGIN`: the batch's first write.
-    Begin,
-    /// `RELEASE SAVEPOINT`: the previous write of the batch ended with its
-    /// savepoint open (never on a dialect with
-    /// [`Dialect::RELEASE_EACH_WRITE`]).
-    Release,
-    /// Nothing: inside the open transaction, no savepoint open.
-    Nothing,
 }
 
 /// One bound value. The variant fixes the SQL type, so a NULL is typed

@@ -619,6 +619,14 @@ pub enum LedgerError {
     /// reconciler when its lease ends.
     #[error("ledger commit failed: {0}")]
     BatchCommit(String),
+    /// Another write of the batch holding this one failed or was abandoned
+    /// half-way before the batch's `COMMIT`, and the whole batch was rolled
+    /// back (PostgreSQL, whose writes share the batch's transaction
+    /// without savepoints): nothing of this write was kept, and it may
+    /// simply run again, which the ledger does ([`DEADLOCK_RETRIES`]
+    /// times) before it reports this.
+    #[error("ledger write undone before its commit: {0}")]
+    BatchUndone(String),
     /// `[storage]` names no usable ledger.
     #[error("storage.url: {0}")]
     Config(String),
@@ -634,7 +642,8 @@ pub enum LedgerError {
 }
 
 /// How often one PostgreSQL ledger call runs again after losing a
-/// deadlock (SQLSTATE 40P01) or a serialization failure (40001).
+/// deadlock (SQLSTATE 40P01) or a serialization failure (40001), or after
+/// its batch was undone for another write ([`LedgerError::BatchUndone`]).
 pub(crate) const DEADLOCK_RETRIES: u32 = 3;
 
 impl LedgerError {
@@ -644,6 +653,13 @@ impl LedgerError {
     pub fn is_deadlock(&self) -> bool {
         matches!(self, LedgerError::Db(sqlx::Error::Database(e))
             if matches!(e.code().as_deref(), Some("40P01" | "40001")))
+    }
+
+    /// Whether nothing of the write was kept and it may simply run again:
+    /// a deadlock ([`LedgerError::is_deadlock`]) or a batch undone for
+    /// another write ([`LedgerError::BatchUndone`]).
+    pub fn may_run_again(&self) -> bool {
+        self.is_deadlock() || matches!(self, LedgerError::BatchUndone(_))
     }
 }
 

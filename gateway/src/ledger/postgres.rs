@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-use super::dialect::{Arg, Before, Conn, Dialect, Pool, Query, Stmt, ledger_row};
+use super::dialect::{Arg, Conn, Dialect, Pool, Query, Stmt, ledger_row};
 use super::store::{BatchLimits, Store};
 use super::{LedgerClock, LedgerError};
 
@@ -57,7 +57,7 @@ impl Dialect for PgDialect {
     const ROW_ORDER: &'static str = "seq";
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
     const BEGIN: &'static str = "BEGIN";
-    const RELEASE_EACH_WRITE: bool = false;
+    const SAVEPOINT_EACH_WRITE: bool = false;
     const TERMINAL_BY_CHANGE: &'static str = "";
 
     const TRANSITION_ROW_NAMES: bool = false;
@@ -166,20 +166,20 @@ impl Dialect for PgDialect {
         Ok(db)
     }
 
-    /// One simple-query message: `[BEGIN; | RELEASE SAVEPOINT …;]
-    /// SAVEPOINT …; SELECT effectgate_now_ms()`, so the database clock and
-    /// the previous write's release cost no round trip of their own.
-    async fn open_savepoint(
+    /// No savepoint ([`Dialect::SAVEPOINT_EACH_WRITE`]): nothing is sent
+    /// but for the batch's first write (`BEGIN; SELECT
+    /// effectgate_now_ms()`, one simple-query message, so the clock costs
+    /// no round trip of its own) or a clock to read again.
+    async fn open_write(
         conn: &mut Conn<Self>,
-        before: Before,
+        first: bool,
+        read_clock: bool,
     ) -> Result<Option<i64>, sqlx::Error> {
         use sqlx::Row;
-        let sql = match before {
-            Before::Begin => "BEGIN; SAVEPOINT effectgate_write; SELECT effectgate_now_ms()",
-            Before::Release => {
-                "RELEASE SAVEPOINT effectgate_write; SAVEPOINT effectgate_write; SELECT effectgate_now_ms()"
-            }
-            Before::Nothing => "SAVEPOINT effectgate_write; SELECT effectgate_now_ms()",
+        let sql = match (first, read_clock) {
+            (true, _) => "BEGIN; SELECT effectgate_now_ms()",
+            (false, true) => "SELECT effectgate_now_ms()",
+            (false, false) => return Ok(None),
         };
         let row = sqlx::raw_sql(sql).fetch_one(&mut **conn).await?;
         Ok(Some(row.try_get::<i64, _>(0)?))

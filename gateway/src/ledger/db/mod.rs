@@ -58,15 +58,15 @@ macro_rules! dispatch {
                     $self
                         .bounded(async {
                             // A write that lost a deadlock with another
-                            // instance's batch was rolled back to its
-                            // savepoint and changed nothing: it runs again,
-                            // in the writer's next batch.
+                            // instance's batch, or whose batch was undone
+                            // for another write of it, changed nothing: it
+                            // runs again, in the writer's next batch.
                             let mut tries = 0;
                             loop {
                                 match p.$m($($a),*).await {
-                                    Err(e) if tries < $crate::ledger::DEADLOCK_RETRIES && e.is_deadlock() => {
+                                    Err(e) if tries < $crate::ledger::DEADLOCK_RETRIES && e.may_run_again() => {
                                         tries += 1;
-                                        tracing::debug!(tries, error = %e, "ledger write retried after a deadlock");
+                                        tracing::debug!(tries, error = %e, "ledger write run again after a deadlock or an undone batch");
                                     }
                                     r => break r,
                                 }
@@ -274,6 +274,16 @@ impl Ledger {
         Self::open_storage(storage, Arc::new(super::SystemClock))
             .await
             .map(|_| ())
+    }
+
+    /// The PostgreSQL store under this ledger (`None` on SQLite), for
+    /// tests that hold its writer.
+    #[cfg(test)]
+    pub(in crate::ledger) fn postgres_store(&self) -> Option<&Store<PgDialect>> {
+        match &self.db {
+            Db::Postgres(p) => Some(p),
+            Db::Sqlite(_) => None,
+        }
     }
 
     /// `sqlite` or `postgres`.

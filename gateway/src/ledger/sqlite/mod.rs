@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-use super::dialect::{Arg, Before, Dialect, Pool, Query, Stmt};
+use super::dialect::{Arg, Dialect, Pool, Query, Stmt};
 use super::store::{BatchLimits, Store};
 use super::{Clock, LedgerClock, LedgerError};
 
@@ -58,7 +58,7 @@ impl Dialect for SqliteDialect {
     /// Takes the write lock up front (another process holding it is waited
     /// for `busy_timeout_ms`), so no statement of the batch has to upgrade.
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
-    const RELEASE_EACH_WRITE: bool = true;
+    const SAVEPOINT_EACH_WRITE: bool = true;
     const TERMINAL_BY_CHANGE: &'static str = " INDEXED BY operations_terminal_by_change";
 
     const TRANSITION_ROW_NAMES: bool = true;
@@ -161,12 +161,12 @@ impl Dialect for SqliteDialect {
         Ok(clock.now_ms())
     }
 
-    async fn open_savepoint(conn: &mut Conn, before: Before) -> Result<Option<i64>, sqlx::Error> {
-        debug_assert!(
-            before != Before::Release,
-            "SQLite releases each write's savepoint"
-        );
-        if before == Before::Begin {
+    async fn open_write(
+        conn: &mut Conn,
+        first: bool,
+        _read_clock: bool,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        if first {
             // `BEGIN` and the savepoint in one call (on a blocking thread
             // when it has to wait for another process's lock).
             const OPEN: &str = "BEGIN IMMEDIATE; SAVEPOINT effectgate_write";

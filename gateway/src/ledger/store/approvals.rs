@@ -199,7 +199,10 @@ impl<D: Dialect> Store<D> {
         .bind(now)
         .fetch_optional(&mut tx)
         .await?;
-        let Some(row) = row else { return Ok(None) };
+        let Some(row) = row else {
+            tx.unchanged();
+            return Ok(None);
+        };
         let a = approval_from_row(&row)?;
         let note = comment.map(|c| format!(": {c}")).unwrap_or_default();
         let op = OpRef::new(&a.tenant_id, &a.operation_id);
@@ -262,6 +265,7 @@ impl<D: Dialect> Store<D> {
         .execute(&mut tx)
         .await?;
         if used != 1 {
+            tx.unchanged();
             return Ok(None);
         }
         let Some(applied) = command::apply::<D, _>(&mut tx, cmd, now).await? else {

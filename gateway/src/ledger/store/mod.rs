@@ -112,8 +112,8 @@ impl<D: Dialect> Store<D> {
         D::now(&self.write, &self.clock).await
     }
 
-    /// Takes a place in the writer's open batch (a savepoint of its
-    /// transaction) and reads now inside it.
+    /// Takes a place in the writer's open batch and reads now inside it
+    /// (PostgreSQL: the writer's time for it, see `Writer`).
     async fn begin(&self) -> Result<(BatchTx<D>, i64), sqlx::Error> {
         let mut tx = self.writer.begin(0).await?;
         let now = match tx.db_now() {
@@ -136,6 +136,7 @@ impl<D: Dialect> Store<D> {
     /// Moves the ledger's clock forward by `ms`.
     pub(super) async fn shift_clock(&self, ms: i64) -> Result<(), LedgerError> {
         D::shift_clock(&self.write, &self.clock, ms).await?;
+        self.writer.clock_moved();
         // Retention ends at other times now.
         self.writer.bump_terminal_epoch();
         Ok(())

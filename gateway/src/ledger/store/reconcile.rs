@@ -13,6 +13,7 @@ impl<D: Dialect> Store<D> {
     pub(crate) async fn expire_lease(&self, cmd: &ExpireLease<'_>) -> Result<bool, LedgerError> {
         let (mut tx, now) = self.begin_for(cmd).await?;
         let Some(applied) = command::apply::<D, _>(&mut tx, cmd, now).await? else {
+            tx.unchanged();
             return Ok(false);
         };
         let reported = super::events::Reported {
@@ -37,6 +38,7 @@ impl<D: Dialect> Store<D> {
     ) -> Result<Option<Claim>, LedgerError> {
         let (mut tx, now) = self.begin_for(cmd).await?;
         let Some(applied) = command::apply::<D, _>(&mut tx, cmd, now).await? else {
+            tx.unchanged();
             return Ok(None);
         };
         tx.commit().await?;
@@ -50,6 +52,7 @@ impl<D: Dialect> Store<D> {
     ) -> Result<Option<Claim>, LedgerError> {
         let (mut tx, now) = self.begin_for(cmd).await?;
         let Some(applied) = command::apply::<D, _>(&mut tx, cmd, now).await? else {
+            tx.unchanged();
             self.count_stale_fence();
             return Ok(None);
         };
@@ -73,6 +76,7 @@ impl<D: Dialect> Store<D> {
         // Any state, terminal ones included.
         tx.changes_terminal();
         if command::apply::<D, _>(&mut tx, cmd, now).await?.is_none() {
+            tx.unchanged();
             return Ok(false);
         }
         tx.commit().await?;
@@ -85,6 +89,7 @@ impl<D: Dialect> Store<D> {
         // A FAILED dead letter leaves its terminal state.
         tx.changes_terminal();
         let Some(applied) = command::apply::<D, _>(&mut tx, cmd, now).await? else {
+            tx.unchanged();
             return Ok(None);
         };
         // Back to UNKNOWN: `operation.unknown`, in this transaction.

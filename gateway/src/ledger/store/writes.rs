@@ -140,6 +140,7 @@ impl<D: Dialect> Store<D> {
     pub(crate) async fn claim(&self, cmd: &ClaimLease<'_>) -> Result<Option<Claim>, LedgerError> {
         let (mut tx, now) = self.begin_for(cmd).await?;
         let Some(applied) = command::apply::<D, _>(&mut tx, cmd, now).await? else {
+            tx.unchanged();
             return Ok(None);
         };
         tx.commit().await?;
@@ -161,6 +162,7 @@ impl<D: Dialect> Store<D> {
         }
         let subs = self.subscriptions.load_full();
         let Some((_, row)) = record_outcome_on::<D>(&mut tx, &subs, cmd, now).await? else {
+            tx.unchanged();
             self.count_stale_fence();
             tracing::warn!(
                 tenant = cmd.op.tenant,
@@ -185,6 +187,7 @@ impl<D: Dialect> Store<D> {
     ) -> Result<bool, LedgerError> {
         let (mut tx, now) = self.begin_for(cmd).await?;
         let Some(applied) = command::apply::<D, _>(&mut tx, cmd, now).await? else {
+            tx.unchanged();
             self.count_stale_fence();
             return Ok(false);
         };

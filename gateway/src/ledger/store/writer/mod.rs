@@ -5,16 +5,21 @@
 //! `storage.write_connections`, each with its own batch; a write takes the
 //! next one in turn, or the next idle one). A write ([`Writer::begin`])
 //! waits for its turn on it (turns are handed out first come, first
-//! served), runs its statements inside a `SAVEPOINT` of the open batch
-//! transaction and, on PostgreSQL, leaves the savepoint open
-//! ([`BatchTx::commit`]): the next write releases it in the message that
-//! opens its own, and the batch's `COMMIT` releases the last, which saves
-//! each write a round trip without nesting savepoints (on SQLite, where a
-//! release is no round trip, each write releases its own:
-//! [`Dialect::RELEASE_EACH_WRITE`]); a write
-//! that fails, loses its compare-and-swap with an error, or is dropped
-//! half-way is rolled back to its savepoint, so it never takes the others
-//! down with it. The writer's task then commits the batch once, with every
+//! served) and runs its statements in the open batch transaction. On
+//! SQLite each write has a `SAVEPOINT` of its own
+//! ([`Dialect::SAVEPOINT_EACH_WRITE`]; no round trip there): a write that
+//! fails, or is dropped half-way, is rolled back to it, so it never takes
+//! the others down with it. On PostgreSQL the writes share the
+//! transaction without savepoints, which saves each write a round trip
+//! (the database clock is read once, with `BEGIN`, and each write's time
+//! is that plus the monotonic time since): a write that fails (an error
+//! ends a PostgreSQL transaction) or is dropped after a statement rolls
+//! the whole batch back, and the writes already waiting for its commit
+//! are answered [`LedgerError::BatchUndone`] (nothing of them was kept)
+//! and run again (the ledger does, as after a deadlock). A write that
+//! wrote nothing (it lost its compare-and-swap before its first change)
+//! says so ([`BatchTx::unchanged`]) and leaves the batch as it was. The
+//! writer's task then commits the batch once, with every
 //! write that queued up meanwhile, and only after that `COMMIT` returned
 //! (durable: `synchronous = FULL` on SQLite, the server's own durability
 //! on PostgreSQL) answers each write. A batch is committed at once when it
@@ -31,7 +36,7 @@
 //! whose outcome is unknown).
 //!
 //! What a caller can't interrupt: once a write has its turn on the
-//! connection, its savepoint is opened in a task of its own (a caller that
+//! connection, it is opened in a task of its own (a caller that
 //! gives up drops only its wait), and the commit runs in the committer's; a write of a call
 //! that [`bounded`] runs is not cut off once it waits for its commit. On
 //! PostgreSQL each of the writer's own statements is bounded instead
@@ -48,11 +53,26 @@ use std::time::Instant;
 use tokio::sync::{Mutex, Notify, OwnedMutexGuard, oneshot};
 
 use super::super::LedgerError;
-use super::super::dialect::{Before, Conn, Dialect, sql};
+use super::super::dialect::{Conn, Dialect, sql};
 
 /// What one write of a batch hears back: the batch's size, or why its
 /// commit failed.
-type Answer = Result<usize, Arc<str>>;
+type Answer = Result<usize, Failed>;
+
+/// Why a batch did not commit.
+#[derive(Debug, Clone)]
+struct Failed {
+    /// The database's message, or the writer's.
+    why: Arc<str>,
+    /// Rolled back before its `COMMIT` for another write's failure or
+    /// abandonment ([`LedgerError::BatchUndone`]): nothing was kept and
+    /// the write may run again.
+    undone: bool,
+}
+
+/// What the writes of a batch undone for another write are told.
+const UNDONE: &str =
+    "another write of its batch failed or was abandoned, and the batch was rolled back";
 
 /// The batching limits (`storage.write_batch_max`,
 /// `storage.write_batch_bytes`).
@@ -65,8 +85,8 @@ pub(in crate::ledger) struct BatchLimits {
     /// Write connections, each with its own batch and committer (at least
     /// 1; SQLite: always 1, PostgreSQL: `storage.write_connections`).
     pub connections: usize,
-    /// How long the writer waits for one of its own statements (`BEGIN`
-    /// and a savepoint, an abandoned savepoint's rollback, `COMMIT`,
+    /// How long the writer waits for one of its own statements (`BEGIN`,
+    /// an abandoned savepoint's rollback, `COMMIT`,
     /// `ROLLBACK`) before it takes the connection for lost: it is dropped
     /// and the batch's writes are told the commit failed (PostgreSQL:
     /// `storage.call_timeout_ms`; SQLite: `None`, no limit: its statements
@@ -125,20 +145,6 @@ fn stalled(limit: Option<std::time::Duration>) -> String {
     )
 }
 
-/// The savepoint open on the write connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Savepoint {
-    /// None.
-    None,
-    /// A write's, and the write has not ended: once its owner is dropped
-    /// before it finished (abandoned), it is rolled back before anything
-    /// else runs.
-    Writing,
-    /// The last write's, its write done (PostgreSQL): the next write's
-    /// savepoint releases it first, or the batch's `COMMIT` does.
-    Held,
-}
-
 /// The write connection and the open batch.
 struct Batch<D: Dialect> {
     /// The connection (`None` after a failure that may have broken it:
@@ -146,8 +152,10 @@ struct Batch<D: Dialect> {
     conn: Option<Conn<D>>,
     /// Whether `BEGIN` was sent.
     open: bool,
-    /// The savepoint open on the connection, if any.
-    savepoint: Savepoint,
+    /// Whether a write holds the batch and has not ended: dropped before
+    /// it did (abandoned), it is undone before anything else runs (SQLite:
+    /// rolled back to its savepoint; PostgreSQL: with the whole batch).
+    writing: bool,
     /// Whether a failure injection (`ledger-commit-fail`) marked this
     /// batch to fail its `COMMIT`.
     poisoned: bool,
@@ -159,8 +167,13 @@ struct Batch<D: Dialect> {
     waiting: Vec<oneshot::Sender<Answer>>,
     /// Their body bytes.
     bytes: usize,
-    /// The database clock read when the current write's savepoint opened
-    /// (PostgreSQL; `None` on SQLite).
+    /// The database clock read with `BEGIN` (or again after the clock was
+    /// moved), and when (PostgreSQL; `None` on SQLite).
+    began: Option<(i64, Instant)>,
+    /// [`Writer::clock_epoch`] when [`Batch::began`] was read.
+    began_epoch: u64,
+    /// The current write's time: [`Batch::began`]'s clock plus the time
+    /// since (PostgreSQL; `None` on SQLite).
     now: Option<i64>,
     /// Whether a write of this batch changed or deleted a COMPLETED or
     /// FAILED operation ([`BatchTx::changes_terminal`]).
@@ -182,6 +195,8 @@ struct Shared<D: Dialect> {
     /// Bumped after every commit that changed or deleted a COMPLETED or
     /// FAILED operation (shared by the lanes).
     terminal_epoch: Arc<AtomicU64>,
+    /// Bumped when the ledger's clock is moved (shared by the lanes).
+    clock_epoch: Arc<AtomicU64>,
 }
 
 impl<D: Dialect> Drop for Shared<D> {
@@ -199,6 +214,8 @@ pub(in crate::ledger) struct Writer<D: Dialect> {
     next: Arc<AtomicUsize>,
     /// See [`Writer::terminal_epoch`].
     terminal_epoch: Arc<AtomicU64>,
+    /// See [`Writer::clock_moved`].
+    clock_epoch: Arc<AtomicU64>,
 }
 
 impl<D: Dialect> Clone for Writer<D> {
@@ -207,6 +224,7 @@ impl<D: Dialect> Clone for Writer<D> {
             lanes: self.lanes.clone(),
             next: self.next.clone(),
             terminal_epoch: self.terminal_epoch.clone(),
+            clock_epoch: self.clock_epoch.clone(),
         }
     }
 }
@@ -226,13 +244,22 @@ impl<D: Dialect> Writer<D> {
     /// committer task. Must be called inside a Tokio runtime.
     pub(in crate::ledger) fn new(source: D::WriteSource, limits: BatchLimits) -> Self {
         let terminal_epoch = Arc::new(AtomicU64::new(0));
+        let clock_epoch = Arc::new(AtomicU64::new(0));
         let lanes: Vec<Arc<Shared<D>>> = (0..limits.connections.max(1))
-            .map(|_| Self::lane(source.clone(), limits, terminal_epoch.clone()))
+            .map(|_| {
+                Self::lane(
+                    source.clone(),
+                    limits,
+                    terminal_epoch.clone(),
+                    clock_epoch.clone(),
+                )
+            })
             .collect();
         Self {
             lanes: lanes.into(),
             next: Arc::new(AtomicUsize::new(0)),
             terminal_epoch,
+            clock_epoch,
         }
     }
 
@@ -251,23 +278,33 @@ impl<D: Dialect> Writer<D> {
         self.terminal_epoch.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// Says that the ledger's clock was moved ([`Dialect::shift_clock`]):
+    /// the next write of an open batch reads the database clock again
+    /// rather than timing itself from the one read with `BEGIN`.
+    pub(in crate::ledger) fn clock_moved(&self) {
+        self.clock_epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// One write connection's batch and its committer task.
     fn lane(
         source: D::WriteSource,
         limits: BatchLimits,
         terminal_epoch: Arc<AtomicU64>,
+        clock_epoch: Arc<AtomicU64>,
     ) -> Arc<Shared<D>> {
         let wake = Arc::new(Notify::new());
         let shared = Arc::new(Shared {
             batch: Arc::new(Mutex::new(Batch {
                 conn: None,
                 open: false,
-                savepoint: Savepoint::None,
+                writing: false,
                 poisoned: false,
                 crash_before: false,
                 crash_after: false,
                 waiting: Vec::new(),
                 bytes: 0,
+                began: None,
+                began_epoch: 0,
                 now: None,
                 terminal: false,
             })),
@@ -283,6 +320,7 @@ impl<D: Dialect> Writer<D> {
             commits: AtomicU64::new(0),
             last_size: AtomicUsize::new(0),
             terminal_epoch,
+            clock_epoch,
         });
         tokio::spawn(committer(Arc::downgrade(&shared), wake));
         shared
@@ -299,11 +337,13 @@ impl<D: Dialect> Writer<D> {
             .unwrap_or(&self.lanes[start])
     }
 
-    /// Waits for the write connection and opens a savepoint for one write
-    /// in the current batch (opening the batch if none is open). `bytes`
-    /// is the size of the bodies it writes, for `storage.write_batch_bytes`.
+    /// Waits for the write connection and opens one write in the current
+    /// batch (opening the batch if none is open; on SQLite, the write's
+    /// savepoint). `bytes` is the size of the bodies it writes, for
+    /// `storage.write_batch_bytes`.
     ///
-    /// Errors: the connection can't be had or the savepoint can't be made.
+    /// Errors: the connection can't be had, or `BEGIN` or the savepoint
+    /// fails.
     pub(in crate::ledger) async fn begin(&self, bytes: usize) -> Result<BatchTx<D>, sqlx::Error> {
         let lane = self.pick().clone();
         lane.queued.fetch_add(1, Ordering::Relaxed);
@@ -339,12 +379,18 @@ async fn open_write<D: Dialect>(
     bytes: usize,
 ) -> Result<BatchTx<D>, sqlx::Error> {
     let stall = lane.limits.stall;
+    if !D::SAVEPOINT_EACH_WRITE && guard.writing {
+        // The write before this one was abandoned half-way: its batch
+        // goes with it.
+        abort(&mut guard, UNDONE, stall, true).await;
+    }
     let mut tries = 0;
     // The connection may have broken (the database restarted, the network
     // dropped it) or stalled: the open batch is lost with it. Its writes
     // are told so, and this one tries once more on a fresh connection.
     loop {
-        let Err(e) = within(stall, prepare(&lane.source, &mut guard)).await else {
+        let epoch = lane.clock_epoch.load(Ordering::Acquire);
+        let Err(e) = within(stall, prepare(&lane.source, &mut guard, epoch)).await else {
             return Ok(BatchTx {
                 guard: Some(guard),
                 shared: lane,
@@ -358,7 +404,7 @@ async fn open_write<D: Dialect>(
             // Stalled: no ROLLBACK on a connection that still owes a reply.
             discard(&mut guard);
         }
-        abort(&mut guard, &why, stall).await;
+        abort(&mut guard, &why, stall, false).await;
         discard(&mut guard);
         tries += 1;
         if tries == 2 {
@@ -398,34 +444,49 @@ impl Drop for Queued<'_> {
 }
 
 /// Makes the batch ready for one more write: a connection, no abandoned
-/// savepoint, `BEGIN` sent, a new savepoint (and, on PostgreSQL, the
-/// database clock read with it, in [`Batch::now`]).
-async fn prepare<D: Dialect>(source: &D::WriteSource, b: &mut Batch<D>) -> Result<(), sqlx::Error> {
+/// savepoint (SQLite; on PostgreSQL [`open_write`] undid an abandoned
+/// write's batch before), `BEGIN` sent, the write opened (and, on
+/// PostgreSQL, its time in [`Batch::now`]; `epoch`, the writer's
+/// [`Writer::clock_moved`] count now).
+async fn prepare<D: Dialect>(
+    source: &D::WriteSource,
+    b: &mut Batch<D>,
+    epoch: u64,
+) -> Result<(), sqlx::Error> {
     if b.conn.is_none() {
         b.conn = Some(D::connect_writer(source).await?);
     }
     let conn = b.conn.as_mut().expect("just set");
-    if b.savepoint == Savepoint::Writing {
-        sql::<D>("ROLLBACK TO SAVEPOINT effectgate_write")
-            .execute(conn)
-            .await?;
-        sql::<D>("RELEASE SAVEPOINT effectgate_write")
-            .execute(conn)
-            .await?;
-        b.savepoint = Savepoint::None;
+    if b.writing {
+        debug_assert!(D::SAVEPOINT_EACH_WRITE);
+        rollback_savepoint::<D>(conn).await?;
+        b.writing = false;
     }
-    let before = match (b.open, b.savepoint) {
-        (false, _) => Before::Begin,
-        (true, Savepoint::Held) => Before::Release,
-        (true, _) => Before::Nothing,
-    };
-    let now = D::open_savepoint(conn, before).await;
-    if before == Before::Begin && now.is_ok() {
+    let first = !b.open;
+    let read_clock = b.began.is_some() && b.began_epoch != epoch;
+    let now = D::open_write(conn, first, read_clock).await;
+    if first && now.is_ok() {
         b.open = true;
     }
-    let now = now?;
-    b.savepoint = Savepoint::Writing;
-    b.now = now;
+    if let Some(db) = now? {
+        b.began = Some((db, Instant::now()));
+        b.began_epoch = epoch;
+    }
+    b.writing = true;
+    b.now = b.began.map(|(db, at)| {
+        db.saturating_add(i64::try_from(at.elapsed().as_millis()).unwrap_or(i64::MAX))
+    });
+    Ok(())
+}
+
+/// Rolls an abandoned write back to its savepoint and releases it.
+async fn rollback_savepoint<D: Dialect>(conn: &mut Conn<D>) -> Result<(), sqlx::Error> {
+    sql::<D>("ROLLBACK TO SAVEPOINT effectgate_write")
+        .execute(&mut *conn)
+        .await?;
+    sql::<D>("RELEASE SAVEPOINT effectgate_write")
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
@@ -436,12 +497,18 @@ fn discard<D: Dialect>(b: &mut Batch<D>) {
         D::discard(conn);
     }
     b.open = false;
-    b.savepoint = Savepoint::None;
+    b.writing = false;
 }
 
-/// Rolls the open batch back and answers its writes with `why`. The
-/// connection is dropped when even the rollback fails or stalls (`stall`).
-async fn abort<D: Dialect>(b: &mut Batch<D>, why: &str, stall: Option<std::time::Duration>) {
+/// Rolls the open batch back and answers its writes with `why` (`undone`:
+/// for another write's failure, see [`Failed::undone`]). The connection
+/// is dropped when even the rollback fails or stalls (`stall`).
+async fn abort<D: Dialect>(
+    b: &mut Batch<D>,
+    why: &str,
+    stall: Option<std::time::Duration>,
+    undone: bool,
+) {
     if b.open
         && let Some(conn) = b.conn.as_mut()
         && within(stall, sql::<D>("ROLLBACK").execute(conn))
@@ -451,16 +518,20 @@ async fn abort<D: Dialect>(b: &mut Batch<D>, why: &str, stall: Option<std::time:
         discard(b);
     }
     b.open = false;
-    b.savepoint = Savepoint::None;
+    b.writing = false;
+    b.began = None;
     b.poisoned = false;
     b.crash_before = false;
     b.crash_after = false;
     b.bytes = 0;
     b.terminal = false;
-    let why: Arc<str> = why.into();
+    let failed = Failed {
+        why: why.into(),
+        undone,
+    };
     let n = b.waiting.len();
     for w in b.waiting.drain(..) {
-        let _ = w.send(Err(why.clone()));
+        let _ = w.send(Err(failed.clone()));
     }
     if n > 0 {
         crate::metrics::ledger_batch_failed();
@@ -474,19 +545,15 @@ async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) {
     }
     let stall = shared.limits.stall;
     let Some(conn) = b.conn.as_mut() else {
-        abort(b, "the ledger's write connection was lost", stall).await;
+        abort(b, "the ledger's write connection was lost", stall, false).await;
         return;
     };
-    if b.savepoint == Savepoint::Writing {
-        let undo = async {
-            sql::<D>("ROLLBACK TO SAVEPOINT effectgate_write")
-                .execute(&mut *conn)
-                .await?;
-            sql::<D>("RELEASE SAVEPOINT effectgate_write")
-                .execute(&mut *conn)
-                .await
-        };
-        if let Err(e) = within(stall, undo).await {
+    if b.writing {
+        if !D::SAVEPOINT_EACH_WRITE {
+            abort(b, UNDONE, stall, true).await;
+            return;
+        }
+        if let Err(e) = within(stall, rollback_savepoint::<D>(conn)).await {
             let why = e
                 .as_ref()
                 .map_or_else(|| stalled(stall), ToString::to_string);
@@ -494,10 +561,10 @@ async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) {
                 // Stalled: no ROLLBACK on a connection that still owes a reply.
                 discard(b);
             }
-            abort(b, &why, stall).await;
+            abort(b, &why, stall, false).await;
             return;
         }
-        b.savepoint = Savepoint::None;
+        b.writing = false;
     }
     let size = b.waiting.len();
     if b.crash_before && size >= 2 {
@@ -527,7 +594,7 @@ async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) {
         Ok(()) => committed(shared, b, started),
         Err(why) => {
             tracing::error!(batch_size = size, error = %why, "ledger batch commit failed");
-            abort(b, &why, stall).await;
+            abort(b, &why, stall, false).await;
         }
     }
 }
@@ -551,7 +618,8 @@ fn committed<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>, started: Instant)
         shared.terminal_epoch.fetch_add(1, Ordering::AcqRel);
     }
     b.open = false;
-    b.savepoint = Savepoint::None;
+    b.writing = false;
+    b.began = None;
     b.bytes = 0;
     b.crash_before = false;
     b.crash_after = false;
@@ -576,7 +644,7 @@ fn commit_alone<D: Dialect>(
     let quiet = b.waiting.len() == 1
         && shared.queued.load(Ordering::Relaxed) == 0
         && shared.last_size.load(Ordering::Relaxed) <= 1
-        && !(b.poisoned || b.crash_before || b.crash_after || b.savepoint == Savepoint::Writing);
+        && !(b.poisoned || b.crash_before || b.crash_after || b.writing);
     if !quiet {
         return Some(b);
     }
@@ -590,7 +658,7 @@ fn commit_alone<D: Dialect>(
             let why = e.to_string();
             tracing::error!(batch_size = 1, error = %why, "ledger batch commit failed");
             let stall = shared.limits.stall;
-            tokio::spawn(async move { abort(&mut b, &why, stall).await });
+            tokio::spawn(async move { abort(&mut b, &why, stall, false).await });
         }
     }
     None
@@ -610,8 +678,9 @@ async fn committer<D: Dialect>(shared: Weak<Shared<D>>, wake: Arc<Notify>) {
     }
 }
 
-/// One write's place in the open batch: its savepoint on the write
-/// connection (the transaction's connection dereferences to it).
+/// One write's place in the open batch: its turn on the write connection
+/// (it dereferences to the connection) inside the batch's transaction
+/// (on SQLite, inside the write's savepoint).
 pub(in crate::ledger) struct BatchTx<D: Dialect> {
     guard: Option<OwnedMutexGuard<Batch<D>>>,
     shared: Arc<Shared<D>>,
@@ -635,8 +704,9 @@ impl<D: Dialect> BatchTx<D> {
         }
     }
 
-    /// The database clock read with this write's savepoint (PostgreSQL),
-    /// ms since the Unix epoch.
+    /// This write's time on the database clock (PostgreSQL: read with the
+    /// batch's `BEGIN`, plus the monotonic time since), ms since the Unix
+    /// epoch; `None` on SQLite.
     pub(in crate::ledger) fn db_now(&self) -> Option<i64> {
         self.guard.as_ref().and_then(|b| b.now)
     }
@@ -654,18 +724,35 @@ impl<D: Dialect> BatchTx<D> {
         b.crash_after |= crate::failpoint::names("batch-after-commit", operation_id);
     }
 
-    /// Ends this write (its savepoint stays open on PostgreSQL until the
-    /// next write's opens or the batch commits, see the module docs; on
-    /// SQLite it is released, [`Dialect::RELEASE_EACH_WRITE`]) and waits
+    /// Ends this write, which changed nothing: it ran only reads, or lost
+    /// its compare-and-swap in its first statement that writes, and no
+    /// statement of it failed. On PostgreSQL the batch goes on as if the
+    /// write had not been (a write dropped without this, or without
+    /// [`BatchTx::commit`], undoes its batch there); on SQLite its
+    /// savepoint is rolled back before the next write, as for any write
+    /// that ends without a commit. A write that did change something and
+    /// ends with this leaves that change in the batch, to be committed
+    /// with it: say it only where nothing was written.
+    pub(in crate::ledger) fn unchanged(mut self) {
+        if !D::SAVEPOINT_EACH_WRITE
+            && let Some(b) = self.guard.as_mut()
+        {
+            b.writing = false;
+        }
+    }
+
+    /// Ends this write (on SQLite, releasing its savepoint) and waits
     /// until the batch holding this write is committed. Returns the
     /// batch's size (writes in it); the ledger span of the call records it
     /// as `effectgate.batch_size`.
     ///
     /// Errors: the batch's `COMMIT` failed ([`LedgerError::BatchCommit`]:
-    /// nothing of this write was kept); the savepoint's release failed
-    /// (the write is rolled back before the next one).
+    /// nothing of this write was kept); another write of the batch undid
+    /// it before its commit ([`LedgerError::BatchUndone`], PostgreSQL);
+    /// the savepoint's release failed (SQLite: the write is rolled back
+    /// before the next one).
     pub(in crate::ledger) async fn commit(mut self) -> Result<usize, LedgerError> {
-        if D::RELEASE_EACH_WRITE {
+        if D::SAVEPOINT_EACH_WRITE {
             let b = self.guard.as_mut().expect("a write commits once");
             let conn = b.conn.as_mut().expect("a write holds the connection");
             // On failure the write stays marked abandoned (dropping `self`
@@ -675,11 +762,7 @@ impl<D: Dialect> BatchTx<D> {
                 .await?;
         }
         let mut b = self.guard.take().expect("a write commits once");
-        b.savepoint = if D::RELEASE_EACH_WRITE {
-            Savepoint::None
-        } else {
-            Savepoint::Held
-        };
+        b.writing = false;
         let (tx, rx) = oneshot::channel();
         b.waiting.push(tx);
         b.bytes = b.bytes.saturating_add(self.bytes);
@@ -714,7 +797,8 @@ async fn answer(rx: oneshot::Receiver<Answer>) -> Result<usize, LedgerError> {
             tracing::Span::current().record("effectgate.batch_size", size);
             Ok(size)
         }
-        Ok(Err(why)) => Err(LedgerError::BatchCommit(why.to_string())),
+        Ok(Err(Failed { why, undone: true })) => Err(LedgerError::BatchUndone(why.to_string())),
+        Ok(Err(Failed { why, .. })) => Err(LedgerError::BatchCommit(why.to_string())),
         Err(_) => Err(LedgerError::BatchCommit(
             "the ledger writer stopped before committing".into(),
         )),
@@ -742,14 +826,14 @@ impl<D: Dialect> DerefMut for BatchTx<D> {
 
 impl<D: Dialect> Drop for BatchTx<D> {
     fn drop(&mut self) {
-        // Dropped before commit (an error, a cancelled call): its savepoint
-        // stays marked abandoned and is rolled back before the next write
-        // or by the committer, which is woken for it: the batch gets
-        // committed when it has writes waiting, and with none the
-        // transaction ends, so it never stays open (on PostgreSQL holding
-        // the rows the write locked) until some other write comes along.
+        // Dropped before commit (an error, a cancelled call): it stays
+        // marked abandoned and is undone before the next write or by the
+        // committer, which is woken for it: the batch gets committed when
+        // it has writes waiting, and with none the transaction ends, so it
+        // never stays open (on PostgreSQL holding the rows the write
+        // locked) until some other write comes along.
         if let Some(b) = self.guard.take()
-            && (b.savepoint == Savepoint::Writing || !b.waiting.is_empty())
+            && b.open
         {
             self.shared.wake.notify_one();
         }
