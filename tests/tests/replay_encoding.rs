@@ -262,6 +262,11 @@ async fn compressed_request_bodies_are_decoded_and_fingerprinted_as_json() {
     let (status, p) = problem(post_encoded(&app, "gz-bomb", "gzip", gzip(&bomb, 9)).await).await;
     assert_eq!(status, 413, "{p}");
     assert_eq!(p["limit_bytes"], 4096);
+    assert_eq!(p["content_encoding"], "gzip");
+    assert_eq!(
+        p["detail"],
+        "request body exceeds the route's max_body_bytes of 4096 bytes once decoded from its Content-Encoding \"gzip\""
+    );
 
     assert_eq!(app.mock.provider.charges().len(), 1);
     for key in ["zstd-req", "bad-gz", "gz-bomb"] {

@@ -91,9 +91,16 @@ impl Problem for OpError {
                 body.insert("operation_id".into(), json!(operation_id));
                 body.insert("reason".into(), json!(reason));
             }
-            OpError::PayloadTooLarge { limit, .. } => {
+            OpError::PayloadTooLarge {
+                limit,
+                decoded_from,
+                ..
+            } => {
                 body.insert("field".into(), json!("body"));
                 body.insert("limit_bytes".into(), json!(limit));
+                if let Some(coding) = decoded_from {
+                    body.insert("content_encoding".into(), json!(coding));
+                }
             }
             OpError::MethodNotAllowed(_) => {
                 body.insert("field".into(), json!("method"));

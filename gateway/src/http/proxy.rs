@@ -410,6 +410,7 @@ pub(crate) async fn read_body(
         return Err(OpError::PayloadTooLarge {
             limit: max_bytes,
             setting,
+            decoded_from: None,
         });
     }
     tokio::time::timeout(
@@ -425,6 +426,7 @@ pub(crate) async fn read_body(
             OpError::PayloadTooLarge {
                 limit: max_bytes,
                 setting,
+                decoded_from: None,
             }
         } else {
             OpError::BadRequest {
@@ -498,6 +500,7 @@ async fn decode_body(
         Err(DecodeError::OverLimit { limit }) => Err(OpError::PayloadTooLarge {
             limit,
             setting: ROUTE_BODY_LIMIT,
+            decoded_from: Some(codings),
         }),
         Err(e @ DecodeError::Corrupt { .. }) => Err(OpError::BadRequest {
             field: "body".into(),

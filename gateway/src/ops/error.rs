@@ -114,13 +114,20 @@ pub enum OpError {
     },
     /// 413: the request body exceeds `setting` (a route's
     /// `max_body_bytes`, or `limits.max_admin_body_bytes` on the admin
-    /// listener), as sent or decoded.
-    #[error("request body exceeds {setting} of {limit} bytes")]
+    /// listener), as sent or, with `decoded_from`, once decoded.
+    #[error(
+        "request body exceeds {setting} of {limit} bytes{}",
+        decoded_note(.decoded_from.as_deref())
+    )]
     PayloadTooLarge {
         /// The limit in bytes.
         limit: usize,
         /// The setting that sets it, as the message names it.
         setting: &'static str,
+        /// The request's `Content-Encoding`, when the body was under the
+        /// limit as sent and went over it as it was decoded (`None`: as
+        /// sent).
+        decoded_from: Option<String>,
     },
     /// 415: the request body's `Content-Encoding` names a coding the
     /// gateway can't decode (it decodes gzip, deflate and br; RFC 9110
@@ -270,6 +277,14 @@ impl From<crate::forward::BadUri> for OpError {
             message: e.to_string(),
         }
     }
+}
+
+/// What a 413's message adds for a body that went over its limit as it
+/// was decoded.
+fn decoded_note(coding: Option<&str>) -> String {
+    coding.map_or_else(String::new, |c| {
+        format!(" once decoded from its Content-Encoding {c:?}")
+    })
 }
 
 impl From<crate::ledger::LedgerError> for OpError {
