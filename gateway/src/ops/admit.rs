@@ -5,7 +5,9 @@
 //! 1. [`refuse_ambiguous_json`]: a body that repeats a JSON key is refused;
 //! 2. [`check_contract`]: the route's request contract (4b);
 //! 3. [`known_operation`]: a key that already names an operation is
-//!    answered from it (6, read pool);
+//!    answered from it (6, read pool; when nothing before the reservation
+//!    needs it, only the replay cache is asked and the reservation finds
+//!    the operation, [`Flow::reads_first`]);
 //! 4. [`decide`]: the tenant's policies (5);
 //! 5. [`reserve`]: the operation is reserved in the effect ledger (6);
 //! 6. [`claim_and_execute`]: the lease is claimed and the provider called
@@ -75,7 +77,12 @@ impl Flow<'_> {
         }
         refuse_ambiguous_json(&body)?;
         check_contract(self.route, &body)?;
-        if let Some(op) = known_operation(self.app, &self.principal.tenant, &key, &fp).await? {
+        let known = if self.reads_first() {
+            known_operation(self.app, &self.principal.tenant, &key, &fp).await?
+        } else {
+            cached_operation(self.app, &self.principal.tenant, &key, &fp).await?
+        };
+        if let Some(op) = known {
             return answer_existing(self.app, self.route, op, &fp).await;
         }
         check_quota(self.app, self.rt, &self.principal.tenant, body.len()).await?;
@@ -93,6 +100,28 @@ impl Flow<'_> {
             Reserved::Answered(a) => return a,
         };
         claim_and_execute(self.app, self.route, op).await
+    }
+
+    /// Whether the ledger is read for the key before the reservation: when
+    /// something runs before it that a duplicate must not set off or be
+    /// refused by (the tenant's policies on this route, its
+    /// `max_stored_bytes` quota, the route's `tenant_scoped_field` stamp).
+    /// Otherwise the reservation itself finds an operation the key names
+    /// (`INSERT … ON CONFLICT DO NOTHING`, then the row) and the same
+    /// answer is given from it, with one ledger read less for a new key.
+    fn reads_first(&self) -> bool {
+        let tenant = &self.principal.tenant;
+        self.route.tenant_scoped_field.is_some()
+            || self
+                .rt
+                .tenant_limits
+                .get(tenant)
+                .is_some_and(|l| l.max_stored_bytes.is_some())
+            || !self
+                .rt
+                .policies
+                .for_route(tenant, &self.route.name)
+                .is_empty()
     }
 
     /// Step 5: the tenant's policies on this route. Refusals are recorded
@@ -360,6 +389,25 @@ pub async fn known_operation(
                     || op.fingerprint != fp
                     || op.state == OpState::AwaitingApproval)
         }))
+}
+
+/// [`known_operation`] from the replay cache alone: a COMPLETED or FAILED
+/// operation with fingerprint `fp` cached under `key` (checked against the
+/// ledger's version as a cached replay always is); `None` without reading
+/// the operation when it is not cached.
+///
+/// Errors: the ledger can't be read.
+pub async fn cached_operation(
+    app: &AppState,
+    tenant: &str,
+    key: &str,
+    fp: &str,
+) -> Result<Option<Operation>, OpError> {
+    Ok(app
+        .ledger
+        .cached_for_duplicate(tenant, key, fp)
+        .await?
+        .filter(|op| op.expires_at > app.ledger.clock().now_ms()))
 }
 
 /// Step 3b: a tenant with `tenants[].max_stored_bytes` may reserve a new

@@ -415,21 +415,13 @@ impl Ledger {
         operation_id: &str,
         fingerprint: &str,
     ) -> Result<Option<Operation>, LedgerError> {
-        let now = self.clock.now_ms();
         // Read before the ledger is: a change committed after it bumps it.
         let epoch = self.terminal_epoch();
-        if let Some((op, at)) = self.replay.get(tenant, operation_id, fingerprint, now) {
-            if at == epoch && self.exclusive.held() {
-                // The only writer of this file has changed no terminal row
-                // since the entry was read.
-                return Ok(Some(Operation::clone(&op)));
-            }
-            let current = dispatch!(self, version_of(tenant, operation_id))?;
-            if current == Some((op.version, op.updated_at)) {
-                self.replay.checked(&op, epoch);
-                return Ok(Some(Operation::clone(&op)));
-            }
-            self.replay.remove(tenant, operation_id, fingerprint);
+        if let Some(op) = self
+            .cached(tenant, operation_id, fingerprint, epoch)
+            .await?
+        {
+            return Ok(Some(op));
         }
         let op = self.get(tenant, operation_id).await?;
         if let Some(op) = &op
@@ -438,6 +430,52 @@ impl Ledger {
             self.replay.put(op, epoch);
         }
         Ok(op)
+    }
+
+    /// The replay cache's part of [`Ledger::get_for_duplicate`] alone: the
+    /// COMPLETED or FAILED operation of `tenant` with `fingerprint` under
+    /// `operation_id` when the cache holds it and the ledger still has it
+    /// at that version (checked as there), else `None` without reading the
+    /// operation from the ledger. For a call whose reservation would find
+    /// the operation anyway ([`Ledger::reserve_and_claim`] caches a
+    /// terminal one it finds).
+    ///
+    /// Errors: the ledger can't be read.
+    pub async fn cached_for_duplicate(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        fingerprint: &str,
+    ) -> Result<Option<Operation>, LedgerError> {
+        let epoch = self.terminal_epoch();
+        self.cached(tenant, operation_id, fingerprint, epoch).await
+    }
+
+    /// The replay cache's entry for the key, while the ledger still has it
+    /// at its version (`epoch`: [`Ledger::terminal_epoch`] read before).
+    async fn cached(
+        &self,
+        tenant: &str,
+        operation_id: &str,
+        fingerprint: &str,
+        epoch: u64,
+    ) -> Result<Option<Operation>, LedgerError> {
+        let now = self.clock.now_ms();
+        let Some((op, at)) = self.replay.get(tenant, operation_id, fingerprint, now) else {
+            return Ok(None);
+        };
+        if at == epoch && self.exclusive.held() {
+            // The only writer of this file has changed no terminal row
+            // since the entry was read.
+            return Ok(Some(Operation::clone(&op)));
+        }
+        let current = dispatch!(self, version_of(tenant, operation_id))?;
+        if current == Some((op.version, op.updated_at)) {
+            self.replay.checked(&op, epoch);
+            return Ok(Some(Operation::clone(&op)));
+        }
+        self.replay.remove(tenant, operation_id, fingerprint);
+        Ok(None)
     }
 
     /// The attempts log of one operation, oldest first.
@@ -530,7 +568,21 @@ impl Ledger {
     /// existing row unchanged. A terminal operation past its key retention
     /// is deleted first, so its key starts fresh (draft §2.3).
     pub async fn reserve(&self, new: &NewOperation) -> Result<Reservation, LedgerError> {
-        dispatch!(self, reserve(new, None)).map(|(r, _)| r)
+        let epoch = self.terminal_epoch();
+        let r = dispatch!(self, reserve(new, None)).map(|(r, _)| r);
+        self.cache_existing(r.as_ref().ok(), new, epoch);
+        r
+    }
+
+    /// Caches a COMPLETED or FAILED operation a reservation found under
+    /// the key, with the caller's fingerprint (`epoch`: read before the
+    /// reservation), as [`Ledger::get_for_duplicate`] caches what it reads.
+    fn cache_existing(&self, r: Option<&Reservation>, new: &NewOperation, epoch: u64) {
+        if let Some(Reservation::Existing(op)) = r
+            && op.fingerprint == new.fingerprint
+        {
+            self.replay.put(op, epoch);
+        }
     }
 
     /// [`Ledger::reserve`], and when it created the operation and it
@@ -538,7 +590,10 @@ impl Ledger {
     /// (RESERVED → EXECUTING, fencing token 1, attempt 1) in the same
     /// transaction, so the call makes one durable write before the
     /// provider is called. Returns the reservation (the operation as
-    /// reserved, before the claim) and the claim, if it was made.
+    /// reserved, before the claim) and the claim, if it was made. A
+    /// COMPLETED or FAILED operation it finds under the key with the
+    /// caller's fingerprint is cached for replays, as
+    /// [`Ledger::get_for_duplicate`] caches one it reads.
     ///
     /// Errors: the database's.
     pub async fn reserve_and_claim(
@@ -552,7 +607,10 @@ impl Ledger {
             owner,
             ms: lease_ms,
         };
-        dispatch!(self, reserve(new, Some((lease, reason))))
+        let epoch = self.terminal_epoch();
+        let r = dispatch!(self, reserve(new, Some((lease, reason))));
+        self.cache_existing(r.as_ref().ok().map(|(r, _)| r), new, epoch);
+        r
     }
 
     /// Claims the lease on an operation and moves it `from → EXECUTING`, if
