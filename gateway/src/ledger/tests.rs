@@ -608,3 +608,61 @@ async fn an_unfinished_compensation_of_an_earlier_incarnation_is_named_not_reuse
         "the new effect is not marked"
     );
 }
+
+/// A reservation that finds a COMPLETED operation under its key (a
+/// duplicate that reached the reservation without a ledger read first)
+/// caches it for its fingerprint: the next duplicate's cache lookup
+/// answers with exactly the ledger's row. One of another fingerprint is
+/// not cached, and nothing is cached before a read or a reservation.
+#[tokio::test]
+async fn a_reservation_that_finds_a_completed_operation_caches_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let first = Ledger::open(&dir.path().join("l.db"), 2, 5000, clock.clone())
+        .await
+        .unwrap();
+    let op = completed(&first, "k").await;
+    let other = Ledger::open(&dir.path().join("l.db"), 2, 5000, clock)
+        .await
+        .unwrap();
+    assert!(
+        other
+            .cached_for_duplicate("t", "k", "fp")
+            .await
+            .unwrap()
+            .is_none(),
+        "a fresh ledger's cache is empty"
+    );
+    let (r, claim) = other
+        .reserve_and_claim(&new_op("k", "other-fp"), "gw", 60_000, "test")
+        .await
+        .unwrap();
+    assert!(matches!(r, Reservation::Existing(_)) && claim.is_none());
+    assert!(
+        other
+            .cached_for_duplicate("t", "k", "other-fp")
+            .await
+            .unwrap()
+            .is_none(),
+        "never cached for another fingerprint"
+    );
+    let (r, claim) = other
+        .reserve_and_claim(&new_op("k", "fp"), "gw", 60_000, "test")
+        .await
+        .unwrap();
+    assert!(claim.is_none());
+    let Reservation::Existing(found) = r else {
+        panic!("the key is taken: {r:?}");
+    };
+    assert_eq!((found.state, found.version), (State::Completed, op.version));
+    let cached = other
+        .cached_for_duplicate("t", "k", "fp")
+        .await
+        .unwrap()
+        .expect("cached by the reservation");
+    assert_eq!(
+        serde_json::to_value(&cached).unwrap(),
+        serde_json::to_value(&op).unwrap(),
+        "the row as the ledger returns it"
+    );
+}
