@@ -304,12 +304,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     return Ok(ExitCode::from(2));
                 }
                 println!(
-                    "{}: ok ({}, {}, {}, {})",
+                    "{}: ok ({}, {}, {}, {}, {})",
                     path.display(),
                     config::counted(s.tenants.len(), "tenant"),
                     config::counted(s.routes.len(), "route"),
                     config::counted(s.keys.len(), "key"),
-                    config::counted(s.policy_bindings.len(), "policy binding")
+                    config::counted(s.policy_bindings.len(), "policy binding"),
+                    config::counted(s.inbox.len(), "inbox source")
                 );
             }
             Err(e) => {

@@ -83,7 +83,7 @@ fn check_config_names_the_bad_field() {
         );
         assert_eq!(
             String::from_utf8_lossy(&out.stdout),
-            format!("{good}: ok (1 tenant, 1 route, 4 keys, 1 policy binding)\n")
+            format!("{good}: ok (1 tenant, 1 route, 4 keys, 1 policy binding, 0 inbox sources)\n")
         );
     } else {
         assert_eq!(out.status.code(), Some(2));
