@@ -77,12 +77,9 @@ impl Flow<'_> {
         }
         refuse_ambiguous_json(&body)?;
         check_contract(self.route, &body)?;
-        let known = if self.reads_first() {
-            known_operation(self.app, &self.principal.tenant, &key, &fp).await?
-        } else {
-            cached_operation(self.app, &self.principal.tenant, &key, &fp).await?
-        };
-        if let Some(op) = known {
+        let read = self.reads_first();
+        if let Some(op) = known_operation(self.app, &self.principal.tenant, &key, &fp, read).await?
+        {
             return answer_existing(self.app, self.route, op, &fp).await;
         }
         check_quota(self.app, self.rt, &self.principal.tenant, body.len()).await?;
@@ -370,7 +367,11 @@ pub fn check_contract(route: &Route, body: &[u8]) -> Result<(), OpError> {
 /// fingerprint (refused before any policy runs, so nothing of the refused
 /// request is recorded against it) or one awaiting approval (its approval
 /// answers). Read from the read pool: COMPLETED and FAILED never change
-/// back, and it keeps replays off the single writer.
+/// back, and it keeps replays off the single writer. Without
+/// `read_ledger`, only a COMPLETED or FAILED operation with fingerprint
+/// `fp` in the replay cache is found (checked against the ledger's version
+/// as a cached replay always is), and nothing is read for a key not
+/// cached: the reservation finds the rest.
 ///
 /// Errors: the ledger can't be read.
 pub async fn known_operation(
@@ -378,36 +379,19 @@ pub async fn known_operation(
     tenant: &str,
     key: &str,
     fp: &str,
+    read_ledger: bool,
 ) -> Result<Option<Operation>, OpError> {
-    Ok(app
-        .ledger
-        .get_for_duplicate(tenant, key, fp)
-        .await?
-        .filter(|op| {
-            op.expires_at > app.ledger.clock().now_ms()
-                && (op.state.is_terminal()
-                    || op.fingerprint != fp
-                    || op.state == OpState::AwaitingApproval)
-        }))
-}
-
-/// [`known_operation`] from the replay cache alone: a COMPLETED or FAILED
-/// operation with fingerprint `fp` cached under `key` (checked against the
-/// ledger's version as a cached replay always is); `None` without reading
-/// the operation when it is not cached.
-///
-/// Errors: the ledger can't be read.
-pub async fn cached_operation(
-    app: &AppState,
-    tenant: &str,
-    key: &str,
-    fp: &str,
-) -> Result<Option<Operation>, OpError> {
-    Ok(app
-        .ledger
-        .cached_for_duplicate(tenant, key, fp)
-        .await?
-        .filter(|op| op.expires_at > app.ledger.clock().now_ms()))
+    let found = if read_ledger {
+        app.ledger.get_for_duplicate(tenant, key, fp).await?
+    } else {
+        app.ledger.cached_for_duplicate(tenant, key, fp).await?
+    };
+    Ok(found.filter(|op| {
+        op.expires_at > app.ledger.clock().now_ms()
+            && (op.state.is_terminal()
+                || op.fingerprint != fp
+                || op.state == OpState::AwaitingApproval)
+    }))
 }
 
 /// Step 3b: a tenant with `tenants[].max_stored_bytes` may reserve a new

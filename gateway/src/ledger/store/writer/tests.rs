@@ -66,6 +66,17 @@ async fn half_way<D: Dialect>(store: Store<D>) {
     drop(tx);
 }
 
+/// Rows [`half_way`] writes that a fresh read of `store` sees.
+async fn half_way_rows<D: Dialect>(store: &Store<D>) -> i64 {
+    let mut conn = D::acquire(&store.read).await.unwrap();
+    sql::<D>("SELECT COUNT(*) AS n FROM meta WHERE name = 'half-way'")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+        .get::<i64>("n")
+        .unwrap()
+}
+
 fn claim_of<'a>(id: &'a str, version: i64) -> ClaimLease<'a> {
     ClaimLease {
         op: OpRef::new("t", id),
@@ -112,7 +123,6 @@ async fn pg_store(url: &str, schema: &str) -> Store<crate::ledger::postgres::PgD
 /// Skipped, with one line, without `TEST_POSTGRES_URL`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_write_undoes_its_postgres_batch_and_a_lost_compare_and_swap_does_not() {
-    use crate::ledger::postgres::PgDialect;
     let Some(url) = crate::ledger::postgres::test_url() else {
         return;
     };
@@ -163,13 +173,8 @@ async fn a_failed_write_undoes_its_postgres_batch_and_a_lost_compare_and_swap_do
         let rows = reopened.transitions("t", id).await.unwrap();
         assert_eq!(rows.len(), steps, "{id}: {rows:?}");
     }
-    let mut conn = PgDialect::acquire(&reopened.read).await.unwrap();
-    let half = sql::<PgDialect>("SELECT COUNT(*) AS n FROM meta WHERE name = 'half-way'")
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
     assert_eq!(
-        half.get::<i64>("n").unwrap(),
+        half_way_rows(&reopened).await,
         0,
         "the failed write left nothing"
     );
@@ -292,13 +297,8 @@ async fn never_aborts_the_batch<D: Dialect, F: std::future::Future<Output = Stor
         let row = reopened.get("t", id).await.unwrap().unwrap();
         assert_eq!((last.version, last.fence), (row.version, row.fence), "{id}");
     }
-    let mut conn = D::acquire(&reopened.read).await.unwrap();
-    let half = sql::<D>("SELECT COUNT(*) AS n FROM meta WHERE name = 'half-way'")
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
     assert_eq!(
-        half.get::<i64>("n").unwrap(),
+        half_way_rows(&reopened).await,
         0,
         "the failed write left nothing"
     );
