@@ -623,8 +623,8 @@ pub enum LedgerError {
     /// half-way before the batch's `COMMIT`, and the whole batch was rolled
     /// back (PostgreSQL, whose writes share the batch's transaction
     /// without savepoints): nothing of this write was kept, and it may
-    /// simply run again, which the ledger does ([`DEADLOCK_RETRIES`]
-    /// times) before it reports this.
+    /// simply run again, which the ledger does (up to [`UNDONE_RETRIES`]
+    /// times, within `storage.call_timeout_ms`) before it reports this.
     #[error("ledger write undone before its commit: {0}")]
     BatchUndone(String),
     /// `[storage]` names no usable ledger.
@@ -642,9 +642,13 @@ pub enum LedgerError {
 }
 
 /// How often one PostgreSQL ledger call runs again after losing a
-/// deadlock (SQLSTATE 40P01) or a serialization failure (40001), or after
-/// its batch was undone for another write ([`LedgerError::BatchUndone`]).
+/// deadlock (SQLSTATE 40P01) or a serialization failure (40001).
 pub(crate) const DEADLOCK_RETRIES: u32 = 3;
+
+/// How often one PostgreSQL ledger call runs again after its batch was
+/// undone for another write ([`LedgerError::BatchUndone`]; the call's own
+/// write did nothing wrong), within `storage.call_timeout_ms`.
+pub(crate) const UNDONE_RETRIES: u32 = 16;
 
 impl LedgerError {
     /// Whether the database refused the write for a deadlock (SQLSTATE
@@ -653,13 +657,6 @@ impl LedgerError {
     pub fn is_deadlock(&self) -> bool {
         matches!(self, LedgerError::Db(sqlx::Error::Database(e))
             if matches!(e.code().as_deref(), Some("40P01" | "40001")))
-    }
-
-    /// Whether nothing of the write was kept and it may simply run again:
-    /// a deadlock ([`LedgerError::is_deadlock`]) or a batch undone for
-    /// another write ([`LedgerError::BatchUndone`]).
-    pub fn may_run_again(&self) -> bool {
-        self.is_deadlock() || matches!(self, LedgerError::BatchUndone(_))
     }
 }
 

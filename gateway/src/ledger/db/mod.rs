@@ -60,13 +60,21 @@ macro_rules! dispatch {
                             // A write that lost a deadlock with another
                             // instance's batch, or whose batch was undone
                             // for another write of it, changed nothing: it
-                            // runs again, in the writer's next batch.
-                            let mut tries = 0;
+                            // runs again, in the writer's next batch (an
+                            // undone one within the call's time limit,
+                            // which `bounded` holds it to again).
+                            let (mut deadlocks, mut undone) = (0, 0);
                             loop {
                                 match p.$m($($a),*).await {
-                                    Err(e) if tries < $crate::ledger::DEADLOCK_RETRIES && e.may_run_again() => {
-                                        tries += 1;
-                                        tracing::debug!(tries, error = %e, "ledger write run again after a deadlock or an undone batch");
+                                    Err(e) if deadlocks < $crate::ledger::DEADLOCK_RETRIES && e.is_deadlock() => {
+                                        deadlocks += 1;
+                                        tracing::debug!(deadlocks, error = %e, "ledger write run again after a deadlock");
+                                    }
+                                    Err($crate::ledger::LedgerError::BatchUndone(why))
+                                        if undone < $crate::ledger::UNDONE_RETRIES =>
+                                    {
+                                        undone += 1;
+                                        tracing::debug!(undone, why = %why, "ledger write run again after its batch was undone");
                                     }
                                     r => break r,
                                 }

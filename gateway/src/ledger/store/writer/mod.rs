@@ -112,7 +112,18 @@ async fn within<T>(
 tokio::task_local! {
     /// Set by [`BatchTx::commit`] inside a call [`bounded`] runs: a write
     /// of the call joined a batch.
-    static JOINED: Arc<std::sync::atomic::AtomicBool>;
+    static JOINED: Arc<Joined>;
+}
+
+/// Whether a write of a call [`bounded`] runs waits for its batch's
+/// `COMMIT` now.
+#[derive(Debug, Default)]
+struct Joined {
+    /// Set when the write joins a batch; cleared when the batch was undone
+    /// without it ([`LedgerError::BatchUndone`]: nothing of it was kept).
+    now: std::sync::atomic::AtomicBool,
+    /// Notified when [`Joined::now`] is cleared.
+    left: Notify,
 }
 
 /// Runs `call` (one ledger call) within `limit`; `None` when it did not
@@ -122,18 +133,32 @@ tokio::task_local! {
 /// anyone waits for it, and its caller must not be told "timed out" about
 /// a claim or an approval's use that then commits, unrun (the claim would
 /// sit EXECUTING until its lease ended). The wait is still bounded, by
-/// [`BatchLimits::stall`] on each of the writer's statements.
+/// [`BatchLimits::stall`] on each of the writer's statements. A write whose
+/// batch is undone without it (PostgreSQL) has left the batch with nothing
+/// kept: past `limit`, the call is dropped there, not run again.
 pub(in crate::ledger) async fn bounded<T>(
     limit: std::time::Duration,
     call: impl std::future::Future<Output = T>,
 ) -> Option<T> {
-    let joined = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let joined = Arc::new(Joined::default());
     let call = JOINED.scope(joined.clone(), call);
     tokio::pin!(call);
-    match tokio::time::timeout(limit, &mut call).await {
-        Ok(r) => Some(r),
-        Err(_) if joined.load(Ordering::Acquire) => Some(call.await),
-        Err(_) => None,
+    if let Ok(r) = tokio::time::timeout(limit, &mut call).await {
+        return Some(r);
+    }
+    loop {
+        // Registered before the flag is read: a clearing in between
+        // wakes it.
+        let left = joined.left.notified();
+        tokio::pin!(left);
+        left.as_mut().enable();
+        if !joined.now.load(Ordering::Acquire) {
+            return None;
+        }
+        tokio::select! {
+            r = &mut call => return Some(r),
+            () = &mut left => {}
+        }
     }
 }
 
@@ -472,7 +497,10 @@ async fn prepare<D: Dialect>(
         b.began = Some((db, Instant::now()));
         b.began_epoch = epoch;
     }
-    b.writing = true;
+    // SQLite: the write's savepoint is open. PostgreSQL: nothing of the
+    // write has run yet; its first statement marks it (`DerefMut`), so a
+    // write dropped before any statement leaves the batch alone.
+    b.writing = D::SAVEPOINT_EACH_WRITE;
     b.now = b.began.map(|(db, at)| {
         db.saturating_add(i64::try_from(at.elapsed().as_millis()).unwrap_or(i64::MAX))
     });
@@ -766,7 +794,7 @@ impl<D: Dialect> BatchTx<D> {
         let (tx, rx) = oneshot::channel();
         b.waiting.push(tx);
         b.bytes = b.bytes.saturating_add(self.bytes);
-        let _ = JOINED.try_with(|j| j.store(true, Ordering::Release));
+        let _ = JOINED.try_with(|j| j.now.store(true, Ordering::Release));
         let limits = self.shared.limits;
         let Some(mut b) = commit_alone(&self.shared, b) else {
             return answer(rx).await;
@@ -797,7 +825,15 @@ async fn answer(rx: oneshot::Receiver<Answer>) -> Result<usize, LedgerError> {
             tracing::Span::current().record("effectgate.batch_size", size);
             Ok(size)
         }
-        Ok(Err(Failed { why, undone: true })) => Err(LedgerError::BatchUndone(why.to_string())),
+        Ok(Err(Failed { why, undone: true })) => {
+            // Out of the batch, nothing kept: the call's time limit holds
+            // again ([`bounded`]).
+            let _ = JOINED.try_with(|j| {
+                j.now.store(false, Ordering::Release);
+                j.left.notify_waiters();
+            });
+            Err(LedgerError::BatchUndone(why.to_string()))
+        }
         Ok(Err(Failed { why, .. })) => Err(LedgerError::BatchCommit(why.to_string())),
         Err(_) => Err(LedgerError::BatchCommit(
             "the ledger writer stopped before committing".into(),
@@ -816,11 +852,12 @@ impl<D: Dialect> Deref for BatchTx<D> {
 }
 
 impl<D: Dialect> DerefMut for BatchTx<D> {
+    /// The connection, to run a statement of this write on: from here on
+    /// the write is undone if it ends without a commit.
     fn deref_mut(&mut self) -> &mut Conn<D> {
-        self.guard
-            .as_mut()
-            .and_then(|b| b.conn.as_mut())
-            .expect("a write holds the connection")
+        let b = self.guard.as_mut().expect("a write holds the connection");
+        b.writing = true;
+        b.conn.as_mut().expect("a write holds the connection")
     }
 }
 
@@ -832,8 +869,10 @@ impl<D: Dialect> Drop for BatchTx<D> {
         // it has writes waiting, and with none the transaction ends, so it
         // never stays open (on PostgreSQL holding the rows the write
         // locked) until some other write comes along.
+        // A write that ended unchanged wakes it only when no write waits
+        // for the batch: one that does has woken it already.
         if let Some(b) = self.guard.take()
-            && b.open
+            && (b.writing || (b.open && b.waiting.is_empty()))
         {
             self.shared.wake.notify_one();
         }

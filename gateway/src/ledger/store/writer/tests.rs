@@ -793,3 +793,159 @@ async fn a_lone_write_commits_on_its_own_thread_and_a_busy_one_joins_a_batch() {
     assert_eq!(size.unwrap(), 1);
     assert_eq!(store.writer.commits(), before + 4);
 }
+
+/// A PostgreSQL ledger on a fresh schema of `TEST_POSTGRES_URL` with
+/// `lanes` write connections and `storage.call_timeout_ms` of
+/// `call_timeout_ms`; `None` (the test skipped, with one line) without one.
+async fn pg_ledger(lanes: u32, call_timeout_ms: u64) -> Option<crate::ledger::Ledger> {
+    let url = crate::ledger::postgres::test_url()?;
+    let storage = StorageSpec {
+        url: Some(url),
+        schema: Some(format!("eg_{}", uuid::Uuid::new_v4().simple())),
+        write_connections: lanes,
+        max_connections: 16,
+        call_timeout_ms,
+        ..StorageSpec::default()
+    };
+    Some(
+        crate::ledger::Ledger::open_storage(&storage, Arc::new(SystemClock))
+            .await
+            .expect("open the ledger"),
+    )
+}
+
+/// A call whose write joined a batch is waited for past
+/// `storage.call_timeout_ms`, since it commits whether anyone waits or not;
+/// once that batch is undone without it (nothing kept), the limit holds
+/// again: its run again, queued behind a write that holds the lane, ends
+/// at the limit as a timeout instead of waiting for the lane.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undone_call_is_held_to_its_time_limit_again() {
+    let Some(ledger) = pg_ledger(1, 300).await else {
+        return;
+    };
+    let store = ledger.postgres_store().expect("PostgreSQL").clone();
+    store.reserve(&new_op("a"), None).await.unwrap();
+    let holder = store.writer.begin(0).await.unwrap();
+    let l = ledger.clone();
+    let started = Instant::now();
+    let a = tokio::spawn(async move {
+        let r = l
+            .claim(
+                ("t", "a"),
+                crate::ledger::State::Reserved,
+                1,
+                "gw-1",
+                60_000,
+                "test",
+            )
+            .await;
+        (r, started.elapsed())
+    });
+    until_queued(&store, 1).await;
+    let failed = tokio::spawn(half_way(store.clone()));
+    until_queued(&store, 2).await;
+    // Takes the lane after the failed write, ahead of a's run again.
+    let s = store.clone();
+    let next = tokio::spawn(async move { s.writer.begin(0).await.unwrap() });
+    until_queued(&store, 3).await;
+    let held = holder.commit().await;
+    assert!(matches!(held, Err(LedgerError::BatchUndone(_))), "{held:?}");
+    failed.await.unwrap();
+    let next = next.await.unwrap();
+    // `next` holds the lane until `a` has ended (a bound, not a wait: a
+    // call not held to its limit would never end here).
+    let (r, took) = tokio::time::timeout(Duration::from_secs(20), a)
+        .await
+        .expect("the call ended while the lane was held")
+        .unwrap();
+    next.unchanged();
+    assert!(matches!(r, Err(LedgerError::Timeout(300))), "{r:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let row = ledger.get("t", "a").await.unwrap().unwrap();
+    assert_eq!(
+        (row.state, row.version, row.fence),
+        (crate::ledger::State::Reserved, 1, 0)
+    );
+}
+
+/// A write dropped before it ran any statement (its caller gave up as its
+/// turn came) changed nothing: on PostgreSQL it leaves its batch alone,
+/// and the claim before it commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_dropped_before_any_statement_leaves_its_batch_alone() {
+    let Some(url) = crate::ledger::postgres::test_url() else {
+        return;
+    };
+    let schema = format!("eg_{}", uuid::Uuid::new_v4().simple());
+    let store = pg_store(&url, &schema).await;
+    store.reserve(&new_op("a"), None).await.unwrap();
+    let holder = store.writer.begin(0).await.unwrap();
+    let s = store.clone();
+    let a = tokio::spawn(async move { s.claim(&claim_of("a", 1)).await });
+    until_queued(&store, 1).await;
+    let s = store.clone();
+    let gone = tokio::spawn(async move { drop(s.writer.begin(0).await.unwrap()) });
+    until_queued(&store, 2).await;
+    assert_eq!(
+        holder.commit().await.unwrap(),
+        2,
+        "the holder and a's claim"
+    );
+    gone.await.unwrap();
+    let a = a.await.unwrap().unwrap().expect("a is claimed");
+    assert_eq!((a.fence, a.version), (1, 2));
+}
+
+/// Many concurrent duplicates of one new key, then many concurrent claims
+/// of one operation, through a PostgreSQL ledger with four write lanes:
+/// every call answers (none is left with an undone batch), exactly one
+/// creates and claims, exactly one claim wins, and the row and its
+/// history are exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_duplicates_and_claims_all_answer_on_postgres() {
+    let Some(ledger) = pg_ledger(4, 10_000).await else {
+        return;
+    };
+    let calls = (0..100).map(|_| {
+        let l = ledger.clone();
+        tokio::spawn(async move {
+            l.reserve_and_claim(&new_op("dup"), "gw", 600_000, "t")
+                .await
+        })
+    });
+    let (mut created, mut claimed) = (0, 0);
+    for c in calls.collect::<Vec<_>>() {
+        let (r, claim) = c.await.unwrap().expect("every duplicate answers");
+        created += usize::from(matches!(r, Reservation::Created(_)));
+        claimed += usize::from(claim.is_some());
+    }
+    assert_eq!((created, claimed), (1, 1));
+    ledger.reserve(&new_op("c")).await.unwrap();
+    let calls = (0..100).map(|i| {
+        let l = ledger.clone();
+        tokio::spawn(async move {
+            let owner = format!("gw{i}");
+            l.claim(
+                ("t", "c"),
+                crate::ledger::State::Reserved,
+                1,
+                &owner,
+                600_000,
+                "t",
+            )
+            .await
+        })
+    });
+    let mut won = 0;
+    for c in calls.collect::<Vec<_>>() {
+        won += usize::from(c.await.unwrap().expect("every claim answers").is_some());
+    }
+    assert_eq!(won, 1);
+    let row = ledger.get("t", "c").await.unwrap().unwrap();
+    assert_eq!(
+        (row.state, row.version, row.fence),
+        (crate::ledger::State::Executing, 2, 1)
+    );
+    assert_eq!(ledger.transitions("t", "c").await.unwrap().len(), 2);
+}
