@@ -60,9 +60,10 @@ pub struct BoundPolicy {
 /// Every tenant's policies, per route. Immutable; a reload builds a new one.
 #[derive(Debug, Default)]
 pub struct PolicySet {
-    /// (tenant, route name) → policies in order. Route `*` bindings are
-    /// expanded into every route.
-    by_route: HashMap<(String, String), Vec<BoundPolicy>>,
+    /// Tenant → route name → policies in order (looked up by `&str`, no
+    /// key built per call). Route `*` bindings are expanded into every
+    /// route.
+    by_route: HashMap<String, HashMap<String, Vec<BoundPolicy>>>,
 }
 
 /// A load-time error naming the tenant, the policy and the JSON pointer.
@@ -84,7 +85,7 @@ impl PolicySet {
     /// Errors: the first module that can't be loaded or config that doesn't
     /// validate, naming tenant, policy and the JSON pointer of the failure.
     pub fn build(engine: &PolicyEngine, settings: &Settings) -> Result<Self, BindError> {
-        let mut by_route: HashMap<(String, String), Vec<BoundPolicy>> = HashMap::new();
+        let mut by_route: HashMap<String, HashMap<String, Vec<BoundPolicy>>> = HashMap::new();
         for (tenant, b) in &settings.policy_bindings {
             let policy = b.module.display().to_string();
             let err = |message: String| BindError {
@@ -121,11 +122,9 @@ impl PolicySet {
             } else {
                 vec![b.route.clone()]
             };
+            let of_tenant = by_route.entry(tenant.clone()).or_default();
             for r in routes {
-                by_route
-                    .entry((tenant.clone(), r))
-                    .or_default()
-                    .push(bound.clone());
+                of_tenant.entry(r).or_default().push(bound.clone());
             }
         }
         Ok(Self { by_route })
@@ -134,7 +133,8 @@ impl PolicySet {
     /// The policies of `tenant` on `route`, in order (empty if none).
     pub fn for_route(&self, tenant: &str, route: &str) -> &[BoundPolicy] {
         self.by_route
-            .get(&(tenant.to_owned(), route.to_owned()))
+            .get(tenant)
+            .and_then(|routes| routes.get(route))
             .map_or(&[], Vec::as_slice)
     }
 
@@ -143,6 +143,7 @@ impl PolicySet {
         let mut v: Vec<[u8; 32]> = self
             .by_route
             .values()
+            .flat_map(HashMap::values)
             .flatten()
             .map(|p| p.compiled.hash)
             .collect();
