@@ -90,7 +90,7 @@ fn check_config_names_the_bad_field() {
         assert_eq!(
             String::from_utf8_lossy(&out.stderr),
             format!(
-                "{good}: invalid: tenants[0].policies[0].module: no policy module at {}; build the policy components with `cargo build --manifest-path policies/Cargo.toml --target wasm32-wasip2 --release --target-dir policies/target` (from the repository root; `rustup target add wasm32-wasip2` first)\n",
+                "{good}: invalid: tenants[0].policies[0].module: no policy module at {}; build the policy components with `cargo build --manifest-path policies/Cargo.toml --target wasm32-wasip2 --release --target-dir policies/target` (from the repository root; `rustup target add wasm32-wasip2` first); a relative module path is taken from the config file's folder, so a copied config keeps its folder or names the module by an absolute path\n",
                 module.display()
             )
         );

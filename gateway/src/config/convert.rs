@@ -521,7 +521,7 @@ fn missing_module(module: &Path) -> String {
         .any(|c| c.as_os_str() == "wasm32-wasip2")
     {
         s.push_str(
-            "; build the policy components with `cargo build --manifest-path policies/Cargo.toml --target wasm32-wasip2 --release --target-dir policies/target` (from the repository root; `rustup target add wasm32-wasip2` first)",
+            "; build the policy components with `cargo build --manifest-path policies/Cargo.toml --target wasm32-wasip2 --release --target-dir policies/target` (from the repository root; `rustup target add wasm32-wasip2` first); a relative module path is taken from the config file's folder, so a copied config keeps its folder or names the module by an absolute path",
         );
     }
     s
