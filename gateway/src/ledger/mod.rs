@@ -372,7 +372,10 @@ pub struct Operation {
 /// One recorded state change.
 #[derive(Debug, Clone, Serialize)]
 pub struct Transition {
-    /// Global sequence number.
+    /// Sequence number: above that of every transition kept before it (an
+    /// operation's history is in `seq` order). A number can come back only
+    /// once every row above it is gone (SQLite numbers rows without
+    /// AUTOINCREMENT, PostgreSQL from a sequence).
     pub seq: i64,
     /// State before (`None` for the reservation).
     pub from_state: Option<State>,

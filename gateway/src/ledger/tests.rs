@@ -666,3 +666,101 @@ async fn a_reservation_that_finds_a_completed_operation_caches_it() {
         "the row as the ledger returns it"
     );
 }
+
+/// Migration 0013 on a SQLite ledger that already has history: the
+/// transitions and policy decisions keep their rows and numbers, a new
+/// operation's transitions are numbered above them, and recording them
+/// writes no `sqlite_sequence` row (with AUTOINCREMENT every commit of a
+/// transition rewrote that row's page).
+#[tokio::test]
+async fn the_sqlite_history_keeps_its_numbers_and_no_longer_counts_in_sqlite_sequence() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("l.db");
+    let pool = || async {
+        let opts = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true);
+        sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(opts)
+            .await
+            .unwrap()
+    };
+    let before = pool().await;
+    super::sqlite::MIGRATOR.run_to(12, &before).await.unwrap();
+    let (reserved, executing) = (State::Reserved.as_str(), State::Executing.as_str());
+    sqlx::query(
+        "INSERT INTO transitions (seq, tenant_id, operation_id, from_state, to_state, version, \
+         fence, actor, reason, at) VALUES \
+         (41, 't', 'old', NULL, ?, 1, 0, 'gw', 'reservation', 5), \
+         (42, 't', 'old', ?, ?, 2, 1, 'gw', 'claim', 6)",
+    )
+    .bind(reserved)
+    .bind(reserved)
+    .bind(executing)
+    .execute(&before)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO policy_decisions (seq, tenant_id, operation_id, fingerprint, policy, \
+         content_hash, decision, reason, duration_us, at, unreserved) VALUES \
+         (7, 't', 'old', 'fp', 'limit', 'h', 'allow', NULL, 12, 5, 0)",
+    )
+    .execute(&before)
+    .await
+    .unwrap();
+    before.close().await;
+
+    let ledger = Ledger::open(&path, 2, 5000, ManualClock::new(1_000_000))
+        .await
+        .unwrap();
+    let old: Vec<(i64, State)> = ledger
+        .transitions("t", "old")
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| (t.seq, t.to_state))
+        .collect();
+    assert_eq!(old, [(41, State::Reserved), (42, State::Executing)]);
+    completed(&ledger, "k").await;
+    let new: Vec<i64> = ledger
+        .transitions("t", "k")
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.seq)
+        .collect();
+    assert_eq!(new, [43, 44, 45], "numbered on from the largest kept");
+
+    let after = pool().await;
+    let counters: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_sequence WHERE name IN ('transitions', 'policy_decisions')",
+    )
+    .fetch_one(&after)
+    .await
+    .unwrap();
+    assert_eq!(counters, 0, "no AUTOINCREMENT counter is kept");
+    let decision: (i64, String, i64) =
+        sqlx::query_as("SELECT seq, decision, unreserved FROM policy_decisions")
+            .fetch_one(&after)
+            .await
+            .unwrap();
+    assert_eq!(decision, (7, "allow".to_owned(), 0));
+    let mut indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_schema WHERE type = 'index' \
+         AND tbl_name IN ('transitions', 'policy_decisions') ORDER BY name",
+    )
+    .fetch_all(&after)
+    .await
+    .unwrap();
+    indexes.sort();
+    assert_eq!(
+        indexes,
+        [
+            "policy_decisions_by_operation",
+            "policy_decisions_unreserved",
+            "transitions_by_operation"
+        ]
+    );
+    after.close().await;
+}

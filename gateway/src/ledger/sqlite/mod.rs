@@ -26,7 +26,8 @@ mod tests;
 pub(super) use conn::{Conn, PointReaders, WriterOptions};
 pub(super) use row::Row;
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
+pub(in crate::ledger) static MIGRATOR: sqlx::migrate::Migrator =
+    sqlx::migrate!("../migrations/sqlite");
 
 /// SQLite: statements as written, time from the gateway's clock, one
 /// writer (so work claims need no row locks).
