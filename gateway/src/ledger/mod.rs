@@ -642,6 +642,17 @@ pub enum LedgerError {
     /// The SQLite ledger's lock file can't be opened or locked.
     #[error("cannot lock the SQLite ledger: {0}")]
     LockFile(String),
+    /// The SQLite ledger file doesn't exist and neither does its folder:
+    /// the gateway creates the file, never the folder.
+    #[error(
+        "storage.path {path}: the folder {folder} does not exist; the gateway creates the ledger file but not its folder (create the folder, or name another path)"
+    )]
+    NoFolder {
+        /// The ledger file, as configured.
+        path: String,
+        /// Its folder.
+        folder: String,
+    },
 }
 
 /// How often one PostgreSQL ledger call runs again after losing a

@@ -764,3 +764,33 @@ async fn the_sqlite_history_keeps_its_numbers_and_no_longer_counts_in_sqlite_seq
     );
     after.close().await;
 }
+
+/// A SQLite ledger in a folder that doesn't exist is refused with both
+/// named, whether it is opened to serve (with its lock) or only read; no
+/// folder and no lock file are created.
+#[tokio::test]
+async fn a_ledger_in_a_missing_folder_names_the_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("not-yet");
+    let storage = crate::config::StorageSpec {
+        path: folder.join("l.db"),
+        ..crate::config::StorageSpec::default()
+    };
+    for serving in [true, false] {
+        let err = if serving {
+            Ledger::open_exclusive(&storage, ManualClock::new(1)).await
+        } else {
+            Ledger::open_storage(&storage, ManualClock::new(1)).await
+        }
+        .expect_err("refused");
+        assert!(matches!(err, LedgerError::NoFolder { .. }), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("the folder {} does not exist", folder.display())),
+            "{text}"
+        );
+        assert!(text.contains("storage.path"), "{text}");
+    }
+    assert!(!folder.exists());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}

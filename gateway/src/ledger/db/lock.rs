@@ -16,11 +16,13 @@ use super::super::LedgerError;
 /// file itself is never opened here: closing any descriptor of a file
 /// drops every `fcntl` lock the process holds on it, SQLite's included.
 ///
-/// Errors: [`LedgerError::InUse`] when another open file holds it (another
+/// Errors: [`LedgerError::NoFolder`] as [`require_folder`];
+/// [`LedgerError::InUse`] when another open file holds it (another
 /// process, or another ledger of this process); [`LedgerError::LockFile`]
 /// when it can't be opened or locked, or the ledger file has other hard
 /// links.
 pub(super) fn lock_sqlite_file(path: &Path) -> Result<std::fs::File, LedgerError> {
+    require_folder(path)?;
     let canonical = match std::fs::canonicalize(path) {
         Ok(p) => p,
         // Not created yet: its folder's canonical path and its name.
@@ -60,6 +62,24 @@ pub(super) fn lock_sqlite_file(path: &Path) -> Result<std::fs::File, LedgerError
             lock_path.display()
         ))),
     }
+}
+
+/// Refuses a SQLite ledger path that doesn't exist in a folder that doesn't
+/// either: SQLite creates the file but not its folder, and its own error
+/// ("unable to open database file") names neither.
+///
+/// Errors: [`LedgerError::NoFolder`].
+pub(super) fn require_folder(path: &Path) -> Result<(), LedgerError> {
+    let Some(folder) = path.parent().filter(|f| !f.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    if path.exists() || folder.is_dir() {
+        return Ok(());
+    }
+    Err(LedgerError::NoFolder {
+        path: path.display().to_string(),
+        folder: folder.display().to_string(),
+    })
 }
 
 /// Refuses a ledger file (if it exists) that more than one name links to

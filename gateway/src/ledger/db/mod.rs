@@ -139,7 +139,8 @@ impl Ledger {
     /// `clock` stamps SQLite rows. PostgreSQL ignores it: time comes from
     /// the database clock, and [`Ledger::clock`] follows that.
     ///
-    /// Errors: the URL is invalid, the database can't be reached within
+    /// Errors: [`LedgerError::NoFolder`] for a SQLite file in a folder that
+    /// doesn't exist; the URL is invalid, the database can't be reached within
     /// `acquire_timeout_ms`, or a migration fails.
     pub async fn open_storage(
         storage: &StorageSpec,
@@ -149,6 +150,7 @@ impl Ledger {
         let mut sqlite_path = None;
         let db = match storage.backend().map_err(LedgerError::Config)? {
             Backend::Sqlite(path) => {
+                lock::require_folder(&path)?;
                 sqlite_path = Some(path.clone());
                 let storage = StorageSpec {
                     path,
