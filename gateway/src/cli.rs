@@ -551,9 +551,34 @@ async fn open(c: ConfigArg) -> anyhow::Result<Ledger> {
         && !path.exists()
     {
         let shown = std::path::absolute(&path).unwrap_or_else(|_| path.clone());
+        // Say where the path came from (a variable overrides the file),
+        // and blame --config only when the default path was used.
+        let migrate = "or create the ledger with `effectgate migrate`";
+        let (named_by, hint) = if std::env::var_os("EFFECTGATE_STORAGE__URL").is_some() {
+            (
+                "named by EFFECTGATE_STORAGE__URL".to_owned(),
+                format!("check the variable, {migrate}"),
+            )
+        } else if std::env::var_os("EFFECTGATE_STORAGE__PATH").is_some() {
+            (
+                "named by EFFECTGATE_STORAGE__PATH".to_owned(),
+                format!("check the variable, {migrate}"),
+            )
+        } else if let Some(file) = &c.config {
+            (
+                format!("named by [storage] in {}", file.display()),
+                format!("check storage.path, {migrate}"),
+            )
+        } else {
+            (
+                "the default storage.path: no config file was given".to_owned(),
+                format!(
+                    "name the gateway's config with --config (or EFFECTGATE_CONFIG), {migrate}"
+                ),
+            )
+        };
         anyhow::bail!(
-            "ledger file {} does not exist: name the gateway's config with --config (or \
-             EFFECTGATE_CONFIG), or create the ledger with `effectgate migrate`",
+            "ledger file {} does not exist ({named_by}): {hint}",
             shown.display()
         );
     }

@@ -288,6 +288,32 @@ fn a_missing_ledger_names_its_path_and_the_config_flag() {
         "{err}"
     );
     assert!(err.contains("--config"), "{err}");
+    assert!(err.contains("the default storage.path"), "{err}");
+
+    // A path from the variable is named as that, and --config isn't blamed.
+    let missing = dir.path().join("elsewhere.db");
+    let out = on_ledger(&missing, &["ledger", "list"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&missing.display().to_string()), "{err}");
+    assert!(err.contains("named by EFFECTGATE_STORAGE__PATH"), "{err}");
+    assert!(!err.contains("--config"), "{err}");
+
+    // A path from a config file names the file.
+    let cfg = dir.path().join("gw.toml");
+    std::fs::write(&cfg, "[storage]\npath = \"gone.db\"\n").unwrap();
+    let out = effectgate()
+        .args(["ledger", "list", "--config"])
+        .arg(&cfg)
+        .env_remove("EFFECTGATE_STORAGE__PATH")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("named by [storage] in {}", cfg.display())),
+        "{err}"
+    );
 }
 
 #[test]
