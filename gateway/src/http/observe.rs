@@ -102,7 +102,6 @@ fn request_span(req: &Request, listener: &'static str) -> tracing::Span {
         network.protocol.version = protocol_version(req.version()),
         effectgate.listener = listener,
         request_id,
-        trace_id = tracing::field::Empty,
         effectgate.tenant = tracing::field::Empty,
         effectgate.route = tracing::field::Empty,
         effectgate.operation_id = tracing::field::Empty,
@@ -137,8 +136,8 @@ fn record_response<B>(res: &http::Response<B>, _latency: Duration, span: &tracin
 
 /// Serves `req` in its [`crate::telemetry::RequestContext`]: its request
 /// id and trace id (of the request span, a child of the caller's
-/// `traceparent`, when spans are exported; else the caller's), also
-/// recorded on the span.
+/// `traceparent`, when spans are exported; else the caller's). The request
+/// id is also an attribute of the span; the trace id is the span's own.
 async fn scope_request_id(req: Request, next: Next) -> Response {
     let id = req
         .extensions()
@@ -147,9 +146,6 @@ async fn scope_request_id(req: Request, next: Next) -> Response {
         .map(std::sync::Arc::<str>::from);
     let span = tracing::Span::current();
     let trace_id = crate::telemetry::trace_id_of(&span, req.headers());
-    if let Some(t) = &trace_id {
-        span.record("trace_id", t.as_str());
-    }
     let context = crate::telemetry::RequestContext::new(id, trace_id);
     crate::telemetry::with_request(Some(std::sync::Arc::new(context)), next.run(req)).await
 }
