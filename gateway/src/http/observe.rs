@@ -136,27 +136,39 @@ fn record_response<B>(res: &http::Response<B>, _latency: Duration, span: &tracin
 
 /// Serves `req` in its [`crate::telemetry::RequestContext`]: its request
 /// id and trace id (of the request span, a child of the caller's
-/// `traceparent`, when spans are exported; else the caller's). The request
-/// id is also an attribute of the span; the trace id is the span's own.
+/// `traceparent`, when spans are exported; else the caller's; worked out
+/// when a log line first asks). The request id is also an attribute of the
+/// span; the trace id is the span's own.
 async fn scope_request_id(req: Request, next: Next) -> Response {
     let id = req
         .extensions()
         .get::<RequestId>()
         .and_then(|r| r.header_value().to_str().ok())
         .map(std::sync::Arc::<str>::from);
-    let span = tracing::Span::current();
-    let trace_id = crate::telemetry::trace_id_of(&span, req.headers());
-    let context = crate::telemetry::RequestContext::new(id, trace_id);
+    let context =
+        crate::telemetry::RequestContext::of_request(id, &tracing::Span::current(), req.headers());
     crate::telemetry::with_request(Some(std::sync::Arc::new(context)), next.run(req)).await
 }
 
 /// Records the matched route on the current request span: `http.route` (the
-/// route's prefix), `effectgate.route`, and the span name `{method} {prefix}`.
+/// route's prefix), `effectgate.route`, and the span name `{method} {prefix}`
+/// (`otel.name`).
+///
+/// Call it before anything reads the span's OpenTelemetry context (the
+/// trace id of a log line, the `traceparent` of a forwarded call): that
+/// starts the exported span, which keeps the name it started with. Until
+/// then the fields go into the span's builder, the cheapest place.
 pub fn record_route(method: &http::Method, name: &str, prefix: &str) {
     let span = tracing::Span::current();
+    if span.is_disabled() {
+        return;
+    }
     span.record("http.route", prefix);
     span.record("effectgate.route", name);
-    crate::telemetry::rename(&span, || format!("{method} {prefix}"));
+    span.record(
+        "otel.name",
+        tracing::field::display(format_args!("{method} {prefix}")),
+    );
 }
 
 #[cfg(test)]

@@ -172,6 +172,24 @@ pub fn init_with(
     settings: &TelemetrySettings,
     default_filter: &str,
 ) -> anyhow::Result<Telemetry> {
+    let (dispatch, provider) = dispatch(format, settings, default_filter)?;
+    if provider.is_some() {
+        EXPORTING.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    let _ = dispatch.try_init();
+    Ok(Telemetry { provider })
+}
+
+/// The subscriber [`init_with`] installs, and its exporter when `settings`
+/// names an endpoint.
+///
+/// Errors: as [`init`].
+fn dispatch(
+    format: LogFormat,
+    settings: &TelemetrySettings,
+    default_filter: &str,
+) -> anyhow::Result<(tracing::Dispatch, Option<SdkTracerProvider>)> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| default_filter.into());
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -221,16 +239,19 @@ pub fn init_with(
                     tracing_subscriber::filter::Targets::new()
                         .with_target("effectgate", tracing::Level::DEBUG),
                 );
-            EXPORTING.store(true, std::sync::atomic::Ordering::Relaxed);
             (Some(layer), Some(provider))
         }
     };
-    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-    let _ = tracing_subscriber::registry()
-        .with(fmt)
-        .with(otel)
-        .try_init();
-    Ok(Telemetry { provider })
+    // Without export the subscriber is the log layer alone: an absent layer
+    // (`Option::None`) still declares an interest in every callsite, so
+    // with one in the stack every span would be built in the registry, and
+    // entered and closed, for no layer that wants it.
+    let registry = tracing_subscriber::registry().with(fmt);
+    let dispatch = match otel {
+        Some(otel) => tracing::Dispatch::new(registry.with(otel)),
+        None => tracing::Dispatch::new(registry),
+    };
+    Ok((dispatch, provider))
 }
 
 fn tracer_provider(
@@ -339,9 +360,10 @@ pub fn exporting() -> bool {
 }
 
 /// `span`'s OpenTelemetry span context, when spans are exported and it
-/// has a valid one.
+/// has a valid one. (Without export every span is disabled: only the
+/// export layer takes spans.)
 fn span_context(span: &tracing::Span) -> Option<SpanContext> {
-    if !exporting() {
+    if span.is_disabled() {
         return None;
     }
     let cx = span.context();
@@ -362,17 +384,21 @@ pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
     span_context(span).map(|sc| format_traceparent(&sc))
 }
 
-/// The trace id (32 lowercase hex digits) of `span`, or of the caller's
-/// `traceparent` when export is off.
-pub fn trace_id_of(span: &tracing::Span, headers: &HeaderMap) -> Option<String> {
-    if let Some(sc) = span_context(span) {
-        return Some(hex::encode(sc.trace_id().to_bytes()));
-    }
-    headers
-        .get(TRACEPARENT)
-        .and_then(|v| v.to_str().ok())
+/// The trace id (32 lowercase hex digits) of `span`, when spans are
+/// exported and it has an OpenTelemetry context (reading it starts the
+/// span).
+pub fn trace_id_of_span(span: &tracing::Span) -> Option<String> {
+    span_context(span).map(|sc| hex::encode(sc.trace_id().to_bytes()))
+}
+
+/// The trace id (32 lowercase hex digits) of a `traceparent` value, when
+/// it is a valid one (W3C Trace Context §3.2).
+pub fn trace_id_of_traceparent(value: &HeaderValue) -> Option<String> {
+    value
+        .to_str()
+        .ok()
         .and_then(parse_traceparent)
-        .map(|sc| sc.trace_id().to_string())
+        .map(|sc| hex::encode(sc.trace_id().to_bytes()))
 }
 
 /// `00-<trace id>-<span id>-<flags>` (W3C Trace Context §3.2), 55 bytes of
@@ -465,18 +491,38 @@ pub fn link_to(span: &tracing::Span, stored: Option<&str>) {
     }
 }
 
-/// Renames `span` for the exporter (the span is already started, so
-/// recording `otel.name` would not reach it); `name` is built only when
-/// spans are exported.
-pub fn rename(span: &tracing::Span, name: impl FnOnce() -> String) {
-    if exporting() {
-        span.context().span().update_name(name());
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Spans are built only for the export layer: without export the
+    /// request's span and the steps' spans are disabled at their callsites
+    /// (the log layer takes events only), with it they are built.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn spans_are_built_only_when_exported() {
+        let request_span = || tracing::info_span!(target: "effectgate::http", "HTTP request");
+        let step_span = || tracing::debug_span!(target: "effectgate::ledger", "ledger command");
+        let off = TelemetrySettings::default();
+        for format in [LogFormat::Text, LogFormat::Json] {
+            let (d, provider) = dispatch(format, &off, "effectgate=debug,warn").unwrap();
+            assert!(provider.is_none());
+            tracing::dispatcher::with_default(&d, || {
+                assert!(request_span().is_disabled(), "{format:?}");
+                assert!(step_span().is_disabled(), "{format:?}");
+            });
+        }
+        let on = TelemetrySettings {
+            traces_endpoint: Some("http://127.0.0.1:9/v1/traces".into()),
+            export_timeout_ms: 100,
+            ..TelemetrySettings::default()
+        };
+        let (d, provider) = dispatch(LogFormat::Text, &on, "effectgate=info,warn").unwrap();
+        assert!(provider.is_some());
+        tracing::dispatcher::with_default(&d, || {
+            assert!(!request_span().is_disabled());
+            assert!(!step_span().is_disabled());
+        });
+    }
 
     #[test]
     fn traces_url_appends_the_signal_path_once() {

@@ -9,11 +9,31 @@ use std::sync::Arc;
 /// operation id (the idempotency key). Set by the HTTP layer for each
 /// request ([`with_request`]); an execution spawned for a waiting caller
 /// carries it on ([`request_context`]).
+///
+/// The trace id is worked out the first time it is read (a log line
+/// written while the request is served): reading the request span's
+/// OpenTelemetry context starts that span, and a span started before the
+/// request is routed takes every later attribute as a separate update.
 #[derive(Debug, Default)]
 pub struct RequestContext {
     id: Option<Arc<str>>,
-    trace_id: Option<String>,
+    trace: TraceSource,
+    trace_id: std::sync::OnceLock<Option<String>>,
     operation_id: std::sync::OnceLock<String>,
+}
+
+/// Where a [`RequestContext`]'s trace id comes from.
+#[derive(Debug, Default)]
+enum TraceSource {
+    /// Known when the context was made (or none).
+    #[default]
+    Known,
+    /// The request span's own trace (export on): a child of the caller's
+    /// `traceparent`, or a new trace; the caller's when the span has no
+    /// OpenTelemetry context.
+    Span(tracing::Span, Option<http::HeaderValue>),
+    /// The caller's `traceparent` header (export off).
+    Caller(http::HeaderValue),
 }
 
 impl RequestContext {
@@ -22,7 +42,32 @@ impl RequestContext {
     pub fn new(id: Option<Arc<str>>, trace_id: Option<String>) -> Self {
         Self {
             id,
-            trace_id,
+            trace: TraceSource::Known,
+            trace_id: std::sync::OnceLock::from(trace_id),
+            operation_id: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The context of a request with id `id` served in `span` (the request
+    /// span) with request headers `headers`: its trace id is the span's
+    /// when spans are exported, else that of the caller's `traceparent`
+    /// (none without a valid one), read when first asked for.
+    pub fn of_request(
+        id: Option<Arc<str>>,
+        span: &tracing::Span,
+        headers: &http::HeaderMap,
+    ) -> Self {
+        let caller = headers.get(super::TRACEPARENT).cloned();
+        let trace = match caller {
+            // Spans are built only when they are exported.
+            _ if !span.is_disabled() => TraceSource::Span(span.clone(), caller),
+            Some(v) => TraceSource::Caller(v),
+            None => TraceSource::Known,
+        };
+        Self {
+            id,
+            trace,
+            trace_id: std::sync::OnceLock::new(),
             operation_id: std::sync::OnceLock::new(),
         }
     }
@@ -32,9 +77,16 @@ impl RequestContext {
         self.id.as_deref()
     }
 
-    /// The trace id.
+    /// The trace id (32 lowercase hex digits).
     pub fn trace_id(&self) -> Option<&str> {
-        self.trace_id.as_deref()
+        self.trace_id
+            .get_or_init(|| match &self.trace {
+                TraceSource::Known => None,
+                TraceSource::Span(span, caller) => super::trace_id_of_span(span)
+                    .or_else(|| caller.as_ref().and_then(super::trace_id_of_traceparent)),
+                TraceSource::Caller(v) => super::trace_id_of_traceparent(v),
+            })
+            .as_deref()
     }
 
     /// The operation id, once [`note_operation_id`] set it.
@@ -184,6 +236,52 @@ mod tests {
     }
 
     const TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+
+    /// A request's trace id is its span's when spans are exported (a new
+    /// trace here: the span was given no parent), else the caller's
+    /// `traceparent`'s, else none; it is read once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_request_traces_id_is_its_spans_when_exported_else_the_callers() {
+        use crate::telemetry::{LogFormat, TelemetrySettings};
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            crate::telemetry::TRACEPARENT,
+            http::HeaderValue::from_str(&format!("00-{TRACE}-00f067aa0ba902b7-01")).unwrap(),
+        );
+        let request_span = || tracing::info_span!(target: "effectgate::http", "HTTP request");
+        let on = TelemetrySettings {
+            traces_endpoint: Some("http://127.0.0.1:9/v1/traces".into()),
+            export_timeout_ms: 100,
+            ..TelemetrySettings::default()
+        };
+        let (exported, _provider) =
+            crate::telemetry::dispatch(LogFormat::Text, &on, "effectgate=info").unwrap();
+        tracing::dispatcher::with_default(&exported, || {
+            let span = request_span();
+            let ctx = RequestContext::of_request(None, &span, &headers);
+            let own = crate::telemetry::traceparent_of(&span).unwrap();
+            let id = ctx.trace_id().unwrap().to_owned();
+            assert_eq!(id.len(), 32);
+            assert_eq!(own[3..35], id);
+            assert_ne!(id, TRACE);
+            assert_eq!(ctx.trace_id(), Some(id.as_str()));
+        });
+        let (logged, _) = crate::telemetry::dispatch(
+            LogFormat::Text,
+            &TelemetrySettings::default(),
+            "effectgate=info",
+        )
+        .unwrap();
+        tracing::dispatcher::with_default(&logged, || {
+            let span = request_span();
+            assert_eq!(
+                RequestContext::of_request(None, &span, &headers).trace_id(),
+                Some(TRACE)
+            );
+            let none = RequestContext::of_request(None, &span, &http::HeaderMap::new());
+            assert_eq!(none.trace_id(), None);
+        });
+    }
 
     #[test]
     fn a_text_line_in_a_request_ends_with_its_ids() {
