@@ -19,8 +19,6 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::Request;
-use axum::middleware::Next;
-use axum::response::Response;
 use http::{HeaderName, HeaderValue};
 use tower::ServiceBuilder;
 use tower_http::request_id::{
@@ -44,7 +42,7 @@ pub fn observe(router: Router, listener: &'static str) -> Router {
     router.layer(
         ServiceBuilder::new()
             .layer(SetSensitiveRequestHeadersLayer::new(sensitive))
-            .layer(axum::middleware::map_request(drop_invalid_request_id))
+            .map_request(drop_invalid_request_id)
             .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
             .layer(PropagateRequestIdLayer::x_request_id())
             .layer(
@@ -56,7 +54,7 @@ pub fn observe(router: Router, listener: &'static str) -> Router {
                     .on_eos(())
                     .on_failure(()),
             )
-            .layer(axum::middleware::from_fn(scope_request_id)),
+            .layer(tower::layer::layer_fn(|inner| ScopeRequest { inner })),
     )
 }
 
@@ -67,7 +65,10 @@ pub fn valid_request_id(v: &HeaderValue) -> bool {
     !b.is_empty() && b.len() <= MAX_REQUEST_ID_BYTES && b.iter().all(|c| (0x21..=0x7e).contains(c))
 }
 
-async fn drop_invalid_request_id(mut req: Request) -> Request {
+/// Drops a caller's `x-request-id` that [`valid_request_id`] refuses, or
+/// that is sent more than once, so that one is generated in its place (a
+/// plain function over the request: no future of its own).
+fn drop_invalid_request_id(mut req: Request) -> Request {
     let bad = {
         let mut all = req.headers().get_all(&X_REQUEST_ID).iter();
         match (all.next(), all.next()) {
@@ -134,20 +135,50 @@ fn record_response<B>(res: &http::Response<B>, _latency: Duration, span: &tracin
     }
 }
 
-/// Serves `req` in its [`crate::telemetry::RequestContext`]: its request
-/// id and trace id (of the request span, a child of the caller's
+/// Serves each request in its [`crate::telemetry::RequestContext`]: its
+/// request id and trace id (of the request span, a child of the caller's
 /// `traceparent`, when spans are exported; else the caller's; worked out
 /// when a log line first asks). The request id is also an attribute of the
-/// span; the trace id is the span's own.
-async fn scope_request_id(req: Request, next: Next) -> Response {
-    let id = req
-        .extensions()
-        .get::<RequestId>()
-        .and_then(|r| r.header_value().to_str().ok())
-        .map(std::sync::Arc::<str>::from);
-    let context =
-        crate::telemetry::RequestContext::of_request(id, &tracing::Span::current(), req.headers());
-    crate::telemetry::with_request(Some(std::sync::Arc::new(context)), next.run(req)).await
+/// span; the trace id is the span's own. (A service of its own rather than
+/// `axum::middleware::from_fn`, which boxes the inner service and the
+/// future of every request.)
+#[derive(Debug, Clone)]
+struct ScopeRequest<S> {
+    inner: S,
+}
+
+impl<S> tower::Service<Request> for ScopeRequest<S>
+where
+    S: tower::Service<Request>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = crate::telemetry::WithRequest<S::Future>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        let id = req
+            .extensions()
+            .get::<RequestId>()
+            .and_then(|r| r.header_value().to_str().ok())
+            .map(std::sync::Arc::<str>::from);
+        // Called inside the request span (the trace layer enters it).
+        let context = std::sync::Arc::new(crate::telemetry::RequestContext::of_request(
+            id,
+            &tracing::Span::current(),
+            req.headers(),
+        ));
+        // The inner service's `call` runs in the context too, not only its
+        // future.
+        let future = crate::telemetry::in_request(Some(context.clone()), || self.inner.call(req));
+        crate::telemetry::with_request(Some(context), future)
+    }
 }
 
 /// Records the matched route on the current request span: `http.route` (the

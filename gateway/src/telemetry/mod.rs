@@ -29,7 +29,8 @@ mod request;
 pub use log_fields::LogFields;
 use request::JsonWithRequest;
 pub use request::{
-    RequestContext, in_request, note_operation_id, request_context, request_id, with_request,
+    RequestContext, WithRequest, in_request, note_operation_id, request_context, request_id,
+    with_request,
 };
 
 use std::collections::HashMap;

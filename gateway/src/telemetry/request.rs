@@ -99,13 +99,17 @@ tokio::task_local! {
     static REQUEST: Option<Arc<RequestContext>>;
 }
 
+/// `f` with `context` as the current request while it runs: the future
+/// [`with_request`] returns.
+pub type WithRequest<F> = tokio::task::futures::TaskLocalFuture<Option<Arc<RequestContext>>, F>;
+
 /// Runs `f` with `context` as the current request ([`request_id`], the
 /// log lines' ids).
-pub async fn with_request<F: std::future::Future>(
+pub fn with_request<F: std::future::Future>(
     context: Option<Arc<RequestContext>>,
     f: F,
-) -> F::Output {
-    REQUEST.scope(context, f).await
+) -> WithRequest<F> {
+    REQUEST.scope(context, f)
 }
 
 /// Runs `f` with `context` as the current request, on this thread (a
