@@ -1,6 +1,10 @@
 //! Request guards of the proxy listener, one concern per layer, applied
 //! before any handler runs (see [`crate::http::proxy::router`]):
 //!
+//! Each is a check of the request head alone, run as a [`Refuse`] layer: a
+//! refused request is answered at once, any other goes to the inner
+//! service unchanged (no future or boxed service of the guard's own).
+//!
 //! - [`refuse_methods`]: TRACE would echo injected credentials back and
 //!   CONNECT would tunnel; both are 405 (RFC 9110 §9.3.6, §9.3.8). A
 //!   standard method spelt in another case (`post`) is another method to
@@ -16,25 +20,65 @@
 //! - [`refuse_dot_segments`]: dot segments and encoded separators would walk
 //!   out of an upstream's base path (400 naming `path`; RFC 3986 §5.2.4).
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
+use futures_util::future::Either;
 use http::{HeaderMap, Method};
 
 use crate::ops::OpError;
 use crate::state::AppState;
 
+/// A guard layer's service: answers a request that `check` refuses with
+/// the refusal (a problem+json answer, [`OpError`]), and passes every
+/// other one to `inner`. Make one with [`refuse`].
+#[derive(Debug, Clone)]
+pub struct Refuse<S, F> {
+    inner: S,
+    check: F,
+}
+
+/// The layer of the guard `check` (a request's refusal, if any).
+pub fn refuse<S, F>(check: F) -> impl tower::Layer<S, Service = Refuse<S, F>> + Clone
+where
+    F: Fn(&Request) -> Option<OpError> + Clone,
+{
+    tower::layer::layer_fn(move |inner| Refuse {
+        inner,
+        check: check.clone(),
+    })
+}
+
+impl<S, F> tower::Service<Request> for Refuse<S, F>
+where
+    S: tower::Service<Request, Response = Response>,
+    F: Fn(&Request) -> Option<OpError>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = Either<std::future::Ready<Result<Response, S::Error>>, S::Future>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        match (self.check)(&req) {
+            Some(e) => Either::Left(std::future::ready(Ok(e.into_response()))),
+            None => Either::Right(self.inner.call(req)),
+        }
+    }
+}
+
 /// 405 for TRACE and CONNECT, 400 for another spelling of a standard
 /// method, a method override header, or an HTTP/1.1 request without one
 /// `Host` ([`host_refusal`]); every other request passes.
-pub async fn refuse_methods(req: Request, next: Next) -> Response {
-    match method_refusal(req.method())
+pub fn refuse_methods(req: &Request) -> Option<OpError> {
+    method_refusal(req.method())
         .or_else(|| override_refusal(req.headers()))
         .or_else(|| host_refusal(req.version(), req.headers()))
-    {
-        Some(e) => e.into_response(),
-        None => next.run(req).await,
-    }
 }
 
 /// Methods whose other spellings are refused.
@@ -101,13 +145,10 @@ pub fn override_refusal(headers: &HeaderMap) -> Option<OpError> {
 }
 
 /// 431 when the request's headers (names, values and 4 bytes of framing
-/// each) exceed `limits.max_header_bytes`.
-pub async fn limit_header_bytes(State(app): State<AppState>, req: Request, next: Next) -> Response {
-    let limit = app.settings().limits.max_header_bytes;
-    match header_refusal(req.headers(), limit) {
-        Some(e) => e.into_response(),
-        None => next.run(req).await,
-    }
+/// each) exceed `limits.max_header_bytes` (of the settings in force when
+/// the request arrives).
+pub fn limit_header_bytes(app: &AppState, req: &Request) -> Option<OpError> {
+    header_refusal(req.headers(), app.settings().limits.max_header_bytes)
 }
 
 /// The refusal of `headers` past `limit` bytes, if any.
@@ -121,11 +162,8 @@ pub fn header_refusal(headers: &HeaderMap, limit: usize) -> Option<OpError> {
 
 /// 400 naming `path` for a path with a `.` or `..` segment, or an encoded
 /// dot, slash or backslash, or a backslash.
-pub async fn refuse_dot_segments(req: Request, next: Next) -> Response {
-    match path_refusal(req.uri().path()) {
-        Some(e) => e.into_response(),
-        None => next.run(req).await,
-    }
+pub fn refuse_dot_segments(req: &Request) -> Option<OpError> {
+    path_refusal(req.uri().path())
 }
 
 /// The refusal of `path`, if it could leave the route's base path: a `.`

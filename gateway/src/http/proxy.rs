@@ -46,12 +46,12 @@ pub fn router(state: AppState) -> Router {
         // guard (outermost first).
         .layer(
             tower::ServiceBuilder::new()
-                .layer(axum::middleware::from_fn(guards::refuse_methods))
-                .layer(axum::middleware::from_fn_with_state(
-                    state.clone(),
-                    guards::limit_header_bytes,
-                ))
-                .layer(axum::middleware::from_fn(guards::refuse_dot_segments))
+                .layer(guards::refuse(guards::refuse_methods))
+                .layer(guards::refuse({
+                    let app = state.clone();
+                    move |req: &Request| guards::limit_header_bytes(&app, req)
+                }))
+                .layer(guards::refuse(guards::refuse_dot_segments))
                 .layer(axum::middleware::from_fn_with_state(
                     state.clone(),
                     crate::http::encoding::decode_replays,
