@@ -17,23 +17,13 @@ use std::sync::Arc;
 #[derive(Debug, Default)]
 pub struct RequestContext {
     id: Option<Arc<str>>,
-    trace: TraceSource,
+    /// The request span, when it is built (only for export): the trace id
+    /// is its own.
+    span: Option<tracing::Span>,
+    /// The caller's `traceparent`: the trace id when the span has none.
+    caller: Option<http::HeaderValue>,
     trace_id: std::sync::OnceLock<Option<String>>,
     operation_id: std::sync::OnceLock<String>,
-}
-
-/// Where a [`RequestContext`]'s trace id comes from.
-#[derive(Debug, Default)]
-enum TraceSource {
-    /// Known when the context was made (or none).
-    #[default]
-    Known,
-    /// The request span's own trace (export on): a child of the caller's
-    /// `traceparent`, or a new trace; the caller's when the span has no
-    /// OpenTelemetry context.
-    Span(tracing::Span, Option<http::HeaderValue>),
-    /// The caller's `traceparent` header (export off).
-    Caller(http::HeaderValue),
 }
 
 impl RequestContext {
@@ -42,7 +32,8 @@ impl RequestContext {
     pub fn new(id: Option<Arc<str>>, trace_id: Option<String>) -> Self {
         Self {
             id,
-            trace: TraceSource::Known,
+            span: None,
+            caller: None,
             trace_id: std::sync::OnceLock::from(trace_id),
             operation_id: std::sync::OnceLock::new(),
         }
@@ -57,16 +48,11 @@ impl RequestContext {
         span: &tracing::Span,
         headers: &http::HeaderMap,
     ) -> Self {
-        let caller = headers.get(super::TRACEPARENT).cloned();
-        let trace = match caller {
-            // Spans are built only when they are exported.
-            _ if !span.is_disabled() => TraceSource::Span(span.clone(), caller),
-            Some(v) => TraceSource::Caller(v),
-            None => TraceSource::Known,
-        };
         Self {
             id,
-            trace,
+            // Spans are built only when they are exported.
+            span: (!span.is_disabled()).then(|| span.clone()),
+            caller: headers.get(super::TRACEPARENT).cloned(),
             trace_id: std::sync::OnceLock::new(),
             operation_id: std::sync::OnceLock::new(),
         }
@@ -80,11 +66,15 @@ impl RequestContext {
     /// The trace id (32 lowercase hex digits).
     pub fn trace_id(&self) -> Option<&str> {
         self.trace_id
-            .get_or_init(|| match &self.trace {
-                TraceSource::Known => None,
-                TraceSource::Span(span, caller) => super::trace_id_of_span(span)
-                    .or_else(|| caller.as_ref().and_then(super::trace_id_of_traceparent)),
-                TraceSource::Caller(v) => super::trace_id_of_traceparent(v),
+            .get_or_init(|| {
+                self.span
+                    .as_ref()
+                    .and_then(super::trace_id_of_span)
+                    .or_else(|| {
+                        self.caller
+                            .as_ref()
+                            .and_then(super::trace_id_of_traceparent)
+                    })
             })
             .as_deref()
     }
