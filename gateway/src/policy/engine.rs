@@ -24,6 +24,7 @@ use wasmtime_wasi::WasiCtx;
 
 use super::bindings::{self, PolicyPre};
 use super::disk_cache::{CacheMiss, DiskCache};
+use super::epoch::EpochTicker;
 pub use super::failure::{BusyLimit, PolicyFailure};
 use super::guard::{Breakers, Change, Outcome, Permit, Permits};
 pub use super::host::HostState;
@@ -85,6 +86,8 @@ pub struct PolicyEngine {
     instantiations: AtomicU64,
     /// Whether the pooling allocator is in use.
     pub pooling: bool,
+    /// Advances the epoch while a call runs.
+    ticker: EpochTicker,
 }
 
 impl std::fmt::Debug for PolicyEngine {
@@ -144,7 +147,8 @@ pub enum LoadError {
 
 impl PolicyEngine {
     /// An engine with these limits. A background thread advances the epoch
-    /// every millisecond (it stops when the engine is dropped). With
+    /// every millisecond while a call runs (it parks when none does, and
+    /// ends when the engine is dropped: [`EpochTicker`]). With
     /// `limits.cache_dir` set, compiled modules are kept in that folder
     /// (created if missing).
     ///
@@ -216,15 +220,9 @@ impl PolicyEngine {
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         add_earlier_worlds(&mut linker).map_err(|e| anyhow::anyhow!("{e}"))?;
         let weak = engine.weak();
-        std::thread::Builder::new()
-            .name("policy-epoch".into())
-            .spawn(move || {
-                while let Some(engine) = weak.upgrade() {
-                    engine.increment_epoch();
-                    drop(engine);
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            })?;
+        let ticker = EpochTicker::start("policy-epoch", move || {
+            weak.upgrade().map(|e| e.increment_epoch()).is_some()
+        })?;
         Ok(Self {
             engine,
             linker,
@@ -235,6 +233,7 @@ impl PolicyEngine {
             breakers: Breakers::new(limits),
             instantiations: AtomicU64::new(0),
             pooling,
+            ticker,
         })
     }
 
@@ -523,6 +522,7 @@ impl PolicyEngine {
             table: ResourceTable::new(),
             label: label.into(),
             log_budget: 16,
+            _ticking: self.ticker.running(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);

@@ -63,6 +63,8 @@ pub struct HostState {
     /// Label for the policy's log lines (`tenant/policy`).
     pub(super) label: Arc<str>,
     pub(super) log_budget: usize,
+    /// Keeps the epoch advancing while the call runs.
+    pub(super) _ticking: super::epoch::Ticking,
 }
 
 impl WasiView for HostState {

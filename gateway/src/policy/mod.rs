@@ -30,6 +30,7 @@ mod chain;
 pub mod compensate;
 pub mod disk_cache;
 pub mod engine;
+mod epoch;
 mod failure;
 mod guard;
 mod host;
