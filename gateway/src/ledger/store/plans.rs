@@ -119,26 +119,75 @@ async fn the_periodic_scans_read_their_own_indexes_on_sqlite() {
     );
 }
 
-/// The partial index's condition in the query is the one its migration
-/// created, state for state: otherwise neither planner could use it.
+/// Writing an operation (its reservation, a change of its state) builds
+/// no temporary b-tree on SQLite: the conditions of the partial indexes it
+/// keeps up, checked on every such write, are plain comparisons.
+#[tokio::test]
+async fn writes_of_an_operation_build_no_temporary_btree_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = StorageSpec {
+        path: dir.path().join("ledger.db"),
+        ..StorageSpec::default()
+    };
+    let store = Store::<SqliteDialect>::open(&storage, LedgerClock::new(Arc::new(SystemClock)))
+        .await
+        .expect("open the ledger");
+    let mut conn = SqliteDialect::acquire(&store.read).await.unwrap();
+    for text in [
+        "INSERT INTO operations (tenant_id, operation_id, route, method, path, fingerprint, \
+         provider_key, state, version, request_body, principal, created_at, updated_at, expires_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "UPDATE operations SET state = ?, version = version + 1, updated_at = ? \
+         WHERE tenant_id = ? AND operation_id = ? AND state = ?",
+    ] {
+        let rows = sql::<SqliteDialect>(&format!("EXPLAIN {text}"))
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+        let opcodes: Vec<String> = rows.iter().map(|r| r.text("opcode").unwrap()).collect();
+        assert!(
+            opcodes.iter().any(|o| o == "IdxInsert"),
+            "the program keeps indexes up: {opcodes:?}"
+        );
+        assert!(
+            !opcodes.iter().any(|o| o == "OpenEphemeral"),
+            "{text} opens a temporary b-tree: {opcodes:?}"
+        );
+    }
+}
+
+/// The partial index's condition in the query is the one SQLite's
+/// migration created, state for state, and PostgreSQL's index holds the
+/// same states: otherwise neither planner could use it (the plans above
+/// show both do).
 #[test]
 fn the_sweep_names_the_partial_index_condition_of_both_migrations() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations");
-    for file in [
-        "sqlite/0007_scan_claims.sql",
-        "postgres/0001_effect_ledger.sql",
-    ] {
+    let one_line = |file: &str| {
         let text = std::fs::read_to_string(root.join(file)).unwrap();
-        let one_line = text.split_whitespace().collect::<Vec<_>>().join(" ");
-        assert!(
-            one_line.contains(&format!(
-                "operations_terminal_by_change ON operations (updated_at) WHERE {};",
-                terminal_rows()
-            )),
-            "{file} creates the index the sweep names ({})",
+        text.split_whitespace().collect::<Vec<_>>().join(" ")
+    };
+    let sqlite = one_line("sqlite/0014_terminal_index_without_in.sql");
+    assert!(
+        sqlite.contains(&format!(
+            "operations_terminal_by_change ON operations (updated_at) WHERE {};",
             terminal_rows()
-        );
-    }
+        )),
+        "SQLite's migration 0014 creates the index the sweep names ({})",
+        terminal_rows()
+    );
+    assert!(!terminal_rows().contains(" IN "), "{}", terminal_rows());
+    let states: Vec<String> = TERMINAL
+        .iter()
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect();
+    assert!(
+        one_line("postgres/0001_effect_ledger.sql").contains(&format!(
+            "operations_terminal_by_change ON operations (updated_at) WHERE state IN ({}) AND NOT dead_letter;",
+            states.join(", ")
+        )),
+        "PostgreSQL's index holds the same states"
+    );
     assert_eq!(TERMINAL.len(), 3);
 }
 

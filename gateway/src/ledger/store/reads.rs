@@ -17,16 +17,21 @@ pub(super) const OP_COLUMNS: &str = "tenant_id, operation_id, route, method, pat
      requeues, settle_until, retention_ms, trace_context";
 
 /// The condition of the partial index `operations_terminal_by_change`,
-/// word for word as its migration (0007) spells it: a query names it so
-/// for the index to be usable at all (neither planner proves a bound
-/// `state IN (?, ?, ?)` implies it). Built from [`State::as_str`].
+/// word for word as SQLite's migration (0014) spells it: a query names it
+/// so for the index to be usable at all (neither planner proves a bound
+/// `state IN (?, ?, ?)` implies it). The states are compared one by one,
+/// joined by OR: SQLite evaluates an IN list of more than two values
+/// through a temporary b-tree, and it checks the index's condition on
+/// every write of a row. PostgreSQL's index (its migration 0001) says
+/// `state IN (...)`, which its planner proves this condition implies.
+/// Built from [`State::as_str`].
 pub(super) fn terminal_rows() -> &'static str {
     static TEXT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         let states: Vec<String> = TERMINAL
             .iter()
-            .map(|s| format!("'{}'", s.as_str()))
+            .map(|s| format!("state = '{}'", s.as_str()))
             .collect();
-        format!("state IN ({}) AND NOT dead_letter", states.join(", "))
+        format!("({}) AND NOT dead_letter", states.join(" OR "))
     });
     &TEXT
 }
