@@ -57,10 +57,13 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
     const SKIP_LOCKED: &'static str;
     /// What opens a write batch's transaction.
     const BEGIN: &'static str;
-    /// Whether each write of a batch runs inside a savepoint of its own,
-    /// released when the write ends, so that a write that fails or is
-    /// abandoned is rolled back alone (SQLite: a savepoint there is no
-    /// round trip, and an error does not end the transaction). `false`
+    /// Whether each write of a batch after its first runs inside a
+    /// savepoint of its own, released when the write ends, so that a write
+    /// that fails or is abandoned is rolled back alone (SQLite: a
+    /// savepoint there is no round trip, and an error does not end the
+    /// transaction). The batch's first write has none: nothing else is in
+    /// the transaction while it runs, so it is undone by rolling the batch
+    /// back, and its pages are not copied to a savepoint journal. `false`
     /// (PostgreSQL): the writes of a batch share its transaction without
     /// savepoints, which saves each write a round trip; a write that fails
     /// (an error ends a PostgreSQL transaction) or is abandoned after a
@@ -201,8 +204,9 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
 
     /// Opens one write on the batch connection: `first`, the batch's
     /// first write, also opens its transaction (with [`Dialect::BEGIN`]).
-    /// SQLite opens the write's savepoint (one call, no round trip) and
-    /// returns `None` (its clock is the gateway's). PostgreSQL sends
+    /// SQLite opens the savepoint of a write after the first (no round
+    /// trip; [`Dialect::SAVEPOINT_EACH_WRITE`]) and returns `None` (its
+    /// clock is the gateway's). PostgreSQL sends
     /// nothing for a write after the first unless `read_clock` (the
     /// ledger's clock was moved since `BEGIN`); with the first, or with
     /// `read_clock`, it reads the database clock in that round trip and

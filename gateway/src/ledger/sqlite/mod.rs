@@ -168,11 +168,10 @@ impl Dialect for SqliteDialect {
         _read_clock: bool,
     ) -> Result<Option<i64>, sqlx::Error> {
         if first {
-            // `BEGIN` and the savepoint in one call (on a blocking thread
-            // when it has to wait for another process's lock).
-            const OPEN: &str = "BEGIN IMMEDIATE; SAVEPOINT effectgate_write";
-            debug_assert!(OPEN.starts_with(Self::BEGIN));
-            conn.begin(OPEN).await?;
+            // No savepoint: the batch's first write is undone by rolling
+            // the batch back (on a blocking thread when `BEGIN` has to
+            // wait for another process's lock).
+            conn.begin(Self::BEGIN).await?;
         } else {
             if conn.outside_transaction() {
                 // A bare savepoint would begin a transaction of its own,

@@ -6,10 +6,13 @@
 //! next one in turn, or the next idle one). A write ([`Writer::begin`])
 //! waits for its turn on it (turns are handed out first come, first
 //! served) and runs its statements in the open batch transaction. On
-//! SQLite each write has a `SAVEPOINT` of its own
+//! SQLite each write after the batch's first has a `SAVEPOINT` of its own
 //! ([`Dialect::SAVEPOINT_EACH_WRITE`]; no round trip there): a write that
 //! fails, or is dropped half-way, is rolled back to it, so it never takes
-//! the others down with it. On PostgreSQL the writes share the
+//! the others down with it. The first write needs none: while it runs,
+//! nothing else is in the transaction, and undoing it is rolling the batch
+//! back (a lone caller's writes are all first writes, and a savepoint
+//! copies every page a write changes). On PostgreSQL the writes share the
 //! transaction without savepoints, which saves each write a round trip
 //! (the database clock is read once, with `BEGIN`, and each write's time
 //! is that plus the monotonic time since): a write that fails (an error
@@ -179,8 +182,13 @@ struct Batch<D: Dialect> {
     open: bool,
     /// Whether a write holds the batch and has not ended: dropped before
     /// it did (abandoned), it is undone before anything else runs (SQLite:
-    /// rolled back to its savepoint; PostgreSQL: with the whole batch).
+    /// rolled back to its savepoint, or with the batch when it is
+    /// [`Batch::bare`]; PostgreSQL: with the whole batch).
     writing: bool,
+    /// Whether the current write is the batch's first on SQLite and runs
+    /// without a savepoint: undone, it takes the batch with it, which
+    /// holds nothing else.
+    bare: bool,
     /// Whether a failure injection (`ledger-commit-fail`) marked this
     /// batch to fail its `COMMIT`.
     poisoned: bool,
@@ -323,6 +331,7 @@ impl<D: Dialect> Writer<D> {
                 conn: None,
                 open: false,
                 writing: false,
+                bare: false,
                 poisoned: false,
                 crash_before: false,
                 crash_after: false,
@@ -481,6 +490,10 @@ async fn prepare<D: Dialect>(
     if b.conn.is_none() {
         b.conn = Some(D::connect_writer(source).await?);
     }
+    if b.writing && b.bare {
+        // An abandoned first write: its batch holds nothing else.
+        undo_bare(b).await?;
+    }
     let conn = b.conn.as_mut().expect("just set");
     if b.writing {
         debug_assert!(D::SAVEPOINT_EACH_WRITE);
@@ -501,10 +514,37 @@ async fn prepare<D: Dialect>(
     // write has run yet; its first statement marks it (`DerefMut`), so a
     // write dropped before any statement leaves the batch alone.
     b.writing = D::SAVEPOINT_EACH_WRITE;
+    b.bare = D::SAVEPOINT_EACH_WRITE && first;
     b.now = b.began.map(|(db, at)| {
         db.saturating_add(i64::try_from(at.elapsed().as_millis()).unwrap_or(i64::MAX))
     });
     Ok(())
+}
+
+/// Rolls back the batch of an abandoned [`Batch::bare`] write, the only
+/// write in it (none waits for its commit).
+///
+/// Errors: the `ROLLBACK` failed (the connection is dropped: the next
+/// write takes a fresh one).
+async fn undo_bare<D: Dialect>(b: &mut Batch<D>) -> Result<(), sqlx::Error> {
+    debug_assert!(b.waiting.is_empty(), "a bare write is its batch's first");
+    let result = match b.conn.as_mut() {
+        Some(conn) => sql::<D>("ROLLBACK").execute(conn).await.map(drop),
+        None => Ok(()),
+    };
+    if result.is_err() {
+        discard(b);
+    }
+    b.open = false;
+    b.writing = false;
+    b.bare = false;
+    b.began = None;
+    b.poisoned = false;
+    b.crash_before = false;
+    b.crash_after = false;
+    b.bytes = 0;
+    b.terminal = false;
+    result
 }
 
 /// Rolls an abandoned write back to its savepoint and releases it.
@@ -526,6 +566,7 @@ fn discard<D: Dialect>(b: &mut Batch<D>) {
     }
     b.open = false;
     b.writing = false;
+    b.bare = false;
 }
 
 /// Rolls the open batch back and answers its writes with `why` (`undone`:
@@ -547,6 +588,7 @@ async fn abort<D: Dialect>(
     }
     b.open = false;
     b.writing = false;
+    b.bare = false;
     b.began = None;
     b.poisoned = false;
     b.crash_before = false;
@@ -579,6 +621,11 @@ async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) {
     if b.writing {
         if !D::SAVEPOINT_EACH_WRITE {
             abort(b, UNDONE, stall, true).await;
+            return;
+        }
+        if b.bare {
+            // An abandoned first write, alone in its batch.
+            let _ = within(stall, undo_bare(b)).await;
             return;
         }
         if let Err(e) = within(stall, rollback_savepoint::<D>(conn)).await {
@@ -647,6 +694,7 @@ fn committed<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>, started: Instant)
     }
     b.open = false;
     b.writing = false;
+    b.bare = false;
     b.began = None;
     b.bytes = 0;
     b.crash_before = false;
@@ -756,9 +804,10 @@ impl<D: Dialect> BatchTx<D> {
     /// its compare-and-swap in its first statement that writes, and no
     /// statement of it failed. On PostgreSQL the batch goes on as if the
     /// write had not been (a write dropped without this, or without
-    /// [`BatchTx::commit`], undoes its batch there); on SQLite its
-    /// savepoint is rolled back before the next write, as for any write
-    /// that ends without a commit. A write that did change something and
+    /// [`BatchTx::commit`], undoes its batch there); on SQLite it is
+    /// undone before the next write (rolled back to its savepoint, or, the
+    /// batch's first write, with the batch, which holds nothing else), as
+    /// for any write that ends without a commit. A write that did change something and
     /// ends with this leaves that change in the batch, to be committed
     /// with it: say it only where nothing was written.
     pub(in crate::ledger) fn unchanged(mut self) {
@@ -769,7 +818,8 @@ impl<D: Dialect> BatchTx<D> {
         }
     }
 
-    /// Ends this write (on SQLite, releasing its savepoint) and waits
+    /// Ends this write (on SQLite, releasing its savepoint if it has one)
+    /// and waits
     /// until the batch holding this write is committed. Returns the
     /// batch's size (writes in it); the ledger span of the call records it
     /// as `effectgate.batch_size`.
@@ -780,7 +830,8 @@ impl<D: Dialect> BatchTx<D> {
     /// the savepoint's release failed (SQLite: the write is rolled back
     /// before the next one).
     pub(in crate::ledger) async fn commit(mut self) -> Result<usize, LedgerError> {
-        if D::SAVEPOINT_EACH_WRITE {
+        let bare = self.guard.as_ref().is_some_and(|b| b.bare);
+        if D::SAVEPOINT_EACH_WRITE && !bare {
             let b = self.guard.as_mut().expect("a write commits once");
             let conn = b.conn.as_mut().expect("a write holds the connection");
             // On failure the write stays marked abandoned (dropping `self`
@@ -791,6 +842,7 @@ impl<D: Dialect> BatchTx<D> {
         }
         let mut b = self.guard.take().expect("a write commits once");
         b.writing = false;
+        b.bare = false;
         let (tx, rx) = oneshot::channel();
         b.waiting.push(tx);
         b.bytes = b.bytes.saturating_add(self.bytes);

@@ -546,8 +546,9 @@ async fn a_commit_that_hangs_fails_its_batch_after_the_stall_limit() {
 }
 
 /// A write dropped half-way with no write after it does not leave the
-/// batch's transaction open: the committer rolls its savepoint back
-/// and ends the transaction, so another connection can write at once.
+/// batch's transaction open: the committer rolls it back (the batch's
+/// first write, it has no savepoint: with the batch) and ends the
+/// transaction, so another connection can write at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_abandoned_write_does_not_keep_the_transaction_open() {
     let dir = tempfile::tempdir().unwrap();
@@ -948,4 +949,48 @@ async fn concurrent_duplicates_and_claims_all_answer_on_postgres() {
         (crate::ledger::State::Executing, 2, 1)
     );
     assert_eq!(ledger.transitions("t", "c").await.unwrap().len(), 2);
+}
+
+/// On SQLite the batch's first write runs without a savepoint (nothing
+/// else is in the transaction while it runs). Dropped half-way, it is
+/// undone with its batch, and the write queued behind it commits in a
+/// batch of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_write_has_no_savepoint_and_dropped_half_way_takes_only_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path()).await;
+    store.reserve(&new_op("a"), None).await.unwrap();
+    let mut first = store.writer.begin(0).await.unwrap();
+    sql::<SqliteDialect>("INSERT INTO meta (name, value) VALUES ('half-way', ?)")
+        .bind(&b"\0"[..])
+        .execute(&mut first)
+        .await
+        .unwrap();
+    let release = sql::<SqliteDialect>("RELEASE SAVEPOINT effectgate_write")
+        .execute(&mut first)
+        .await;
+    assert!(
+        release.is_err(),
+        "the batch's first write opened no savepoint: {release:?}"
+    );
+    let s = store.clone();
+    let a = tokio::spawn(async move { s.claim(&claim_of("a", 1)).await });
+    until_queued(&store, 1).await;
+    drop(first);
+    let claimed = a.await.unwrap().expect("the claim behind it commits");
+    assert!(claimed.is_some(), "the claim applied");
+    assert_eq!(
+        half_way_rows(&store).await,
+        0,
+        "the first write left nothing"
+    );
+    let row = store.get("t", "a").await.unwrap().unwrap();
+    assert_eq!((row.state, row.fence), (crate::ledger::State::Executing, 1));
+    // The next write after a committed one is a batch's first again.
+    let mut next = store.writer.begin(0).await.unwrap();
+    let release = sql::<SqliteDialect>("RELEASE SAVEPOINT effectgate_write")
+        .execute(&mut next)
+        .await;
+    assert!(release.is_err(), "{release:?}");
+    next.unchanged();
 }
