@@ -55,8 +55,9 @@ pub struct StorageSpec {
     pub call_timeout_ms: u64,
     /// Most ledger writes committed together (one transaction, one
     /// fsync): the writer takes every write waiting, up to this many (on
-    /// SQLite each in its own savepoint; on PostgreSQL without, and a
-    /// write that fails undoes the batch, whose other writes run again).
+    /// SQLite each after the first in its own savepoint; on PostgreSQL
+    /// without, and a write that fails undoes the batch, whose other
+    /// writes run again).
     /// Default 256; at least 1 (1: one commit per write).
     pub write_batch_max: u32,
     /// PostgreSQL: write connections, each committing its own batches
