@@ -379,8 +379,9 @@ pub(crate) async fn insert_attempt<D: Dialect>(
     Ok(())
 }
 
-/// What [`apply`] reads back of the row.
-const APPLIED_COLUMNS: &str = "version, fence, attempts";
+/// What [`apply`] reads back of the row (and a reservation, which knows
+/// the rest of the row it inserted).
+pub(crate) const APPLIED_COLUMNS: &str = "version, fence, attempts";
 
 /// Applies [`Reserve`] and, in the same statement, the [`ClaimLease`] of
 /// the operation it creates (∅ → RESERVED → EXECUTING): the row is

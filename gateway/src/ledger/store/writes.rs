@@ -52,7 +52,8 @@ impl<D: Dialect> Store<D> {
                 lease,
                 reason,
             });
-        // The new row comes back with the insert (no read of its own).
+        // The new row's version, fencing token and attempts come back with
+        // the insert; the rest is `new` as inserted (no read of its own).
         let mut inserted = insert_new::<D>(&mut tx, new, claim.as_ref(), now).await?;
         let mut created = inserted.is_some();
         if !created {
@@ -104,21 +105,14 @@ impl<D: Dialect> Store<D> {
             }
         }
         let (op, claimed) = match inserted {
-            // As inserted: nothing since changed the row (an approval wait
-            // did: read it).
-            Some((applied, row)) if !new.awaiting_approval => {
-                let mut op = super::reads::op_from_row(&row)?;
-                let claimed = claim.as_ref().map(|c| {
-                    // Returned as reserved: the claim is what changed.
-                    op.state = State::Reserved;
-                    op.version = 1;
-                    op.attempts = 0;
-                    op.fence = 0;
-                    op.lease_owner = None;
-                    op.lease_expires_at = None;
-                    applied.claim(c.lease.expires_at(now))
-                });
-                (op, claimed)
+            // As inserted, returned as reserved (with a claim, the claim is
+            // what changed): nothing since changed the row (an approval
+            // wait did: read it).
+            Some(applied) if !new.awaiting_approval => {
+                let claimed = claim
+                    .as_ref()
+                    .map(|c| applied.claim(c.lease.expires_at(now)));
+                (as_reserved(new, now), claimed)
             }
             _ => match fetch_op::<D>(&mut tx, &new.tenant_id, &new.operation_id).await? {
                 Some(op) => (op, None),
@@ -242,8 +236,9 @@ impl<D: Dialect> Store<D> {
 
 /// Inserts `new` (RESERVED) or, with `claim`, `new` as claimed by it
 /// (EXECUTING, [`command::reserve_claimed`]), on `conn` at `now`. Returns
-/// the command's [`command::Applied`] and the row of
-/// [`super::reads::OP_COLUMNS`], or `None` when the key is taken.
+/// the command's [`command::Applied`] (the row's version, fencing token
+/// and attempts, read back by the insert's statement), or `None` when the
+/// key is taken.
 ///
 /// Errors: as [`command::apply`].
 async fn insert_new<D: Dialect>(
@@ -251,16 +246,62 @@ async fn insert_new<D: Dialect>(
     new: &NewOperation,
     claim: Option<&ClaimLease<'_>>,
     now: i64,
-) -> Result<Option<(command::Applied, D::Row)>, LedgerError> {
+) -> Result<Option<command::Applied>, LedgerError> {
     let reserve = Reserve { new };
-    match claim {
-        None => {
-            command::apply_returning::<D, _>(conn, &reserve, now, super::reads::OP_COLUMNS).await
-        }
-        Some(claim) => {
-            command::reserve_claimed::<D>(conn, &reserve, claim, now, super::reads::OP_COLUMNS)
-                .await
-        }
+    let columns = command::APPLIED_COLUMNS;
+    let inserted = match claim {
+        None => command::apply_returning::<D, _>(conn, &reserve, now, columns).await?,
+        Some(claim) => command::reserve_claimed::<D>(conn, &reserve, claim, now, columns).await?,
+    };
+    Ok(inserted.map(|(applied, _)| applied))
+}
+
+/// The operation `new` as its reservation inserts it at `now`: RESERVED
+/// at version 1, no attempt, no lease, no outcome. It is what a read of
+/// the new row gives back ([`super::reads::op_from_row`]), built without
+/// the read: the reservation's statement reads back only what
+/// [`insert_new`] returns.
+fn as_reserved(new: &NewOperation, now: i64) -> Operation {
+    Operation {
+        tenant_id: new.tenant_id.clone(),
+        operation_id: new.operation_id.clone(),
+        route: new.route.clone(),
+        method: new.method.clone(),
+        path: new.path.clone(),
+        query: new.query.clone(),
+        fingerprint: new.fingerprint.clone(),
+        provider_key: new.provider_key.clone(),
+        effect_class: new.effect_class.clone(),
+        state: State::Reserved,
+        version: 1,
+        attempts: 0,
+        lease_owner: None,
+        lease_expires_at: None,
+        fence: 0,
+        request_content_type: new.request_content_type.clone(),
+        request_body: new.request_body.clone(),
+        principal: new.principal.clone(),
+        response_status: None,
+        response_headers: Vec::new(),
+        response_body: None,
+        response_body_bytes: None,
+        response_body_omitted: false,
+        error_kind: None,
+        error_detail: None,
+        created_at: now,
+        updated_at: now,
+        // Retention runs from the last change.
+        expires_at: now.saturating_add(new.retention_ms),
+        request_headers: new.request_headers.clone(),
+        trace_context: new.trace_context.clone(),
+        reconcile_attempts: 0,
+        next_reconcile_at: None,
+        dead_letter: false,
+        dead_letter_reason: None,
+        operator_check: None,
+        provider_reference: None,
+        requeues: 0,
+        settle_until: None,
     }
 }
 

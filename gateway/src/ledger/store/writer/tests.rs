@@ -994,3 +994,85 @@ async fn a_first_write_has_no_savepoint_and_dropped_half_way_takes_only_itself()
     assert!(release.is_err(), "{release:?}");
     next.unchanged();
 }
+
+/// What a reservation returns is the row it inserted, as a read gives it
+/// back (it is built from the new operation, not read), with and without
+/// the claim that rides in its statement.
+async fn reserved_as_read<D: Dialect>(store: Store<D>) {
+    use crate::ledger::command::Lease;
+    let mut new = new_op("as-read");
+    new.query = Some("expand=1".into());
+    new.effect_class = Some("payment".into());
+    new.request_content_type = Some("application/json".into());
+    new.request_body = br#"{"amount":100}"#.to_vec();
+    new.request_headers = vec![
+        ("content-type".into(), "application/json".into()),
+        ("x-request-id".into(), "r-1".into()),
+    ];
+    new.trace_context = Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
+    let mut claimed = new_op("as-read-claimed");
+    claimed.request_headers = new.request_headers.clone();
+    for (new, claim) in [
+        (&new, None),
+        (
+            &claimed,
+            Some((
+                Lease {
+                    owner: "gw-1",
+                    ms: 60_000,
+                },
+                "test",
+            )),
+        ),
+    ] {
+        let (r, c) = store.reserve(new, claim).await.unwrap();
+        let Reservation::Created(op) = r else {
+            panic!("created: {r:?}");
+        };
+        assert_eq!(c.is_some(), claim.is_some());
+        let mut read = store
+            .get("t", &new.operation_id)
+            .await
+            .unwrap()
+            .expect("the row");
+        if let Some(c) = c {
+            // Stored as claimed; returned as reserved.
+            assert_eq!(
+                (read.state, read.version, read.fence, read.attempts),
+                (crate::ledger::State::Executing, 2, c.fence, 1)
+            );
+            assert_eq!(read.lease_owner.as_deref(), Some("gw-1"));
+            read.state = crate::ledger::State::Reserved;
+            read.version = 1;
+            read.fence = 0;
+            read.attempts = 0;
+            read.lease_owner = None;
+            read.lease_expires_at = None;
+        }
+        assert_eq!(
+            serde_json::to_value(&op).unwrap(),
+            serde_json::to_value(&read).unwrap(),
+            "{}: the reservation's operation is the row as read",
+            new.operation_id
+        );
+        assert_eq!(op.request_body, read.request_body);
+        assert_eq!(op.response_body, read.response_body);
+    }
+}
+
+#[tokio::test]
+async fn a_reservation_returns_its_row_as_a_read_gives_it() {
+    let dir = tempfile::tempdir().unwrap();
+    reserved_as_read(store(dir.path()).await).await;
+}
+
+/// [`a_reservation_returns_its_row_as_a_read_gives_it`] on PostgreSQL.
+/// Skipped, with one line, without `TEST_POSTGRES_URL`.
+#[tokio::test]
+async fn a_postgres_reservation_returns_its_row_as_a_read_gives_it() {
+    let Some(url) = crate::ledger::postgres::test_url() else {
+        return;
+    };
+    let schema = format!("eg_{}", uuid::Uuid::new_v4().simple());
+    reserved_as_read(pg_store(&url, &schema).await).await;
+}
