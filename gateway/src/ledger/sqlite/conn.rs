@@ -450,18 +450,23 @@ impl Conn {
                 })?;
                 bind(&mut s, i, arg).map_err(db_error)?;
             }
-            let names: Arc<[String]> = s.column_names().into_iter().map(str::to_owned).collect();
             let writes = !s.readonly();
             let mut result = s.raw_query();
+            // Named once its first row is there: a statement SQLite had to
+            // prepare again (the schema changed) has its columns only then.
+            let mut named: Option<Arc<[String]>> = None;
             while let Some(row) = result.next().map_err(db_error)? {
+                let names = match &named {
+                    Some(names) => names.clone(),
+                    None => named
+                        .insert(column_names(text, row.as_ref()).map_err(db_error)?)
+                        .clone(),
+                };
                 let values = (0..names.len())
                     .map(|i| row.get::<_, Value>(i))
                     .collect::<Result<Vec<Value>, _>>()
                     .map_err(db_error)?;
-                rows.push(Row::Raw {
-                    names: names.clone(),
-                    values,
-                });
+                rows.push(Row::Raw { names, values });
             }
             drop(result);
             if writes {
@@ -521,6 +526,48 @@ impl Conn {
     ) -> Result<Vec<Row>, sqlx::Error> {
         Ok(self.all(stmt).await?.0)
     }
+}
+
+/// The column names of `s`, the prepared statement of `text`, shared by
+/// every run of that text. The ledger's statement texts are interned
+/// (`dialect::cached`), so a text's address names it; the names kept for
+/// it are checked against the statement's on each use (no allocation), and
+/// a statement whose columns changed (a schema change) gets its own again.
+/// Building them afresh allocated every name on every run (39 for a row of
+/// `operations`).
+///
+/// Errors: SQLite's, for a column it can't name.
+fn column_names(
+    text: &'static str,
+    s: &rusqlite::Statement<'_>,
+) -> rusqlite::Result<Arc<[String]>> {
+    type Names = std::collections::HashMap<(usize, usize), Arc<[String]>>;
+    static NAMES: std::sync::LazyLock<std::sync::Mutex<Names>> =
+        std::sync::LazyLock::new(Default::default);
+    let n = s.column_count();
+    if n == 0 {
+        return Ok(Arc::from(Vec::new()));
+    }
+    let key = (text.as_ptr() as usize, text.len());
+    let kept = NAMES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&key)
+        .cloned();
+    if let Some(kept) = kept
+        && kept.len() == n
+        && (0..n).all(|i| s.column_name(i).is_ok_and(|c| c == kept[i]))
+    {
+        return Ok(kept);
+    }
+    let names: Arc<[String]> = (0..n)
+        .map(|i| s.column_name(i).map(str::to_owned))
+        .collect::<rusqlite::Result<_>>()?;
+    NAMES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, names.clone());
+    Ok(names)
 }
 
 /// Binds `arg` to placeholder `i` of `s` (a boolean as 0 or 1, as sqlx

@@ -81,6 +81,46 @@ async fn a_text_of_several_statements_hands_each_its_own_values() {
     assert_eq!(one.bytes("body").unwrap(), b"\x00\x01");
 }
 
+/// Runs of one statement text share its column names, and a run after a
+/// schema change names the columns the statement has now.
+#[tokio::test]
+async fn a_statements_column_names_are_shared_and_follow_the_schema() {
+    let names = |row: &super::row::Row| match row {
+        super::row::Row::Raw { names, .. } => names.clone(),
+        super::row::Row::Sqlx(_) => panic!("a row of the writer's connection"),
+    };
+    let mut conn = memory();
+    sql::<SqliteDialect>("INSERT INTO t (id, name) VALUES (1, 'one')")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let text = "SELECT * FROM t WHERE id = 1";
+    let first = sql::<SqliteDialect>(text)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    let again = sql::<SqliteDialect>(text)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        std::sync::Arc::ptr_eq(&names(&first), &names(&again)),
+        "one set of names for both runs"
+    );
+    assert_eq!(&*names(&first), ["id", "name", "flag", "body"]);
+    sql::<SqliteDialect>("ALTER TABLE t ADD COLUMN extra TEXT NOT NULL DEFAULT 'x'")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let after = sql::<SqliteDialect>(text)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(&*names(&after), ["id", "name", "flag", "body", "extra"]);
+    assert_eq!(after.text("extra").unwrap(), "x");
+    assert_eq!(after.text("name").unwrap(), "one");
+}
+
 /// Values that don't match the placeholders, a column that isn't
 /// there and a value of another type are errors, not panics, and the
 /// database's own errors keep their kind.
