@@ -533,6 +533,7 @@ impl Conn {
 /// (`dialect::cached`), so a text's address names it; the names kept for
 /// it are checked against the statement's on each use (no allocation), and
 /// a statement whose columns changed (a schema change) gets its own again.
+/// Called with a statement's first row, when its columns are final.
 /// Building them afresh allocated every name on every run (39 for a row of
 /// `operations`).
 ///
@@ -545,9 +546,6 @@ fn column_names(
     static NAMES: std::sync::LazyLock<std::sync::Mutex<Names>> =
         std::sync::LazyLock::new(Default::default);
     let n = s.column_count();
-    if n == 0 {
-        return Ok(Arc::from(Vec::new()));
-    }
     let key = (text.as_ptr() as usize, text.len());
     let kept = NAMES
         .lock()

@@ -86,16 +86,21 @@ async fn sqlite_plan(store: &Store<SqliteDialect>, text: &str, ints: &[i64]) -> 
         .join("\n")
 }
 
+/// A SQLite ledger in `dir`, migrated.
+async fn sqlite_store(dir: &std::path::Path) -> Store<SqliteDialect> {
+    let storage = StorageSpec {
+        path: dir.join("ledger.db"),
+        ..StorageSpec::default()
+    };
+    Store::<SqliteDialect>::open(&storage, LedgerClock::new(Arc::new(SystemClock)))
+        .await
+        .expect("open the ledger")
+}
+
 #[tokio::test]
 async fn the_periodic_scans_read_their_own_indexes_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = StorageSpec {
-        path: dir.path().join("ledger.db"),
-        ..StorageSpec::default()
-    };
-    let store = Store::<SqliteDialect>::open(&storage, LedgerClock::new(Arc::new(SystemClock)))
-        .await
-        .expect("open the ledger");
+    let store = sqlite_store(dir.path()).await;
     let mut w = store.writer.begin(0).await.unwrap();
     for text in fill() {
         sql::<SqliteDialect>(&text).execute(&mut w).await.unwrap();
@@ -125,13 +130,7 @@ async fn the_periodic_scans_read_their_own_indexes_on_sqlite() {
 #[tokio::test]
 async fn writes_of_an_operation_build_no_temporary_btree_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = StorageSpec {
-        path: dir.path().join("ledger.db"),
-        ..StorageSpec::default()
-    };
-    let store = Store::<SqliteDialect>::open(&storage, LedgerClock::new(Arc::new(SystemClock)))
-        .await
-        .expect("open the ledger");
+    let store = sqlite_store(dir.path()).await;
     let mut conn = SqliteDialect::acquire(&store.read).await.unwrap();
     for text in [
         "INSERT INTO operations (tenant_id, operation_id, route, method, path, fingerprint, \

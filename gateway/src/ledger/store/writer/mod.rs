@@ -73,6 +73,10 @@ struct Failed {
     undone: bool,
 }
 
+/// Why the batch of an abandoned first write (SQLite, no savepoint) is
+/// rolled back; no write waits for that batch, so nobody is told.
+const ABANDONED_FIRST: &str = "its first write was abandoned";
+
 /// What the writes of a batch undone for another write are told.
 const UNDONE: &str =
     "another write of its batch failed or was abandoned, and the batch was rolled back";
@@ -182,8 +186,8 @@ struct Batch<D: Dialect> {
     open: bool,
     /// Whether a write holds the batch and has not ended: dropped before
     /// it did (abandoned), it is undone before anything else runs (SQLite:
-    /// rolled back to its savepoint, or with the batch when it is
-    /// [`Batch::bare`]; PostgreSQL: with the whole batch).
+    /// rolled back to its savepoint, or with the batch ([`abort`]) when
+    /// it is [`Batch::bare`]; PostgreSQL: with the whole batch).
     writing: bool,
     /// Whether the current write is the batch's first on SQLite and runs
     /// without a savepoint: undone, it takes the batch with it, which
@@ -487,12 +491,14 @@ async fn prepare<D: Dialect>(
     b: &mut Batch<D>,
     epoch: u64,
 ) -> Result<(), sqlx::Error> {
+    if b.writing && b.bare {
+        // An abandoned first write: its batch holds nothing else, and no
+        // write waits for it (the call is bounded as a whole by the
+        // caller's `within`).
+        abort(b, ABANDONED_FIRST, None, false).await;
+    }
     if b.conn.is_none() {
         b.conn = Some(D::connect_writer(source).await?);
-    }
-    if b.writing && b.bare {
-        // An abandoned first write: its batch holds nothing else.
-        undo_bare(b).await?;
     }
     let conn = b.conn.as_mut().expect("just set");
     if b.writing {
@@ -519,32 +525,6 @@ async fn prepare<D: Dialect>(
         db.saturating_add(i64::try_from(at.elapsed().as_millis()).unwrap_or(i64::MAX))
     });
     Ok(())
-}
-
-/// Rolls back the batch of an abandoned [`Batch::bare`] write, the only
-/// write in it (none waits for its commit).
-///
-/// Errors: the `ROLLBACK` failed (the connection is dropped: the next
-/// write takes a fresh one).
-async fn undo_bare<D: Dialect>(b: &mut Batch<D>) -> Result<(), sqlx::Error> {
-    debug_assert!(b.waiting.is_empty(), "a bare write is its batch's first");
-    let result = match b.conn.as_mut() {
-        Some(conn) => sql::<D>("ROLLBACK").execute(conn).await.map(drop),
-        None => Ok(()),
-    };
-    if result.is_err() {
-        discard(b);
-    }
-    b.open = false;
-    b.writing = false;
-    b.bare = false;
-    b.began = None;
-    b.poisoned = false;
-    b.crash_before = false;
-    b.crash_after = false;
-    b.bytes = 0;
-    b.terminal = false;
-    result
 }
 
 /// Rolls an abandoned write back to its savepoint and releases it.
@@ -624,8 +604,7 @@ async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) {
             return;
         }
         if b.bare {
-            // An abandoned first write, alone in its batch.
-            let _ = within(stall, undo_bare(b)).await;
+            abort(b, ABANDONED_FIRST, stall, false).await;
             return;
         }
         if let Err(e) = within(stall, rollback_savepoint::<D>(conn)).await {
