@@ -52,9 +52,8 @@ pub fn router(state: AppState) -> Router {
                     move |req: &Request| guards::limit_header_bytes(&app, req)
                 }))
                 .layer(guards::refuse(guards::refuse_dot_segments))
-                .layer(axum::middleware::from_fn_with_state(
+                .layer(crate::http::encoding::DecodeReplaysLayer::new(
                     state.clone(),
-                    crate::http::encoding::decode_replays,
                 )),
         )
         .with_state(state)
@@ -142,14 +141,83 @@ async fn handle_inner(app: &AppState, peer: SocketAddr, req: Request) -> Result<
     if !effectful {
         let uri = upstream_uri(route, rest, query.as_deref())?;
         // On an MCP route policies decide tool calls; the session's other
-        // traffic (GET streams, DELETE) passes.
-        if route.mcp.is_none() {
+        // traffic (GET streams, DELETE) passes. Boxed, as the effectful
+        // part below: a call without policies doesn't carry their
+        // evaluation in its future.
+        if route.mcp.is_none()
+            && !rt
+                .policies
+                .for_route(&principal.tenant, &route.name)
+                .is_empty()
+        {
             let head = (req.method(), req.headers());
-            pass_through_policies(app, &rt, route, &principal, head, rest, query.as_deref())
-                .await?;
+            Box::pin(pass_through_policies(
+                app,
+                &rt,
+                route,
+                &principal,
+                head,
+                rest,
+                query.as_deref(),
+            ))
+            .await?;
         }
         return pass_through(route, peer, req, uri).await;
     }
+    // The effectful part is a future of kilobytes (body reads, the MCP
+    // decision, the flow's hand-over): boxed, so that the future of every
+    // request, which each layer of the listener moves, stays the size of a
+    // pass-through.
+    let rest_at = path.len() - rest.len();
+    Box::pin(effectful_call(EffectfulCall {
+        app,
+        rt: &rt,
+        route,
+        principal,
+        peer,
+        req,
+        path,
+        rest_at,
+        query,
+        mcp_post,
+    }))
+    .await
+}
+
+/// An effectful call as [`handle_inner`] matched it.
+struct EffectfulCall<'a> {
+    app: &'a AppState,
+    rt: &'a std::sync::Arc<Runtime>,
+    /// The matched route, of `rt`.
+    route: &'a Route,
+    principal: Principal,
+    peer: SocketAddr,
+    req: Request,
+    /// The request's path; the part below the route's prefix starts at
+    /// `rest_at`.
+    path: String,
+    rest_at: usize,
+    query: Option<String>,
+    /// A POST on an MCP route: its identity is the tool call, not an
+    /// `Idempotency-Key`.
+    mcp_post: bool,
+}
+
+/// Steps 3–4 and the effectful flow of [`handle_inner`].
+async fn effectful_call(call: EffectfulCall<'_>) -> Result<Response, OpError> {
+    let EffectfulCall {
+        app,
+        rt,
+        route,
+        principal,
+        peer,
+        req,
+        path,
+        rest_at,
+        query,
+        mcp_post,
+    } = call;
+    let rest = &path[rest_at..];
     let key = if mcp_post {
         None
     } else {
@@ -194,7 +262,7 @@ async fn handle_inner(app: &AppState, peer: SocketAddr, req: Request) -> Result<
             let uri = upstream_uri(route, rest, query.as_deref())?;
             let post = crate::ops::mcp::Post {
                 app,
-                rt: &rt,
+                rt,
                 route,
                 principal: &principal,
                 headers: &parts.headers,
@@ -217,13 +285,13 @@ async fn handle_inner(app: &AppState, peer: SocketAddr, req: Request) -> Result<
                 .iter()
                 .position(|r| std::ptr::eq(r, route))
                 .ok_or_else(|| OpError::Internal("the route left its snapshot".into()))?,
-            rt,
+            rt: rt.clone(),
             principal,
             peer,
             scheme,
             method: parts.method,
             headers: parts.headers,
-            rest_at: path.len() - rest.len(),
+            rest_at,
             path,
             query,
             mcp: mcp_call.clone(),
