@@ -130,15 +130,35 @@ pub fn caller_headers(
     // The caller's own X-Forwarded-*/Forwarded claims are not trusted: the
     // gateway states only the peer it saw.
     if let Some(peer) = peer
-        && let Ok(v) = HeaderValue::from_str(&peer.ip().to_string())
+        && let Some(v) = ip_value(peer.ip())
     {
-        out.insert("x-forwarded-for", v);
+        out.insert(X_FORWARDED_FOR.clone(), v);
     }
     if let Some(host) = incoming.get(header::HOST) {
-        out.insert("x-forwarded-host", host.clone());
+        out.insert(X_FORWARDED_HOST.clone(), host.clone());
     }
-    out.insert("x-forwarded-proto", HeaderValue::from_static(proto));
+    out.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
     out
+}
+
+/// The names the gateway sets on every forwarded call, parsed once (a
+/// name given as text is parsed and hashed on each use).
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static TRACEPARENT: HeaderName = HeaderName::from_static(crate::telemetry::TRACEPARENT);
+static TRACESTATE: HeaderName = HeaderName::from_static(crate::telemetry::TRACESTATE);
+
+/// `ip` as a header value (`192.0.2.1`, `2001:db8::1`), written without
+/// an intermediate `String`.
+fn ip_value(ip: std::net::IpAddr) -> Option<HeaderValue> {
+    use std::io::Write;
+    // The longest IPv6 text (an IPv4-mapped address in full) is 45 bytes.
+    let mut buf = [0u8; 48];
+    let mut w = &mut buf[..];
+    write!(w, "{ip}").ok()?;
+    let len = 48 - w.len();
+    HeaderValue::from_bytes(&buf[..len]).ok()
 }
 
 /// Sets the W3C Trace Context of a call forwarded while its caller waits
@@ -148,12 +168,12 @@ pub fn caller_headers(
 pub fn trace_context(incoming: &HeaderMap, out: &mut HeaderMap) {
     match crate::telemetry::traceparent_header_of(&tracing::Span::current()) {
         Some(v) => {
-            out.insert(crate::telemetry::TRACEPARENT, v);
+            out.insert(TRACEPARENT.clone(), v);
         }
         None => {
-            for name in [crate::telemetry::TRACEPARENT, crate::telemetry::TRACESTATE] {
+            for name in [&TRACEPARENT, &TRACESTATE] {
                 if let Some(v) = incoming.get(name) {
-                    out.insert(name, v.clone());
+                    out.insert(name.clone(), v.clone());
                 }
             }
         }
@@ -369,6 +389,24 @@ pub fn build_request(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `X-Forwarded-For` is the peer's address as text, for both families
+    /// and the longest IPv6 form.
+    #[test]
+    fn the_peer_address_becomes_its_header_value() {
+        for (ip, text) in [
+            ("192.0.2.1", "192.0.2.1"),
+            ("2001:db8::1", "2001:db8::1"),
+            (
+                "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+                "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            ),
+            ("::ffff:255.255.255.255", "::ffff:255.255.255.255"),
+        ] {
+            let v = ip_value(ip.parse().unwrap()).unwrap();
+            assert_eq!(v.to_str().unwrap(), text);
+        }
+    }
 
     #[test]
     fn the_tenant_is_stamped_into_json_and_form_bodies() {

@@ -23,7 +23,7 @@
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use futures_util::future::Either;
-use http::{HeaderMap, Method};
+use http::{HeaderMap, HeaderName, Method};
 
 use crate::ops::OpError;
 use crate::state::AppState;
@@ -135,9 +135,16 @@ pub fn host_refusal(version: http::Version, headers: &HeaderMap) -> Option<OpErr
 
 /// The refusal of a request that carries a method override header.
 pub fn override_refusal(headers: &HeaderMap) -> Option<OpError> {
-    METHOD_OVERRIDES
+    // Parsed once: a name given as text is parsed on each lookup, and this
+    // runs on every call.
+    static NAMES: [HeaderName; 3] = [
+        HeaderName::from_static(METHOD_OVERRIDES[0]),
+        HeaderName::from_static(METHOD_OVERRIDES[1]),
+        HeaderName::from_static(METHOD_OVERRIDES[2]),
+    ];
+    NAMES
         .iter()
-        .find(|h| headers.contains_key(**h))
+        .find(|h| headers.contains_key(*h))
         .map(|h| OpError::BadRequest {
             field: format!("header:{h}"),
             message: "method override headers are not forwarded: send the method itself".into(),
@@ -171,20 +178,24 @@ pub fn refuse_dot_segments(req: &Request) -> Option<OpError> {
 /// servlet containers), a backslash, or `%00`, `%2e`, `%2f`, `%5c` in
 /// either case. Reads the path in place (it runs on every call).
 pub fn path_refusal(path: &str) -> Option<OpError> {
-    let encoded = path.as_bytes().windows(3).any(|w| {
-        w[0] == b'%'
-            && matches!(
-                (w[1], w[2].to_ascii_lowercase()),
-                (b'0', b'0') | (b'2', b'e') | (b'2', b'f') | (b'5', b'c')
-            )
-    });
+    let encoded = path.as_bytes().contains(&b'%')
+        && path.as_bytes().windows(3).any(|w| {
+            w[0] == b'%'
+                && matches!(
+                    (w[1], w[2].to_ascii_lowercase()),
+                    (b'0', b'0') | (b'2', b'e') | (b'2', b'f') | (b'5', b'c')
+                )
+        });
     let dots = || {
         path.split('/').any(|seg| {
             let bare = seg.split(';').next().unwrap_or("");
             bare == "." || bare == ".."
         })
     };
-    (encoded || path.contains('\\') || dots()).then(|| OpError::BadRequest {
+    // Most paths have no `.`, so no dot segment: their segments aren't
+    // looked at.
+    let dotted = || path.as_bytes().contains(&b'.') && dots();
+    (encoded || path.contains('\\') || dotted()).then(|| OpError::BadRequest {
         field: "path".into(),
         message: "dot segments and encoded separators are not allowed in paths".into(),
     })
