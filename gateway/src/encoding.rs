@@ -10,9 +10,9 @@
 //! An effectful call's response body is stored exactly as the provider
 //! sent it, with its `Content-Encoding` and `Vary`. A duplicate gets those
 //! bytes back when its `Accept-Encoding` accepts every coding applied;
-//! otherwise the proxy listener (`http::encoding::decode_replays`) decodes the body (gzip, deflate, br) before
-//! it leaves the gateway, drops `Content-Encoding`, and adds
-//! `Accept-Encoding` to `Vary`. A request without `Accept-Encoding` is
+//! otherwise the proxy listener (`http::encoding::DecodeReplaysLayer`)
+//! decodes the body (gzip, deflate, br) before it leaves the gateway,
+//! drops `Content-Encoding`, and adds `Accept-Encoding` to `Vary`. A request without `Accept-Encoding` is
 //! treated as accepting only `identity`: the stored coding is what the
 //! *first* caller asked for, and a client that didn't ask (curl without
 //! `--compressed`) can't be assumed to decode it.

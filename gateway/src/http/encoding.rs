@@ -2,9 +2,12 @@
 //! `Content-Encoding` the duplicate doesn't accept is decoded before it
 //! leaves the gateway (RFC 9110 §8.4, §12.5.3; see [`crate::encoding`]).
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use axum::body::Body;
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use axum::extract::Request;
 use axum::response::Response;
 use http::{HeaderValue, header};
 
@@ -17,24 +20,117 @@ use crate::state::AppState;
 #[derive(Debug, Clone, Copy)]
 pub struct StoredReplay;
 
-/// Proxy-listener middleware: a replayed answer (marked [`StoredReplay`])
+/// Proxy-listener layer: a replayed answer (marked [`StoredReplay`])
 /// whose `Content-Encoding` the duplicate doesn't accept is decoded, off
 /// the request threads (see the module docs). Other answers pass untouched
-/// and unbuffered.
-pub async fn decode_replays(State(app): State<AppState>, req: Request, next: Next) -> Response {
-    let accept = req
-        .headers()
-        .get_all(header::ACCEPT_ENCODING)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .collect::<Vec<_>>()
-        .join(",");
-    let accept = (!accept.is_empty() || req.headers().contains_key(header::ACCEPT_ENCODING))
-        .then_some(accept);
-    let resp = next.run(req).await;
-    if resp.extensions().get::<StoredReplay>().is_none() {
-        return resp;
+/// and unbuffered, without a future or a service of their own on the heap.
+#[derive(Clone)]
+pub struct DecodeReplaysLayer {
+    app: AppState,
+}
+
+impl DecodeReplaysLayer {
+    /// The layer, reading `limits.max_decoded_replay_bytes` from `app`'s
+    /// settings in force when a replay is decoded.
+    pub fn new(app: AppState) -> Self {
+        Self { app }
     }
+}
+
+impl<S> tower::Layer<S> for DecodeReplaysLayer {
+    type Service = DecodeReplays<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        DecodeReplays {
+            inner,
+            app: self.app.clone(),
+        }
+    }
+}
+
+/// The service of [`DecodeReplaysLayer`].
+#[derive(Clone)]
+pub struct DecodeReplays<S> {
+    inner: S,
+    app: AppState,
+}
+
+impl<S> tower::Service<Request> for DecodeReplays<S>
+where
+    S: tower::Service<Request, Response = Response>,
+    S::Future: Unpin,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = DecodeFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        let accept = accepted_codings(req.headers());
+        DecodeFuture {
+            inner: self.inner.call(req),
+            caller: Some((self.app.clone(), accept)),
+            decoding: None,
+        }
+    }
+}
+
+/// The future of [`DecodeReplays`]: the inner service's answer, or, for a
+/// replay to decode, the decoding's.
+pub struct DecodeFuture<F> {
+    inner: F,
+    /// The settings and the caller's `Accept-Encoding` (`None`: none sent),
+    /// until the inner answer arrives.
+    caller: Option<(AppState, Option<String>)>,
+    decoding: Option<Pin<Box<dyn Future<Output = Response> + Send>>>,
+}
+
+impl<F, E> Future for DecodeFuture<F>
+where
+    F: Future<Output = Result<Response, E>> + Unpin,
+{
+    type Output = Result<Response, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        loop {
+            if let Some(d) = this.decoding.as_mut() {
+                return d.as_mut().poll(cx).map(Ok);
+            }
+            let resp = std::task::ready!(Pin::new(&mut this.inner).poll(cx))?;
+            let Some((app, accept)) = this.caller.take() else {
+                return Poll::Ready(Ok(resp));
+            };
+            if resp.extensions().get::<StoredReplay>().is_none() {
+                return Poll::Ready(Ok(resp));
+            }
+            this.decoding = Some(Box::pin(decode_replay(app, accept, resp)));
+        }
+    }
+}
+
+/// The caller's accepted codings, its `Accept-Encoding` fields joined
+/// with `,` (`None`: it sent none).
+fn accepted_codings(headers: &http::HeaderMap) -> Option<String> {
+    if !headers.contains_key(header::ACCEPT_ENCODING) {
+        return None;
+    }
+    Some(
+        headers
+            .get_all(header::ACCEPT_ENCODING)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect::<Vec<_>>()
+            .join(","),
+    )
+}
+
+/// A stored answer `resp`, decoded when the caller (`accept`) doesn't
+/// accept its codings; as it is otherwise.
+async fn decode_replay(app: AppState, accept: Option<String>, resp: Response) -> Response {
     let codings = resp
         .headers()
         .get_all(header::CONTENT_ENCODING)

@@ -24,7 +24,7 @@ use crate::ops::reply::ReplyBody;
 use crate::ops::{Answer, Reply};
 
 /// A use case's reply as an HTTP response: a streamed provider body stays
-/// streamed; a stored replay is marked for [`encoding::decode_replays`].
+/// streamed; a stored replay is marked for [`encoding::DecodeReplaysLayer`].
 pub fn reply_response(r: Reply) -> Response {
     let problem = matches!(r.body, ReplyBody::Problem(_));
     let mut resp = match r.body {
