@@ -54,8 +54,12 @@ macro_rules! dispatch {
         let run = async {
             match &$self.db {
                 Db::Sqlite(s) => s.$m($($a),*).await,
+                // Boxed: a PostgreSQL call's future (sqlx's, the time
+                // limit's, the retries') is kilobytes, and every caller's
+                // future, the SQLite ledger's included, would otherwise
+                // hold room for it (a request's grew to 33 KB).
                 Db::Postgres(p) => {
-                    $self
+                    Box::pin($self
                         .bounded(async {
                             // A write that lost a deadlock with another
                             // instance's batch, or whose batch was undone
@@ -79,26 +83,30 @@ macro_rules! dispatch {
                                     r => break r,
                                 }
                             }
-                        })
+                        }))
                         .await
                 }
             }
         };
-        if tracing::Span::current().is_none() {
-            run.await
+        // One place for the call's future whether or not it has a span of
+        // its own (a disabled span costs a check on each poll).
+        let span = if tracing::Span::current().is_none() {
+            tracing::Span::none()
         } else {
-            let span = tracing::debug_span!(
+            tracing::debug_span!(
                 "ledger command",
                 otel.name = concat!("ledger ", stringify!($m)),
                 db.system.name = $self.backend_name(),
                 effectgate.ledger.command = stringify!($m),
                 effectgate.ledger.result = tracing::field::Empty,
                 effectgate.batch_size = tracing::field::Empty,
-            );
-            let r = tracing::Instrument::instrument(run, span.clone()).await;
+            )
+        };
+        let r = tracing::Instrument::instrument(run, span.clone()).await;
+        if !span.is_none() {
             span.record("effectgate.ledger.result", if r.is_ok() { "ok" } else { "error" });
-            r
         }
+        r
     }};
 }
 
