@@ -336,6 +336,18 @@ async fn run_flow(
     f: OwnedFlow,
     (body, content_type, key, fp): (Bytes, Option<String>, String, String),
 ) -> crate::ops::Answer {
+    spawn_flow(f, (body, content_type, key, fp))
+        .await
+        .unwrap_or_else(|e| Err(OpError::Internal(format!("the call's task failed: {e}"))))
+}
+
+/// The task of [`run_flow`]: a function of its own, not a step of the
+/// caller's future, so that the flow's future (16 KB) is built and boxed
+/// here and the caller's future holds no room for it while it waits.
+fn spawn_flow(
+    f: OwnedFlow,
+    (body, content_type, key, fp): (Bytes, Option<String>, String, String),
+) -> tokio::task::JoinHandle<crate::ops::Answer> {
     use tracing::Instrument;
     let tracker = f.app.lifecycle.calls.clone();
     let flow = async move {
@@ -357,13 +369,9 @@ async fn run_flow(
     // Boxed before it is wrapped and spawned: the flow's future is
     // kilobytes, and each wrapper and the spawn would copy it whole.
     let flow = Box::pin(flow);
-    tracker
-        .spawn(
-            crate::telemetry::with_request(crate::telemetry::request_context(), flow)
-                .in_current_span(),
-        )
-        .await
-        .unwrap_or_else(|e| Err(OpError::Internal(format!("the call's task failed: {e}"))))
+    tracker.spawn(
+        crate::telemetry::with_request(crate::telemetry::request_context(), flow).in_current_span(),
+    )
 }
 
 /// Step 3 on an MCP route: what the POST is. A world-changing tool call

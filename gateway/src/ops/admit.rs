@@ -283,7 +283,7 @@ impl Flow<'_> {
         Ok(match reserved {
             (Reservation::Created(op), _) if op.state == OpState::AwaitingApproval => {
                 crate::metrics::request(&route.name, "awaiting-approval");
-                Reserved::Answered(resume_awaiting(app, route, op).await)
+                Reserved::Answered(Box::pin(resume_awaiting(app, route, op)).await)
             }
             (Reservation::Created(op), Some(claim)) => {
                 crate::failpoint::hit("after-claim");
@@ -296,7 +296,9 @@ impl Flow<'_> {
                 Reserved::Op(Box::new(op))
             }
             (Reservation::Existing(op), _) => {
-                Reserved::Answered(answer_existing(app, route, op, fp).await)
+                // Boxed, as in `answer_existing` itself: a rare answer's
+                // future is not held room for by every reservation's.
+                Reserved::Answered(Box::pin(answer_existing(app, route, op, fp)).await)
             }
         })
     }

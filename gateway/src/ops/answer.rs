@@ -45,7 +45,10 @@ pub(crate) async fn answer_existing(
             })
         }
         OpState::Executing | OpState::Unknown => {
-            match crate::ops::reconcile::for_duplicate(app, op).await {
+            // The rarer answers are boxed: their futures (a read-back, an
+            // approval's resumption) are kilobytes that every new call's
+            // future would otherwise hold room for.
+            match Box::pin(crate::ops::reconcile::for_duplicate(app, op)).await {
                 Ok(resolved) => replay_or_dead_letter(route, &resolved),
                 Err(e) => {
                     crate::metrics::request(&route.name, "outcome-unknown");
@@ -53,7 +56,7 @@ pub(crate) async fn answer_existing(
                 }
             }
         }
-        OpState::AwaitingApproval => resume_awaiting(app, route, op).await,
+        OpState::AwaitingApproval => Box::pin(resume_awaiting(app, route, op)).await,
     }
 }
 

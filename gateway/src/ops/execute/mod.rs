@@ -88,15 +88,7 @@ pub async fn execute_for_caller(
 ) -> Answer {
     let (tx, rx) = oneshot::channel();
     let operation_id = op.operation_id.clone();
-    // The execution goes on in the caller's request span and with its
-    // request id, even after the caller stops waiting.
-    let request = crate::telemetry::request_context();
-    // Boxed before it is wrapped and spawned: the execution's future is
-    // kilobytes, and each wrapper and the spawn would copy it whole.
-    let execution = Box::pin(run(app.clone(), route.clone(), op, claim, Some(tx)));
-    app.lifecycle
-        .executions
-        .spawn(crate::telemetry::with_request(request, execution).in_current_span());
+    spawn_execution(app, route, op, claim, tx);
     match tokio::time::timeout(Duration::from_millis(route.retry.max_wait_ms), rx).await {
         Ok(Ok(resp)) => resp,
         Ok(Err(_)) => Err(OpError::Internal(
@@ -107,6 +99,28 @@ pub async fn execute_for_caller(
             "the provider has not answered within the route's wait bound",
         )),
     }
+}
+
+/// Starts the execution of [`execute_for_caller`], which answers on `tx`:
+/// a function of its own, not a step of the caller's future, so that the
+/// execution's future (8 KB) is built and boxed here and the caller's
+/// future holds no room for it while it waits.
+fn spawn_execution(
+    app: &AppState,
+    route: &Route,
+    op: Operation,
+    claim: Claim,
+    tx: oneshot::Sender<Answer>,
+) {
+    // The execution goes on in the caller's request span and with its
+    // request id, even after the caller stops waiting.
+    let request = crate::telemetry::request_context();
+    // Boxed before it is wrapped and spawned: the execution's future is
+    // kilobytes, and each wrapper and the spawn would copy it whole.
+    let execution = Box::pin(run(app.clone(), route.clone(), op, claim, Some(tx)));
+    app.lifecycle
+        .executions
+        .spawn(crate::telemetry::with_request(request, execution).in_current_span());
 }
 
 /// Runs a claimed operation in a task of its own and waits for it at most
