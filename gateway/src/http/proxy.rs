@@ -342,7 +342,7 @@ async fn run_flow(
 }
 
 /// The task of [`run_flow`]: a function of its own, not a step of the
-/// caller's future, so that the flow's future (16 KB) is built and boxed
+/// caller's future, so that the flow's future (5 KB) is built and boxed
 /// here and the caller's future holds no room for it while it waits.
 fn spawn_flow(
     f: OwnedFlow,
