@@ -144,21 +144,16 @@ async fn handle_inner(app: &AppState, peer: SocketAddr, req: Request) -> Result<
         // traffic (GET streams, DELETE) passes. Boxed, as the effectful
         // part below: a call without policies doesn't carry their
         // evaluation in its future.
-        if route.mcp.is_none()
-            && !rt
-                .policies
-                .for_route(&principal.tenant, &route.name)
-                .is_empty()
-        {
+        let policies = rt.policies.for_route(&principal.tenant, &route.name);
+        if route.mcp.is_none() && !policies.is_empty() {
             let head = (req.method(), req.headers());
             Box::pin(pass_through_policies(
                 app,
-                &rt,
+                policies,
                 route,
                 &principal,
                 head,
-                rest,
-                query.as_deref(),
+                (rest, query.as_deref()),
             ))
             .await?;
         }
@@ -422,17 +417,12 @@ fn authenticate_client(
 /// head only (the body streams through unread), and a refusal is final.
 async fn pass_through_policies(
     app: &AppState,
-    rt: &Runtime,
+    policies: &[crate::policy::BoundPolicy],
     route: &Route,
     principal: &Principal,
     (method, headers): (&http::Method, &http::HeaderMap),
-    rest: &str,
-    query: Option<&str>,
+    (rest, query): (&str, Option<&str>),
 ) -> Result<(), OpError> {
-    let policies = rt.policies.for_route(&principal.tenant, &route.name);
-    if policies.is_empty() {
-        return Ok(());
-    }
     let request = policy_request(
         principal,
         route,

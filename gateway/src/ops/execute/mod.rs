@@ -88,7 +88,7 @@ pub async fn execute_for_caller(
 ) -> Answer {
     let (tx, rx) = oneshot::channel();
     let operation_id = op.operation_id.clone();
-    spawn_execution(app, route, op, claim, tx);
+    spawn_execution(app, route, op, claim, Some(tx));
     match tokio::time::timeout(Duration::from_millis(route.retry.max_wait_ms), rx).await {
         Ok(Ok(resp)) => resp,
         Ok(Err(_)) => Err(OpError::Internal(
@@ -101,26 +101,25 @@ pub async fn execute_for_caller(
     }
 }
 
-/// Starts the execution of [`execute_for_caller`], which answers on `tx`:
-/// a function of its own, not a step of the caller's future, so that the
-/// execution's future (8 KB) is built and boxed here and the caller's
-/// future holds no room for it while it waits.
+/// Starts `op`'s execution in a task of its own, in the caller's request
+/// span and with its request id (it goes on after the caller stops
+/// waiting), answering on `reply` when given. A function of its own, not a
+/// step of the caller's future, so that the execution's future (8 KB) is
+/// built and boxed here and the waiting future holds no room for it.
 fn spawn_execution(
     app: &AppState,
     route: &Route,
     op: Operation,
     claim: Claim,
-    tx: oneshot::Sender<Answer>,
-) {
-    // The execution goes on in the caller's request span and with its
-    // request id, even after the caller stops waiting.
+    reply: Option<oneshot::Sender<Answer>>,
+) -> tokio::task::JoinHandle<Option<OpState>> {
     let request = crate::telemetry::request_context();
-    // Boxed before it is wrapped and spawned: the execution's future is
-    // kilobytes, and each wrapper and the spawn would copy it whole.
-    let execution = Box::pin(run(app.clone(), route.clone(), op, claim, Some(tx)));
+    // Boxed before it is wrapped and spawned: each wrapper and the spawn
+    // would copy it whole.
+    let execution = Box::pin(run(app.clone(), route.clone(), op, claim, reply));
     app.lifecycle
         .executions
-        .spawn(crate::telemetry::with_request(request, execution).in_current_span());
+        .spawn(crate::telemetry::with_request(request, execution).in_current_span())
 }
 
 /// Runs a claimed operation in a task of its own and waits for it at most
@@ -133,11 +132,7 @@ pub async fn run_detached(
     claim: Claim,
     wait: Duration,
 ) -> Option<OpState> {
-    let execution = Box::pin(run(app.clone(), route.clone(), op, claim, None));
-    let task = app.lifecycle.executions.spawn(
-        crate::telemetry::with_request(crate::telemetry::request_context(), execution)
-            .in_current_span(),
-    );
+    let task = spawn_execution(app, route, op, claim, None);
     tokio::time::timeout(wait, task)
         .await
         .ok()
