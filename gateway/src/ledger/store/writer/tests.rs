@@ -770,12 +770,11 @@ async fn a_lone_write_commits_on_its_own_thread_and_a_busy_one_joins_a_batch() {
     let s = store.clone();
     let b = tokio::spawn(async move { s.claim(&claim_of("b", 1)).await });
     until_queued(&store, 1).await;
-    let mut commit = std::pin::pin!(holder.commit());
-    assert!(
-        futures_util::poll!(commit.as_mut()).is_pending(),
-        "waits for the batch's commit"
-    );
-    assert_eq!(commit.await.unwrap(), 2, "b shared the commit");
+    // The committer takes the batch after the queued write (the lock is
+    // fair), so both share its commit. Whether the commit is still pending
+    // at its first poll depends on how soon the committer's thread runs,
+    // so that is not asserted.
+    assert_eq!(holder.commit().await.unwrap(), 2, "b shared the commit");
     assert!(b.await.unwrap().unwrap().is_some(), "b is claimed");
     assert_eq!(store.writer.commits(), before + 2);
 
