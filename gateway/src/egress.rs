@@ -26,16 +26,15 @@ use std::time::Duration;
 
 use axum::body::Body;
 use http::{HeaderValue, Uri};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::connect::proxy::Tunnel;
 use hyper_util::client::proxy::matcher::Matcher;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-/// The outbound HTTP client of one route or webhook.
-pub type HttpClient = Client<HttpsConnector<Egress>, OutboundBody>;
+mod pool;
+
+pub use pool::{Error, HttpClient, ResponseBody};
 
 /// The body type of requests to providers: a caller's streamed body on
 /// pass-through routes, or bytes from the ledger.
@@ -102,10 +101,11 @@ pub fn build_client(opts: ClientOptions) -> HttpClient {
         None => builder,
     };
     let connector = builder.enable_all_versions().wrap_connector(egress);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .build(connector)
+    HttpClient::new(connector, IDLE_TIMEOUT)
 }
+
+/// How long an idle provider connection is kept open: 30 s.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Clone, Debug)]
 enum Route {

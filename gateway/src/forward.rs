@@ -9,7 +9,7 @@ use http::{Method, Uri};
 
 use crate::config::Route;
 
-pub use crate::egress::{HttpClient, OutboundBody};
+pub use crate::egress::{HttpClient, OutboundBody, ResponseBody};
 
 /// The scheme a caller reached a listener with: `"http"` or `"https"`.
 /// Set on every request as an extension; it feeds `X-Forwarded-Proto` and
@@ -344,7 +344,7 @@ pub fn redacted(mut pairs: Vec<(String, String)>) -> Vec<(String, String)> {
 pub async fn send(
     route: &Route,
     req: http::Request<OutboundBody>,
-) -> Result<http::Response<hyper::body::Incoming>, String> {
+) -> Result<http::Response<ResponseBody>, String> {
     let timeout = std::time::Duration::from_millis(route.response_timeout_ms);
     match tokio::time::timeout(timeout, route.client.request(req)).await {
         Err(_) => Err(format!(

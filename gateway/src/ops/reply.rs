@@ -11,7 +11,7 @@ pub enum ReplyBody {
     Full(Bytes),
     /// A provider answer larger than the stored limit: the prefix read so
     /// far, then the rest of the provider's body, streamed unread.
-    Streamed(Bytes, hyper::body::Incoming),
+    Streamed(Bytes, Box<crate::forward::ResponseBody>),
     /// A problem document for this error (RFC 9457), rendered by the HTTP
     /// surface; the reply's headers are added to it.
     Problem(Box<crate::ops::OpError>),

@@ -21,10 +21,10 @@
 
 use std::time::Duration;
 
+use crate::forward::ResponseBody;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use tokio::sync::oneshot;
 use tracing::Instrument;
 
@@ -58,7 +58,7 @@ enum ReadBody {
     /// The whole body.
     Whole(Bytes),
     /// More than the limit: the prefix read so far and the rest, unread.
-    Overflow(Bytes, Incoming),
+    Overflow(Bytes, Box<ResponseBody>),
     /// Reading failed after `Bytes` were read.
     Broken(Bytes, String),
 }
@@ -621,7 +621,7 @@ async fn attempt(
 /// first complete event that holds the JSON-RPC result: that message
 /// decides the outcome, and the stream is closed after it.
 async fn read_bounded(
-    mut body: Incoming,
+    mut body: ResponseBody,
     limit: usize,
     sse_result: Option<&HeaderMap>,
 ) -> ReadBody {
@@ -636,7 +636,7 @@ async fn read_bounded(
                 if let Ok(data) = frame.into_data() {
                     buf.extend_from_slice(&data);
                     if buf.len() > limit {
-                        return ReadBody::Overflow(buf.freeze(), body);
+                        return ReadBody::Overflow(buf.freeze(), Box::new(body));
                     }
                     if let Some(h) = sse_result {
                         // A separator may straddle the previous frame's end.
