@@ -379,50 +379,96 @@ impl ConnCtx {
         } else {
             head_timeout
         };
-        let head_deadline = async {
-            tokio::time::sleep(backstop).await;
-            if conn.served.load(Ordering::Acquire) {
-                std::future::pending::<()>().await;
+        // The reasons to stop a connection early are watched by a task of
+        // their own, which aborts the connection's future: that future is
+        // woken on every read and write, and polling the watches' timers
+        // and notifications each time cost more than a request's routing.
+        let (serve, abort) = futures_util::future::abortable(serve);
+        let watch = tokio::spawn({
+            let conn = conn.clone();
+            async move {
+                let stop = watch_connection(conn, cut, backstop, idle_timeout).await;
+                abort.abort();
+                stop
             }
-        };
-        let idle = async {
-            loop {
-                if !conn.served.load(Ordering::Acquire) {
-                    // Until the first head, the head deadline rules.
-                    tokio::time::sleep(idle_timeout).await;
-                    continue;
-                }
-                match conn.idle_for() {
-                    Some(d) if d >= idle_timeout => break,
-                    Some(d) => tokio::time::sleep(idle_timeout - d).await,
-                    None => tokio::time::sleep(idle_timeout).await,
-                }
-            }
-        };
-        tokio::select! {
-            result = serve => {
+        });
+        let stopped = match serve.await {
+            Ok(result) => {
+                watch.abort();
                 if let Err(e) = result {
-                    if e.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_timeout) {
+                    if e.downcast_ref::<hyper::Error>()
+                        .is_some_and(hyper::Error::is_timeout)
+                    {
                         crate::metrics::connection_refused(name, "header-timeout");
                     }
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
                 }
+                None
             }
-            _ = conn.close.notified() => {
+            Err(futures_util::future::Aborted) => watch.await.ok(),
+        };
+        match stopped {
+            Some(Stop::Evicted) => {
                 tracing::debug!(%peer, "connection closed to make room for a new one");
             }
-            _ = head_deadline => {
+            Some(Stop::NoHead) => {
                 crate::metrics::connection_refused(name, "header-timeout");
                 tracing::debug!(%peer, "no request head in time; connection closed");
             }
-            _ = idle => {
-                tracing::debug!(%peer, "idle connection closed");
-            }
-            _ = cut.cancelled() => {
-                tracing::debug!(%peer, "connection cut at the drain deadline");
-            }
+            Some(Stop::Idle) => tracing::debug!(%peer, "idle connection closed"),
+            Some(Stop::Cut) => tracing::debug!(%peer, "connection cut at the drain deadline"),
+            None => {}
         }
         tracker.leave(conn.id);
+    }
+}
+
+/// Why [`watch_connection`] stopped a connection.
+enum Stop {
+    /// Closed to make room for a new connection.
+    Evicted,
+    /// No request head within the head timeout (plus its backstop).
+    NoHead,
+    /// Idle for the idle timeout.
+    Idle,
+    /// Cut at the drain deadline of a shutdown.
+    Cut,
+}
+
+/// Waits for a reason to stop `conn` early: eviction, no first head within
+/// `backstop`, `idle_timeout` without a request in flight, or `cut`.
+/// Returns once one happens; the caller aborts the connection then.
+async fn watch_connection(
+    conn: Arc<Conn>,
+    cut: tokio_util::sync::CancellationToken,
+    backstop: Duration,
+    idle_timeout: Duration,
+) -> Stop {
+    let head_deadline = async {
+        tokio::time::sleep(backstop).await;
+        if conn.served.load(Ordering::Acquire) {
+            std::future::pending::<()>().await;
+        }
+    };
+    let idle = async {
+        loop {
+            if !conn.served.load(Ordering::Acquire) {
+                // Until the first head, the head deadline rules.
+                tokio::time::sleep(idle_timeout).await;
+                continue;
+            }
+            match conn.idle_for() {
+                Some(d) if d >= idle_timeout => break,
+                Some(d) => tokio::time::sleep(idle_timeout - d).await,
+                None => tokio::time::sleep(idle_timeout).await,
+            }
+        }
+    };
+    tokio::select! {
+        _ = conn.close.notified() => Stop::Evicted,
+        _ = head_deadline => Stop::NoHead,
+        _ = idle => Stop::Idle,
+        _ = cut.cancelled() => Stop::Cut,
     }
 }
 
