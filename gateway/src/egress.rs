@@ -64,6 +64,10 @@ pub enum Proxy {
 pub struct ClientOptions {
     /// TCP connect timeout, ms (to the provider, or to the proxy).
     pub connect_timeout_ms: u64,
+    /// How long an idle connection is kept for the next request, ms
+    /// (a route's `idle_connection_timeout_ms`; default
+    /// [`DEFAULT_IDLE_TIMEOUT_MS`]).
+    pub idle_timeout_ms: u64,
     /// TLS settings (roots, client certificate).
     pub tls: rustls::ClientConfig,
     /// Name to send in SNI and verify the certificate against, instead of
@@ -74,7 +78,7 @@ pub struct ClientOptions {
 }
 
 /// Builds a pooled client: HTTP/2 when the provider offers `h2` in ALPN,
-/// HTTP/1.1 otherwise; idle connections are kept 30 s.
+/// HTTP/1.1 otherwise; idle connections are kept `idle_timeout_ms`.
 pub fn build_client(opts: ClientOptions) -> HttpClient {
     let mut http = HttpConnector::new();
     http.set_connect_timeout(Some(Duration::from_millis(opts.connect_timeout_ms)));
@@ -101,11 +105,12 @@ pub fn build_client(opts: ClientOptions) -> HttpClient {
         None => builder,
     };
     let connector = builder.enable_all_versions().wrap_connector(egress);
-    HttpClient::new(connector, IDLE_TIMEOUT)
+    HttpClient::new(connector, Duration::from_millis(opts.idle_timeout_ms))
 }
 
-/// How long an idle provider connection is kept open: 30 s.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long an idle provider connection is kept open unless a route says
+/// otherwise: 30,000 ms.
+pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 30_000;
 
 #[derive(Clone, Debug)]
 enum Route {

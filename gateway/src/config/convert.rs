@@ -444,6 +444,7 @@ impl ConfigFile {
                         proxy: w.proxy.as_deref(),
                         proxy_credentials_env: w.proxy_credentials_env.as_deref(),
                         connect_timeout_ms: 2_000,
+                        idle_timeout_ms: crate::egress::DEFAULT_IDLE_TIMEOUT_MS,
                         https,
                     },
                     base_dir,

@@ -36,6 +36,7 @@ pub(super) fn route(
             proxy: r.proxy.as_deref(),
             proxy_credentials_env: r.proxy_credentials_env.as_deref(),
             connect_timeout_ms: r.connect_timeout_ms,
+            idle_timeout_ms: r.idle_connection_timeout_ms,
             https: upstream.scheme() == "https",
         },
         base_dir,
@@ -196,6 +197,12 @@ fn route_fields(
     if r.connect_timeout_ms == 0 {
         return Err(ConfigError::new(
             format!("{rp}.connect_timeout_ms"),
+            "must be at least 1",
+        ));
+    }
+    if r.idle_connection_timeout_ms == 0 {
+        return Err(ConfigError::new(
+            format!("{rp}.idle_connection_timeout_ms"),
             "must be at least 1",
         ));
     }

@@ -18,6 +18,8 @@ pub(super) struct ClientSpec<'a> {
     pub proxy_credentials_env: Option<&'a str>,
     /// TCP connect timeout, ms.
     pub connect_timeout_ms: u64,
+    /// How long an idle provider connection is kept, ms.
+    pub idle_timeout_ms: u64,
     /// Whether it talks to an `https://` URL (so it needs trusted roots).
     pub https: bool,
 }
@@ -55,6 +57,7 @@ pub(super) fn outbound_client(
     let proxy = proxy(path, spec.proxy, spec.proxy_credentials_env)?;
     Ok(crate::egress::build_client(ClientOptions {
         connect_timeout_ms: spec.connect_timeout_ms,
+        idle_timeout_ms: spec.idle_timeout_ms,
         tls: config,
         server_name,
         proxy,

@@ -119,6 +119,10 @@ pub struct RouteSpec {
     /// TCP connect timeout in ms. Default 2000.
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
+    /// How long an idle connection to the provider is kept open for the
+    /// next call, in ms. Default 30000.
+    #[serde(default = "default_idle_connection_timeout_ms")]
+    pub idle_connection_timeout_ms: u64,
     /// Time from sending the request to the end of the response head, in ms.
     /// Default 10000. Past it an effectful call's outcome is UNKNOWN.
     #[serde(default = "default_response_timeout_ms")]
@@ -242,6 +246,9 @@ impl Default for RetrySpec {
 
 fn default_connect_timeout_ms() -> u64 {
     2_000
+}
+fn default_idle_connection_timeout_ms() -> u64 {
+    crate::egress::DEFAULT_IDLE_TIMEOUT_MS
 }
 fn default_response_timeout_ms() -> u64 {
     10_000

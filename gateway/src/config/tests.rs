@@ -57,6 +57,23 @@ fn default_methods_exclude_safe_ones_and_longest_prefix_wins() {
 }
 
 #[test]
+fn idle_connection_timeout_has_a_default_and_zero_is_refused() {
+    let route = "[[routes]]\nprefix = \"/a/\"\nupstream = \"http://x\"\n";
+    let s = parse(route).unwrap();
+    let r = s.match_route("/a/b").unwrap();
+    assert_eq!(r.client.idle_timeout(), std::time::Duration::from_secs(30));
+    let s = parse(&format!("{route}idle_connection_timeout_ms = 1500\n")).unwrap();
+    let r = s.match_route("/a/b").unwrap();
+    assert_eq!(
+        r.client.idle_timeout(),
+        std::time::Duration::from_millis(1500)
+    );
+    let e = parse(&format!("{route}idle_connection_timeout_ms = 0\n")).unwrap_err();
+    assert_eq!(e.path, "routes[0].idle_connection_timeout_ms");
+    assert!(e.message.contains("at least 1"), "{e}");
+}
+
+#[test]
 fn ledger_urls_never_show_a_password() {
     assert_eq!(
         redact_url("postgres://u:s3cret@db:5432/l"),

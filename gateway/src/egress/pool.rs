@@ -8,8 +8,9 @@
 //! - An HTTP/2 connection (ALPN `h2`) is shared by every request to its
 //!   destination until it closes.
 //! - Idle HTTP/1.1 connections are reused most recent first and closed
-//!   after the idle timeout (30 s): at checkout, and by a reaper task that
-//!   runs once per timeout while the client lives.
+//!   after the idle timeout (a route's `idle_connection_timeout_ms`, 30 s
+//!   by default): at checkout, and by a reaper task that runs once per
+//!   timeout while the client lives.
 //! - A request that a reused connection closed under before sending any of
 //!   it goes out again on another connection, as hyper's own pool does; a
 //!   request on a new connection is never sent twice.
@@ -280,6 +281,11 @@ impl HttpClient {
                 pool.reap(Instant::now());
             }
         });
+    }
+
+    /// How long an idle connection is kept.
+    pub fn idle_timeout(&self) -> Duration {
+        self.inner.idle_timeout
     }
 
     /// Idle HTTP/1.1 connections kept for `uri`'s destination (for tests).
@@ -567,6 +573,8 @@ mod tests {
         (uri, accepted, ended)
     }
 
+    const IDLE: Duration = Duration::from_secs(30);
+
     fn client() -> HttpClient {
         // Plain-HTTP providers only: no roots are needed.
         let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
@@ -581,6 +589,7 @@ mod tests {
             tls,
             server_name: None,
             proxy: super::super::Proxy::Direct,
+            idle_timeout_ms: IDLE.as_millis() as u64,
         })
     }
 
@@ -664,10 +673,9 @@ mod tests {
         body_of(r).await;
         assert_eq!(c.idle_connections(&uri), 1);
         // Not yet expired.
-        c.inner
-            .reap(Instant::now() + super::super::IDLE_TIMEOUT / 2);
+        c.inner.reap(Instant::now() + IDLE / 2);
         assert_eq!(c.idle_connections(&uri), 1);
-        c.inner.reap(Instant::now() + super::super::IDLE_TIMEOUT);
+        c.inner.reap(Instant::now() + IDLE);
         assert_eq!(c.idle_connections(&uri), 0);
         next_call_opens_a_connection(&c, &uri, &mut ended, &accepted, 2).await;
     }

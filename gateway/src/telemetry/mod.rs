@@ -300,6 +300,7 @@ impl ExportClient {
             .map_err(|e| anyhow::anyhow!("telemetry: TLS: {}", e.message))?;
         let client = crate::egress::build_client(crate::egress::ClientOptions {
             connect_timeout_ms: timeout.as_millis().try_into().unwrap_or(u64::MAX),
+            idle_timeout_ms: crate::egress::DEFAULT_IDLE_TIMEOUT_MS,
             tls,
             server_name: None,
             proxy: crate::egress::Proxy::Environment,
