@@ -60,8 +60,10 @@ struct Destination {
     /// HTTP/1.1 connections waiting for a request, the most recently used
     /// last.
     idle: Vec<Idle>,
-    /// The HTTP/2 connection every request shares, once one is open.
-    shared: Option<http2::SendRequest<OutboundBody>>,
+    /// The HTTP/2 connection every request shares, once one is open, and
+    /// when a request last took it (it is dropped when idle as long as an
+    /// HTTP/1.1 connection would be).
+    shared: Option<(http2::SendRequest<OutboundBody>, Instant)>,
     /// The `Host` of HTTP/1.1 requests to it ([`host_value`]), made once.
     host: Option<HeaderValue>,
 }
@@ -100,13 +102,17 @@ pub enum Error {
     Connect(BoxError),
     /// The connection was opened but its HTTP handshake failed.
     Handshake(hyper::Error),
+    /// A new connection closed before it took the request: nothing of it
+    /// was written (the connection's own error, when it had one).
+    ClosedBeforeSend(hyper::Error),
     /// The request could not be sent or its response head not read.
     Exchange(hyper::Error),
 }
 
 impl Error {
     /// Whether nothing of the request left the gateway: the URL, the
-    /// connection or its handshake failed before the request was written.
+    /// connection or its handshake failed, or a new connection closed,
+    /// before the request was written.
     /// An [`Error::Exchange`] is never counted so: the provider may have
     /// read the request.
     pub fn is_connect(&self) -> bool {
@@ -120,6 +126,9 @@ impl fmt::Display for Error {
             Error::Destination(m) => write!(f, "bad destination URL: {m}"),
             Error::Connect(_) => f.write_str("cannot connect to the provider"),
             Error::Handshake(_) => f.write_str("the provider's HTTP handshake failed"),
+            Error::ClosedBeforeSend(_) => {
+                f.write_str("the provider closed the new connection before the request was sent")
+            }
             Error::Exchange(_) => f.write_str("the exchange with the provider failed"),
         }
     }
@@ -130,7 +139,7 @@ impl std::error::Error for Error {
         match self {
             Error::Destination(_) => None,
             Error::Connect(e) => Some(e.as_ref()),
-            Error::Handshake(e) | Error::Exchange(e) => Some(e),
+            Error::Handshake(e) | Error::ClosedBeforeSend(e) | Error::Exchange(e) => Some(e),
         }
     }
 }
@@ -169,61 +178,70 @@ impl HttpClient {
         let key = Key::of(req.uri())?;
         let uri = req.uri().clone();
         loop {
-            let (conn, reused, host) = match self.inner.checkout(&key, Instant::now()) {
-                Some((c, host)) => (c, true, host),
+            // A new connection comes with the receiver of its own error,
+            // for a request it closed under before sending any of it.
+            let (conn, fresh, host) = match self.inner.checkout(&key, Instant::now()) {
+                Some((c, host)) => (c, None, host),
                 None => {
                     let connect = self.boxed_connect(&key, &uri);
-                    (connect.await?, false, None)
+                    let (c, ended) = connect.await?;
+                    (c, Some(ended), None)
                 }
             };
-            match conn {
+            let (result, h2) = match conn {
                 Checked::H2(mut tx) => {
                     *req.uri_mut() = uri.clone();
-                    return match tx.try_send_request(req).await {
-                        Ok(r) => Ok(r.map(ResponseBody::unpooled)),
-                        Err(mut e) => match e.take_message() {
-                            Some(r) if reused => {
-                                req = r;
-                                continue;
-                            }
-                            _ => Err(Error::Exchange(e.into_error())),
-                        },
-                    };
+                    let r = tx.try_send_request(req).await;
+                    (r.map(|r| r.map(ResponseBody::unpooled)), true)
                 }
                 Checked::H1(mut tx) => {
-                    if let Err(e) = tx.ready().await {
-                        if reused {
-                            continue;
-                        }
-                        return Err(Error::Exchange(e));
-                    }
+                    // A pooled connection is ready (checkout takes no
+                    // other); a new one takes its first request at once.
                     to_origin_form(&mut req, host.or_else(|| host_value(&key)));
-                    match tx.try_send_request(req).await {
-                        Ok(r) => {
-                            let back = Some(GiveBack {
-                                pool: Arc::downgrade(&self.inner),
-                                key,
-                                tx,
-                            });
-                            let (parts, body) = r.into_parts();
-                            let mut body = ResponseBody { body, back };
-                            if body.body.is_end_stream() {
-                                body.give_back();
-                            }
-                            return Ok(Response::from_parts(parts, body));
-                        }
-                        Err(mut e) => match e.take_message() {
-                            Some(r) if reused => {
-                                req = r;
-                                *req.uri_mut() = uri.clone();
-                                continue;
-                            }
-                            _ => return Err(Error::Exchange(e.into_error())),
-                        },
-                    }
+                    let r = tx.try_send_request(req).await;
+                    (r.map(|r| self.pooled(key.clone(), tx, r)), false)
                 }
+            };
+            let mut e = match result {
+                Ok(r) => return Ok(r),
+                Err(e) => e,
+            };
+            if h2 {
+                // The next request opens a new connection.
+                self.inner.unshare(&key);
+            }
+            match (e.take_message(), fresh) {
+                (Some(r), None) => {
+                    req = r;
+                    *req.uri_mut() = uri.clone();
+                }
+                (Some(_), Some(ended)) => {
+                    return Err(closed_before_send(e.into_error(), ended).await);
+                }
+                (None, _) => return Err(Error::Exchange(e.into_error())),
             }
         }
+    }
+
+    /// The response of an HTTP/1.1 exchange on `tx`, whose connection goes
+    /// back to the pool when its body ends.
+    fn pooled(
+        &self,
+        key: Key,
+        tx: http1::SendRequest<OutboundBody>,
+        r: Response<Incoming>,
+    ) -> Response<ResponseBody> {
+        let back = Some(GiveBack {
+            pool: Arc::downgrade(&self.inner),
+            key,
+            tx,
+        });
+        let (parts, body) = r.into_parts();
+        let mut body = ResponseBody { body, back };
+        if body.body.is_end_stream() {
+            body.give_back();
+        }
+        Response::from_parts(parts, body)
     }
 
     /// [`Self::connect`]'s future (6 KB: the TCP, tunnel, TLS and HTTP
@@ -233,13 +251,13 @@ impl HttpClient {
         &'a self,
         key: &'a Key,
         uri: &'a Uri,
-    ) -> Pin<Box<dyn Future<Output = Result<Checked, Error>> + Send + 'a>> {
+    ) -> futures_util::future::BoxFuture<'a, Result<(Checked, Ended), Error>> {
         Box::pin(self.connect(key, uri))
     }
 
     /// Opens a connection to `key` (HTTP/2 when the provider chose `h2` in
     /// ALPN) and drives it in a task of its own.
-    async fn connect(&self, key: &Key, uri: &Uri) -> Result<Checked, Error> {
+    async fn connect(&self, key: &Key, uri: &Uri) -> Result<(Checked, Ended), Error> {
         let io = self
             .inner
             .connector
@@ -253,16 +271,16 @@ impl HttpClient {
                 .handshake(io)
                 .await
                 .map_err(Error::Handshake)?;
-            drive(conn, "HTTP/2");
+            let ended = drive(conn, "HTTP/2");
             self.inner.share(key, tx.clone());
-            Ok(Checked::H2(tx))
+            Ok((Checked::H2(tx), ended))
         } else {
             let (tx, conn) = http1::Builder::new()
                 .handshake(io)
                 .await
                 .map_err(Error::Handshake)?;
-            drive(conn, "HTTP/1.1");
-            Ok(Checked::H1(tx))
+            let ended = drive(conn, "HTTP/1.1");
+            Ok((Checked::H1(tx), ended))
         }
     }
 
@@ -273,7 +291,8 @@ impl HttpClient {
             return;
         }
         let pool = Arc::downgrade(&self.inner);
-        let every = self.inner.idle_timeout;
+        // At most ten runs a second, however short the timeout.
+        let every = self.inner.idle_timeout.max(Duration::from_millis(100));
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
@@ -299,17 +318,34 @@ impl HttpClient {
     }
 }
 
+/// The error a connection ended with, if it ended with one.
+type Ended = tokio::sync::oneshot::Receiver<hyper::Error>;
+
 /// Drives a provider connection (`version`, for the log) in a task of its
-/// own until it closes.
-fn drive<F>(conn: F, version: &'static str)
+/// own until it closes; its error, if any, goes to the receiver.
+fn drive<F>(conn: F, version: &'static str) -> Ended
 where
     F: Future<Output = Result<(), hyper::Error>> + Send + 'static,
 {
+    let (tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::debug!(error = %e, version, "provider connection ended");
+            let _ = tx.send(e);
         }
     });
+    rx
+}
+
+/// [`Error::ClosedBeforeSend`] for a new connection that gave its request
+/// back unsent: with the connection's own error (a TLS alert that came
+/// after the handshake, say) when it ended with one within 1 s, else
+/// `e`.
+async fn closed_before_send(e: hyper::Error, ended: Ended) -> Error {
+    match tokio::time::timeout(Duration::from_secs(1), ended).await {
+        Ok(Ok(cause)) => Error::ClosedBeforeSend(cause),
+        _ => Error::ClosedBeforeSend(e),
+    }
 }
 
 impl Inner {
@@ -326,15 +362,24 @@ impl Inner {
     fn checkout(&self, key: &Key, now: Instant) -> Option<(Checked, Option<HeaderValue>)> {
         let mut dests = self.lock();
         let d = dests.iter_mut().find(|d| d.key == *key)?;
-        if let Some(tx) = &d.shared {
-            if !tx.is_closed() {
+        if let Some((tx, used)) = &mut d.shared {
+            if !tx.is_closed() && now.duration_since(*used) < self.idle_timeout {
+                *used = now;
                 return Some((Checked::H2(tx.clone()), None));
             }
             d.shared = None;
         }
-        while let Some(idle) = d.idle.pop() {
-            if !idle.tx.is_closed() && now.duration_since(idle.since) < self.idle_timeout {
-                return Some((Checked::H1(idle.tx), d.host.clone()));
+        // Most recent first. A connection still sending the body of its
+        // last request (the provider answered before reading it all) is
+        // not ready: it is left for later, not waited for.
+        let mut i = d.idle.len();
+        while i > 0 {
+            i -= 1;
+            let idle = &d.idle[i];
+            if idle.tx.is_closed() || now.duration_since(idle.since) >= self.idle_timeout {
+                d.idle.remove(i);
+            } else if idle.tx.is_ready() {
+                return Some((Checked::H1(d.idle.remove(i).tx), d.host.clone()));
             }
         }
         None
@@ -358,7 +403,14 @@ impl Inner {
 
     fn share(&self, key: &Key, tx: http2::SendRequest<OutboundBody>) {
         let mut dests = self.lock();
-        Self::destination(&mut dests, key).shared = Some(tx);
+        Self::destination(&mut dests, key).shared = Some((tx, Instant::now()));
+    }
+
+    /// Drops the shared HTTP/2 connection to `key` after a failed exchange.
+    fn unshare(&self, key: &Key) {
+        if let Some(d) = self.lock().iter_mut().find(|d| d.key == *key) {
+            d.shared = None;
+        }
     }
 
     fn put_back(&self, key: &Key, tx: http1::SendRequest<OutboundBody>) {
@@ -377,7 +429,9 @@ impl Inner {
         for d in dests.iter_mut() {
             d.idle
                 .retain(|i| !i.tx.is_closed() && now.duration_since(i.since) < self.idle_timeout);
-            if d.shared.as_ref().is_some_and(http2::SendRequest::is_closed) {
+            if d.shared.as_ref().is_some_and(|(tx, used)| {
+                tx.is_closed() || now.duration_since(*used) >= self.idle_timeout
+            }) {
                 d.shared = None;
             }
         }
@@ -404,11 +458,10 @@ impl Key {
 fn host_value(key: &Key) -> Option<HeaderValue> {
     let a = &key.authority;
     let default_port = if key.scheme == Scheme::HTTPS { 443 } else { 80 };
-    let host = match a.port_u16() {
-        Some(p) if p != default_port => a.as_str(),
-        _ => a.host(),
-    };
-    HeaderValue::from_str(host).ok()
+    match a.port_u16() {
+        Some(p) if p != default_port => HeaderValue::from_str(&format!("{}:{p}", a.host())).ok(),
+        _ => HeaderValue::from_str(a.host()).ok(),
+    }
 }
 
 /// Sets `host` as `Host` when the request has none, and puts the target in
@@ -662,6 +715,30 @@ mod tests {
         }
     }
 
+    /// A connection still sending its request's body after the provider
+    /// answered (and the answer was read) is not ready: the next call
+    /// doesn't wait for it but opens another.
+    #[tokio::test]
+    async fn a_connection_still_sending_is_not_waited_for() {
+        let (uri, accepted, _ended) = provider(Answer::Whole).await;
+        let c = client();
+        let endless = OutboundBody::from_stream(futures_util::stream::pending::<
+            Result<Bytes, std::io::Error>,
+        >());
+        let upload = Request::post(uri.clone())
+            .header(header::TRANSFER_ENCODING, "chunked")
+            .body(endless)
+            .unwrap();
+        let r = c.request(upload).await.unwrap();
+        assert_eq!(body_of(r).await, "hello");
+        let r = tokio::time::timeout(Duration::from_secs(10), c.request(get(&uri)))
+            .await
+            .expect("the next call did not wait for the busy connection")
+            .unwrap();
+        assert_eq!(body_of(r).await, "hello");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
     /// Idle connections older than the idle timeout are closed by the
     /// reaper (run here at a time past it), and a later call opens a new
     /// one.
@@ -702,6 +779,7 @@ mod tests {
             ("http://p.example:8080/", "p.example:8080", "/"),
             ("https://p.example:443/x", "p.example", "/x"),
             ("https://p.example:80/x", "p.example:80", "/x"),
+            ("http://u:pw@p.example:8080/x", "p.example:8080", "/x"),
         ] {
             let uri: Uri = url.parse().unwrap();
             let mut req = get(&uri);

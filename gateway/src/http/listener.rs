@@ -384,14 +384,15 @@ impl ConnCtx {
         // woken on every read and write, and polling the watches' timers
         // and notifications each time cost more than a request's routing.
         let (serve, abort) = futures_util::future::abortable(serve);
-        let watch = tokio::spawn({
+        // Aborted with this future, however it ends.
+        let watch = tokio_util::task::AbortOnDropHandle::new(tokio::spawn({
             let conn = conn.clone();
             async move {
                 let stop = watch_connection(conn, cut, backstop, idle_timeout).await;
                 abort.abort();
                 stop
             }
-        });
+        }));
         let stopped = match serve.await {
             Ok(result) => {
                 watch.abort();
