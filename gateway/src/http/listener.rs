@@ -395,7 +395,6 @@ impl ConnCtx {
         }));
         let stopped = match serve.await {
             Ok(result) => {
-                watch.abort();
                 if let Err(e) = result {
                     if e.downcast_ref::<hyper::Error>()
                         .is_some_and(hyper::Error::is_timeout)
