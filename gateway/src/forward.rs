@@ -11,17 +11,30 @@ use crate::config::Route;
 
 pub use crate::egress::{HttpClient, OutboundBody, ResponseBody};
 
-/// The scheme a caller reached a listener with: `"http"` or `"https"`.
-/// Set on every request as an extension; it feeds `X-Forwarded-Proto` and
-/// the console cookie's `Secure` attribute.
+/// How a request reached the gateway: the peer address the listener saw
+/// and the scheme the caller used on it (`"http"` or `"https"`). Set by the
+/// listener on every request, as one extension; the peer feeds
+/// `X-Forwarded-For`, the scheme `X-Forwarded-Proto` and the console
+/// cookie's `Secure` attribute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ListenerScheme(pub &'static str);
+pub struct Inbound {
+    /// The peer's address.
+    pub peer: SocketAddr,
+    /// `"http"` or `"https"`.
+    pub scheme: &'static str,
+}
 
-impl ListenerScheme {
+impl Inbound {
+    /// How the request with extensions `ext` came in; `None` when it didn't
+    /// come through the gateway's listener (as in unit tests).
+    pub fn of(ext: &http::Extensions) -> Option<Inbound> {
+        ext.get::<Inbound>().copied()
+    }
+
     /// The scheme of the listener a request came in on (`"http"` when the
-    /// request didn't come through the gateway's listener, as in unit tests).
-    pub fn of(ext: &http::Extensions) -> &'static str {
-        ext.get::<ListenerScheme>().map_or("http", |s| s.0)
+    /// request didn't come through the gateway's listener).
+    pub fn scheme_of(ext: &http::Extensions) -> &'static str {
+        ext.get::<Inbound>().map_or("http", |i| i.scheme)
     }
 }
 
@@ -97,7 +110,7 @@ pub struct BadUri;
 /// [`trace_context`]); adds
 /// `X-Forwarded-For` (the peer the gateway saw), `-Host` and `-Proto`
 /// (`proto`: the scheme the caller used on the gateway's listener, see
-/// [`ListenerScheme`]). On MCP routes `Accept-Encoding`
+/// [`Inbound`]). On MCP routes `Accept-Encoding`
 /// is dropped too: the gateway reads those answers itself.
 /// Effectful calls store this list in the ledger, so every attempt (also
 /// one made by the reconciler) forwards the same headers.
@@ -107,11 +120,25 @@ pub fn caller_headers(
     peer: Option<SocketAddr>,
     proto: &'static str,
 ) -> HeaderMap {
-    let listed = connection_listed(incoming);
-    let mut out = HeaderMap::with_capacity(incoming.len() + 3);
-    for (name, value) in incoming {
-        if is_hop_by_hop(name, &listed)
-            || name == header::HOST
+    let mut out = incoming.clone();
+    forward_headers(route, &mut out, peer, proto, false);
+    out
+}
+
+/// [`caller_headers`] in place, on headers the caller no longer needs (a
+/// pass-through call's own): the headers are not copied. With
+/// `keep_trace_context` the caller's `traceparent` and `tracestate` stay
+/// (a call forwarded while no span is exported passes them on unchanged).
+pub fn forward_headers(
+    route: &Route,
+    headers: &mut HeaderMap,
+    peer: Option<SocketAddr>,
+    proto: &'static str,
+    keep_trace_context: bool,
+) {
+    let listed = connection_listed(headers);
+    let dropped = |name: &HeaderName| {
+        is_hop_by_hop(name, &listed)
             || name == header::AUTHORIZATION
             || name.as_str() == crate::idempotency::IDEMPOTENCY_KEY
             || name.as_str().starts_with("x-forwarded-")
@@ -120,25 +147,39 @@ pub fn caller_headers(
             || route.inject_headers.iter().any(|(n, _)| n == name)
             || route.provider_idempotency_header.as_ref() == Some(name)
             || (route.mcp.is_some() && name == header::ACCEPT_ENCODING)
-            || name.as_str() == crate::telemetry::TRACEPARENT
-            || name.as_str() == crate::telemetry::TRACESTATE
-        {
-            continue;
+            || (!keep_trace_context
+                && (name.as_str() == crate::telemetry::TRACEPARENT
+                    || name.as_str() == crate::telemetry::TRACESTATE))
+    };
+    // The names to drop, on the stack for the usual few (`Authorization`
+    // and little else); a name sent several times is dropped with all its
+    // values.
+    let mut few: [Option<HeaderName>; 8] = Default::default();
+    let mut more = Vec::new();
+    let mut n = 0;
+    for name in headers.keys().filter(|n| dropped(n)) {
+        match few.get_mut(n) {
+            Some(slot) => *slot = Some(name.clone()),
+            None => more.push(name.clone()),
         }
-        out.append(name.clone(), value.clone());
+        n += 1;
     }
-    // The caller's own X-Forwarded-*/Forwarded claims are not trusted: the
-    // gateway states only the peer it saw.
+    for name in few.into_iter().flatten().chain(more) {
+        headers.remove(name);
+    }
+    // `Host` names the gateway; the provider's is set by the outbound
+    // client. The caller's X-Forwarded-*/Forwarded claims are not trusted:
+    // the gateway states only the peer it saw.
+    let host = headers.remove(header::HOST);
     if let Some(peer) = peer
         && let Some(v) = ip_value(peer.ip())
     {
-        out.insert(X_FORWARDED_FOR.clone(), v);
+        headers.insert(X_FORWARDED_FOR.clone(), v);
     }
-    if let Some(host) = incoming.get(header::HOST) {
-        out.insert(X_FORWARDED_HOST.clone(), host.clone());
+    if let Some(host) = host {
+        headers.insert(X_FORWARDED_HOST.clone(), host);
     }
-    out.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
-    out
+    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
 }
 
 /// The names the gateway sets on every forwarded call, parsed once (a
@@ -146,7 +187,8 @@ pub fn caller_headers(
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-static TRACEPARENT: HeaderName = HeaderName::from_static(crate::telemetry::TRACEPARENT);
+/// `traceparent` (W3C Trace Context §3.2).
+pub static TRACEPARENT: HeaderName = HeaderName::from_static(crate::telemetry::TRACEPARENT);
 static TRACESTATE: HeaderName = HeaderName::from_static(crate::telemetry::TRACESTATE);
 
 /// `ip` as a header value (`192.0.2.1`, `2001:db8::1`), written without

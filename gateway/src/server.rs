@@ -57,7 +57,7 @@ impl Gateway {
         // there, `/metrics` shows it) and closes last.
         let (admin_shutdown, admin_rx) = watch::channel(false);
         let proxy_app =
-            crate::http::observe::observe(crate::http::proxy::router(state.clone()), "proxy");
+            crate::http::observe::observe(crate::http::proxy::service(state.clone()), "proxy");
         let admin_app =
             crate::http::observe::observe(crate::http::admin::router(state.clone()), "admin");
         let mut tasks = Vec::new();

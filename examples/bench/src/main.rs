@@ -104,6 +104,10 @@ struct Args {
     /// Run only the trace-export scenario (t), e.g. under a profiler.
     #[arg(long)]
     only_tracing: bool,
+    /// Run only pass-through against nginx in alternating cycles (b') and
+    /// (n'), e.g. to compare two builds in a minute.
+    #[arg(long)]
+    only_nginx: bool,
 }
 
 const CLIENT_KEY: &str = "bench-client-key";
@@ -111,6 +115,37 @@ const CLIENT_KEY: &str = "bench-client-key";
 /// pass-through, pass-through against nginx, PostgreSQL against SQLite.
 const PAIRED_CYCLES: usize = 6;
 const BODY: &str = r#"{"amount":100,"currency":"eur"}"#;
+
+/// Pass-through (`pass`) against nginx (`nginx`) in [`PAIRED_CYCLES`]
+/// alternating cycles of `n / 2` requests (at least 100), `c` at a time.
+async fn nginx_cycles(
+    client: &HttpClient,
+    nginx: String,
+    pass: String,
+    n: usize,
+    c: usize,
+) -> paired::Paired {
+    println!("pass-through against nginx, in alternating cycles:");
+    paired::compare(
+        client,
+        &paired::Arm {
+            name: "(n') nginx proxy_pass",
+            url: nginx,
+            auth: false,
+            keys: None,
+        },
+        &paired::Arm {
+            name: "(b') effectgate, pass-through",
+            url: pass,
+            auth: true,
+            keys: None,
+        },
+        (n / 2).max(100),
+        c,
+        PAIRED_CYCLES,
+    )
+    .await
+}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -171,6 +206,19 @@ async fn main() -> anyhow::Result<()> {
     )
     .await;
 
+    if args.only_nginx {
+        let Some(bin) = nginx::binary() else {
+            anyhow::bail!(
+                "--only-nginx: nginx is not installed (apt-get install nginx, or set NGINX)"
+            );
+        };
+        let server = nginx::start(&bin, mock.addr)?;
+        let url = format!("http://{}/v1/charges", server.addr);
+        run("warmup", &client, url.clone(), 200, c, |_| None, false).await;
+        run("warmup", &client, pass.clone(), 200, c, |_| None, true).await;
+        nginx_cycles(&client, url, pass, n, c).await;
+        return Ok(());
+    }
     let a = run("(a) direct", &client, direct, n, c, |_| None, false).await;
     let b = run(
         "(b) effectgate, pass-through route",
@@ -199,26 +247,7 @@ async fn main() -> anyhow::Result<()> {
                 false,
             )
             .await;
-            println!("pass-through against nginx, in alternating cycles:");
-            let cycles = paired::compare(
-                &client,
-                &paired::Arm {
-                    name: "(n') nginx proxy_pass",
-                    url,
-                    auth: false,
-                    keys: None,
-                },
-                &paired::Arm {
-                    name: "(b') effectgate, pass-through",
-                    url: pass.clone(),
-                    auth: true,
-                    keys: None,
-                },
-                (n / 2).max(100),
-                c,
-                PAIRED_CYCLES,
-            )
-            .await;
+            let cycles = nginx_cycles(&client, url, pass.clone(), n, c).await;
             Some((single, cycles))
         }
         None => None,

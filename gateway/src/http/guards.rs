@@ -1,5 +1,5 @@
 //! Request guards of the proxy listener, one concern per layer, applied
-//! before any handler runs (see [`crate::http::proxy::router`]):
+//! before any handler runs (see [`crate::http::proxy::service`]):
 //!
 //! Each is a check of the request head alone, run as a [`Refuse`] layer: a
 //! refused request is answered at once, any other goes to the inner

@@ -1,7 +1,7 @@
 //! Serving a router on one listener, in plain HTTP or over TLS: HTTP/1.1,
 //! and HTTP/2 (negotiated by ALPN on TLS listeners, RFC 7301; by the
 //! connection preface otherwise). Each request carries the peer address
-//! (`ConnectInfo`) and the scheme the caller used ([`crate::forward::ListenerScheme`]).
+//! and the scheme the caller used, as one extension ([`crate::forward::Inbound`]).
 //! Shutdown is graceful: the listener stops accepting, idle connections
 //! close, and in-flight requests get `drain_ms` to finish; a connection
 //! still open at that deadline (a long pass-through stream, say) is cut.
@@ -26,14 +26,12 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::extract::ConnectInfo;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
 
-use crate::forward::ListenerScheme;
+use crate::forward::Inbound;
 use crate::tls::ListenerCert;
 
 /// Connection limits of one listener (from `[limits]`).
@@ -176,14 +174,14 @@ impl Drop for InFlight {
 }
 
 /// An answer body that keeps its request counted as in flight.
-struct Tracked {
-    inner: axum::body::Body,
+struct Tracked<B> {
+    inner: B,
     _in_flight: InFlight,
 }
 
-impl http_body::Body for Tracked {
-    type Data = bytes::Bytes;
-    type Error = axum::Error;
+impl<B: http_body::Body + Unpin> http_body::Body for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
@@ -201,6 +199,40 @@ impl http_body::Body for Tracked {
     }
 }
 
+/// A listener's service (the proxy's or the admin's, with their layers):
+/// a request with the peer address, scheme and connection memo in its
+/// extensions in, an answer out.
+pub trait App:
+    tower_service::Service<
+        axum::extract::Request,
+        Response = http::Response<Self::Body>,
+        Error = std::convert::Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+    /// The answer's body.
+    type Body: http_body::Body<Data = bytes::Bytes, Error = axum::Error> + Send + Unpin + 'static;
+}
+
+impl<S, B> App for S
+where
+    S: tower_service::Service<
+            axum::extract::Request,
+            Response = http::Response<B>,
+            Error = std::convert::Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    B: http_body::Body<Data = bytes::Bytes, Error = axum::Error> + Send + Unpin + 'static,
+{
+    type Body = B;
+}
+
 /// Serves `app` on `tcp` until `shutdown` turns true, then drains.
 /// With `tls`, every connection is a TLS server connection using its
 /// (reloadable) certificate. `name` labels the listener in metrics
@@ -208,16 +240,16 @@ impl http_body::Body for Tracked {
 ///
 /// Errors: none once bound; a failed accept (e.g. out of descriptors) is
 /// logged and retried after a short pause.
-pub async fn serve(
+pub async fn serve<A: App>(
     tcp: TcpListener,
     tls: Option<Arc<ListenerCert>>,
-    app: Router,
+    app: A,
     limits: ConnLimits,
     name: &'static str,
     mut shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let acceptor = tls.map(|c| tokio_rustls::TlsAcceptor::from(c.server_config()));
-    let scheme = ListenerScheme(if acceptor.is_some() { "https" } else { "http" });
+    let scheme = if acceptor.is_some() { "https" } else { "http" };
     let head_timeout = Duration::from_millis(limits.header_read_timeout_ms);
     let idle_timeout = Duration::from_millis(limits.idle_timeout_ms);
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -282,20 +314,20 @@ pub async fn serve(
 }
 
 /// What one connection's task needs from its listener.
-struct ConnCtx {
-    app: Router,
+struct ConnCtx<A> {
+    app: A,
     builder: Arc<auto::Builder<TokioExecutor>>,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
     watcher: hyper_util::server::graceful::Watcher,
     cut: tokio_util::sync::CancellationToken,
     tracker: Arc<Tracker>,
-    scheme: ListenerScheme,
+    scheme: &'static str,
     name: &'static str,
     head_timeout: Duration,
     idle_timeout: Duration,
 }
 
-impl ConnCtx {
+impl<A: App> ConnCtx<A> {
     /// Serves one connection until it ends, is evicted, misses its first
     /// head's deadline or stays idle too long; then leaves the tracker.
     async fn serve(self, stream: tokio::net::TcpStream, peer: SocketAddr, conn: Arc<Conn>) {
@@ -317,11 +349,10 @@ impl ConnCtx {
         let svc =
             hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
                 let in_flight = InFlight::new(c.clone());
-                req.extensions_mut().insert(ConnectInfo(peer));
+                req.extensions_mut().insert(Inbound { peer, scheme });
                 if let Some(auth) = &auth {
                     req.extensions_mut().insert(auth.clone());
                 }
-                req.extensions_mut().insert(scheme);
                 // HTTP/2 carries the host in `:authority` (RFC 9113 §8.3.1):
                 // give the request the `Host` an HTTP/1.1 request has, so
                 // `X-Forwarded-Host` is the same on both.
@@ -333,10 +364,10 @@ impl ConnCtx {
                 {
                     req.headers_mut().insert(http::header::HOST, v);
                 }
-                let mut app = app.clone();
+                let app = app.clone();
                 async move {
-                    use tower_service::Service;
-                    let resp = app.call(req.map(axum::body::Body::new)).await?;
+                    use tower::ServiceExt;
+                    let resp = app.oneshot(req.map(axum::body::Body::new)).await?;
                     Ok::<_, std::convert::Infallible>(resp.map(|inner| Tracked {
                         inner,
                         _in_flight: in_flight,

@@ -1,8 +1,8 @@
 //! The observability layers of both listeners, in one place (tower-http):
 //!
-//! 1. `SetSensitiveRequestHeaders`: `Authorization`, cookies and the other
-//!    credential headers ([`crate::forward::CREDENTIAL_HEADERS`]) are
-//!    marked sensitive, so no layer below logs their values;
+//! 1. `Authorization`, cookies and the other credential headers
+//!    ([`crate::forward::CREDENTIAL_HEADERS`]) are marked sensitive, so no
+//!    layer below logs their values ([`mark_sensitive`]);
 //! 2. an `x-request-id` the caller sent is kept when it is 1–128 visible
 //!    ASCII characters, and replaced otherwise;
 //! 3. `SetRequestId` generates one (a UUID v4) when there is none, and
@@ -17,14 +17,12 @@
 
 use std::time::Duration;
 
-use axum::Router;
 use axum::extract::Request;
 use http::{HeaderName, HeaderValue};
 use tower::ServiceBuilder;
 use tower_http::request_id::{
     MakeRequestUuid, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
-use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 use tower_http::trace::TraceLayer;
 
 /// Longest `x-request-id` kept from a caller, in bytes.
@@ -32,30 +30,64 @@ pub const MAX_REQUEST_ID_BYTES: usize = 128;
 
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// Wraps `router` (the `listener` named `proxy` or `admin`) in the layers
-/// of the module docs.
-pub fn observe(router: Router, listener: &'static str) -> Router {
-    let sensitive: Vec<HeaderName> = crate::forward::CREDENTIAL_HEADERS
-        .iter()
-        .map(|n| HeaderName::from_static(n))
-        .collect();
-    router.layer(
-        ServiceBuilder::new()
-            .layer(SetSensitiveRequestHeadersLayer::new(sensitive))
-            .map_request(drop_invalid_request_id)
-            .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
-            .layer(PropagateRequestIdLayer::x_request_id())
-            .layer(
-                TraceLayer::new_for_http()
-                    .make_span_with(move |req: &Request| request_span(req, listener))
-                    .on_request(())
-                    .on_response(record_response)
-                    .on_body_chunk(())
-                    .on_eos(())
-                    .on_failure(()),
-            )
-            .layer(tower::layer::layer_fn(|inner| ScopeRequest { inner })),
-    )
+/// Wraps `inner` (the service of the `listener` named `proxy` or
+/// `admin`) in the layers of the module docs. The answer's body is the
+/// trace layer's wrapper of `inner`'s.
+pub fn observe<S>(
+    inner: S,
+    listener: &'static str,
+) -> impl tower::Service<
+    Request,
+    Response = http::Response<
+        impl http_body::Body<Data = bytes::Bytes, Error = axum::Error> + Send + 'static,
+    >,
+    Error = std::convert::Infallible,
+    Future: Send + 'static,
+> + Clone
++ Send
++ Sync
++ 'static
+where
+    S: tower::Service<
+            Request,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    ServiceBuilder::new()
+        .map_request(mark_sensitive)
+        .map_request(drop_invalid_request_id)
+        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(move |req: &Request| request_span(req, listener))
+                .on_request(())
+                .on_response(record_response)
+                .on_body_chunk(())
+                .on_eos(())
+                .on_failure(()),
+        )
+        .layer(tower::layer::layer_fn(|inner| ScopeRequest { inner }))
+        .service(inner)
+}
+
+/// Marks the credential headers ([`crate::forward::CREDENTIAL_HEADERS`])
+/// sensitive, so that no layer below logs their values: one pass over the
+/// request's headers, comparing names (a lookup per credential name, as
+/// `tower_http::sensitive_headers` does, hashes each of them on every
+/// call).
+fn mark_sensitive(mut req: Request) -> Request {
+    for (name, value) in req.headers_mut().iter_mut() {
+        if crate::forward::CREDENTIAL_HEADERS.contains(&name.as_str()) {
+            value.set_sensitive(true);
+        }
+    }
+    req
 }
 
 /// Whether `v` is an acceptable caller request id: 1–128 bytes of visible
@@ -99,7 +131,7 @@ fn request_span(req: &Request, listener: &'static str) -> tracing::Span {
         http.route = tracing::field::Empty,
         http.response.status_code = tracing::field::Empty,
         url.path = req.uri().path(),
-        url.scheme = crate::forward::ListenerScheme::of(req.extensions()),
+        url.scheme = crate::forward::Inbound::scheme_of(req.extensions()),
         network.protocol.version = protocol_version(req.version()),
         effectgate.listener = listener,
         request_id,

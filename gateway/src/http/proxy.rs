@@ -7,15 +7,13 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::header;
 
 use crate::config::{Principal, Role, Route};
-use crate::forward::{
-    ListenerScheme, add_route_headers, build_request, caller_headers, upstream_uri,
-};
+use crate::forward::{Inbound, add_route_headers, build_request, upstream_uri};
 use crate::http::auth::{Authenticate, ConnAuth};
 use crate::http::guards;
 use crate::http::{answer_response, reply_response};
@@ -26,9 +24,22 @@ use crate::ops::mcp::{McpCall, Prepared};
 use crate::policy::evaluate_chain_async;
 use crate::state::{AppState, Runtime};
 
-/// The proxy router: every path goes to [`handle`].
-pub fn router(state: AppState) -> Router {
-    Router::new()
+/// The proxy listener's service: the guards ([`guards`]) and the decoding
+/// of stored replays ([`crate::http::encoding::DecodeReplaysLayer`]), over
+/// [`Dispatch`]: `GET /approvals/{id}` and `POST /inbox/{name}` go to their
+/// router, every other request to the proxy path ([`handle`]) directly.
+pub fn service(
+    state: AppState,
+) -> impl tower::Service<
+    Request,
+    Response = Response,
+    Error = std::convert::Infallible,
+    Future: Send + 'static,
+> + Clone
++ Send
++ Sync
++ 'static {
+    let routes = Router::new()
         .route(
             "/approvals/{id}",
             axum::routing::get(approval_status).fallback(|| async {
@@ -42,21 +53,61 @@ pub fn router(state: AppState) -> Router {
             }),
         )
         .fallback(handle)
-        // One `layer` call: the router wraps each route once, not once per
-        // guard (outermost first).
-        .layer(
-            tower::ServiceBuilder::new()
-                .layer(guards::refuse(guards::refuse_methods))
-                .layer(guards::refuse({
-                    let app = state.clone();
-                    move |req: &Request| guards::limit_header_bytes(&app, req)
-                }))
-                .layer(guards::refuse(guards::refuse_dot_segments))
-                .layer(crate::http::encoding::DecodeReplaysLayer::new(
-                    state.clone(),
-                )),
-        )
-        .with_state(state)
+        .with_state(state.clone());
+    let app = state.clone();
+    // Outermost first.
+    tower::ServiceBuilder::new()
+        .layer(guards::refuse(guards::refuse_methods))
+        .layer(guards::refuse(move |req: &Request| {
+            guards::limit_header_bytes(&app, req)
+        }))
+        .layer(guards::refuse(guards::refuse_dot_segments))
+        .layer(crate::http::encoding::DecodeReplaysLayer::new(
+            state.clone(),
+        ))
+        .service(Dispatch { state, routes })
+}
+
+/// Sends `/approvals/{id}` and `/inbox/{name}` (one non-empty segment
+/// after the prefix, as the router matches them) to `routes`, and every
+/// other request straight to the proxy path: the path every call takes
+/// skips the router's matching, its boxed route services and its
+/// extractors (about 5,000 instructions of a pass-through call).
+#[derive(Clone)]
+pub struct Dispatch {
+    state: AppState,
+    routes: Router,
+}
+
+/// Whether `path` is one of the proxy listener's own routes,
+/// `/approvals/{id}` or `/inbox/{name}`.
+fn own_route(path: &str) -> bool {
+    ["/approvals/", "/inbox/"].iter().any(|p| {
+        path.strip_prefix(p)
+            .is_some_and(|rest| !rest.is_empty() && !rest.contains('/'))
+    })
+}
+
+impl tower::Service<Request> for Dispatch {
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = futures_util::future::BoxFuture<'static, Result<Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        use tower::ServiceExt;
+        if own_route(req.uri().path()) {
+            return Box::pin(self.routes.clone().oneshot(req));
+        }
+        use futures_util::FutureExt;
+        Box::pin(handle(State(self.state.clone()), req).map(Ok))
+    }
 }
 
 /// `GET /approvals/{id}`: the caller polls its approval with its own key.
@@ -94,12 +145,12 @@ async fn approval_status(
     }
 }
 
-async fn handle(
-    State(app): State<AppState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    req: Request,
-) -> Response {
-    match handle_inner(&app, peer, req).await {
+async fn handle(State(app): State<AppState>, req: Request) -> Response {
+    // Set by the listener on every request.
+    let Some(inbound) = Inbound::of(req.extensions()) else {
+        return OpError::Internal("the request came with no peer address".into()).into_response();
+    };
+    match handle_inner(&app, inbound.peer, req).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
@@ -250,7 +301,7 @@ async fn effectful_call(call: EffectfulCall<'_>) -> Result<Response, OpError> {
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let scheme = ListenerScheme::of(&parts.extensions);
+    let scheme = Inbound::scheme_of(&parts.extensions);
     let (key, fp, mcp_call) = match key {
         Some(k) => {
             let fp = fingerprint(
@@ -610,12 +661,23 @@ async fn pass_through(
     req: Request,
     uri: http::Uri,
 ) -> Result<Response, OpError> {
-    let (parts, body) = req.into_parts();
-    let proto = ListenerScheme::of(&parts.extensions);
-    let mut headers = caller_headers(route, &parts.headers, Some(peer), proto);
-    crate::forward::trace_context(&parts.headers, &mut headers);
-    add_route_headers(route, &mut headers, None);
-    let out = build_request(parts.method, uri, headers, body);
+    let (mut parts, body) = req.into_parts();
+    let proto = Inbound::scheme_of(&parts.extensions);
+    // The span's own context when traces are exported, else the caller's
+    // (kept in place): as [`crate::forward::trace_context`].
+    let traceparent = crate::telemetry::traceparent_header_of(&tracing::Span::current());
+    crate::forward::forward_headers(
+        route,
+        &mut parts.headers,
+        Some(peer),
+        proto,
+        traceparent.is_none(),
+    );
+    if let Some(v) = traceparent {
+        parts.headers.insert(crate::forward::TRACEPARENT.clone(), v);
+    }
+    add_route_headers(route, &mut parts.headers, None);
+    let out = build_request(parts.method, uri, parts.headers, body);
     let resp = crate::forward::send(route, out)
         .await
         .map_err(OpError::ProviderUnreachable)?;

@@ -134,7 +134,7 @@ pub fn routes() -> Router<AppState> {
 /// On a TLS admin listener every cookie the console sets is `Secure`
 /// (RFC 6265 §4.1.2.5), so a browser never sends the session over plain HTTP.
 async fn secure_cookies(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    let https = crate::forward::ListenerScheme::of(req.extensions()) == "https";
+    let https = crate::forward::Inbound::scheme_of(req.extensions()) == "https";
     let mut r = next.run(req).await;
     if https {
         let cookies: Vec<HeaderValue> = r
