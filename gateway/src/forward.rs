@@ -85,7 +85,34 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// Errors: [`BadUri`] (a 400 naming `path` to the caller) if the result is
 /// not a valid URI.
 pub fn upstream_uri(route: &Route, rest: &str, query: Option<&str>) -> Result<Uri, BadUri> {
-    let base = route.upstream.as_str().trim_end_matches('/');
+    uri_from(route.upstream_base.as_ref(), &route.upstream, rest, query)
+}
+
+/// [`upstream_uri`] from the upstream's parts when there are some, else
+/// from its whole URL.
+fn uri_from(
+    base: Option<&crate::config::UpstreamBase>,
+    upstream: &url::Url,
+    rest: &str,
+    query: Option<&str>,
+) -> Result<Uri, BadUri> {
+    let Some(base) = base else {
+        let base = upstream.as_str().trim_end_matches('/');
+        return join(base, rest, query).parse().map_err(|_| BadUri);
+    };
+    let pq = http::uri::PathAndQuery::from_maybe_shared(bytes::Bytes::from(join(
+        &base.path, rest, query,
+    )))
+    .map_err(|_| BadUri)?;
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(base.scheme.clone());
+    parts.authority = Some(base.authority.clone());
+    parts.path_and_query = Some(pq);
+    Uri::from_parts(parts).map_err(|_| BadUri)
+}
+
+/// `base`, `rest` and `?query` in one string.
+fn join(base: &str, rest: &str, query: Option<&str>) -> String {
     let mut s = String::with_capacity(base.len() + rest.len() + 1 + query.map_or(0, str::len));
     s.push_str(base);
     s.push_str(rest);
@@ -93,7 +120,7 @@ pub fn upstream_uri(route: &Route, rest: &str, query: Option<&str>) -> Result<Ur
         s.push('?');
         s.push_str(q);
     }
-    s.parse().map_err(|_| BadUri)
+    s
 }
 
 /// The route's upstream and the request's path and query don't make a
@@ -156,13 +183,11 @@ pub fn forward_headers(
     // values.
     let mut few: [Option<HeaderName>; 8] = Default::default();
     let mut more = Vec::new();
-    let mut n = 0;
-    for name in headers.keys().filter(|n| dropped(n)) {
-        match few.get_mut(n) {
+    for (i, name) in headers.keys().filter(|n| dropped(n)).enumerate() {
+        match few.get_mut(i) {
             Some(slot) => *slot = Some(name.clone()),
             None => more.push(name.clone()),
         }
-        n += 1;
     }
     for name in few.into_iter().flatten().chain(more) {
         headers.remove(name);
@@ -456,6 +481,117 @@ pub fn build_request(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The first route of a config with `routes` (TOML) after a listener
+    /// section.
+    fn route_of(routes: &str) -> Route {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, format!("[listen]\nproxy = \"127.0.0.1:0\"\n{routes}")).unwrap();
+        crate::config::load(Some(&p)).unwrap().routes.remove(0)
+    }
+
+    /// Filtered in place, a caller's headers lose every hop-by-hop name
+    /// (also those its `Connection` lists), `Host`, `Authorization`, its
+    /// idempotency key, the route's credential and key headers, its
+    /// forwarding claims and (unless kept) its trace context, with all
+    /// their values, however many names go; the rest stay as sent, and the
+    /// gateway's `X-Forwarded-*` are added. The same as the copy.
+    #[test]
+    fn forwarded_headers_are_filtered_in_place_as_in_a_copy() {
+        // The injected value is read from the environment at load; any set
+        // variable will do (its value is not looked at here).
+        let route = route_of(
+            "[[routes]]\nname = \"r\"\nprefix = \"/r/\"\nupstream = \"http://127.0.0.1:9\"\n\
+             provider_idempotency_header = \"Idempotency-Key\"\n\
+             [[routes.inject_headers]]\nname = \"x-api-key\"\nvalue_env = \"PATH\"\n",
+        );
+        let mut sent = HeaderMap::new();
+        for (n, v) in [
+            ("host", "gw.example"),
+            ("authorization", "Bearer client"),
+            ("connection", "keep-alive, x-drop-me"),
+            ("x-drop-me", "1"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("proxy-authorization", "Basic a"),
+            ("proxy-authorization", "Basic b"),
+            ("idempotency-key", "k-1"),
+            ("x-api-key", "caller's own"),
+            ("x-forwarded-for", "203.0.113.9"),
+            ("x-forwarded-proto", "https"),
+            ("forwarded", "for=203.0.113.9"),
+            ("x-real-ip", "203.0.113.9"),
+            (
+                "traceparent",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            ),
+            ("tracestate", "a=1"),
+            ("accept", "application/json"),
+            ("x-caller", "one"),
+            ("x-caller", "two"),
+        ] {
+            sent.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+        }
+        let peer: SocketAddr = "192.0.2.7:4000".parse().unwrap();
+        let copy = caller_headers(&route, &sent, Some(peer), "http");
+        for keep_trace in [false, true] {
+            let mut h = sent.clone();
+            forward_headers(&route, &mut h, Some(peer), "http", keep_trace);
+            let mut got = to_pairs(&h);
+            got.sort();
+            let mut want = vec![
+                ("accept".to_owned(), "application/json".to_owned()),
+                ("x-caller".into(), "one".into()),
+                ("x-caller".into(), "two".into()),
+                ("x-forwarded-for".into(), "192.0.2.7".into()),
+                ("x-forwarded-host".into(), "gw.example".into()),
+                ("x-forwarded-proto".into(), "http".into()),
+            ];
+            if keep_trace {
+                want.push((
+                    "traceparent".into(),
+                    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
+                ));
+                want.push(("tracestate".into(), "a=1".into()));
+            } else {
+                assert_eq!(h, copy);
+            }
+            want.sort();
+            assert_eq!(got, want, "keep_trace_context {keep_trace}");
+        }
+    }
+
+    /// A call's URI put together from the upstream's parts is the one
+    /// parsed from the whole text, for ports, base paths, user info, IPv6
+    /// hosts and queries.
+    #[test]
+    fn upstream_parts_give_the_uri_the_whole_url_gives() {
+        for upstream in [
+            "http://127.0.0.1:9090",
+            "http://provider.example/",
+            "https://provider.example/api/v2/",
+            "http://user:pw@h.example:1/x",
+            "http://[::1]:8080/base",
+        ] {
+            let url = url::Url::parse(upstream).unwrap();
+            let base = crate::config::UpstreamBase::of(&url).expect(upstream);
+            for (rest, query) in [
+                ("/v1/charges", None),
+                ("/", Some("a=1&b=%20")),
+                ("/v1/x%2Fy", Some("")),
+            ] {
+                let whole = uri_from(None, &url, rest, query).unwrap();
+                let parts = uri_from(Some(&base), &url, rest, query).unwrap();
+                assert_eq!(parts, whole, "{upstream} {rest} {query:?}");
+                assert_eq!(parts.to_string(), whole.to_string());
+            }
+        }
+        let bad = url::Url::parse("http://h.example/").unwrap();
+        let base = crate::config::UpstreamBase::of(&bad).unwrap();
+        assert!(uri_from(Some(&base), &bad, "/a b", None).is_err());
+        assert!(uri_from(None, &bad, "/a b", None).is_err());
+    }
 
     /// `X-Forwarded-For` is the peer's address as text, for both families
     /// and the longest IPv6 form.

@@ -45,6 +45,7 @@ pub(super) fn route(
         client,
         name,
         prefix: r.prefix,
+        upstream_base: super::UpstreamBase::of(&upstream),
         upstream,
         mode: r.mode,
         effectful_methods,

@@ -223,6 +223,10 @@ pub struct Route {
     pub prefix: String,
     /// Provider base URL without a trailing slash.
     pub upstream: url::Url,
+    /// `upstream` split once at load, so that a call's URI is put together
+    /// without parsing the scheme and authority again; `None` for a URL the
+    /// `http` crate doesn't take apart (the URI is then parsed whole).
+    pub upstream_base: Option<UpstreamBase>,
     /// Effectful or pass-through.
     pub mode: RouteMode,
     /// Methods recorded in the ledger; `None` = every method but GET,
@@ -302,6 +306,33 @@ pub struct ReadBack {
     pub settle_delay_ms: u64,
     /// Timeout, ms.
     pub timeout_ms: u64,
+}
+
+/// A route's upstream URL in the parts of a call's URI.
+#[derive(Debug, Clone)]
+pub struct UpstreamBase {
+    /// `http` or `https`.
+    pub scheme: http::uri::Scheme,
+    /// Host and port (and user info, when the URL has it).
+    pub authority: http::uri::Authority,
+    /// What follows the authority, without a trailing slash (`""` for the
+    /// root): a call's path is appended to it.
+    pub path: String,
+}
+
+impl UpstreamBase {
+    /// The parts of `upstream`, if `http::Uri` takes it apart.
+    pub fn of(upstream: &url::Url) -> Option<Self> {
+        let base = upstream.as_str().trim_end_matches('/');
+        let uri: http::Uri = base.parse().ok()?;
+        let (scheme, authority) = (uri.scheme()?.clone(), uri.authority()?.clone());
+        let start = base.find("://")? + 3 + authority.as_str().len();
+        Some(Self {
+            scheme,
+            authority,
+            path: base.get(start..)?.to_owned(),
+        })
+    }
 }
 
 impl Route {

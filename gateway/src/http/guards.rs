@@ -23,7 +23,7 @@
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use futures_util::future::Either;
-use http::{HeaderMap, HeaderName, Method};
+use http::{HeaderMap, Method};
 
 use crate::ops::OpError;
 use crate::state::AppState;
@@ -133,18 +133,13 @@ pub fn host_refusal(version: http::Version, headers: &HeaderMap) -> Option<OpErr
     })
 }
 
-/// The refusal of a request that carries a method override header.
+/// The refusal of a request that carries a method override header (one
+/// pass over the request's header names: a lookup per override name
+/// would hash each of them on every call).
 pub fn override_refusal(headers: &HeaderMap) -> Option<OpError> {
-    // Parsed once: a name given as text is parsed on each lookup, and this
-    // runs on every call.
-    static NAMES: [HeaderName; 3] = [
-        HeaderName::from_static(METHOD_OVERRIDES[0]),
-        HeaderName::from_static(METHOD_OVERRIDES[1]),
-        HeaderName::from_static(METHOD_OVERRIDES[2]),
-    ];
-    NAMES
-        .iter()
-        .find(|h| headers.contains_key(*h))
+    headers
+        .keys()
+        .find(|n| METHOD_OVERRIDES.contains(&n.as_str()))
         .map(|h| OpError::BadRequest {
             field: format!("header:{h}"),
             message: "method override headers are not forwarded: send the method itself".into(),

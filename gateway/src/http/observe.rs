@@ -1,17 +1,16 @@
-//! The observability layers of both listeners, in one place (tower-http):
+//! The observability layers of both listeners, in one place:
 //!
 //! 1. `Authorization`, cookies and the other credential headers
 //!    ([`crate::forward::CREDENTIAL_HEADERS`]) are marked sensitive, so no
 //!    layer below logs their values ([`mark_sensitive`]);
 //! 2. an `x-request-id` the caller sent is kept when it is 1–128 visible
-//!    ASCII characters, and replaced otherwise;
-//! 3. `SetRequestId` generates one (a UUID v4) when there is none, and
-//!    `PropagateRequestId` returns it on every answer, problem bodies
-//!    included;
-//! 4. `TraceLayer`: one span per request (`HTTP request` in the logs, named
+//!    ASCII characters, and replaced otherwise; a UUID v4 is generated
+//!    when there is none, and returned on every answer, problem bodies
+//!    included ([`RequestIds`]);
+//! 3. `tower_http`'s `TraceLayer`: one span per request (`HTTP request` in the logs, named
 //!    `{method} {route}` in traces, kind server), the caller's W3C
 //!    `traceparent` as its parent; the answer's status is recorded on it;
-//! 5. the request's id and trace id are made available to the use cases
+//! 4. the request's id and trace id are made available to the use cases
 //!    (the attempts they record and the log lines they write carry them:
 //!    [`crate::telemetry::RequestContext`]).
 
@@ -20,9 +19,7 @@ use std::time::Duration;
 use axum::extract::Request;
 use http::{HeaderName, HeaderValue};
 use tower::ServiceBuilder;
-use tower_http::request_id::{
-    MakeRequestUuid, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
-};
+use tower_http::request_id::RequestId;
 use tower_http::trace::TraceLayer;
 
 /// Longest `x-request-id` kept from a caller, in bytes.
@@ -60,9 +57,7 @@ where
 {
     ServiceBuilder::new()
         .map_request(mark_sensitive)
-        .map_request(drop_invalid_request_id)
-        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
-        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(tower::layer::layer_fn(|inner| RequestIds { inner }))
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(move |req: &Request| request_span(req, listener))
@@ -97,22 +92,89 @@ pub fn valid_request_id(v: &HeaderValue) -> bool {
     !b.is_empty() && b.len() <= MAX_REQUEST_ID_BYTES && b.iter().all(|c| (0x21..=0x7e).contains(c))
 }
 
-/// Drops a caller's `x-request-id` that [`valid_request_id`] refuses, or
-/// that is sent more than once, so that one is generated in its place (a
-/// plain function over the request: no future of its own).
-fn drop_invalid_request_id(mut req: Request) -> Request {
-    let bad = {
-        let mut all = req.headers().get_all(&X_REQUEST_ID).iter();
+/// The request id of a request: the caller's `x-request-id` when it sent
+/// exactly one that [`valid_request_id`] accepts, else a new UUID v4 (RFC
+/// 9562 §5.4) that replaces whatever it sent. The request carries it in
+/// its header and as a [`RequestId`] extension, and the answer in its
+/// header (unless the answer set its own). One layer for what
+/// `tower_http`'s `SetRequestId` and `PropagateRequestId` do, without
+/// their second lookups and the answer's extension.
+#[derive(Debug, Clone)]
+struct RequestIds<S> {
+    inner: S,
+}
+
+impl<S, B> tower::Service<Request> for RequestIds<S>
+where
+    S: tower::Service<Request, Response = http::Response<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = StampRequestId<S::Future>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request) -> Self::Future {
+        let id = request_id_of(req.headers_mut());
+        req.extensions_mut().insert(RequestId::new(id.clone()));
+        StampRequestId {
+            inner: self.inner.call(req),
+            id: Some(id),
+        }
+    }
+}
+
+/// The request id of `headers` (see [`RequestIds`]), set in them.
+fn request_id_of(headers: &mut http::HeaderMap) -> HeaderValue {
+    let kept = {
+        let mut all = headers.get_all(&X_REQUEST_ID).iter();
         match (all.next(), all.next()) {
-            (None, _) => false,
-            (Some(v), None) => !valid_request_id(v),
-            (Some(_), Some(_)) => true,
+            (Some(v), None) if valid_request_id(v) => Some(v.clone()),
+            _ => None,
         }
     };
-    if bad {
-        req.headers_mut().remove(&X_REQUEST_ID);
+    kept.unwrap_or_else(|| {
+        let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+        let text = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf);
+        let id = HeaderValue::from_str(text).expect("a UUID is a header value");
+        headers.insert(X_REQUEST_ID.clone(), id.clone());
+        id
+    })
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`RequestIds`]: the inner answer with the request id.
+    struct StampRequestId<F> {
+        #[pin]
+        inner: F,
+        id: Option<HeaderValue>,
     }
-    req
+}
+
+impl<F, B, E> std::future::Future for StampRequestId<F>
+where
+    F: std::future::Future<Output = Result<http::Response<B>, E>>,
+{
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = self.project();
+        let mut resp = std::task::ready!(this.inner.poll(cx))?;
+        if let Some(id) = this.id.take()
+            && let http::header::Entry::Vacant(e) = resp.headers_mut().entry(&X_REQUEST_ID)
+        {
+            e.insert(id);
+        }
+        std::task::Poll::Ready(Ok(resp))
+    }
 }
 
 fn request_span(req: &Request, listener: &'static str) -> tracing::Span {
@@ -237,6 +299,28 @@ pub fn record_route(method: &http::Method, name: &str, prefix: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A caller's one valid id is kept as it is; a missing, invalid or
+    /// repeated one is replaced by one new UUID v4, set in the headers.
+    #[test]
+    fn a_request_keeps_its_callers_id_or_gets_a_new_one() {
+        let mut h = http::HeaderMap::new();
+        h.insert(&X_REQUEST_ID, HeaderValue::from_static("caller-1"));
+        assert_eq!(request_id_of(&mut h), "caller-1");
+        assert_eq!(h.get_all(&X_REQUEST_ID).iter().count(), 1);
+        for sent in [&[][..], &["has space"][..], &["a", "b"][..]] {
+            let mut h = http::HeaderMap::new();
+            for v in sent {
+                h.append(&X_REQUEST_ID, HeaderValue::from_str(v).unwrap());
+            }
+            let id = request_id_of(&mut h);
+            let all: Vec<_> = h.get_all(&X_REQUEST_ID).iter().collect();
+            assert_eq!(all, [&id], "{sent:?}");
+            let uuid = uuid::Uuid::parse_str(id.to_str().unwrap()).unwrap();
+            assert_eq!(uuid.get_version_num(), 4);
+            assert_eq!(id.len(), 36);
+        }
+    }
 
     #[test]
     fn request_ids_from_callers() {
