@@ -181,15 +181,9 @@ pub fn forward_headers(
     // The names to drop, on the stack for the usual few (`Authorization`
     // and little else); a name sent several times is dropped with all its
     // values.
-    let mut few: [Option<HeaderName>; 8] = Default::default();
-    let mut more = Vec::new();
-    for (i, name) in headers.keys().filter(|n| dropped(n)).enumerate() {
-        match few.get_mut(i) {
-            Some(slot) => *slot = Some(name.clone()),
-            None => more.push(name.clone()),
-        }
-    }
-    for name in few.into_iter().flatten().chain(more) {
+    let names: smallvec::SmallVec<[HeaderName; 8]> =
+        headers.keys().filter(|n| dropped(n)).cloned().collect();
+    for name in names {
         headers.remove(name);
     }
     // `Host` names the gateway; the provider's is set by the outbound
@@ -207,13 +201,30 @@ pub fn forward_headers(
     headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
 }
 
+/// A pass-through call's own headers made ready to forward, in place:
+/// [`forward_headers`], the trace context of [`trace_context`] (the
+/// span's when traces are exported, else the caller's, left where it is),
+/// and the route's credentials ([`add_route_headers`]).
+pub fn pass_through_headers(
+    route: &Route,
+    headers: &mut HeaderMap,
+    peer: SocketAddr,
+    proto: &'static str,
+) {
+    let traceparent = crate::telemetry::traceparent_header_of(&tracing::Span::current());
+    forward_headers(route, headers, Some(peer), proto, traceparent.is_none());
+    if let Some(v) = traceparent {
+        headers.insert(TRACEPARENT.clone(), v);
+    }
+    add_route_headers(route, headers, None);
+}
+
 /// The names the gateway sets on every forwarded call, parsed once (a
 /// name given as text is parsed and hashed on each use).
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-/// `traceparent` (W3C Trace Context §3.2).
-pub static TRACEPARENT: HeaderName = HeaderName::from_static(crate::telemetry::TRACEPARENT);
+static TRACEPARENT: HeaderName = HeaderName::from_static(crate::telemetry::TRACEPARENT);
 static TRACESTATE: HeaderName = HeaderName::from_static(crate::telemetry::TRACESTATE);
 
 /// `ip` as a header value (`192.0.2.1`, `2001:db8::1`), written without

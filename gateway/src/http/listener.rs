@@ -1,4 +1,4 @@
-//! Serving a router on one listener, in plain HTTP or over TLS: HTTP/1.1,
+//! Serving a listener's service ([`App`]) on one listener, in plain HTTP or over TLS: HTTP/1.1,
 //! and HTTP/2 (negotiated by ALPN on TLS listeners, RFC 7301; by the
 //! connection preface otherwise). Each request carries the peer address
 //! and the scheme the caller used, as one extension ([`crate::forward::Inbound`]).

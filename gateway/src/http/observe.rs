@@ -19,6 +19,8 @@ use std::time::Duration;
 use axum::extract::Request;
 use http::{HeaderName, HeaderValue};
 use tower::ServiceBuilder;
+
+use crate::http::listener::App;
 use tower_http::request_id::RequestId;
 use tower_http::trace::TraceLayer;
 
@@ -30,30 +32,9 @@ static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// Wraps `inner` (the service of the `listener` named `proxy` or
 /// `admin`) in the layers of the module docs. The answer's body is the
 /// trace layer's wrapper of `inner`'s.
-pub fn observe<S>(
-    inner: S,
-    listener: &'static str,
-) -> impl tower::Service<
-    Request,
-    Response = http::Response<
-        impl http_body::Body<Data = bytes::Bytes, Error = axum::Error> + Send + 'static,
-    >,
-    Error = std::convert::Infallible,
-    Future: Send + 'static,
-> + Clone
-+ Send
-+ Sync
-+ 'static
+pub fn observe<S>(inner: S, listener: &'static str) -> impl App
 where
-    S: tower::Service<
-            Request,
-            Response = axum::response::Response,
-            Error = std::convert::Infallible,
-        > + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send + 'static,
+    S: App<Body = axum::body::Body>,
 {
     ServiceBuilder::new()
         .map_request(mark_sensitive)

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::header;
 
 use crate::config::{Principal, Role, Route};
-use crate::forward::{Inbound, add_route_headers, build_request, upstream_uri};
+use crate::forward::{Inbound, build_request, upstream_uri};
 use crate::http::auth::{Authenticate, ConnAuth};
 use crate::http::guards;
 use crate::http::{answer_response, reply_response};
@@ -72,7 +72,7 @@ pub fn service(
 /// after the prefix, as the router matches them) to `routes`, and every
 /// other request straight to the proxy path: the path every call takes
 /// skips the router's matching, its boxed route services and its
-/// extractors (about 5,000 instructions of a pass-through call).
+/// extractors (7,600 instructions of a pass-through call).
 #[derive(Clone)]
 pub struct Dispatch {
     state: AppState,
@@ -663,20 +663,7 @@ async fn pass_through(
 ) -> Result<Response, OpError> {
     let (mut parts, body) = req.into_parts();
     let proto = Inbound::scheme_of(&parts.extensions);
-    // The span's own context when traces are exported, else the caller's
-    // (kept in place): as [`crate::forward::trace_context`].
-    let traceparent = crate::telemetry::traceparent_header_of(&tracing::Span::current());
-    crate::forward::forward_headers(
-        route,
-        &mut parts.headers,
-        Some(peer),
-        proto,
-        traceparent.is_none(),
-    );
-    if let Some(v) = traceparent {
-        parts.headers.insert(crate::forward::TRACEPARENT.clone(), v);
-    }
-    add_route_headers(route, &mut parts.headers, None);
+    crate::forward::pass_through_headers(route, &mut parts.headers, peer, proto);
     let out = build_request(parts.method, uri, parts.headers, body);
     let resp = crate::forward::send(route, out)
         .await
