@@ -17,7 +17,12 @@
 //! - (t) pass-through and effectful through three `effectgate serve`
 //!   processes: trace export on (sampling 1.0, to a loopback receiver),
 //!   export off, and untraced (`RUST_LOG=off`), as ratios on/off and
-//!   off/untraced of throughput and of the gateway's CPU per call.
+//!   off/untraced of throughput and of the gateway's CPU per call;
+//! - (w) with `wrk` installed: the pass-through, effectful, duplicate and
+//!   one-connection targets again, with `wrk` as the load generator, the
+//!   gateway in a process of its own and nginx in front of the same
+//!   provider (`wrk.rs`: the bench's own client costs as much per request
+//!   as a proxy, which caps every arm near one throughput).
 //!
 //! Prints requests/s and p50/p99 latency per scenario, and the ratios b/a,
 //! c/a, d/a of throughput. Bounded by `--requests` per scenario.
@@ -46,6 +51,7 @@ mod process;
 mod targets;
 mod tls;
 mod tracing_cost;
+mod wrk;
 
 use clap::Parser;
 use hyper_util::client::legacy::Client;
@@ -108,6 +114,10 @@ struct Args {
     /// (n'), e.g. to compare two builds in a minute.
     #[arg(long)]
     only_nginx: bool,
+    /// Run only (w): the targets measured with `wrk` as the load generator
+    /// and the gateway in a process of its own (about a minute).
+    #[arg(long)]
+    only_wrk: bool,
 }
 
 const CLIENT_KEY: &str = "bench-client-key";
@@ -180,6 +190,13 @@ async fn main() -> anyhow::Result<()> {
             args.concurrency,
         )
         .await;
+    }
+    if args.only_wrk {
+        let dir = tempfile::tempdir()?;
+        let fsync = targets::fsync_ms(dir.path())?;
+        let rows = wrk::targets(&mock.url(), mock.addr, &hash, args.concurrency, fsync).await?;
+        targets::print(&rows);
+        return Ok(());
     }
     let (gw, dir) = tracing_cost::gateway(&mock.url(), &hash).await?;
 
@@ -369,7 +386,8 @@ async fn main() -> anyhow::Result<()> {
         },
         match &nx {
             Some((_, p)) => targets::Row {
-                what: "pass-through / nginx proxy_pass (keep-alive upstream), p99".into(),
+                what: "pass-through / nginx proxy_pass (keep-alive upstream), p99 (bench client)"
+                    .into(),
                 measured: format!(
                     "{:.3}× ({:.2}–{:.2}), p99 {} µs vs nginx {} µs (medians of {PAIRED_CYCLES} alternating cycles)",
                     p.ratio, p.lowest, p.highest, p.b_p99_us, p.a_p99_us
@@ -407,6 +425,7 @@ async fn main() -> anyhow::Result<()> {
             met: None,
         },
     });
+    rows.extend(wrk::targets(&mock.url(), mock.addr, &hash, c, fsync).await?);
     flood::slow_header_flood(&client, &mock.url(), &hash, (n / 5).max(200)).await?;
     https_pass_through(&client, &hash, &args, &b).await?;
 

@@ -139,13 +139,66 @@ pub struct SeenRequest {
     pub headers: Vec<(String, String)>,
 }
 
+/// An append-only list in chunks of [`Log::CHUNK`] items: a push never
+/// moves the items before it. The request log and the charges grow by
+/// millions in a benchmark, and a `Vec` that doubles then copies (and
+/// faults in) hundreds of MiB while it holds the provider's lock, which
+/// stalled every request for up to a second.
+#[derive(Debug)]
+struct Log<T> {
+    chunks: Vec<Vec<T>>,
+    len: usize,
+}
+
+impl<T> Default for Log<T> {
+    fn default() -> Self {
+        Self {
+            chunks: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<T: Clone> Log<T> {
+    /// Items per chunk.
+    const CHUNK: usize = 4096;
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn push(&mut self, item: T) {
+        match self.chunks.last_mut() {
+            Some(c) if c.len() < Self::CHUNK => c.push(item),
+            _ => {
+                let mut c = Vec::with_capacity(Self::CHUNK);
+                c.push(item);
+                self.chunks.push(c);
+            }
+        }
+        self.len += 1;
+    }
+
+    fn get(&self, i: usize) -> Option<&T> {
+        self.chunks.get(i / Self::CHUNK)?.get(i % Self::CHUNK)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &T> {
+        self.chunks.iter().flatten()
+    }
+
+    fn to_vec(&self) -> Vec<T> {
+        self.iter().cloned().collect()
+    }
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     refunds: Vec<Refund>,
     refunds_by_key: HashMap<String, usize>,
-    charges: Vec<Charge>,
+    charges: Log<Charge>,
     by_key: HashMap<String, usize>,
-    requests: Vec<SeenRequest>,
+    requests: Log<SeenRequest>,
     readbacks: u64,
     readback_log: Vec<ReadBack>,
     faults: Faults,
@@ -176,7 +229,7 @@ impl Provider {
     }
     /// Every request seen so far.
     pub fn requests(&self) -> Vec<SeenRequest> {
-        self.inner.lock().unwrap().requests.clone()
+        self.inner.lock().unwrap().requests.to_vec()
     }
     /// Number of read-back (GET /v1/charges) requests.
     pub fn readbacks(&self) -> u64 {
@@ -206,7 +259,7 @@ impl Provider {
     }
     /// The charges created.
     pub fn charges(&self) -> Vec<Charge> {
-        self.inner.lock().unwrap().charges.clone()
+        self.inner.lock().unwrap().charges.to_vec()
     }
     /// Replaces the fault knobs.
     pub fn set_faults(&self, f: Faults) {
@@ -544,8 +597,12 @@ async fn create_charge(State(p): State<Provider>, req: Request) -> Response {
             drop_after = true;
         }
         // The provider's own idempotency.
-        if let Some(idx) = key.as_ref().and_then(|k| i.by_key.get(k)) {
-            let c = i.charges[*idx].clone();
+        if let Some(c) = key
+            .as_ref()
+            .and_then(|k| i.by_key.get(k))
+            .and_then(|idx| i.charges.get(*idx))
+        {
+            let c = c.clone();
             let mut r = (StatusCode::OK, axum::Json(c)).into_response();
             r.headers_mut()
                 .insert("idempotent-replayed", "true".parse().unwrap());
@@ -820,6 +877,25 @@ pub fn form_to_json(body: &[u8]) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_log_keeps_order_and_index_across_chunks() {
+        let mut log = Log::default();
+        let n = Log::<usize>::CHUNK * 2 + 3;
+        for i in 0..n {
+            log.push(i);
+        }
+        assert_eq!(log.len(), n);
+        assert_eq!(log.chunks.len(), 3);
+        assert_eq!(log.get(Log::<usize>::CHUNK), Some(&Log::<usize>::CHUNK));
+        assert_eq!(log.get(n - 1), Some(&(n - 1)));
+        assert_eq!(log.get(n), None);
+        assert_eq!(log.to_vec(), (0..n).collect::<Vec<_>>());
+        // A full chunk is never reallocated: its first item stays put.
+        let first = log.get(0).unwrap() as *const usize;
+        log.push(n);
+        assert_eq!(first, log.get(0).unwrap() as *const usize);
+    }
 
     #[test]
     fn form_bodies_become_json_and_odd_keys_never_panic() {
