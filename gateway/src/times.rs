@@ -25,6 +25,10 @@ pub const TIME_FIELDS: &[&str] = &[
     "dead_lettered_at",
     "received_at",
     "held_until",
+    "since",
+    "settle_until",
+    "oldest_dead_letter_at",
+    "oldest_unknown_at",
 ];
 
 /// The lists and objects, inside those objects, whose items hold times too.
@@ -144,7 +148,7 @@ mod tests {
     fn annotate_adds_siblings_and_leaves_bodies_alone() {
         let mut v = serde_json::json!({
             "created_at": 0, "decided_at": null, "request_body": {"at": 5},
-            "transitions": [{"at": 1000}],
+            "transitions": [{"at": 1000}], "dead_letters": [{"since": 2000}],
         });
         annotate(&mut v);
         assert_eq!(v["created_at_rfc3339"], "1970-01-01T00:00:00.000Z");
@@ -152,6 +156,10 @@ mod tests {
         assert_eq!(
             v["transitions"][0]["at_rfc3339"],
             "1970-01-01T00:00:01.000Z"
+        );
+        assert_eq!(
+            v["dead_letters"][0]["since_rfc3339"],
+            "1970-01-01T00:00:02.000Z"
         );
         assert_eq!(v["request_body"], serde_json::json!({"at": 5}));
     }

@@ -110,6 +110,7 @@ fn the_real_provider_example_checks_and_tls_errors_name_the_field() {
         .args(["check-config", "--config", example])
         .env("STRIPE_SECRET_KEY", "sk_test_example")
         .env("GATEWAY_CLIENT_KEY", "client-key-example")
+        .env("GATEWAY_OPERATOR_KEY", "operator-key-example")
         .output()
         .unwrap();
     assert!(

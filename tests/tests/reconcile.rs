@@ -207,6 +207,12 @@ async fn a_read_back_error_never_creates_a_provider_call_and_ends_in_a_dead_lett
     assert_eq!(item["reason"], "reconciliation-out-of-bounds");
     assert_eq!(item["attempts"], 1);
     assert_eq!(item["last_error"]["kind"], "read-back-error");
+    // `since` (ms) comes with its RFC 3339 twin, as every time does.
+    let since = item["since"].as_i64().unwrap();
+    assert_eq!(
+        item["since_rfc3339"].as_str(),
+        effectgate::times::rfc3339(since).as_deref()
+    );
     assert!(
         item["operator_check"]
             .as_str()

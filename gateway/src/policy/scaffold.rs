@@ -282,7 +282,8 @@ wit-bindgen generates the bindings from that file when it builds.
 
 ```sh
 rustup target add wasm32-wasip2
-cargo build --target wasm32-wasip2 --release
+# --target-dir: the module lands here even when CARGO_TARGET_DIR is set
+cargo build --target wasm32-wasip2 --release --target-dir target
 # → target/wasm32-wasip2/release/{{wasm}}
 effectgate policy check target/wasm32-wasip2/release/{{wasm}}
 effectgate policy test target/wasm32-wasip2/release/{{wasm}} cases.toml
