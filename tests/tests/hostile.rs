@@ -1125,3 +1125,71 @@ async fn a_head_that_never_completes_gets_408() {
         .unwrap();
     assert_eq!(r.status(), 200);
 }
+
+/// What a second outsider found: a request head whose lines end in a bare
+/// LF (RFC 9112 §2.2 lets a server take it) waited for the header timeout
+/// and got 408 (here that timeout is 60 s, past `raw_status`' 10 s wait);
+/// a method override header spelt with `_` for `-` (which CGI-style
+/// servers read as the same variable) was forwarded; a second
+/// `Authorization` was ignored, so a proxy in front that takes the last
+/// one would disagree about the tenant. Nothing of the refused ones
+/// reaches the ledger or the provider.
+#[tokio::test]
+async fn second_outsider_findings() {
+    let app = spawn_with(Opts {
+        more: "[limits]\nheader_read_timeout_ms = 60000\n".into(),
+        ..Default::default()
+    })
+    .await;
+    let body = r#"{"amount":5}"#;
+    let status = raw_status(
+        &app,
+        format!(
+            "POST /pay/v1/charges HTTP/1.1\nHost: x\nAuthorization: Bearer {KEY_A}\n\
+             Idempotency-Key: bare-lf\nContent-Type: application/json\nContent-Length: {}\n\
+             Connection: close\n\n{body}",
+            body.len()
+        ),
+    )
+    .await;
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    assert_eq!(app.mock.provider.effects(), 1);
+
+    let r = app
+        .http
+        .get(app.proxy("/pay/v1/charges"))
+        .bearer_auth(KEY_A)
+        .header("X_HTTP_METHOD_OVERRIDE", "POST")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["field"], "header:x_http_method_override");
+
+    let r = app
+        .http
+        .post(app.proxy("/pay/v1/charges"))
+        .header("Authorization", format!("Bearer {KEY_A}"))
+        .header("Authorization", format!("Bearer {KEY_B}"))
+        .header("Idempotency-Key", "two-credentials")
+        .header("Content-Type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["field"], "header:Authorization");
+    assert_eq!(
+        app.operation(ADMIN_A, "a", "two-credentials")
+            .await
+            .status(),
+        404
+    );
+    assert_eq!(
+        app.mock.provider.requests().len(),
+        1,
+        "only the bare-LF call reached the provider"
+    );
+}

@@ -97,9 +97,17 @@ impl AppState {
         headers: &HeaderMap,
         conn: Option<&ConnAuth>,
     ) -> Result<Principal, OpError> {
-        let value = headers
-            .get(http::header::AUTHORIZATION)
-            .ok_or(OpError::Unauthenticated)?;
+        let mut values = headers.get_all(http::header::AUTHORIZATION).iter();
+        let value = values.next().ok_or(OpError::Unauthenticated)?;
+        if values.next().is_some() {
+            // Two credentials: a proxy in front that takes the last one
+            // would answer for another principal than this first one.
+            return Err(OpError::BadRequest {
+                field: "header:Authorization".into(),
+                message: "a request must have at most one Authorization header (RFC 9110 §11.6.2)"
+                    .into(),
+            });
+        }
         let settings = self.settings();
         if let Some(p) = conn.and_then(|c| c.get(value, &settings)) {
             return Ok(p);

@@ -12,7 +12,8 @@
 //!   be the same one to a provider that compares them case-insensitively,
 //!   so it would skip the ledger there: 400 naming `method`. So is a method
 //!   override header (`X-HTTP-Method-Override` and its kin), which asks a
-//!   provider to run another method than the one the gateway judged; and
+//!   provider to run another method than the one the gateway judged (also
+//!   spelt with `_` for `-`, which CGI-style servers read as the same); and
 //!   so is an HTTP/1.1 request without exactly one `Host` (RFC 9112 §3.2),
 //!   which a provider behind a virtual host would read as another site's;
 //! - [`limit_header_bytes`]: the request head is bounded by
@@ -133,13 +134,24 @@ pub fn host_refusal(version: http::Version, headers: &HeaderMap) -> Option<OpErr
     })
 }
 
-/// The refusal of a request that carries a method override header (one
-/// pass over the request's header names: a lookup per override name
-/// would hash each of them on every call).
+/// Whether header name `name` (lowercase, as `http` keeps them) is
+/// `lower`, with `_` taken for `-`: CGI, WSGI and PHP servers map both
+/// to the same variable (`HTTP_X_HTTP_METHOD_OVERRIDE`).
+fn same_name(name: &str, lower: &str) -> bool {
+    name.len() == lower.len()
+        && name
+            .bytes()
+            .zip(lower.bytes())
+            .all(|(n, l)| n == l || (n == b'_' && l == b'-'))
+}
+
+/// The refusal of a request that carries a method override header, in any
+/// spelling with `_` for `-` (one pass over the request's header names: a
+/// lookup per override name would hash each of them on every call).
 pub fn override_refusal(headers: &HeaderMap) -> Option<OpError> {
     headers
         .keys()
-        .find(|n| METHOD_OVERRIDES.contains(&n.as_str()))
+        .find(|n| METHOD_OVERRIDES.iter().any(|o| same_name(n.as_str(), o)))
         .map(|h| OpError::BadRequest {
             field: format!("header:{h}"),
             message: "method override headers are not forwarded: send the method itself".into(),
@@ -228,6 +240,25 @@ mod tests {
         assert!(
             matches!(e, OpError::BadRequest { ref field, .. } if field == "header:x-http-method-override")
         );
+        for spelt in [
+            "x_http_method_override",
+            "x-http_method",
+            "X_METHOD_OVERRIDE",
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(
+                http::HeaderName::from_bytes(spelt.as_bytes()).unwrap(),
+                HeaderValue::from_static("POST"),
+            );
+            let e = override_refusal(&h).unwrap_or_else(|| panic!("{spelt} passed"));
+            let want = format!("header:{}", spelt.to_ascii_lowercase());
+            assert!(matches!(e, OpError::BadRequest { ref field, .. } if *field == want));
+        }
+        // A name that only resembles one passes.
+        let mut h = HeaderMap::new();
+        h.insert("x-http-method-overrides", HeaderValue::from_static("POST"));
+        h.insert("x-http-methodxoverride", HeaderValue::from_static("POST"));
+        assert!(override_refusal(&h).is_none());
     }
 
     #[test]

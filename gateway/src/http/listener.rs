@@ -523,9 +523,7 @@ async fn first_head_arrived(
         match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
             Err(_) => return false,
             Ok(Err(_)) | Ok(Ok(0)) => return true,
-            Ok(Ok(n)) if n == buf.len() || buf[..n].windows(4).any(|w| w == b"\r\n\r\n") => {
-                return true;
-            }
+            Ok(Ok(n)) if n == buf.len() || head_ends(&buf[..n]) => return true,
             Ok(Ok(_)) => {}
         }
         let now = tokio::time::Instant::now();
@@ -535,6 +533,17 @@ async fn first_head_arrived(
         tokio::time::sleep_until((now + pause).min(deadline)).await;
         pause = (pause * 2).min(Duration::from_millis(250));
     }
+}
+
+/// Whether `bytes` hold the blank line that ends a request head: CRLF
+/// CRLF, or a bare LF for either line end, which RFC 9112 §2.2 lets a
+/// server accept (hyper does; a head of bare LFs waited for the header
+/// timeout here, then got 408).
+fn head_ends(bytes: &[u8]) -> bool {
+    bytes
+        .windows(2)
+        .enumerate()
+        .any(|(i, w)| w == b"\n\n" || (w == b"\n\r" && bytes.get(i + 2) == Some(&b'\n')))
 }
 
 /// Answers a connection whose first head didn't arrive within
@@ -559,4 +568,29 @@ async fn answer_408(stream: &mut tokio::net::TcpStream, limit: Duration) {
         stream.shutdown().await
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::head_ends;
+
+    #[test]
+    fn a_head_ends_at_a_blank_line_of_crlf_or_bare_lf() {
+        for ended in [
+            &b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"[..],
+            b"GET / HTTP/1.1\nHost: x\n\n",
+            b"GET / HTTP/1.1\r\nHost: x\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\n\nbody",
+        ] {
+            assert!(head_ends(ended), "{}", String::from_utf8_lossy(ended));
+        }
+        for open in [
+            &b"GET / HTTP/1.1\r\nHost: x\r\n"[..],
+            b"GET / HTTP/1.1\nHost: x\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r",
+            b"",
+        ] {
+            assert!(!head_ends(open), "{}", String::from_utf8_lossy(open));
+        }
+    }
 }
