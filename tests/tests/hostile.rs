@@ -1132,8 +1132,9 @@ async fn a_head_that_never_completes_gets_408() {
 /// a method override header spelt with `_` for `-` (which CGI-style
 /// servers read as the same variable) was forwarded; a second
 /// `Authorization` was ignored, so a proxy in front that takes the last
-/// one would disagree about the tenant. Nothing of the refused ones
-/// reaches the ledger or the provider.
+/// one would disagree about the tenant; `Transfer-Encoding: gzip, chunked`
+/// was read as chunked, the gzip bytes taken for the body. Nothing of the
+/// refused ones reaches the ledger or the provider.
 #[tokio::test]
 async fn second_outsider_findings() {
     let app = spawn_with(Opts {
@@ -1187,6 +1188,21 @@ async fn second_outsider_findings() {
             .status(),
         404
     );
+    // `gzip, chunked`: the parser takes it as chunked and would hand on
+    // the gzip bytes as the body (RFC 9112 §6.1: 501).
+    let status = raw_status(
+        &app,
+        format!(
+            "POST /pay/v1/charges HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\n\
+             Idempotency-Key: coded\r\nContent-Type: application/json\r\n\
+             Transfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n\
+             {:x}\r\n{body}\r\n0\r\n\r\n",
+            body.len()
+        ),
+    )
+    .await;
+    assert_eq!(status, "HTTP/1.1 501 Not Implemented");
+    assert_eq!(app.operation(ADMIN_A, "a", "coded").await.status(), 404);
     assert_eq!(
         app.mock.provider.requests().len(),
         1,

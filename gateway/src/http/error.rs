@@ -46,6 +46,7 @@ impl Problem for OpError {
             OpError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             OpError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             OpError::UnsupportedContentEncoding { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            OpError::TransferCodingNotImplemented { .. } => StatusCode::NOT_IMPLEMENTED,
             OpError::TenantLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             OpError::QuotaExceeded { .. } => StatusCode::INSUFFICIENT_STORAGE,
             OpError::BadRequest { .. } => StatusCode::BAD_REQUEST,
@@ -107,6 +108,10 @@ impl Problem for OpError {
             }
             OpError::UnsupportedContentEncoding { coding } => {
                 body.insert("field".into(), json!("header:Content-Encoding"));
+                body.insert("coding".into(), json!(coding));
+            }
+            OpError::TransferCodingNotImplemented { coding } => {
+                body.insert("field".into(), json!("header:Transfer-Encoding"));
                 body.insert("coding".into(), json!(coding));
             }
             OpError::RequestTimeout { limit_ms } => {

@@ -75,11 +75,32 @@ where
 
 /// 405 for TRACE and CONNECT, 400 for another spelling of a standard
 /// method, a method override header, or an HTTP/1.1 request without one
-/// `Host` ([`host_refusal`]); every other request passes.
+/// `Host` ([`host_refusal`]), 501 for a transfer coding other than
+/// `chunked` ([`transfer_coding_refusal`]); every other request passes.
 pub fn refuse_methods(req: &Request) -> Option<OpError> {
     method_refusal(req.method())
         .or_else(|| override_refusal(req.headers()))
         .or_else(|| host_refusal(req.version(), req.headers()))
+        .or_else(|| transfer_coding_refusal(req.headers()))
+}
+
+/// The refusal (501) of a request whose `Transfer-Encoding` names a coding
+/// other than `chunked` (RFC 9112 §6.1). The HTTP/1 parser takes `gzip,
+/// chunked` as chunked and hands on the gzip bytes as the body, which
+/// would be fingerprinted and forwarded as if they were the content.
+pub fn transfer_coding_refusal(headers: &HeaderMap) -> Option<OpError> {
+    headers
+        .get_all(http::header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| {
+            String::from_utf8_lossy(v.as_bytes())
+                .into_owned()
+                .split(',')
+                .map(|c| c.trim().to_ascii_lowercase())
+                .collect::<Vec<_>>()
+        })
+        .find(|c| !c.is_empty() && c != "chunked")
+        .map(|coding| OpError::TransferCodingNotImplemented { coding })
 }
 
 /// Methods whose other spellings are refused.
@@ -259,6 +280,29 @@ mod tests {
         h.insert("x-http-method-overrides", HeaderValue::from_static("POST"));
         h.insert("x-http-methodxoverride", HeaderValue::from_static("POST"));
         assert!(override_refusal(&h).is_none());
+    }
+
+    #[test]
+    fn transfer_codings_other_than_chunked_are_refused() {
+        let refused = |v: &[&'static str]| {
+            let mut h = HeaderMap::new();
+            for v in v {
+                h.append(http::header::TRANSFER_ENCODING, HeaderValue::from_static(v));
+            }
+            transfer_coding_refusal(&h).map(|e| match e {
+                OpError::TransferCodingNotImplemented { coding } => coding,
+                other => panic!("{other:?}"),
+            })
+        };
+        assert_eq!(refused(&[]), None);
+        assert_eq!(refused(&["chunked"]), None);
+        assert_eq!(refused(&["Chunked"]), None);
+        assert_eq!(refused(&["gzip, chunked"]).as_deref(), Some("gzip"));
+        assert_eq!(refused(&["GZIP", "chunked"]).as_deref(), Some("gzip"));
+        assert_eq!(
+            refused(&["chunked , x-custom"]).as_deref(),
+            Some("x-custom")
+        );
     }
 
     #[test]

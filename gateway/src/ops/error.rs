@@ -139,6 +139,17 @@ pub enum OpError {
         /// The coding, lowercased.
         coding: String,
     },
+    /// 501: the request's `Transfer-Encoding` names a coding other than
+    /// `chunked` (`gzip, chunked`), which the gateway does not implement
+    /// (RFC 9112 §6.1: a server SHOULD answer 501). Its body would
+    /// otherwise be taken as the coded bytes; nothing was recorded or sent.
+    #[error(
+        "the transfer coding {coding:?} is not implemented (only chunked is); nothing was recorded or sent"
+    )]
+    TransferCodingNotImplemented {
+        /// The coding, lowercased.
+        coding: String,
+    },
     /// 408: the request body did not arrive within
     /// `limits.body_read_timeout_ms`; nothing was reserved or sent.
     #[error("the request body did not arrive within {limit_ms} ms; nothing was recorded or sent")]
@@ -237,6 +248,7 @@ impl OpError {
             OpError::PayloadTooLarge { .. } => "payload-too-large",
             OpError::RequestTimeout { .. } => "request-timeout",
             OpError::UnsupportedContentEncoding { .. } => "unsupported-content-encoding",
+            OpError::TransferCodingNotImplemented { .. } => "transfer-coding-not-implemented",
             OpError::TenantLimited { .. } => "tenant-limited",
             OpError::QuotaExceeded { .. } => "tenant-quota-exceeded",
             OpError::BadRequest { .. } => "bad-request",
