@@ -92,13 +92,8 @@ pub fn transfer_coding_refusal(headers: &HeaderMap) -> Option<OpError> {
     headers
         .get_all(http::header::TRANSFER_ENCODING)
         .iter()
-        .flat_map(|v| {
-            String::from_utf8_lossy(v.as_bytes())
-                .into_owned()
-                .split(',')
-                .map(|c| c.trim().to_ascii_lowercase())
-                .collect::<Vec<_>>()
-        })
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(|c| String::from_utf8_lossy(c.trim_ascii()).to_ascii_lowercase())
         .find(|c| !c.is_empty() && c != "chunked")
         .map(|coding| OpError::TransferCodingNotImplemented { coding })
 }
