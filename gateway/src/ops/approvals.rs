@@ -78,9 +78,14 @@ pub async fn decide_as(
         .decide(tenant, id, decision, &p.name, comment.as_deref())
         .await?
     else {
+        // Read again: a decision that raced this one and won is what the
+        // approval is now (the read above may still say pending).
+        let status = match app.ledger.approval(tenant, id).await? {
+            Some(now) => now.status,
+            None => a.status,
+        };
         return Err(OpError::Conflict(format!(
-            "approval {id:?} is {} and can't be decided again",
-            a.status
+            "approval {id:?} is {status} and can't be decided again"
         )));
     };
     if decision == ApprovalDecision::Approve {
