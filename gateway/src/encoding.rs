@@ -28,7 +28,8 @@ pub const MAX_CODINGS: usize = 4;
 
 /// Whether `accept_encoding` (the request's header values, joined) accepts
 /// `coding`: listed with q > 0, or `*` with q > 0 and not itself refused
-/// with q = 0. `identity` is acceptable unless refused (§12.5.3).
+/// with q = 0. `identity` is acceptable unless refused (§12.5.3). An item
+/// whose weight is no qvalue (§12.4.2: `q=abc`, `q=1.5`) is not taken.
 pub fn accepts(accept_encoding: Option<&str>, coding: &str) -> bool {
     let coding = coding.trim().to_ascii_lowercase();
     let coding = match coding.as_str() {
@@ -46,11 +47,18 @@ pub fn accepts(accept_encoding: Option<&str>, coding: &str) -> bool {
         if name.is_empty() {
             continue;
         }
-        let q = parts
-            .filter_map(|p| p.trim().strip_prefix("q=").or(p.trim().strip_prefix("Q=")))
-            .filter_map(|v| v.trim().parse::<f32>().ok())
-            .next()
-            .unwrap_or(1.0);
+        let q = match parts
+            .map(str::trim)
+            .find_map(|p| p.strip_prefix("q=").or(p.strip_prefix("Q=")))
+        {
+            None => 1.0,
+            Some(v) => match qvalue(v.trim()) {
+                Some(q) => q,
+                // Not a qvalue (`q=abc`, `q=1.5`): the item is not taken,
+                // neither as an acceptance nor as a refusal.
+                None => continue,
+            },
+        };
         let name = if name == "x-gzip" {
             "gzip".to_owned()
         } else {
@@ -70,6 +78,20 @@ pub fn accepts(accept_encoding: Option<&str>, coding: &str) -> bool {
         Some(ok) => ok,
         None => coding == "identity" && !identity_refused,
     }
+}
+
+/// A weight as RFC 9110 §12.4.2 spells it: `0` to `1` with at most three
+/// decimals (`0.5`, `1.000`); `None` for anything else.
+fn qvalue(v: &str) -> Option<f32> {
+    let (int, frac) = v.split_once('.').unwrap_or((v, ""));
+    let valid = frac.len() <= 3
+        && frac.bytes().all(|b| b.is_ascii_digit())
+        && match int {
+            "0" => true,
+            "1" => frac.bytes().all(|b| b == b'0'),
+            _ => false,
+        };
+    valid.then(|| v.parse().ok()).flatten()
 }
 
 /// Why [`decode`] could not decode a body.
@@ -250,6 +272,22 @@ mod tests {
         assert!(!accepts(Some(""), "gzip"));
         assert!(!accepts(Some("identity;q=0"), "identity"));
         assert!(!accepts(Some("deflate"), "gzip"));
+        // A weight that is no qvalue (RFC 9110 §12.4.2) takes the item out.
+        for bad in [
+            "gzip;q=abc",
+            "gzip;q=1.5",
+            "gzip;q=2",
+            "gzip;q=0.1234",
+            "gzip;q=",
+        ] {
+            assert!(!accepts(Some(bad), "gzip"), "{bad}");
+        }
+        assert!(accepts(Some("gzip;q=0.001"), "gzip"));
+        assert!(accepts(Some("gzip;q=1.000"), "gzip"));
+        assert!(accepts(Some("gzip; q=0.5"), "gzip"));
+        assert!(accepts(Some("identity;q=x"), "identity"));
+        assert_eq!(qvalue("0.25"), Some(0.25));
+        assert_eq!(qvalue("1.001"), None);
     }
 
     #[test]
