@@ -201,6 +201,8 @@ async fn as_problem(resp: Response, max_body: usize) -> Response {
     if status == StatusCode::PAYLOAD_TOO_LARGE {
         problem["field"] = json!("body");
         problem["limit_bytes"] = json!(max_body);
+    } else if let Some(name) = path_parameter(&detail) {
+        problem["field"] = json!(format!("path:{name}"));
     }
     let mut r = (parts.status, problem.to_string()).into_response();
     r.headers_mut().insert(
@@ -208,6 +210,18 @@ async fn as_problem(resp: Response, max_body: usize) -> Response {
         http::HeaderValue::from_static(crate::http::error::PROBLEM_JSON),
     );
     r
+}
+
+/// The path parameter a rejection of the framework's names: its messages
+/// for a segment that is no valid UTF-8 or doesn't parse read
+/// ``Invalid URL: Invalid UTF-8 in `operation_id` `` or ``Invalid URL:
+/// Cannot parse `limit` …``; the name is the first one in backticks.
+fn path_parameter(detail: &str) -> Option<&str> {
+    let rest = detail.strip_prefix("Invalid URL:")?;
+    let (_, after) = rest.split_once('`')?;
+    let (name, _) = after.split_once('`')?;
+    (!name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+        .then_some(name)
 }
 
 async fn readyz(State(app): State<AppState>) -> Response {
@@ -516,4 +530,28 @@ async fn resolve(
     let action: operator::Resolution = parse(&body)?;
     let op = operator::resolve(&app, &principal, &operation_id, &action).await?;
     Ok(axum::Json(op).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_path_rejection_names_its_parameter() {
+        let resp = (
+            StatusCode::BAD_REQUEST,
+            "Invalid URL: Invalid UTF-8 in `operation_id`",
+        )
+            .into_response();
+        let resp = as_problem(resp, 1024).await;
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let p: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(p["field"], "path:operation_id");
+        assert_eq!(p["type"], "urn:effectgate:problem:bad-request");
+        assert_eq!(path_parameter("Invalid URL: no name"), None);
+        assert_eq!(path_parameter("Failed to parse the request body"), None);
+    }
 }
