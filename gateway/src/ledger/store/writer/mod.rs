@@ -48,9 +48,11 @@
 //! its outcome unknown: a claim it held is found by the reconciler when
 //! its lease ends).
 
+use std::future::Future as _;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
+use std::task::Poll;
 use std::time::Instant;
 
 use tokio::sync::{Mutex, Notify, OwnedMutexGuard, oneshot};
@@ -390,7 +392,8 @@ impl<D: Dialect> Writer<D> {
         // queue (the lock's wait is cancel-safe) and costs the lane nothing.
         let guard = lane.batch.clone().lock_owned().await;
         drop(waited);
-        // With its turn, the rest runs in a task of its own, which a
+        // With its turn, the rest runs in a task of its own (unless it ends
+        // in its first poll, below), which a
         // caller that gives up (its request was cancelled, a timeout
         // fired) can't stop half-way: a rollback of an abandoned savepoint
         // that ran on the connection but was not yet noted in the batch
@@ -399,13 +402,22 @@ impl<D: Dialect> Writer<D> {
         // caller was already told it is waiting for the commit. A caller
         // gone by the time the task ends drops its `BatchTx` like any
         // other abandoned write.
-        tokio::spawn(open_write(lane, guard, bytes))
-            .await
-            .unwrap_or_else(|e| {
-                Err(sqlx::Error::Protocol(format!(
-                    "the ledger writer's task failed: {e}"
-                )))
-            })
+        // One poll here first: where nothing of the opening waits (SQLite
+        // runs its statements on this thread), it ends in that poll, which
+        // nothing can cut short, and the connection is not held across two
+        // task hand-offs (the spawned task's start and this one's wake-up).
+        // Otherwise the future, part-run, goes on in its task: nothing
+        // between the poll and the spawn can drop it.
+        let mut opening = Box::pin(open_write(lane, guard, bytes));
+        let first = std::future::poll_fn(|cx| Poll::Ready(opening.as_mut().poll(cx))).await;
+        if let Poll::Ready(opened) = first {
+            return opened;
+        }
+        tokio::spawn(opening).await.unwrap_or_else(|e| {
+            Err(sqlx::Error::Protocol(format!(
+                "the ledger writer's task failed: {e}"
+            )))
+        })
     }
 }
 
