@@ -6,6 +6,12 @@
 //! (`daemon off`) with its prefix, logs and pid file in a temp folder,
 //! `worker_processes auto` and `access_log off`, and is stopped (`nginx -s
 //! stop`) when the scenario ends.
+//!
+//! [`Forwarding::AsGateway`] has it send the provider what the gateway
+//! sends on a pass route (a request id, `X-Forwarded-For`, `-Host` and
+//! `-Proto`, no `Authorization`), so that the provider does the same work
+//! behind both proxies; [`Forwarding::Plain`] is `proxy_pass` with its
+//! defaults.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -63,11 +69,46 @@ pub fn binary() -> Option<PathBuf> {
     })
 }
 
+/// Which headers nginx sends the provider (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forwarding {
+    /// `proxy_pass` with its defaults: the caller's headers as they came
+    /// (`Authorization` included), `Host` set to the upstream's name.
+    Plain,
+    /// As the gateway forwards on a pass route: `X-Request-Id` (nginx's
+    /// `$request_id`), `X-Forwarded-For`, `X-Forwarded-Host`,
+    /// `X-Forwarded-Proto`, the caller's `Authorization` removed, `Host`
+    /// the upstream's address.
+    AsGateway,
+}
+
+/// The `proxy_set_header` lines of `forwarding`, after the keep-alive
+/// one.
+fn forwarding_lines(forwarding: Forwarding) -> &'static str {
+    match forwarding {
+        Forwarding::Plain => "",
+        Forwarding::AsGateway => {
+            "      proxy_set_header Host $proxy_host;\n\
+             \x20     proxy_set_header Authorization \"\";\n\
+             \x20     proxy_set_header X-Request-Id $request_id;\n\
+             \x20     proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n\
+             \x20     proxy_set_header X-Forwarded-Host $http_host;\n\
+             \x20     proxy_set_header X-Forwarded-Proto $scheme;\n"
+        }
+    }
+}
+
 /// The configuration: one server on `listen` proxying everything to
 /// `upstream` over HTTP/1.1 keep-alive connections (64 idle kept per
-/// worker).
-fn config(prefix: &Path, listen: SocketAddr, upstream: SocketAddr) -> String {
+/// worker), with the headers of `forwarding`.
+fn config(
+    prefix: &Path,
+    listen: SocketAddr,
+    upstream: SocketAddr,
+    forwarding: Forwarding,
+) -> String {
     let p = prefix.display();
+    let headers = forwarding_lines(forwarding);
     format!(
         "worker_processes auto;\n\
          pid {p}/nginx.pid;\n\
@@ -88,24 +129,37 @@ fn config(prefix: &Path, listen: SocketAddr, upstream: SocketAddr) -> String {
          \x20     proxy_pass http://provider;\n\
          \x20     proxy_http_version 1.1;\n\
          \x20     proxy_set_header Connection \"\";\n\
+         {headers}\
          \x20   }}\n\
          \x20 }}\n\
          }}\n"
     )
 }
 
-/// Starts nginx in front of `upstream` and waits (at most 10 s) until it
-/// accepts connections.
+/// Starts nginx in front of `upstream` with its default forwarding
+/// ([`start_with`]).
+///
+/// Errors: as [`start_with`].
+pub fn start(binary: &Path, upstream: SocketAddr) -> anyhow::Result<Nginx> {
+    start_with(binary, upstream, Forwarding::Plain)
+}
+
+/// Starts nginx in front of `upstream`, sending it the headers of
+/// `forwarding`, and waits (at most 10 s) until it accepts connections.
 ///
 /// Errors: the binary can't be started, or it exits or never listens.
-pub fn start(binary: &Path, upstream: SocketAddr) -> anyhow::Result<Nginx> {
+pub fn start_with(
+    binary: &Path,
+    upstream: SocketAddr,
+    forwarding: Forwarding,
+) -> anyhow::Result<Nginx> {
     let dir = tempfile::tempdir()?;
     let addr = {
         let l = std::net::TcpListener::bind("127.0.0.1:0")?;
         l.local_addr()?
     };
     let conf = dir.path().join("nginx.conf");
-    std::fs::write(&conf, config(dir.path(), addr, upstream))?;
+    std::fs::write(&conf, config(dir.path(), addr, upstream, forwarding))?;
     let mut child = Command::new(binary)
         .arg("-p")
         .arg(dir.path())
@@ -134,5 +188,37 @@ pub fn start(binary: &Path, upstream: SocketAddr) -> anyhow::Result<Nginx> {
             anyhow::bail!("nginx did not listen on {addr} within 10 s");
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gateways_forwarding_sends_its_headers_and_drops_authorization() {
+        let (listen, up) = (
+            "127.0.0.1:1".parse().unwrap(),
+            "127.0.0.1:2".parse().unwrap(),
+        );
+        let plain = config(Path::new("/p"), listen, up, Forwarding::Plain);
+        assert!(!plain.contains("X-Forwarded"), "{plain}");
+        assert!(!plain.contains("Authorization"), "{plain}");
+        let gw = config(Path::new("/p"), listen, up, Forwarding::AsGateway);
+        for line in [
+            "      proxy_set_header Authorization \"\";\n",
+            "      proxy_set_header X-Request-Id $request_id;\n",
+            "      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n",
+            "      proxy_set_header X-Forwarded-Host $http_host;\n",
+            "      proxy_set_header X-Forwarded-Proto $scheme;\n",
+        ] {
+            assert!(gw.contains(line), "{line:?} missing from {gw}");
+        }
+        // Inside the location block, before it closes.
+        let at = gw.find("X-Forwarded-Proto").unwrap();
+        assert!(
+            gw[at..].starts_with("X-Forwarded-Proto $scheme;\n    }\n"),
+            "{gw}"
+        );
     }
 }

@@ -298,6 +298,21 @@ pub async fn targets(
                 aim: "≥ 0.9×, p99 ≤ nginx",
                 met: Some(r.ratio >= 0.9 && r.p99_us.1 <= r.p99_us.0 && r.errors == 0),
             });
+            drop(server);
+            // The same, with nginx sending the provider the headers the
+            // gateway sends: the provider's share of the difference out.
+            let server =
+                crate::nginx::start_with(&bin, upstream, crate::nginx::Forwarding::AsGateway)?;
+            let h = Arm {
+                name: "(w-nh) nginx, the gateway's forwarding headers",
+                url: format!("http://{}/v1/charges", server.addr),
+                keys: None,
+            };
+            let r = compare(wrk, dir, (&h, &pass_arm), c, "nh").await?;
+            println!(
+                "  (w-b) / (w-nh): median of {CYCLES} per-cycle throughput ratios {:.3}; median p99 {:.0} vs {:.0} µs; {} errors (for comparison, not a target)",
+                r.ratio, r.p99_us.1, r.p99_us.0, r.errors
+            );
         }
         None => {
             println!("(w-n) skipped: nginx is not installed (apt-get install nginx, or set NGINX)")
