@@ -530,6 +530,50 @@ async fn exhausted_retries_end_failed_with_the_last_answer() {
 }
 
 #[tokio::test]
+async fn a_retry_after_past_the_routes_limit_ends_the_retries_with_its_own_reason() {
+    // Three attempts allowed, but the provider asks for 30 s, more than
+    // the route honours (10 s): one attempt, and the dead letter says why
+    // it stopped early rather than "retries exhausted".
+    let app = spawn_with(Opts {
+        route_extra: "retry = { max_attempts = 3, base_delay_ms = 1, max_delay_ms = 2, max_retry_after_ms = 10000 }".into(),
+        ..Default::default()
+    })
+    .await;
+    app.mock.provider.set_faults(mock_provider::Faults {
+        fail_503_times: 10,
+        retry_after_s: Some(30),
+        ..Default::default()
+    });
+    let r = app.charge("later", BODY).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(app.provider_calls().0, 1, "no retry was sent");
+    let op = app.op_json("later").await;
+    assert_eq!(op["state"], "FAILED");
+    assert_eq!(op["attempts"], 1);
+    assert_eq!(op["error_kind"], "retry-after-too-long");
+    assert_eq!(op["dead_letter"], true);
+    assert_eq!(op["dead_letter_reason"], "retry-after-too-long");
+    let check = op["operator_check"].as_str().unwrap();
+    assert!(
+        check.contains("30000 ms") && check.contains("10000 ms"),
+        "{check}"
+    );
+    assert_eq!(app.mock.provider.effects(), 0);
+
+    // A wait the route honours is still retried (and exhausts as before).
+    app.mock.provider.set_faults(mock_provider::Faults {
+        fail_503_times: 10,
+        retry_after_s: Some(0),
+        ..Default::default()
+    });
+    let r = app.charge("soon", BODY).await;
+    assert_eq!(r.status(), 503);
+    let op = app.op_json("soon").await;
+    assert_eq!(op["attempts"], 3);
+    assert_eq!(op["dead_letter_reason"], "retries-exhausted");
+}
+
+#[tokio::test]
 async fn permanent_failure_is_failed_once_and_replayed() {
     let app = spawn_app().await;
     let r = app

@@ -222,7 +222,8 @@ pub struct RetrySpec {
     /// Backoff cap in ms. Default 2000.
     pub max_delay_ms: u64,
     /// Longest `Retry-After` honoured, in ms; a provider asking for more
-    /// ends the retries. Default 10000.
+    /// ends the retries (FAILED, dead letter `retry-after-too-long`).
+    /// Default 10000.
     pub max_retry_after_ms: u64,
     /// `wait` (default) or `background`.
     pub mode: RetryMode,

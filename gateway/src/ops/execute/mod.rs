@@ -337,10 +337,11 @@ async fn run_inner(
         };
         let transient = transient(&result, policy_class, route);
         last_status = transient.as_ref().and_then(|t| t.status);
-        if let Some(t) = &transient
-            && attempt_no < budget
-            && let Some(delay) = backoff_ms(route, retry_no, t.retry_after)
-        {
+        let delay = transient
+            .as_ref()
+            .filter(|_| attempt_no < budget)
+            .map(|t| backoff_ms(route, retry_no, t.retry_after));
+        if let (Some(t), Some(Some(delay))) = (&transient, delay) {
             span.record("effectgate.outcome", "transient");
             span.record("otel.status_code", "ERROR");
             if !note_retry(app, route, op, claim, t, lease_ms + delay as i64).await? {
@@ -361,8 +362,17 @@ async fn run_inner(
             continue;
         }
         let now = ledger.clock().now_ms();
+        // Retries were left, but the provider asked for a longer wait than
+        // the route honours.
+        let waited_too_long = match (&transient, delay) {
+            (Some(t), Some(None)) => t.retry_after,
+            _ => None,
+        };
         let (mut outcome, answer) =
             classify(result, transient.is_some(), policy_class, route, op, now);
+        if let Some(wait_ms) = waited_too_long {
+            retry_after_too_long(&mut outcome, route, op, wait_ms);
+        }
         span.record("effectgate.outcome", outcome.state.as_str());
         if outcome.state != OpState::Completed {
             span.record("otel.status_code", "ERROR");
@@ -686,6 +696,29 @@ fn retry_after_ms(headers: &HeaderMap) -> Option<u64> {
         .parse::<u64>()
         .ok()
         .map(|s| s.saturating_mul(1000))
+}
+
+/// Marks a FAILED `outcome` whose retries the provider's `Retry-After`
+/// (`wait_ms`) cut short, being longer than the route's
+/// `retry.max_retry_after_ms`: error kind and dead-letter reason
+/// `retry-after-too-long` instead of `retries-exhausted`, with what the
+/// operator should check. Other outcomes are left as they are.
+fn retry_after_too_long(outcome: &mut Outcome, route: &Route, op: &Operation, wait_ms: u64) {
+    let Some(dead) = outcome.dead_letter.as_mut() else {
+        return;
+    };
+    let most = route.retry.max_retry_after_ms;
+    outcome.reason = format!(
+        "retries stopped: the provider asked to wait {wait_ms} ms (Retry-After), more than retry.max_retry_after_ms ({most} ms)"
+    );
+    outcome.error_kind = Some("retry-after-too-long".into());
+    dead.reason = "retry-after-too-long".into();
+    dead.operator_check = format!(
+        "The provider answered with a transient error and asked to wait {wait_ms} ms (Retry-After) before another attempt, \
+         longer than the route's retry.max_retry_after_ms ({most} ms); it reported no effect. After that time, check that \
+         no effect exists for provider key {}, then requeue.",
+        op.provider_key
+    );
 }
 
 /// Full-jitter exponential backoff for retry number `n` (1 = first retry):
