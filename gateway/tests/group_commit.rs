@@ -181,3 +181,61 @@ async fn a_failed_commit_answers_every_caller_of_its_batch_and_forwards_nothing(
     assert!(metric(&text, "effectgate_ledger_batch_size_count") >= 1.0);
     assert!(metric(&text, "effectgate_ledger_commit_seconds_count") >= 1.0);
 }
+
+/// The operation's JSON through the admin API (panics unless 200).
+async fn operation(http: &reqwest::Client, admin: u16, key: &str) -> serde_json::Value {
+    let r = http
+        .get(format!(
+            "http://127.0.0.1:{admin}/admin/tenants/t/operations/{key}"
+        ))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{key}");
+    r.json().await.unwrap()
+}
+
+/// With `synchronous = full` (the default) a batch's writes are answered
+/// only after the WAL's sync that follows its `COMMIT`: when that sync
+/// fails (injected with `ledger-wal-sync-fail`), the caller whose
+/// reservation was in the batch gets 503 `ledger-unavailable` and nothing
+/// is forwarded, though the `COMMIT` took effect (the claimed operation is
+/// in the ledger, EXECUTING under its lease, for the reconciler). Batches
+/// whose sync succeeds answer as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_wal_sync_answers_its_batch_unavailable_and_forwards_nothing() {
+    let mock = mock_provider::spawn("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let provider = mock.url();
+    let gw = spawn_gateway(
+        |proxy, admin| write_config(dir.path(), &provider, proxy, admin),
+        &[("FAILPOINTS", "ledger-wal-sync-fail=return(unsynced-)")],
+        None,
+    )
+    .await;
+    let http = reqwest::Client::new();
+
+    let (status, body) = charge(&http, gw.proxy, "unsynced-1").await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["type"], "urn:effectgate:problem:ledger-unavailable");
+    assert!(
+        mock.provider.charges().is_empty(),
+        "a claim whose sync failed was forwarded"
+    );
+    let op = operation(&http, gw.admin, "unsynced-1").await;
+    assert_eq!(op["state"], "EXECUTING", "{op}");
+    assert_eq!(op["attempts"], 1, "{op}");
+    assert_eq!(op["fence"], 1, "{op}");
+
+    // A call whose batches sync commits and is answered.
+    let (status, body) = charge(&http, gw.proxy, "synced-1").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(mock.provider.charges().len(), 1);
+    assert_eq!(
+        operation(&http, gw.admin, "synced-1").await["state"],
+        "COMPLETED"
+    );
+}
