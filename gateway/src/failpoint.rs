@@ -65,10 +65,8 @@ pub fn crash(name: &str) {
 
 /// Whether failure injection `name` is on with a `return(<prefix>)`
 /// whose prefix starts `key` (always false without the `failpoints`
-/// feature). Points: `ledger-commit-fail` (the batch holding a write of an
-/// operation id with that prefix fails its `COMMIT`) and
-/// `ledger-wal-sync-fail` (that batch's `COMMIT` takes effect, and the
-/// SQLite WAL's sync after it fails).
+/// feature). Point: `ledger-commit-fail` (the batch holding a write of an
+/// operation id with that prefix fails its `COMMIT`).
 #[cfg(feature = "failpoints")]
 pub fn names(name: &str, key: &str) -> bool {
     fail::fail_point!(name, |prefix: Option<String>| prefix

@@ -19,7 +19,6 @@ use std::fmt;
 use std::future::Future;
 use std::sync::{LazyLock, RwLock};
 
-use super::sqlite::WalSync;
 use super::{LedgerClock, State};
 
 /// A statement with its binds, as sqlx runs it on dialect `D`'s database.
@@ -188,13 +187,6 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
     /// commits with [`Dialect::run_durable`] (PostgreSQL: always; its
     /// `COMMIT` is a round trip, not a wait on the disk here).
     fn commit_now(conn: &mut Self::Conn) -> Option<Result<(), sqlx::Error>>;
-
-    /// What a batch committed on `conn` still needs before its writes are
-    /// answered: the sync of SQLite's WAL when the writer's connection
-    /// commits without it (`synchronous = full`, see
-    /// [`WalSync`]). `None`: the `COMMIT` made the batch as
-    /// durable as configured (PostgreSQL: always).
-    fn wal_sync(conn: &Self::Conn) -> Option<WalSync>;
 
     /// Now, in ms since the Unix epoch (SQLite: the gateway's clock;
     /// PostgreSQL: the database clock, which `clock` then follows).

@@ -147,10 +147,6 @@ impl Dialect for PgDialect {
         None
     }
 
-    fn wal_sync(_conn: &Self::Conn) -> Option<super::sqlite::WalSync> {
-        None
-    }
-
     /// Also re-measures the gateway clock's offset to the database clock.
     async fn now(pool: &Pool<Self>, clock: &LedgerClock) -> Result<i64, sqlx::Error> {
         let db: i64 = sqlx::query_scalar("SELECT effectgate_now_ms()")

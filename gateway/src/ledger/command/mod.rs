@@ -583,7 +583,6 @@ mod tests {
             busy: std::time::Duration::from_secs(1),
             checkpointer: None,
             checkpoint_pages: 1000,
-            wal_sync: None,
         };
         let refused = apply::<SqliteDialect, _>(&mut conn, &claim(Failed), 0).await;
         assert!(

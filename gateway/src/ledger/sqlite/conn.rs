@@ -78,67 +78,6 @@ impl WriterOptions {
     }
 }
 
-/// The fsync of the ledger's WAL file that makes a batch durable, run by
-/// the writer after the batch's `COMMIT` and before any write of it is
-/// answered, with the write connection already free for the next batch.
-///
-/// With `storage.synchronous = full` the writer's connection runs with
-/// SQLite's `synchronous = NORMAL`: its `COMMIT` writes the batch's WAL
-/// frames without waiting for the disk, and this sync (`fdatasync`) then
-/// makes them durable, outside the connection's lock, so the next batch's
-/// writes run while the disk syncs. A write is still answered only once
-/// the frames of its commit are on disk, as with SQLite's `FULL` (which
-/// syncs the WAL at the end of every `COMMIT`, under the lock). Frames a
-/// later batch writes meanwhile lie after the synced ones; a crash before
-/// they are synced loses only writes nobody was answered for (SQLite's
-/// recovery stops at the first frame whose checksum chain breaks).
-/// Checkpoints sync as under `FULL` (the WAL before copying, the
-/// database file after).
-///
-/// Cheap to clone: clones share the open file.
-#[derive(Debug, Clone)]
-pub(in crate::ledger) struct WalSync {
-    /// `<ledger file>-wal`, SQLite's name for the WAL.
-    path: PathBuf,
-    /// The WAL open for syncing, and its inode: opened again when the path
-    /// names another file (SQLite removes the WAL when the last connection
-    /// to the ledger closes, and creates it again).
-    file: Arc<std::sync::Mutex<Option<(std::fs::File, u64)>>>,
-}
-
-impl WalSync {
-    /// The sync of the WAL of the ledger file `db`.
-    pub(in crate::ledger) fn new(db: &std::path::Path) -> Self {
-        let mut path = db.as_os_str().to_owned();
-        path.push("-wal");
-        Self {
-            path: PathBuf::from(path),
-            file: Arc::default(),
-        }
-    }
-
-    /// `fdatasync` of the WAL: everything written to it so far is on disk
-    /// when this returns `Ok`. Blocks for the disk: call it off the async
-    /// runtime's threads (or where blocking is intended).
-    ///
-    /// Errors: the WAL can't be found or opened, or the sync fails (the
-    /// frames written since the last good sync may not be durable).
-    pub(in crate::ledger) fn sync(&self) -> std::io::Result<()> {
-        use std::os::unix::fs::MetadataExt as _;
-        let inode = std::fs::metadata(&self.path)?.ino();
-        let mut slot = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.as_ref().is_none_or(|(_, i)| *i != inode) {
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&self.path)?;
-            let opened = file.metadata()?.ino();
-            *slot = Some((file, opened));
-        }
-        slot.as_ref().map_or(Ok(()), |(f, _)| f.sync_data())
-    }
-}
-
 /// Prepared statements a point reader keeps (two texts are all it runs).
 const POINT_STATEMENTS: usize = 8;
 
@@ -359,9 +298,6 @@ pub(in crate::ledger) enum Conn {
         checkpointer: Option<Checkpointer>,
         /// [`WriterOptions::checkpoint_pages`].
         checkpoint_pages: u32,
-        /// The WAL's sync after each batch's `COMMIT` (`synchronous =
-        /// full`; `None`: SQLite's `COMMIT` is as durable as configured).
-        wal_sync: Option<WalSync>,
     },
 }
 
@@ -383,18 +319,10 @@ impl Conn {
         let busy = options.busy_timeout;
         let checkpoint_pages = options.checkpoint_pages.max(1);
         let options = options.clone();
-        let wal_sync = (options.synchronous == "FULL").then(|| WalSync::new(&options.path));
-        let deferred = wal_sync.is_some();
         let (conn, checkpointer) = tokio::task::spawn_blocking(move || {
             let conn = options.open()?;
             // Waits happen on blocking threads only (`run_durable`).
             conn.busy_timeout(Duration::ZERO).map_err(db_error)?;
-            if deferred {
-                // Its commits are made durable by `WalSync`, after the
-                // connection is free again.
-                conn.pragma_update(None, "synchronous", "NORMAL")
-                    .map_err(db_error)?;
-            }
             let checkpointer = Checkpointer::start(&options);
             if checkpointer.is_some() {
                 conn.wal_hook(Some(note_wal));
@@ -408,7 +336,6 @@ impl Conn {
             busy,
             checkpointer,
             checkpoint_pages,
-            wal_sync,
         })
     }
 
@@ -431,7 +358,6 @@ impl Conn {
                 busy,
                 checkpointer,
                 checkpoint_pages,
-                ..
             } => {
                 let conn = slot.take().ok_or_else(lost)?;
                 let (inline, wait) = (*checkpoint_pages, *busy);
@@ -447,16 +373,6 @@ impl Conn {
                 *slot = Some(conn);
                 result
             }
-        }
-    }
-
-    /// The sync a batch committed on this connection still needs before
-    /// its writes are answered ([`WalSync`]); `None`: its `COMMIT` made it
-    /// durable (or this is not the writer's connection).
-    pub(in crate::ledger) fn wal_sync(&self) -> Option<WalSync> {
-        match self {
-            Conn::Writer { wal_sync, .. } => wal_sync.clone(),
-            _ => None,
         }
     }
 

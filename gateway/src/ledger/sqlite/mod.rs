@@ -5,11 +5,8 @@
 //! batches start with `BEGIN IMMEDIATE`, so no statement has to upgrade a
 //! lock), reads through a separate sqlx pool; migrations run on a sqlx
 //! connection when the file opens. The file runs in WAL mode with
-//! `synchronous = FULL` (by default), so a committed transition survives a
-//! crash of the process or the machine; the writer's connection gets there
-//! by syncing the WAL after each batch's `COMMIT`, outside the
-//! connection's lock ([`conn::WalSync`]). Times come from the gateway's
-//! clock.
+//! `synchronous = FULL`, so a committed transition survives a crash of the
+//! process or the machine. Times come from the gateway's clock.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +23,7 @@ mod row;
 #[cfg(test)]
 mod tests;
 
-pub(super) use conn::{Conn, PointReaders, WalSync, WriterOptions};
+pub(super) use conn::{Conn, PointReaders, WriterOptions};
 pub(super) use row::Row;
 
 pub(in crate::ledger) static MIGRATOR: sqlx::migrate::Migrator =
@@ -155,10 +152,6 @@ impl Dialect for SqliteDialect {
 
     fn commit_now(conn: &mut Conn) -> Option<Result<(), sqlx::Error>> {
         conn.commit_now()
-    }
-
-    fn wal_sync(conn: &Conn) -> Option<WalSync> {
-        conn.wal_sync()
     }
 
     async fn now(_pool: &Pool<Self>, clock: &LedgerClock) -> Result<i64, sqlx::Error> {

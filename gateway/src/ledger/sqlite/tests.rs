@@ -34,7 +34,6 @@ fn memory() -> Conn {
         busy: Duration::from_secs(1),
         checkpointer: None,
         checkpoint_pages: 1000,
-        wal_sync: None,
     }
 }
 
@@ -193,65 +192,6 @@ async fn a_durable_statement_gives_the_connection_back() {
         panic!("the connection was not given back: {conn:?}");
     };
     assert!(c.is_autocommit());
-}
-
-/// With `synchronous = FULL` configured, the writer's connection commits
-/// without syncing (SQLite's `NORMAL`, 1) and carries the WAL's sync for
-/// its batches, which syncs the ledger's `-wal` file; with `NORMAL`
-/// configured it carries none.
-#[tokio::test]
-async fn a_full_writer_commits_without_syncing_and_syncs_the_wal_after() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut conn = Conn::writer(&options(dir.path(), "FULL", Duration::from_secs(1), 1000))
-        .await
-        .unwrap();
-    let Conn::Writer { conn: Some(c), .. } = &conn else {
-        panic!("{conn:?}");
-    };
-    let mode: i64 = c.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
-    assert_eq!(mode, 1, "the writer's own COMMIT does not sync");
-    let sync = conn.wal_sync().expect("a full writer syncs the WAL itself");
-    conn.run_durable("BEGIN IMMEDIATE").await.unwrap();
-    sql::<SqliteDialect>("CREATE TABLE t (id INTEGER PRIMARY KEY)")
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    conn.run_durable("COMMIT").await.unwrap();
-    assert!(dir.path().join("ledger.db-wal").metadata().unwrap().len() > 0);
-    sync.sync().expect("the WAL syncs");
-
-    let other = tempfile::tempdir().unwrap();
-    let normal = Conn::writer(&options(
-        other.path(),
-        "NORMAL",
-        Duration::from_secs(1),
-        1000,
-    ))
-    .await
-    .unwrap();
-    assert!(normal.wal_sync().is_none());
-}
-
-/// The WAL's sync follows the file its path names: it fails (not
-/// silently succeeds) while there is none, and after SQLite made a new one
-/// it syncs that one, not the file it had open.
-#[test]
-fn the_wal_sync_follows_the_file_and_fails_without_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("ledger.db");
-    let sync = super::WalSync::new(&db);
-    let e = sync.sync().expect_err("no WAL yet");
-    assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
-    let wal = dir.path().join("ledger.db-wal");
-    std::fs::write(&wal, b"first").unwrap();
-    sync.sync().unwrap();
-    std::fs::remove_file(&wal).unwrap();
-    assert_eq!(
-        sync.sync().expect_err("the old file is gone").kind(),
-        std::io::ErrorKind::NotFound
-    );
-    std::fs::write(&wal, b"second").unwrap();
-    sync.sync().expect("the new file is opened and synced");
 }
 
 /// `BEGIN IMMEDIATE` while another connection holds the file's write

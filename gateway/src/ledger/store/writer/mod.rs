@@ -23,12 +23,9 @@
 //! wrote nothing (it lost its compare-and-swap before its first change)
 //! says so ([`BatchTx::unchanged`]) and leaves the batch as it was. The
 //! writer's task then commits the batch once, with every
-//! write that queued up meanwhile, and answers each write only once that
-//! commit is durable: on PostgreSQL when `COMMIT` returned (the server's
-//! own durability); on SQLite with `synchronous = full` when the WAL's
-//! fsync after the `COMMIT` returned, which runs after the connection was
-//! let go, so the next batch's writes run while the disk syncs
-//! ([`WalSync`]; with `normal`, when `COMMIT` returned). A batch is committed at once when it
+//! write that queued up meanwhile, and only after that `COMMIT` returned
+//! (durable: `synchronous = FULL` on SQLite, the server's own durability
+//! on PostgreSQL) answers each write. A batch is committed at once when it
 //! holds `storage.write_batch_max` writes or `storage.write_batch_bytes`
 //! of bodies. A lone write (none queued behind it, and the last batch held
 //! one write too: a gateway with one caller at a time) commits itself on
@@ -62,7 +59,6 @@ use tokio::sync::{Mutex, Notify, OwnedMutexGuard, oneshot};
 
 use super::super::LedgerError;
 use super::super::dialect::{Conn, Dialect, sql};
-use super::super::sqlite::WalSync;
 
 /// What one write of a batch hears back: the batch's size, or why its
 /// commit failed.
@@ -202,9 +198,6 @@ struct Batch<D: Dialect> {
     /// Whether a failure injection (`ledger-commit-fail`) marked this
     /// batch to fail its `COMMIT`.
     poisoned: bool,
-    /// Whether a failure injection (`ledger-wal-sync-fail`) marked this
-    /// batch to fail the WAL's sync after its `COMMIT`.
-    sync_poisoned: bool,
     /// Whether crash point `batch-before-commit` / `batch-after-commit`
     /// marked this batch (see [`crate::failpoint::crash`]).
     crash_before: bool,
@@ -346,7 +339,6 @@ impl<D: Dialect> Writer<D> {
                 writing: false,
                 bare: false,
                 poisoned: false,
-                sync_poisoned: false,
                 crash_before: false,
                 crash_after: false,
                 waiting: Vec::new(),
@@ -591,7 +583,6 @@ async fn abort<D: Dialect>(
     b.bare = false;
     b.began = None;
     b.poisoned = false;
-    b.sync_poisoned = false;
     b.crash_before = false;
     b.crash_after = false;
     b.bytes = 0;
@@ -609,26 +600,24 @@ async fn abort<D: Dialect>(
     }
 }
 
-/// Commits the open batch. Returns what it still owes its writes (settle
-/// it after letting the batch go), or `None` when nothing was committed
-/// (its writes, if any, were answered with the failure).
-async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) -> Option<Owed> {
+/// Commits the open batch and answers its writes.
+async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) {
     if !b.open {
-        return None;
+        return;
     }
     let stall = shared.limits.stall;
     let Some(conn) = b.conn.as_mut() else {
         abort(b, "the ledger's write connection was lost", stall, false).await;
-        return None;
+        return;
     };
     if b.writing {
         if !D::SAVEPOINT_EACH_WRITE {
             abort(b, UNDONE, stall, true).await;
-            return None;
+            return;
         }
         if b.bare {
             abort(b, ABANDONED_FIRST, stall, false).await;
-            return None;
+            return;
         }
         if let Err(e) = within(stall, rollback_savepoint::<D>(conn)).await {
             let why = e
@@ -639,7 +628,7 @@ async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) -> Optio
                 discard(b);
             }
             abort(b, &why, stall, false).await;
-            return None;
+            return;
         }
         b.writing = false;
     }
@@ -668,24 +657,24 @@ async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) -> Optio
         }
     };
     match result {
-        Ok(()) => Some(committed(shared, b, started)),
+        Ok(()) => committed(shared, b, started),
         Err(why) => {
             tracing::error!(batch_size = size, error = %why, "ledger batch commit failed");
             abort(b, &why, stall, false).await;
-            None
         }
     }
 }
 
 /// After the batch's `COMMIT` (begun at `started`) returned: counts it and
-/// closes the batch. Returns what it owes its writes ([`Owed`]).
-fn committed<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>, started: Instant) -> Owed {
+/// answers its writes.
+fn committed<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>, started: Instant) {
     let size = b.waiting.len();
     if b.crash_after && size >= 2 {
         crate::failpoint::crash("batch-after-commit");
     }
     if size > 0 {
         // (None: the batch held only an abandoned write.)
+        crate::metrics::ledger_batch(size, started.elapsed());
         shared.commits.fetch_add(1, Ordering::Relaxed);
         shared.last_size.store(size, Ordering::Relaxed);
     }
@@ -701,96 +690,9 @@ fn committed<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>, started: Instant)
     b.bytes = 0;
     b.crash_before = false;
     b.crash_after = false;
-    Owed {
-        waiting: std::mem::take(&mut b.waiting),
-        sync: b.conn.as_ref().and_then(D::wal_sync),
-        poisoned: std::mem::take(&mut b.sync_poisoned),
-        started,
+    for w in b.waiting.drain(..) {
+        let _ = w.send(Ok(size));
     }
-}
-
-/// What a committed batch still owes its writes: the WAL's sync where its
-/// `COMMIT` did not make it durable ([`Dialect::wal_sync`]), then their
-/// answers. Settled after the batch's connection was let go, so the next
-/// batch's writes run while the disk syncs; no write is answered before
-/// its commit is durable.
-#[must_use]
-struct Owed {
-    /// The batch's writes.
-    waiting: Vec<oneshot::Sender<Answer>>,
-    /// The sync still to run (`None`: nothing to wait for).
-    sync: Option<WalSync>,
-    /// Marked by `ledger-wal-sync-fail`: the sync fails.
-    poisoned: bool,
-    /// When the batch's `COMMIT` began (the commit-latency metric).
-    started: Instant,
-}
-
-impl Owed {
-    /// Syncs on a blocking thread, then answers the writes.
-    async fn settle(self) {
-        let Some(sync) = self.sync.clone() else {
-            return self.answer(Ok(()));
-        };
-        let poisoned = self.poisoned;
-        let result = tokio::task::spawn_blocking(move || run_sync(&sync, poisoned))
-            .await
-            .unwrap_or_else(|e| Err(format!("the ledger's WAL sync thread failed: {e}")));
-        self.answer(result);
-    }
-
-    /// Syncs on the calling thread, then answers the writes (a lone
-    /// write's commit on its own thread, [`commit_alone`]).
-    fn settle_here(self) {
-        let result = match &self.sync {
-            Some(sync) => run_sync(sync, self.poisoned),
-            None => Ok(()),
-        };
-        self.answer(result);
-    }
-
-    /// Answers every write: its batch's size, or, when the sync failed,
-    /// [`LedgerError::BatchCommit`] (the `COMMIT` took effect, but whether
-    /// it survives a crash is unknown, as after a stalled `COMMIT`: a claim
-    /// it held is found by the reconciler when its lease ends).
-    fn answer(self, result: Result<(), String>) {
-        let size = self.waiting.len();
-        match result {
-            Ok(()) => {
-                if size > 0 {
-                    crate::metrics::ledger_batch(size, self.started.elapsed());
-                }
-                for w in self.waiting {
-                    let _ = w.send(Ok(size));
-                }
-            }
-            Err(why) => {
-                tracing::error!(batch_size = size, error = %why, "ledger WAL sync failed");
-                let failed = Failed {
-                    why: format!(
-                        "{why}; the batch's COMMIT took effect but may not survive a crash"
-                    )
-                    .into(),
-                    undone: false,
-                };
-                if size > 0 {
-                    crate::metrics::ledger_batch_failed();
-                }
-                for w in self.waiting {
-                    let _ = w.send(Err(failed.clone()));
-                }
-            }
-        }
-    }
-}
-
-/// Runs `sync` (or fails it, when a failure injection marked the batch).
-fn run_sync(sync: &WalSync, poisoned: bool) -> Result<(), String> {
-    if poisoned {
-        return Err("injected WAL sync failure (ledger-wal-sync-fail)".to_owned());
-    }
-    sync.sync()
-        .map_err(|e| format!("syncing the ledger's WAL failed: {e}"))
 }
 
 /// Commits a batch of one write (`b`, its write waiting) on the calling
@@ -818,11 +720,7 @@ fn commit_alone<D: Dialect>(
         return Some(b);
     };
     match result {
-        Ok(()) => {
-            let owed = committed(shared, &mut b, started);
-            drop(b);
-            owed.settle_here();
-        }
+        Ok(()) => committed(shared, &mut b, started),
         Err(e) => {
             let why = e.to_string();
             tracing::error!(batch_size = 1, error = %why, "ledger batch commit failed");
@@ -843,14 +741,7 @@ async fn committer<D: Dialect>(shared: Weak<Shared<D>>, wake: Arc<Notify>) {
         // Queues behind the writes already waiting for the connection:
         // they join this batch first.
         let mut b = shared.batch.clone().lock_owned().await;
-        let owed = commit_batch(&shared, &mut b).await;
-        drop(b);
-        if let Some(owed) = owed {
-            // Awaited, not spawned: batches form while the disk syncs, and
-            // one sync covers each (spawned, syncs overlapped and batches
-            // shrank: 10–15 % fewer calls a second).
-            owed.settle().await;
-        }
+        commit_batch(&shared, &mut b).await;
     }
 }
 
@@ -888,8 +779,7 @@ impl<D: Dialect> BatchTx<D> {
     }
 
     /// Marks the batch to fail its commit when the `ledger-commit-fail`
-    /// failure injection names a prefix of `operation_id`, to fail the
-    /// WAL's sync after it when `ledger-wal-sync-fail` does, or to crash at
+    /// failure injection names a prefix of `operation_id`, or to crash at
     /// `batch-before-commit` / `batch-after-commit` (tests; a no-op
     /// without the `failpoints` feature).
     pub(in crate::ledger) fn inject(&mut self, operation_id: &str) {
@@ -897,7 +787,6 @@ impl<D: Dialect> BatchTx<D> {
             return;
         };
         b.poisoned |= crate::failpoint::names("ledger-commit-fail", operation_id);
-        b.sync_poisoned |= crate::failpoint::names("ledger-wal-sync-fail", operation_id);
         b.crash_before |= crate::failpoint::names("batch-before-commit", operation_id);
         b.crash_after |= crate::failpoint::names("batch-after-commit", operation_id);
     }
@@ -960,11 +849,7 @@ impl<D: Dialect> BatchTx<D> {
             // behind it.
             let shared = self.shared.clone();
             tokio::spawn(async move {
-                let owed = commit_batch(&shared, &mut b).await;
-                drop(b);
-                if let Some(owed) = owed {
-                    owed.settle().await;
-                }
+                commit_batch(&shared, &mut b).await;
             });
         } else {
             if b.waiting.len() == 1 {
