@@ -29,7 +29,8 @@ function fail(msg) {
     const pending = (await page.textContent('#pending')).trim();
     if (pending !== '1') fail(`expected 1 pending approval, got ${pending}`);
 
-    await page.goto(`${adminUrl}/console/approvals`);
+    // The count leads to the list.
+    await Promise.all([page.waitForURL(`${adminUrl}/console/approvals`), page.click('#pending a')]);
     const card = page.locator('.approval', { hasText: operationId });
     if ((await card.count()) !== 1) fail(`the approval for ${operationId} is not listed`);
     const body = await card.locator('pre.body').textContent();

@@ -11,7 +11,7 @@
 //!
 //! | page | what |
 //! |---|---|
-//! | `/console` | counts: pending approvals, UNKNOWN, dead-letter depth and oldest age |
+//! | `/console` | counts, each a link to its list: pending approvals, UNKNOWN, dead-letter depth and oldest age |
 //! | `/console/approvals` | pending approvals with the exact request and the policy's reason |
 //! | `/console/operations?state=S` | operations by state (`DEAD` = dead letters) |
 //! | `/console/operations/{id}` | the transition timeline, attempts, policy decisions, replay, compensate (COMPLETED operations) |
