@@ -75,6 +75,11 @@ pub struct Lifecycle {
     /// tracker, from its read request to its answer (so a caller that
     /// hangs up drops only its wait).
     pub calls: tokio_util::task::TaskTracker,
+    /// Held for one outbox relay pass: passes of one instance run one at a
+    /// time, so an event this instance is still delivering is never
+    /// claimed again by its own next pass, even when its claim has lapsed
+    /// in ledger time (a clock step) before the receiver answered.
+    pub relay_pass: tokio::sync::Mutex<()>,
 }
 
 impl Lifecycle {

@@ -1167,6 +1167,61 @@ both!(
     a_permanent_gap_is_delivered_flagged
 );
 
+/// An event the relay is still delivering when the ledger's clock passes
+/// its claim's lease is not claimed and delivered a second time by this
+/// instance's next relay pass: that pass waits for the first.
+async fn a_delivery_outliving_its_claim_is_not_repeated_by_the_same_instance(
+    storage: Option<StorageSpec>,
+) {
+    let held = effectgate_tests::receiver::spawn_receiver_holding_first().await;
+    let rx = &held.receiver;
+    let app = app_with(
+        rx,
+        Setup {
+            storage,
+            ..Setup::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        state_of(
+            &app,
+            &charge_event("e1", "charge.succeeded", json!({"id": "ch_1"}))
+        )
+        .await,
+        "accepted"
+    );
+    let first = {
+        let state = app.gw.state.clone();
+        tokio::spawn(async move { effectgate::workers::outbox::relay_once(&state).await })
+    };
+    // The first delivery (this pass's or the background relay's) is at
+    // the receiver, unanswered; its claim (5 s) lapses in ledger time.
+    held.first_arrived().await;
+    app.gw.state.ledger.shift_clock(60_001).await.unwrap();
+    let second = {
+        let state = app.gw.state.clone();
+        tokio::spawn(async move { effectgate::workers::outbox::relay_once(&state).await })
+    };
+    // A second delivery would arrive within this window; none may.
+    for _ in 0..50 {
+        assert_eq!(rx.got.lock().unwrap().len(), 1, "delivered twice");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    held.release();
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    effectgate::workers::outbox::relay_once(&app.gw.state)
+        .await
+        .unwrap();
+    assert_eq!(delivered_ids(&rx.got.lock().unwrap()), vec!["e1"]);
+}
+both!(
+    a_delivery_outliving_its_claim_is_not_repeated_by_the_same_instance_sqlite,
+    a_delivery_outliving_its_claim_is_not_repeated_by_the_same_instance_postgres,
+    a_delivery_outliving_its_claim_is_not_repeated_by_the_same_instance
+);
+
 async fn a_permanent_gap_is_quarantined_then_released_or_dropped(storage: Option<StorageSpec>) {
     let rx = spawn_receiver().await;
     let app = app_with(

@@ -69,9 +69,12 @@ const RELAY_MAX_EVENTS: usize = 48;
 
 /// One delivery pass over the due events, 8 at a time, so one tenant's
 /// slow receiver doesn't hold up the others' events. Each round claims
-/// only the 8 it delivers.
+/// only the 8 it delivers. One pass of an instance runs at a time: a call
+/// while another is delivering waits for it
+/// ([`crate::state::Lifecycle::relay_pass`]).
 pub async fn relay_once(app: &AppState) -> Result<usize, WorkerError> {
     use futures_util::StreamExt;
+    let _pass = app.lifecycle.relay_pass.lock().await;
     let rt = app.settings();
     let lease = i64::try_from(rt.reconcile.outbox_lease_ms).unwrap_or(i64::MAX);
     // A delivery must end well inside the claim, or the claim lapses and
