@@ -176,8 +176,10 @@ pub fn fingerprint(
     hex::encode(h.finalize())
 }
 
-/// The provider key for an operation: `eg_` + the first 32 hex digits of
-/// HMAC-SHA256(secret, tenant ‖ 0x00 ‖ operation id ‖ 0x00 ‖ incarnation).
+/// The provider key for an operation reserved at `at_ms` (ms since the
+/// Unix epoch, on the ledger's clock): `eg_`, the reservation time as 11
+/// hex digits, then the first 21 hex digits of HMAC-SHA256(secret, tenant
+/// ‖ 0x00 ‖ operation id ‖ 0x00 ‖ incarnation); 35 characters.
 ///
 /// `incarnation` is random, drawn once when the operation is reserved, and
 /// the key is stored in the operation's row before the first attempt: every
@@ -186,22 +188,43 @@ pub fn fingerprint(
 /// id) gets a new provider key, so a provider that keeps keys longer than
 /// the gateway never replays the old effect for the new request.
 /// Tenant-scoped: two tenants' equal keys never collide at the provider.
-pub fn provider_key(secret: &[u8], tenant: &str, operation_id: &str, incarnation: &[u8]) -> String {
+///
+/// The time comes first so that keys sort in the order they were drawn:
+/// the ledger's index of provider keys (the inbox finds an operation by
+/// the key a provider's event names) takes each new key at its end, where
+/// the keys of one commit share a page, instead of one random page per
+/// operation. Times before the epoch count as 0, past 2^44 − 1 ms (the
+/// year 2527) as that.
+pub fn provider_key(
+    secret: &[u8],
+    tenant: &str,
+    operation_id: &str,
+    incarnation: &[u8],
+    at_ms: i64,
+) -> String {
+    let at = at_ms.clamp(0, 0xFFF_FFFF_FFFF);
+    let mac = mac_hex(secret, tenant, operation_id, incarnation);
+    format!("eg_{at:011x}{}", &mac[..21])
+}
+
+/// HMAC-SHA256(secret, tenant ‖ 0x00 ‖ id ‖ 0x00 ‖ salt), in hex.
+fn mac_hex(secret: &[u8], tenant: &str, id: &str, salt: &[u8]) -> String {
     let mut mac =
         <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC accepts any key length");
     mac.update(tenant.as_bytes());
     mac.update(&[0]);
-    mac.update(operation_id.as_bytes());
+    mac.update(id.as_bytes());
     mac.update(&[0]);
-    mac.update(incarnation);
-    let out = mac.finalize().into_bytes();
-    format!("eg_{}", &hex::encode(out)[..32])
+    mac.update(salt);
+    hex::encode(mac.finalize().into_bytes())
 }
 
 /// The provider key of the compensation `compensation_id`
 /// (`<id>#compensation`) of an operation whose provider key is
-/// `original_key`: [`provider_key`] with the original's key as the
-/// incarnation. The original's key is itself drawn from its incarnation,
+/// `original_key`: `eg_` + the first 32 hex digits of HMAC-SHA256(secret,
+/// tenant ‖ 0x00 ‖ compensation id ‖ 0x00 ‖ original key), derived again
+/// from the original whenever the compensation is resumed (so no time in
+/// it). The original's key is itself drawn from its incarnation,
 /// so every retry of the compensation sends the same key (the same
 /// compensation at the provider), while a later incarnation of the
 /// original (its key reused after its retention) gets another.
@@ -211,7 +234,10 @@ pub fn compensation_provider_key(
     compensation_id: &str,
     original_key: &str,
 ) -> String {
-    provider_key(secret, tenant, compensation_id, original_key.as_bytes())
+    format!(
+        "eg_{}",
+        &mac_hex(secret, tenant, compensation_id, original_key.as_bytes())[..32]
+    )
 }
 
 /// A fresh incarnation for [`provider_key`]: 16 random bytes.
@@ -324,11 +350,63 @@ mod tests {
 
     #[test]
     fn provider_key_is_deterministic_and_tenant_scoped() {
-        let a = provider_key(b"s", "a", "k1", b"i1");
-        assert_eq!(a, provider_key(b"s", "a", "k1", b"i1"));
-        assert_ne!(a, provider_key(b"s", "b", "k1", b"i1"));
-        assert_ne!(a, provider_key(b"s", "a", "k1", b"i2"), "a new incarnation");
+        let at = 1_796_000_000_000;
+        let a = provider_key(b"s", "a", "k1", b"i1", at);
+        assert_eq!(a, provider_key(b"s", "a", "k1", b"i1", at));
+        assert_ne!(a, provider_key(b"s", "b", "k1", b"i1", at));
+        assert_ne!(
+            a,
+            provider_key(b"s", "a", "k1", b"i2", at),
+            "a new incarnation"
+        );
         assert_eq!(a.len(), 35);
+        assert!(a.starts_with("eg_1a229f12800"), "{a}");
+        assert!(a[3..].bytes().all(|b| b.is_ascii_hexdigit()), "{a}");
+    }
+
+    #[test]
+    fn provider_keys_sort_in_the_order_they_were_drawn() {
+        // Whatever the HMAC part, a later reservation's key sorts after.
+        let mut keys: Vec<String> = (0..200)
+            .map(|i| {
+                provider_key(
+                    b"s",
+                    "a",
+                    &format!("k{i}"),
+                    &[i as u8],
+                    1_796_000_000_000 + i,
+                )
+            })
+            .collect();
+        let drawn = keys.clone();
+        keys.sort();
+        assert_eq!(keys, drawn);
+        // Out-of-range times are clamped, not formatted wider.
+        assert_eq!(
+            provider_key(b"s", "a", "k", b"i", -5)[3..14],
+            *"00000000000"
+        );
+        assert_eq!(
+            provider_key(b"s", "a", "k", b"i", i64::MAX)[3..14],
+            *"fffffffffff"
+        );
+        assert_eq!(provider_key(b"s", "a", "k", b"i", i64::MAX).len(), 35);
+    }
+
+    #[test]
+    fn a_compensation_key_is_derived_again_from_the_original() {
+        let original = provider_key(b"s", "a", "k1", b"i1", 1);
+        let c = compensation_provider_key(b"s", "a", "k1#compensation", &original);
+        assert_eq!(
+            c,
+            compensation_provider_key(b"s", "a", "k1#compensation", &original)
+        );
+        let other = provider_key(b"s", "a", "k1", b"i2", 1);
+        assert_ne!(
+            c,
+            compensation_provider_key(b"s", "a", "k1#compensation", &other)
+        );
+        assert_eq!(c.len(), 35);
     }
 }
 

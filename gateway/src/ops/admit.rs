@@ -242,6 +242,7 @@ impl Flow<'_> {
                 &principal.tenant,
                 &key,
                 &crate::idempotency::new_incarnation(),
+                app.ledger.clock().now_ms(),
             ),
             operation_id: key,
             route: route.name.clone(),
