@@ -22,7 +22,15 @@ fn states(op: &Value) -> Vec<(String, String)> {
 #[tokio::test]
 async fn first_call_applies_one_effect_and_records_three_transitions() {
     let app = spawn_app().await;
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    let before = now_ms();
     let r = app.charge("k1", BODY).await;
+    let after = now_ms();
     assert_eq!(r.status(), 200);
     assert!(r.headers().get("idempotent-replayed").is_none());
     let charge: Value = r.json().await.unwrap();
@@ -50,6 +58,15 @@ async fn first_call_applies_one_effect_and_records_three_transitions() {
         .map(|(_, v)| v.clone());
     assert_eq!(key.as_deref(), op["provider_key"].as_str());
     assert_ne!(key.as_deref(), Some("k1"));
+    // `eg_`, the reservation time (ms, 11 hex digits), 21 hex digits.
+    let key = key.unwrap();
+    assert_eq!(key.len(), 35, "{key}");
+    let at = i64::from_str_radix(&key[3..14], 16).unwrap();
+    assert!(
+        (before..=after).contains(&at),
+        "{before} <= {at} <= {after}"
+    );
+    assert!(key[14..].bytes().all(|b| b.is_ascii_hexdigit()), "{key}");
 }
 
 #[tokio::test]
