@@ -18,7 +18,7 @@
 //! is that plus the monotonic time since): a write that fails (an error
 //! ends a PostgreSQL transaction) or is dropped after a statement rolls
 //! the whole batch back, and the writes already waiting for its commit
-//! are answered [`LedgerError::BatchUndone`] (nothing of them was kept)
+//! are answered [`LedgerError::BatchUndone`](crate::ledger::LedgerError::BatchUndone) (nothing of them was kept)
 //! and run again (the ledger does, as after a deadlock). A write that
 //! wrote nothing (it lost its compare-and-swap before its first change)
 //! says so ([`BatchTx::unchanged`]) and leaves the batch as it was. The
@@ -34,7 +34,7 @@
 //! thread; once writes overlap, batches form again.
 //!
 //! A `COMMIT` that fails fails every write of its batch: each gets
-//! [`LedgerError::BatchCommit`] (503 `ledger-unavailable` for a request)
+//! [`LedgerError::BatchCommit`](crate::ledger::LedgerError::BatchCommit) (503 `ledger-unavailable` for a request)
 //! and none of them happened (except after a stalled `COMMIT`, below,
 //! whose outcome is unknown).
 //!
@@ -48,17 +48,21 @@
 //! its outcome unknown: a claim it held is found by the reconciler when
 //! its lease ends).
 
+mod commit;
+mod tx;
+
+use commit::{abort, committer, discard, rollback_savepoint};
+pub(in crate::ledger) use tx::BatchTx;
+
 use std::future::Future as _;
-use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
 use std::task::Poll;
 use std::time::Instant;
 
 use tokio::sync::{Mutex, Notify, OwnedMutexGuard, oneshot};
 
-use super::super::LedgerError;
-use super::super::dialect::{Conn, Dialect, sql};
+use super::super::dialect::{Conn, Dialect};
 
 /// What one write of a batch hears back: the batch's size, or why its
 /// commit failed.
@@ -70,7 +74,7 @@ struct Failed {
     /// The database's message, or the writer's.
     why: Arc<str>,
     /// Rolled back before its `COMMIT` for another write's failure or
-    /// abandonment ([`LedgerError::BatchUndone`]): nothing was kept and
+    /// abandonment ([`LedgerError::BatchUndone`](crate::ledger::LedgerError::BatchUndone)): nothing was kept and
     /// the write may run again.
     undone: bool,
 }
@@ -129,7 +133,7 @@ tokio::task_local! {
 #[derive(Debug, Default)]
 struct Joined {
     /// Set when the write joins a batch; cleared when the batch was undone
-    /// without it ([`LedgerError::BatchUndone`]: nothing of it was kept).
+    /// without it ([`LedgerError::BatchUndone`](crate::ledger::LedgerError::BatchUndone): nothing of it was kept).
     now: std::sync::atomic::AtomicBool,
     /// Notified when [`Joined::now`] is cleared.
     left: Notify,
@@ -537,389 +541,6 @@ async fn prepare<D: Dialect>(
         db.saturating_add(i64::try_from(at.elapsed().as_millis()).unwrap_or(i64::MAX))
     });
     Ok(())
-}
-
-/// Rolls an abandoned write back to its savepoint and releases it.
-async fn rollback_savepoint<D: Dialect>(conn: &mut Conn<D>) -> Result<(), sqlx::Error> {
-    sql::<D>("ROLLBACK TO SAVEPOINT effectgate_write")
-        .execute(&mut *conn)
-        .await?;
-    sql::<D>("RELEASE SAVEPOINT effectgate_write")
-        .execute(conn)
-        .await?;
-    Ok(())
-}
-
-/// Drops the write connection for good (out of the pool, whatever
-/// state it is in); the next write takes a fresh one.
-fn discard<D: Dialect>(b: &mut Batch<D>) {
-    if let Some(conn) = b.conn.take() {
-        D::discard(conn);
-    }
-    b.open = false;
-    b.writing = false;
-    b.bare = false;
-}
-
-/// Rolls the open batch back and answers its writes with `why` (`undone`:
-/// for another write's failure, see [`Failed::undone`]). The connection
-/// is dropped when even the rollback fails or stalls (`stall`).
-async fn abort<D: Dialect>(
-    b: &mut Batch<D>,
-    why: &str,
-    stall: Option<std::time::Duration>,
-    undone: bool,
-) {
-    if b.open
-        && let Some(conn) = b.conn.as_mut()
-        && within(stall, sql::<D>("ROLLBACK").execute(conn))
-            .await
-            .is_err()
-    {
-        discard(b);
-    }
-    b.open = false;
-    b.writing = false;
-    b.bare = false;
-    b.began = None;
-    b.poisoned = false;
-    b.crash_before = false;
-    b.crash_after = false;
-    b.bytes = 0;
-    b.terminal = false;
-    let failed = Failed {
-        why: why.into(),
-        undone,
-    };
-    let n = b.waiting.len();
-    for w in b.waiting.drain(..) {
-        let _ = w.send(Err(failed.clone()));
-    }
-    if n > 0 {
-        crate::metrics::ledger_batch_failed();
-    }
-}
-
-/// Commits the open batch and answers its writes.
-async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>) {
-    if !b.open {
-        return;
-    }
-    let stall = shared.limits.stall;
-    let Some(conn) = b.conn.as_mut() else {
-        abort(b, "the ledger's write connection was lost", stall, false).await;
-        return;
-    };
-    if b.writing {
-        if !D::SAVEPOINT_EACH_WRITE {
-            abort(b, UNDONE, stall, true).await;
-            return;
-        }
-        if b.bare {
-            abort(b, ABANDONED_FIRST, stall, false).await;
-            return;
-        }
-        if let Err(e) = within(stall, rollback_savepoint::<D>(conn)).await {
-            let why = e
-                .as_ref()
-                .map_or_else(|| stalled(stall), ToString::to_string);
-            if e.is_none() {
-                // Stalled: no ROLLBACK on a connection that still owes a reply.
-                discard(b);
-            }
-            abort(b, &why, stall, false).await;
-            return;
-        }
-        b.writing = false;
-    }
-    let size = b.waiting.len();
-    if b.crash_before && size >= 2 {
-        crate::failpoint::crash("batch-before-commit");
-    }
-    let started = Instant::now();
-    let result = if b.poisoned {
-        Err("injected commit failure (ledger-commit-fail)".to_owned())
-    } else {
-        match within(stall, D::run_durable("COMMIT", conn)).await {
-            Ok(_) => Ok(()),
-            Err(Some(e)) => Err(e.to_string()),
-            Err(None) => {
-                // Whether the COMMIT took effect is unknown: the writes are
-                // told it failed (a claim it held is found by the
-                // reconciler when its lease ends), and the connection,
-                // with the reply still owed on it, is dropped.
-                discard(b);
-                Err(format!(
-                    "{}; the batch's COMMIT may or may not have taken effect",
-                    stalled(stall)
-                ))
-            }
-        }
-    };
-    match result {
-        Ok(()) => committed(shared, b, started),
-        Err(why) => {
-            tracing::error!(batch_size = size, error = %why, "ledger batch commit failed");
-            abort(b, &why, stall, false).await;
-        }
-    }
-}
-
-/// After the batch's `COMMIT` (begun at `started`) returned: counts it and
-/// answers its writes.
-fn committed<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>, started: Instant) {
-    let size = b.waiting.len();
-    if b.crash_after && size >= 2 {
-        crate::failpoint::crash("batch-after-commit");
-    }
-    if size > 0 {
-        // (None: the batch held only an abandoned write.)
-        crate::metrics::ledger_batch(size, started.elapsed());
-        shared.commits.fetch_add(1, Ordering::Relaxed);
-        shared.last_size.store(size, Ordering::Relaxed);
-    }
-    if std::mem::take(&mut b.terminal) {
-        // After the COMMIT, before any write of it is answered: a reader
-        // that saw the old epoch re-reads the row.
-        shared.terminal_epoch.fetch_add(1, Ordering::AcqRel);
-    }
-    b.open = false;
-    b.writing = false;
-    b.bare = false;
-    b.began = None;
-    b.bytes = 0;
-    b.crash_before = false;
-    b.crash_after = false;
-    for w in b.waiting.drain(..) {
-        let _ = w.send(Ok(size));
-    }
-}
-
-/// Commits a batch of one write (`b`, its write waiting) on the calling
-/// thread when nothing else is going on: no write queued for the
-/// connection and the last batch held one write too (a gateway under
-/// load batches; a lone caller's call would otherwise wait for the
-/// committer task and two thread hand-offs of its fsync). Nothing in it
-/// awaits, so a caller that gives up can't stop it half-way; a failed
-/// `COMMIT` is rolled back by a task of its own. Gives `b` back when it
-/// did not commit it (the backend can't, or the batch is marked by a
-/// failure injection or crash point).
-fn commit_alone<D: Dialect>(
-    shared: &Arc<Shared<D>>,
-    mut b: OwnedMutexGuard<Batch<D>>,
-) -> Option<OwnedMutexGuard<Batch<D>>> {
-    let quiet = b.waiting.len() == 1
-        && shared.queued.load(Ordering::Relaxed) == 0
-        && shared.last_size.load(Ordering::Relaxed) <= 1
-        && !(b.poisoned || b.crash_before || b.crash_after || b.writing);
-    if !quiet {
-        return Some(b);
-    }
-    let started = Instant::now();
-    let Some(result) = b.conn.as_mut().and_then(D::commit_now) else {
-        return Some(b);
-    };
-    match result {
-        Ok(()) => committed(shared, &mut b, started),
-        Err(e) => {
-            let why = e.to_string();
-            tracing::error!(batch_size = 1, error = %why, "ledger batch commit failed");
-            let stall = shared.limits.stall;
-            tokio::spawn(async move { abort(&mut b, &why, stall, false).await });
-        }
-    }
-    None
-}
-
-/// The committer: commits a batch whenever a write is waiting for one.
-async fn committer<D: Dialect>(shared: Weak<Shared<D>>, wake: Arc<Notify>) {
-    loop {
-        wake.notified().await;
-        let Some(shared) = shared.upgrade() else {
-            return;
-        };
-        // Queues behind the writes already waiting for the connection:
-        // they join this batch first.
-        let mut b = shared.batch.clone().lock_owned().await;
-        commit_batch(&shared, &mut b).await;
-    }
-}
-
-/// One write's place in the open batch: its turn on the write connection
-/// (it dereferences to the connection) inside the batch's transaction
-/// (on SQLite, inside the write's savepoint).
-pub(in crate::ledger) struct BatchTx<D: Dialect> {
-    guard: Option<OwnedMutexGuard<Batch<D>>>,
-    shared: Arc<Shared<D>>,
-    bytes: usize,
-}
-
-impl<D: Dialect> BatchTx<D> {
-    /// Counts `bytes` more body bytes for `storage.write_batch_bytes`.
-    pub(in crate::ledger) fn add_bytes(&mut self, bytes: usize) {
-        self.bytes = self.bytes.saturating_add(bytes);
-    }
-
-    /// Says that this write changes or deletes a COMPLETED or FAILED
-    /// operation (a compensation, a requeue, a self-audit, a sweep, an
-    /// expired key reused): the batch's commit bumps
-    /// [`Writer::terminal_epoch`]. A write that changes one and does not
-    /// say so lets the replay cache serve the old answer on SQLite.
-    pub(in crate::ledger) fn changes_terminal(&mut self) {
-        if let Some(b) = self.guard.as_mut() {
-            b.terminal = true;
-        }
-    }
-
-    /// This write's time on the database clock (PostgreSQL: read with the
-    /// batch's `BEGIN`, plus the monotonic time since), ms since the Unix
-    /// epoch; `None` on SQLite.
-    pub(in crate::ledger) fn db_now(&self) -> Option<i64> {
-        self.guard.as_ref().and_then(|b| b.now)
-    }
-
-    /// Marks the batch to fail its commit when the `ledger-commit-fail`
-    /// failure injection names a prefix of `operation_id`, or to crash at
-    /// `batch-before-commit` / `batch-after-commit` (tests; a no-op
-    /// without the `failpoints` feature).
-    pub(in crate::ledger) fn inject(&mut self, operation_id: &str) {
-        let Some(b) = self.guard.as_mut() else {
-            return;
-        };
-        b.poisoned |= crate::failpoint::names("ledger-commit-fail", operation_id);
-        b.crash_before |= crate::failpoint::names("batch-before-commit", operation_id);
-        b.crash_after |= crate::failpoint::names("batch-after-commit", operation_id);
-    }
-
-    /// Ends this write, which changed nothing: it ran only reads, or lost
-    /// its compare-and-swap in its first statement that writes, and no
-    /// statement of it failed. On PostgreSQL the batch goes on as if the
-    /// write had not been (a write dropped without this, or without
-    /// [`BatchTx::commit`], undoes its batch there); on SQLite it is
-    /// undone before the next write (rolled back to its savepoint, or, the
-    /// batch's first write, with the batch, which holds nothing else), as
-    /// for any write that ends without a commit. A write that did change something and
-    /// ends with this leaves that change in the batch, to be committed
-    /// with it: say it only where nothing was written.
-    pub(in crate::ledger) fn unchanged(mut self) {
-        if !D::SAVEPOINT_EACH_WRITE
-            && let Some(b) = self.guard.as_mut()
-        {
-            b.writing = false;
-        }
-    }
-
-    /// Ends this write (on SQLite, releasing its savepoint if it has one)
-    /// and waits
-    /// until the batch holding this write is committed. Returns the
-    /// batch's size (writes in it); the ledger span of the call records it
-    /// as `effectgate.batch_size`.
-    ///
-    /// Errors: the batch's `COMMIT` failed ([`LedgerError::BatchCommit`]:
-    /// nothing of this write was kept); another write of the batch undid
-    /// it before its commit ([`LedgerError::BatchUndone`], PostgreSQL);
-    /// the savepoint's release failed (SQLite: the write is rolled back
-    /// before the next one).
-    pub(in crate::ledger) async fn commit(mut self) -> Result<usize, LedgerError> {
-        let bare = self.guard.as_ref().is_some_and(|b| b.bare);
-        if D::SAVEPOINT_EACH_WRITE && !bare {
-            let b = self.guard.as_mut().expect("a write commits once");
-            let conn = b.conn.as_mut().expect("a write holds the connection");
-            // On failure the write stays marked abandoned (dropping `self`
-            // wakes the committer for it).
-            sql::<D>("RELEASE SAVEPOINT effectgate_write")
-                .execute(conn)
-                .await?;
-        }
-        let mut b = self.guard.take().expect("a write commits once");
-        b.writing = false;
-        b.bare = false;
-        let (tx, rx) = oneshot::channel();
-        b.waiting.push(tx);
-        b.bytes = b.bytes.saturating_add(self.bytes);
-        let _ = JOINED.try_with(|j| j.now.store(true, Ordering::Release));
-        let limits = self.shared.limits;
-        let Some(mut b) = commit_alone(&self.shared, b) else {
-            return answer(rx).await;
-        };
-        if b.waiting.len() >= limits.max_writes || b.bytes >= limits.max_bytes {
-            // Committed at once, by a task of its own that holds the batch:
-            // a caller that gives up waiting (its request was cancelled)
-            // can't stop a COMMIT half-way and leave the batch's state
-            // behind it.
-            let shared = self.shared.clone();
-            tokio::spawn(async move {
-                commit_batch(&shared, &mut b).await;
-            });
-        } else {
-            if b.waiting.len() == 1 {
-                self.shared.wake.notify_one();
-            }
-            drop(b);
-        }
-        answer(rx).await
-    }
-}
-
-/// What a write's commit heard back from its batch.
-async fn answer(rx: oneshot::Receiver<Answer>) -> Result<usize, LedgerError> {
-    match rx.await {
-        Ok(Ok(size)) => {
-            tracing::Span::current().record("effectgate.batch_size", size);
-            Ok(size)
-        }
-        Ok(Err(Failed { why, undone: true })) => {
-            // Out of the batch, nothing kept: the call's time limit holds
-            // again ([`bounded`]).
-            let _ = JOINED.try_with(|j| {
-                j.now.store(false, Ordering::Release);
-                j.left.notify_waiters();
-            });
-            Err(LedgerError::BatchUndone(why.to_string()))
-        }
-        Ok(Err(Failed { why, .. })) => Err(LedgerError::BatchCommit(why.to_string())),
-        Err(_) => Err(LedgerError::BatchCommit(
-            "the ledger writer stopped before committing".into(),
-        )),
-    }
-}
-
-impl<D: Dialect> Deref for BatchTx<D> {
-    type Target = Conn<D>;
-    fn deref(&self) -> &Conn<D> {
-        self.guard
-            .as_ref()
-            .and_then(|b| b.conn.as_ref())
-            .expect("a write holds the connection")
-    }
-}
-
-impl<D: Dialect> DerefMut for BatchTx<D> {
-    /// The connection, to run a statement of this write on: from here on
-    /// the write is undone if it ends without a commit.
-    fn deref_mut(&mut self) -> &mut Conn<D> {
-        let b = self.guard.as_mut().expect("a write holds the connection");
-        b.writing = true;
-        b.conn.as_mut().expect("a write holds the connection")
-    }
-}
-
-impl<D: Dialect> Drop for BatchTx<D> {
-    fn drop(&mut self) {
-        // Dropped before commit (an error, a cancelled call): it stays
-        // marked abandoned and is undone before the next write or by the
-        // committer, which is woken for it: the batch gets committed when
-        // it has writes waiting, and with none the transaction ends, so it
-        // never stays open (on PostgreSQL holding the rows the write
-        // locked) until some other write comes along.
-        // A write that ended unchanged wakes it only when no write waits
-        // for the batch: one that does has woken it already.
-        if let Some(b) = self.guard.take()
-            && (b.writing || (b.open && b.waiting.is_empty()))
-        {
-            self.shared.wake.notify_one();
-        }
-    }
 }
 
 #[cfg(test)]

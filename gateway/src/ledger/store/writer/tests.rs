@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use super::*;
 use crate::config::StorageSpec;
+use crate::ledger::LedgerError;
 use crate::ledger::command::{ClaimLease, Lease, OpRef};
-use crate::ledger::dialect::LedgerRow;
+use crate::ledger::dialect::{LedgerRow, sql};
 use crate::ledger::sqlite::SqliteDialect;
 use crate::ledger::store::Store;
 use crate::ledger::{LedgerClock, NewOperation, Reservation, SystemClock};
