@@ -18,14 +18,56 @@ fn stored_headers(route: &Route, headers: &HeaderMap) -> Vec<(String, String)> {
         .collect()
 }
 
-fn exhausted(op: &Operation, last: &str) -> DeadLetter {
-    DeadLetter {
-        reason: "retries-exhausted".into(),
-        operator_check: format!(
-            "Every attempt failed with a transient error (last: {last}); the provider reported no effect. \
-             Check the provider's health, and that no effect exists for provider key {}, before requeueing.",
-            op.provider_key
-        ),
+/// Why a transient failure was the attempt's last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stopped {
+    /// The route's retry budget (`retry.max_attempts`) is spent.
+    BudgetSpent,
+    /// Retries were left, but the provider's `Retry-After` asked to wait
+    /// `wait_ms`, longer than the route's `retry.max_retry_after_ms`.
+    RetryAfterTooLong {
+        /// The wait the provider asked for, ms.
+        wait_ms: u64,
+    },
+}
+
+/// The FAILED outcome (dead-lettered) of a transient failure that ended
+/// the retries for `stopped`; `last` names the failure.
+fn stopped_outcome(stopped: Stopped, route: &Route, op: &Operation, last: &str) -> Outcome {
+    match stopped {
+        Stopped::BudgetSpent => {
+            let mut o = Outcome::new(OpState::Failed, format!("retries exhausted: {last}"));
+            o.error_kind = Some("retries-exhausted".into());
+            o.dead_letter = Some(DeadLetter {
+                reason: "retries-exhausted".into(),
+                operator_check: format!(
+                    "Every attempt failed with a transient error (last: {last}); the provider reported no effect. \
+                     Check the provider's health, and that no effect exists for provider key {}, before requeueing.",
+                    op.provider_key
+                ),
+            });
+            o
+        }
+        Stopped::RetryAfterTooLong { wait_ms } => {
+            let most = route.retry.max_retry_after_ms;
+            let mut o = Outcome::new(
+                OpState::Failed,
+                format!(
+                    "retries stopped: the provider asked to wait {wait_ms} ms (Retry-After), more than retry.max_retry_after_ms ({most} ms)"
+                ),
+            );
+            o.error_kind = Some("retry-after-too-long".into());
+            o.dead_letter = Some(DeadLetter {
+                reason: "retry-after-too-long".into(),
+                operator_check: format!(
+                    "The provider answered with a transient error ({last}) and asked to wait {wait_ms} ms (Retry-After) before another attempt, \
+                     longer than the route's retry.max_retry_after_ms ({most} ms); it reported no effect. After that time, check that \
+                     no effect exists for provider key {}, then requeue.",
+                    op.provider_key
+                ),
+            });
+            o
+        }
     }
 }
 
@@ -84,10 +126,12 @@ pub(super) async fn classify_by_policy(
 }
 
 /// Classifies one attempt's result into the outcome to record and the
-/// caller's answer (see the module docs for the table).
+/// caller's answer (see the module docs for the table). `stopped` is set
+/// when the attempt failed transiently and was the last: why no retry
+/// follows.
 pub(super) fn classify(
     result: Attempt,
-    transient: bool,
+    stopped: Option<Stopped>,
     policy_class: Option<FailureClass>,
     route: &Route,
     op: &Operation,
@@ -105,11 +149,11 @@ pub(super) fn classify(
     };
     match result {
         Attempt::ConnectFailed(detail) => {
-            let mut o = Outcome::new(OpState::Failed, "retries exhausted: provider unreachable");
-            o.error_kind = Some("retries-exhausted".into());
+            // A connection never made is transient: the retries stopped.
+            let stopped = stopped.unwrap_or(Stopped::BudgetSpent);
+            let mut o = stopped_outcome(stopped, route, op, "provider unreachable");
             o.error_detail = Some(detail.clone());
             o.attempt_outcome = Some("connect-failed".into());
-            o.dead_letter = Some(exhausted(op, "connect failed"));
             (o, Err(OpError::ProviderUnreachable(detail)))
         }
         Attempt::Lost { kind, detail } => {
@@ -135,7 +179,7 @@ pub(super) fn classify(
         }
         Attempt::Response { head, body } => {
             let code = head.status.as_u16();
-            let mut o = by_status(code, transient, policy_class, op, &when);
+            let mut o = by_status(code, stopped, policy_class, route, op, &when);
             o.attempt_outcome = Some(format!("status-{code}"));
             o.response_status = Some(code);
             o.response_headers = stored_headers(route, &head.headers);
@@ -222,21 +266,16 @@ impl Schedule {
 /// other 5xx but 501/505 UNKNOWN; the rest FAILED (permanent).
 fn by_status(
     code: u16,
-    transient: bool,
+    stopped: Option<Stopped>,
     policy_class: Option<FailureClass>,
+    route: &Route,
     op: &Operation,
     when: &Schedule,
 ) -> Outcome {
-    match code {
-        200..=299 => Outcome::new(OpState::Completed, "provider applied the effect"),
-        _ if transient => {
-            let mut o = Outcome::new(
-                OpState::Failed,
-                format!("retries exhausted: provider answered {code}"),
-            );
-            o.error_kind = Some("retries-exhausted".into());
-            o.dead_letter = Some(exhausted(op, &format!("status {code}")));
-            o
+    match (code, stopped) {
+        (200..=299, _) => Outcome::new(OpState::Completed, "provider applied the effect"),
+        (_, Some(stopped)) => {
+            stopped_outcome(stopped, route, op, &format!("provider answered {code}"))
         }
         _ if policy_class == Some(FailureClass::Permanent) => {
             let mut o = Outcome::new(
@@ -246,7 +285,7 @@ fn by_status(
             o.error_kind = Some("permanent".into());
             o
         }
-        500..=599 if code != 501 && code != 505 => {
+        (500..=599, _) if code != 501 && code != 505 => {
             let mut o = Outcome::new(
                 OpState::Unknown,
                 format!("provider answered {code}; the effect may have been applied"),

@@ -38,7 +38,7 @@ use crate::policy::FailureClass;
 use crate::state::AppState;
 
 mod classify;
-use classify::{classify, classify_by_policy};
+use classify::{Stopped, classify, classify_by_policy};
 
 /// How one attempt ended.
 enum Attempt {
@@ -362,17 +362,14 @@ async fn run_inner(
             continue;
         }
         let now = ledger.clock().now_ms();
-        // Retries were left, but the provider asked for a longer wait than
-        // the route honours.
-        let waited_too_long = match (&transient, delay) {
-            (Some(t), Some(None)) => t.retry_after,
-            _ => None,
-        };
-        let (mut outcome, answer) =
-            classify(result, transient.is_some(), policy_class, route, op, now);
-        if let Some(wait_ms) = waited_too_long {
-            retry_after_too_long(&mut outcome, route, op, wait_ms);
-        }
+        // A transient failure ends here: its budget is spent, or retries
+        // were left but the provider asked for a longer wait than the
+        // route honours.
+        let stopped = transient.as_ref().map(|t| match (delay, t.retry_after) {
+            (Some(None), Some(wait_ms)) => Stopped::RetryAfterTooLong { wait_ms },
+            _ => Stopped::BudgetSpent,
+        });
+        let (mut outcome, answer) = classify(result, stopped, policy_class, route, op, now);
         span.record("effectgate.outcome", outcome.state.as_str());
         if outcome.state != OpState::Completed {
             span.record("otel.status_code", "ERROR");
@@ -696,29 +693,6 @@ fn retry_after_ms(headers: &HeaderMap) -> Option<u64> {
         .parse::<u64>()
         .ok()
         .map(|s| s.saturating_mul(1000))
-}
-
-/// Marks a FAILED `outcome` whose retries the provider's `Retry-After`
-/// (`wait_ms`) cut short, being longer than the route's
-/// `retry.max_retry_after_ms`: error kind and dead-letter reason
-/// `retry-after-too-long` instead of `retries-exhausted`, with what the
-/// operator should check. Other outcomes are left as they are.
-fn retry_after_too_long(outcome: &mut Outcome, route: &Route, op: &Operation, wait_ms: u64) {
-    let Some(dead) = outcome.dead_letter.as_mut() else {
-        return;
-    };
-    let most = route.retry.max_retry_after_ms;
-    outcome.reason = format!(
-        "retries stopped: the provider asked to wait {wait_ms} ms (Retry-After), more than retry.max_retry_after_ms ({most} ms)"
-    );
-    outcome.error_kind = Some("retry-after-too-long".into());
-    dead.reason = "retry-after-too-long".into();
-    dead.operator_check = format!(
-        "The provider answered with a transient error and asked to wait {wait_ms} ms (Retry-After) before another attempt, \
-         longer than the route's retry.max_retry_after_ms ({most} ms); it reported no effect. After that time, check that \
-         no effect exists for provider key {}, then requeue.",
-        op.provider_key
-    );
 }
 
 /// Full-jitter exponential backoff for retry number `n` (1 = first retry):
