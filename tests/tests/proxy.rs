@@ -543,6 +543,19 @@ async fn exhausted_retries_end_failed_with_the_last_answer() {
     assert_eq!(op["state"], "FAILED");
     assert_eq!(op["error_kind"], "retries-exhausted");
     assert_eq!(op["attempts"], 2);
+    assert_eq!(op["dead_letter_reason"], "retries-exhausted");
+    assert_eq!(
+        op["transitions"].as_array().unwrap().last().unwrap()["reason"],
+        "retries exhausted: provider answered 503"
+    );
+    assert_eq!(
+        op["operator_check"].as_str().unwrap(),
+        format!(
+            "Every attempt failed with a transient error (last: status 503); the provider reported no effect. \
+             Check the provider's health, and that no effect exists for provider key {}, before requeueing.",
+            op["provider_key"].as_str().unwrap()
+        )
+    );
     assert_eq!(app.mock.provider.effects(), 0);
 }
 
@@ -570,10 +583,18 @@ async fn a_retry_after_past_the_routes_limit_ends_the_retries_with_its_own_reaso
     assert_eq!(op["error_kind"], "retry-after-too-long");
     assert_eq!(op["dead_letter"], true);
     assert_eq!(op["dead_letter_reason"], "retry-after-too-long");
-    let check = op["operator_check"].as_str().unwrap();
-    assert!(
-        check.contains("30000 ms") && check.contains("10000 ms"),
-        "{check}"
+    assert_eq!(
+        op["transitions"].as_array().unwrap().last().unwrap()["reason"],
+        "retries stopped: the provider asked to wait 30000 ms (Retry-After), more than retry.max_retry_after_ms (10000 ms)"
+    );
+    assert_eq!(
+        op["operator_check"].as_str().unwrap(),
+        format!(
+            "The provider answered with a transient error (status 503) and asked to wait 30000 ms (Retry-After) before another attempt, \
+             longer than the route's retry.max_retry_after_ms (10000 ms); it reported no effect. After that time, check that \
+             no effect exists for provider key {}, then requeue.",
+            op["provider_key"].as_str().unwrap()
+        )
     );
     assert_eq!(app.mock.provider.effects(), 0);
 

@@ -161,6 +161,19 @@ async fn a_refused_provider_certificate_is_502_with_the_reason_and_no_effect() {
         let op = app.op_json(&key).await;
         assert_eq!(op["state"], "FAILED", "{case}: never UNKNOWN");
         assert_eq!(op["error_kind"], "retries-exhausted", "{case}");
+        assert_eq!(
+            op["transitions"].as_array().unwrap().last().unwrap()["reason"],
+            "retries exhausted: provider unreachable",
+            "{case}"
+        );
+        assert!(
+            op["operator_check"]
+                .as_str()
+                .unwrap()
+                .starts_with("Every attempt failed with a transient error (last: connect failed);"),
+            "{case}: {}",
+            op["operator_check"]
+        );
         assert_eq!(op["attempts"], 2, "{case}: the retry policy applied");
         let attempts = op["attempts_log"].as_array().unwrap();
         assert_eq!(attempts.len(), 2, "{case}");

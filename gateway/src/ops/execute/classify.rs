@@ -32,11 +32,19 @@ pub(super) enum Stopped {
 }
 
 /// The FAILED outcome (dead-lettered) of a transient failure that ended
-/// the retries for `stopped`; `last` names the failure.
-fn stopped_outcome(stopped: Stopped, route: &Route, op: &Operation, last: &str) -> Outcome {
+/// the retries for `stopped`: `what` names the failure in the outcome's
+/// reason ("provider unreachable", "provider answered 503"), `last` in
+/// the operator's check ("connect failed", "status 503").
+fn stopped_outcome(
+    stopped: Stopped,
+    route: &Route,
+    op: &Operation,
+    what: &str,
+    last: &str,
+) -> Outcome {
     match stopped {
         Stopped::BudgetSpent => {
-            let mut o = Outcome::new(OpState::Failed, format!("retries exhausted: {last}"));
+            let mut o = Outcome::new(OpState::Failed, format!("retries exhausted: {what}"));
             o.error_kind = Some("retries-exhausted".into());
             o.dead_letter = Some(DeadLetter {
                 reason: "retries-exhausted".into(),
@@ -151,7 +159,8 @@ pub(super) fn classify(
         Attempt::ConnectFailed(detail) => {
             // A connection never made is transient: the retries stopped.
             let stopped = stopped.unwrap_or(Stopped::BudgetSpent);
-            let mut o = stopped_outcome(stopped, route, op, "provider unreachable");
+            let mut o =
+                stopped_outcome(stopped, route, op, "provider unreachable", "connect failed");
             o.error_detail = Some(detail.clone());
             o.attempt_outcome = Some("connect-failed".into());
             (o, Err(OpError::ProviderUnreachable(detail)))
@@ -274,9 +283,13 @@ fn by_status(
 ) -> Outcome {
     match (code, stopped) {
         (200..=299, _) => Outcome::new(OpState::Completed, "provider applied the effect"),
-        (_, Some(stopped)) => {
-            stopped_outcome(stopped, route, op, &format!("provider answered {code}"))
-        }
+        (_, Some(stopped)) => stopped_outcome(
+            stopped,
+            route,
+            op,
+            &format!("provider answered {code}"),
+            &format!("status {code}"),
+        ),
         _ if policy_class == Some(FailureClass::Permanent) => {
             let mut o = Outcome::new(
                 OpState::Failed,

@@ -14,7 +14,9 @@
 //! | any other status (1xx, 3xx, 4xx, 501, 505) | FAILED (permanent) |
 //!
 //! Transient failures past the route's retry budget end FAILED on the
-//! terminal route (dead letter, reason `retries-exhausted`).
+//! terminal route (dead letter, reason `retries-exhausted`); so does one
+//! whose `Retry-After` asks for a longer wait than the route's
+//! `retry.max_retry_after_ms` (reason `retry-after-too-long`).
 //!
 //! The same code runs the first attempt of a call (the proxy), a new attempt
 //! after an "absent" read-back (the reconciler) and a requeued dead letter.
