@@ -75,11 +75,15 @@ pub struct Lifecycle {
     /// tracker, from its read request to its answer (so a caller that
     /// hangs up drops only its wait).
     pub calls: tokio_util::task::TaskTracker,
-    /// Held for one outbox relay pass: passes of one instance run one at a
-    /// time, so an event this instance is still delivering is never
-    /// claimed again by its own next pass, even when its claim has lapsed
-    /// in ledger time (a clock step) before the receiver answered.
-    pub relay_pass: tokio::sync::Mutex<()>,
+    /// Held for one outbox relay pass
+    /// ([`crate::workers::outbox::relay_once`]): concurrent callers of one
+    /// instance (the relay loop, and a caller that runs a pass of its own)
+    /// take turns, so an event this instance is still delivering is not
+    /// claimed and sent again by another of its passes when its claim has
+    /// lapsed in ledger time (a clock step) before the receiver answered.
+    /// Another instance may still take a lapsed claim: delivery is at
+    /// least once.
+    pub(crate) relay_pass: tokio::sync::Mutex<()>,
 }
 
 impl Lifecycle {

@@ -69,8 +69,8 @@ const RELAY_MAX_EVENTS: usize = 48;
 
 /// One delivery pass over the due events, 8 at a time, so one tenant's
 /// slow receiver doesn't hold up the others' events. Each round claims
-/// only the 8 it delivers. One pass of an instance runs at a time: a call
-/// while another is delivering waits for it
+/// only the 8 it delivers. Concurrent calls in one instance take turns: a
+/// call while another pass is delivering waits for it
 /// ([`crate::state::Lifecycle::relay_pass`]).
 pub async fn relay_once(app: &AppState) -> Result<usize, WorkerError> {
     use futures_util::StreamExt;

@@ -139,7 +139,7 @@ pub(super) async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D
 
 /// After the batch's `COMMIT` (begun at `started`) returned: counts it and
 /// answers its writes.
-pub(super) fn committed<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>, started: Instant) {
+fn committed<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>, started: Instant) {
     let size = b.waiting.len();
     if b.crash_after && size >= 2 {
         crate::failpoint::crash("batch-after-commit");

@@ -30,7 +30,7 @@ impl<D: Dialect> BatchTx<D> {
     /// Says that this write changes or deletes a COMPLETED or FAILED
     /// operation (a compensation, a requeue, a self-audit, a sweep, an
     /// expired key reused): the batch's commit bumps
-    /// [`Writer::terminal_epoch`]. A write that changes one and does not
+    /// [`Writer::terminal_epoch`](super::Writer::terminal_epoch). A write that changes one and does not
     /// say so lets the replay cache serve the old answer on SQLite.
     pub(in crate::ledger) fn changes_terminal(&mut self) {
         if let Some(b) = self.guard.as_mut() {
@@ -129,7 +129,7 @@ impl<D: Dialect> BatchTx<D> {
 }
 
 /// What a write's commit heard back from its batch.
-pub(super) async fn answer(rx: oneshot::Receiver<Answer>) -> Result<usize, LedgerError> {
+async fn answer(rx: oneshot::Receiver<Answer>) -> Result<usize, LedgerError> {
     match rx.await {
         Ok(Ok(size)) => {
             tracing::Span::current().record("effectgate.batch_size", size);
