@@ -100,26 +100,49 @@ pub fn parse(out: &str) -> anyhow::Result<Report> {
     }
 }
 
+/// The idempotency keys of an arm's requests.
+#[derive(Clone, Copy, Debug)]
+enum Keys {
+    /// No `Idempotency-Key` (pass-through).
+    None,
+    /// The same key on every request: duplicates of one operation.
+    Same(&'static str),
+    /// `<prefix>-<run tag>-<n>`, a counter: unique, each key after the last.
+    Counter(&'static str),
+    /// A random UUIDv4-shaped key per request, as client SDKs draw them
+    /// (Stripe's, for one): unique, in no order (Lua's generator is seeded
+    /// per run: [`script`]'s `seed`).
+    Random,
+}
+
 /// The Lua script of one arm: a POST of [`BODY`] with the bench's client
-/// key; with `keys`, an `Idempotency-Key` per request (`keys` then a
-/// counter: unique within the run when `unique`, else `keys` itself on
-/// every request).
-fn script(keys: Option<(&str, bool)>) -> String {
+/// key and `keys` (see [`Keys`]); `tag` names the run (a counter's keys
+/// carry it, so runs never share keys), `seed` seeds random keys.
+fn script(keys: Keys, tag: &str, seed: u32) -> String {
     let mut s = format!(
         "wrk.method = \"POST\"\nwrk.body = '{BODY}'\n\
          wrk.headers[\"Content-Type\"] = \"application/json\"\n\
          wrk.headers[\"Authorization\"] = \"Bearer {CLIENT_KEY}\"\n"
     );
     match keys {
-        Some((prefix, true)) => s.push_str(&format!(
+        Keys::Counter(prefix) => s.push_str(&format!(
             "local n = 0\nrequest = function()\n  n = n + 1\n  \
-             wrk.headers[\"Idempotency-Key\"] = \"{prefix}-\" .. n\n  \
+             wrk.headers[\"Idempotency-Key\"] = \"{prefix}-{tag}-\" .. n\n  \
              return wrk.format(nil, wrk.path)\nend\n"
         )),
-        Some((key, false)) => {
+        Keys::Same(key) => {
             s.push_str(&format!("wrk.headers[\"Idempotency-Key\"] = \"{key}\"\n"));
         }
-        None => {}
+        Keys::Random => s.push_str(&format!(
+            "math.randomseed({seed})\n\
+             local function r(n) return math.random(0, n) end\n\
+             request = function()\n  \
+             wrk.headers[\"Idempotency-Key\"] = string.format(\
+             \"%04x%04x-%04x-4%03x-%04x-%04x%04x%04x\", r(65535), r(65535), r(65535), \
+             r(4095), 32768 + r(16383), r(65535), r(65535), r(65535))\n  \
+             return wrk.format(nil, wrk.path)\nend\n"
+        )),
+        Keys::None => {}
     }
     s
 }
@@ -129,8 +152,7 @@ fn script(keys: Option<(&str, bool)>) -> String {
 struct Arm {
     name: &'static str,
     url: String,
-    /// See [`script`]: a key (prefix) and whether it is unique per request.
-    keys: Option<(&'static str, bool)>,
+    keys: Keys,
 }
 
 /// Runs `wrk` once against `arm` with `connections` connections, on a
@@ -143,15 +165,13 @@ async fn run(
     connections: usize,
     tag: &str,
 ) -> anyhow::Result<Report> {
-    let keys = arm.keys.map(|(k, unique)| {
-        if unique {
-            (format!("{k}-{tag}"), true)
-        } else {
-            (k.to_string(), false)
-        }
-    });
+    // A seed of its own per run: random keys never repeat an earlier
+    // run's (which the gateway would answer as duplicates).
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.subsec_nanos() ^ (d.as_secs() as u32));
     let file = dir.join(format!("{tag}.lua"));
-    std::fs::write(&file, script(keys.as_ref().map(|(k, u)| (k.as_str(), *u))))?;
+    std::fs::write(&file, script(arm.keys, tag, seed))?;
     let mut cmd = Command::new(bin);
     cmd.args(["-t1", &format!("-c{connections}"), &format!("-d{SECONDS}s")])
         .arg("--latency")
@@ -264,14 +284,14 @@ pub async fn targets(
     let pass_arm = Arm {
         name: "(w-b) effectgate, pass-through",
         url: pass,
-        keys: None,
+        keys: Keys::None,
     };
     let (wrk, dir) = (wrk.as_path(), dir.path());
     // Warm-up: connections, the allocator, one completed key.
     let warm = Arm {
         name: "warmup, duplicates of one key",
         url: pay.clone(),
-        keys: Some(("w-dup", false)),
+        keys: Keys::Same("w-dup"),
     };
     run(wrk, dir, &warm, 1, "warm").await?;
 
@@ -294,7 +314,7 @@ pub async fn targets(
                 let n = Arm {
                     name,
                     url: format!("http://{}/v1/charges", server.addr),
-                    keys: None,
+                    keys: Keys::None,
                 };
                 let r = compare(wrk, dir, (&n, &pass_arm), c, tag).await?;
                 let target = forwarding == Forwarding::Plain;
@@ -334,29 +354,49 @@ pub async fn targets(
             Arm {
                 name: "(w-c) effectgate, effectful, unique keys",
                 url: pay.clone(),
-                keys: Some(("wc", true)),
+                keys: Keys::Counter("wc"),
             },
             "c",
             format!("(w) effectful, unique keys, {c} connections / pass-through (wrk)"),
-            (0.15, "≥ 0.15×"),
+            Some((0.15, "≥ 0.15×")),
+        ),
+        // The same with random keys: every B-tree keyed by the caller's
+        // key takes each one on a random page (comparison, not a target).
+        (
+            Arm {
+                name: "(w-cr) effectgate, effectful, random keys",
+                url: pay.clone(),
+                keys: Keys::Random,
+            },
+            "cr",
+            String::new(),
+            None,
         ),
         (
             Arm {
                 name: "(w-d) effectgate, duplicates of one key",
                 url: pay.clone(),
-                keys: Some(("w-dup", false)),
+                keys: Keys::Same("w-dup"),
             },
             "d",
             "(w) duplicates of one key / pass-through (wrk)".to_owned(),
-            (1.0, "≥ 1.0×"),
+            Some((1.0, "≥ 1.0×")),
         ),
     ];
-    for (arm, tag, what, (least, aim)) in against_pass {
+    for (arm, tag, what, target) in against_pass {
         let r = compare(wrk, dir, (&pass_arm, &arm), c, tag).await?;
         println!(
-            "  (w-{tag}) / (w-b): median of {CYCLES} per-cycle throughput ratios {:.3}",
-            r.ratio
+            "  (w-{tag}) / (w-b): median of {CYCLES} per-cycle throughput ratios {:.3}{}",
+            r.ratio,
+            if target.is_some() {
+                ""
+            } else {
+                " (for comparison, not a target)"
+            }
         );
+        let Some((least, aim)) = target else {
+            continue;
+        };
         rows.push(targets::Row {
             what,
             measured: format!("{:.3}× ({} errors)", r.ratio, r.errors),
@@ -367,7 +407,7 @@ pub async fn targets(
     let one = Arm {
         name: "(w-c1) effectgate, effectful, 1 connection",
         url: pay,
-        keys: Some(("wc1", true)),
+        keys: Keys::Counter("wc1"),
     };
     let one = run(wrk, dir, &one, 1, "c1").await?;
     let aim_ms = 2.0 * fsync_ms + 0.5;
@@ -443,14 +483,20 @@ Transfer/sec:     13.21MB
 
     #[test]
     fn unique_keys_count_per_run_and_duplicates_repeat_one() {
-        let unique = script(Some(("wc-c0", true)));
+        let unique = script(Keys::Counter("wc"), "c0", 7);
         assert!(unique.contains("\"wc-c0-\" .. n"), "{unique}");
-        let dup = script(Some(("w-dup", false)));
+        let dup = script(Keys::Same("w-dup"), "d0", 7);
         assert!(
             dup.contains("wrk.headers[\"Idempotency-Key\"] = \"w-dup\""),
             "{dup}"
         );
         assert!(!dup.contains("request = function"), "{dup}");
-        assert!(!script(None).contains("Idempotency-Key"));
+        assert!(!script(Keys::None, "b0", 7).contains("Idempotency-Key"));
+        let random = script(Keys::Random, "cr0", 12345);
+        assert!(random.contains("math.randomseed(12345)"), "{random}");
+        assert!(
+            random.contains("\"%04x%04x-%04x-4%03x-%04x-%04x%04x%04x\""),
+            "{random}"
+        );
     }
 }
