@@ -329,6 +329,15 @@ impl TestApp {
         assert_eq!(r.status(), 200, "operation {id}");
         r.json().await.unwrap()
     }
+    /// The reason of the operation's last transition, from its JSON
+    /// ([`TestApp::op_json`]; panics without transitions).
+    pub fn last_reason(op: &serde_json::Value) -> &str {
+        op["transitions"]
+            .as_array()
+            .and_then(|t| t.last())
+            .and_then(|t| t["reason"].as_str())
+            .expect("an operation with transitions")
+    }
     /// Restarts the gateway on the same ledger file (same config).
     pub async fn restart(self) -> TestApp {
         self.restart_with_clock(Arc::new(SystemClock)).await

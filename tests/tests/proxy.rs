@@ -545,7 +545,7 @@ async fn exhausted_retries_end_failed_with_the_last_answer() {
     assert_eq!(op["attempts"], 2);
     assert_eq!(op["dead_letter_reason"], "retries-exhausted");
     assert_eq!(
-        op["transitions"].as_array().unwrap().last().unwrap()["reason"],
+        TestApp::last_reason(&op),
         "retries exhausted: provider answered 503"
     );
     assert_eq!(
@@ -584,7 +584,7 @@ async fn a_retry_after_past_the_routes_limit_ends_the_retries_with_its_own_reaso
     assert_eq!(op["dead_letter"], true);
     assert_eq!(op["dead_letter_reason"], "retry-after-too-long");
     assert_eq!(
-        op["transitions"].as_array().unwrap().last().unwrap()["reason"],
+        TestApp::last_reason(&op),
         "retries stopped: the provider asked to wait 30000 ms (Retry-After), more than retry.max_retry_after_ms (10000 ms)"
     );
     assert_eq!(

@@ -162,7 +162,7 @@ async fn a_refused_provider_certificate_is_502_with_the_reason_and_no_effect() {
         assert_eq!(op["state"], "FAILED", "{case}: never UNKNOWN");
         assert_eq!(op["error_kind"], "retries-exhausted", "{case}");
         assert_eq!(
-            op["transitions"].as_array().unwrap().last().unwrap()["reason"],
+            TestApp::last_reason(&op),
             "retries exhausted: provider unreachable",
             "{case}"
         );

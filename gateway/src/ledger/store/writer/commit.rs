@@ -50,15 +50,7 @@ pub(super) async fn abort<D: Dialect>(
     {
         discard(b);
     }
-    b.open = false;
-    b.writing = false;
-    b.bare = false;
-    b.began = None;
-    b.poisoned = false;
-    b.crash_before = false;
-    b.crash_after = false;
-    b.bytes = 0;
-    b.terminal = false;
+    b.ended();
     let failed = Failed {
         why: why.into(),
         undone,
@@ -155,13 +147,7 @@ fn committed<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>, started: Instant)
         // that saw the old epoch re-reads the row.
         shared.terminal_epoch.fetch_add(1, Ordering::AcqRel);
     }
-    b.open = false;
-    b.writing = false;
-    b.bare = false;
-    b.began = None;
-    b.bytes = 0;
-    b.crash_before = false;
-    b.crash_after = false;
+    b.ended();
     for w in b.waiting.drain(..) {
         let _ = w.send(Ok(size));
     }

@@ -223,6 +223,23 @@ struct Batch<D: Dialect> {
     terminal: bool,
 }
 
+impl<D: Dialect> Batch<D> {
+    /// The batch's transaction is over (committed or rolled back): no
+    /// transaction open, no write in it, its marks and byte count cleared.
+    /// Its waiting writes are answered by the caller.
+    fn ended(&mut self) {
+        self.open = false;
+        self.writing = false;
+        self.bare = false;
+        self.began = None;
+        self.poisoned = false;
+        self.crash_before = false;
+        self.crash_after = false;
+        self.bytes = 0;
+        self.terminal = false;
+    }
+}
+
 struct Shared<D: Dialect> {
     batch: Arc<Mutex<Batch<D>>>,
     source: D::WriteSource,
