@@ -1119,6 +1119,60 @@ async fn a_compensation_of_an_operation_not_completed_writes_nothing(l: Ledger) 
     );
 }
 
+/// An operation forgotten (its key reused after retention, or swept) takes
+/// its transitions and attempts with it, also when it was the newest: the
+/// next operation (which on SQLite can take the same operation number, the
+/// largest row id once its row is gone) starts with its own history only.
+async fn a_forgotten_operations_history_never_reaches_the_next_one(l: Ledger) {
+    let states = |h: Vec<effectgate::ledger::Transition>| -> Vec<State> {
+        h.iter().map(|t| t.to_state).collect()
+    };
+    ended(&l, "old", outcome(State::Completed, "ok")).await;
+    assert_eq!(
+        states(l.transitions("t", "old").await.unwrap()),
+        [State::Reserved, State::Executing, State::Completed]
+    );
+    assert_eq!(l.attempts("t", "old").await.unwrap().len(), 1);
+
+    l.shift_clock(200_000).await.unwrap();
+    let v = match l.reserve(&new_op("old")).await.unwrap() {
+        Reservation::Created(op) => op.version,
+        Reservation::Existing(_) => panic!("an expired terminal key starts fresh"),
+    };
+    assert_eq!(
+        states(l.transitions("t", "old").await.unwrap()),
+        [State::Reserved],
+        "the reused key's history is its own"
+    );
+    assert!(l.attempts("t", "old").await.unwrap().is_empty());
+    let c = l
+        .claim(("t", "old"), State::Reserved, v, "A", 60_000, "x")
+        .await
+        .unwrap()
+        .unwrap();
+    let mut failed = outcome(State::Failed, "no");
+    failed.attempt_outcome = Some("status-400".into());
+    assert!(
+        l.record_outcome("t", "old", c.fence, State::Executing, "A", &failed)
+            .await
+            .unwrap()
+    );
+    let attempts = l.attempts("t", "old").await.unwrap();
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].outcome, "status-400");
+
+    l.shift_clock(200_000).await.unwrap();
+    assert_eq!(l.sweep_expired(10, 0).await.unwrap(), 1);
+    assert!(l.transitions("t", "old").await.unwrap().is_empty());
+    assert!(l.attempts("t", "old").await.unwrap().is_empty());
+    reserved(&l, "next").await;
+    assert_eq!(
+        states(l.transitions("t", "next").await.unwrap()),
+        [State::Reserved]
+    );
+    assert!(l.attempts("t", "next").await.unwrap().is_empty());
+}
+
 conformance!(
     a_compensation_is_reserved_once_and_completes_its_original,
     a_compensation_of_an_operation_not_completed_writes_nothing,
@@ -1140,4 +1194,5 @@ conformance!(
     scans_of_two_instances_never_hand_out_the_same_operation,
     the_sweeper_deletes_expired_terminal_operations_in_batches_only,
     tenant_counts_are_unknown_operations_and_dead_letters_per_tenant,
+    a_forgotten_operations_history_never_reaches_the_next_one,
 );

@@ -86,6 +86,23 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
     /// PostgreSQL: from the compare-and-swap's `RETURNING`, binding none).
     const TRANSITION_ROW_NAMES: bool;
 
+    /// The condition that selects one operation's `transitions` or
+    /// `attempts` rows, binding tenant and operation id in that order.
+    /// SQLite files them under the operation's number (`op_seq`, migration
+    /// 0015: rows of callers' random keys then share the B-trees' last
+    /// pages) and finds it by the key; PostgreSQL by the key itself.
+    const HISTORY_OF: &'static str;
+
+    /// Whether deleting an `operations` row deletes its `transitions` and
+    /// `attempts` rows in the same statement (SQLite: trigger
+    /// `operations_history_forgotten`); else they are deleted by key.
+    const HISTORY_DELETED_WITH_ROW: bool;
+
+    /// The attempts log's `INSERT … ON CONFLICT DO NOTHING` of one row
+    /// ([`ATTEMPT_COLUMNS`] bound in that order): an attempt is logged
+    /// once. SQLite also stores the operation's number, read by the key.
+    const INSERT_ATTEMPT: &'static str;
+
     /// `sql` as this backend takes it (converted once, then cached).
     fn q(sql: &str) -> &'static str;
 
@@ -331,7 +348,7 @@ impl From<Option<State>> for Arg<'_> {
 }
 
 /// The columns of an `attempts` row, in the order they are bound (as the
-/// attempts log's own `INSERT` names them: `command::insert_attempt`).
+/// attempts log's own `INSERT` names them: [`Dialect::INSERT_ATTEMPT`]).
 pub(super) const ATTEMPT_COLUMNS: &str =
     "tenant_id, operation_id, attempt, fence, status, outcome, detail, at, request_id";
 

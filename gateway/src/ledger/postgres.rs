@@ -62,6 +62,11 @@ impl Dialect for PgDialect {
 
     const TRANSITION_ROW_NAMES: bool = false;
 
+    const HISTORY_OF: &'static str = "tenant_id = ? AND operation_id = ?";
+    const HISTORY_DELETED_WITH_ROW: bool = false;
+    const INSERT_ATTEMPT: &'static str = "INSERT INTO attempts (tenant_id, operation_id, attempt, fence, \
+         status, outcome, detail, at, request_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING";
+
     fn q(sql: &str) -> &'static str {
         super::dialect::cached(sql, super::dialect::dollar_placeholders)
     }

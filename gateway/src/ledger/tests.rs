@@ -667,6 +667,176 @@ async fn a_reservation_that_finds_a_completed_operation_caches_it() {
     );
 }
 
+/// Inserts operation `id` of tenant `t` in `state` created at `at`, with
+/// the columns every schema version since 0012 has (a ledger being
+/// migrated).
+async fn insert_operation(pool: &sqlx::SqlitePool, id: &str, state: &str, at: i64) {
+    sqlx::query(
+        "INSERT INTO operations (tenant_id, operation_id, route, method, path, fingerprint, \
+         provider_key, state, version, fence, attempts, request_body, principal, created_at, \
+         updated_at, expires_at) VALUES ('t', ?, 'r', 'POST', '/x', 'fp', 'pk', ?, 2, 1, 1, \
+         x'7b7d', 'p', ?, ?, ?)",
+    )
+    .bind(id)
+    .bind(state)
+    .bind(at)
+    .bind(at)
+    .bind(at + 86_400_000)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Migration 0015 on a SQLite ledger that already has history: every
+/// operation keeps its row, transitions (with their numbers) and attempts,
+/// numbered in the order they were created; history of no operation is
+/// not carried over; the history is filed by operation number (its index
+/// and the attempts' key lead with `op_seq`), and deleting an operation
+/// deletes its history.
+#[tokio::test]
+async fn the_sqlite_history_is_filed_by_operation_number_and_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("l.db");
+    let pool = || async {
+        let opts = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true);
+        sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(opts)
+            .await
+            .unwrap()
+    };
+    let before = pool().await;
+    super::sqlite::MIGRATOR.run_to(14, &before).await.unwrap();
+    let (reserved, executing) = (State::Reserved.as_str(), State::Executing.as_str());
+    // "late" sorts before "early" by key but was created after it.
+    insert_operation(&before, "late", executing, 20).await;
+    insert_operation(&before, "early", executing, 10).await;
+    for (seq, id, at) in [(1, "early", 10), (2, "late", 20), (3, "gone", 5)] {
+        sqlx::query(
+            "INSERT INTO transitions (seq, tenant_id, operation_id, from_state, to_state, version, \
+             fence, actor, reason, at) VALUES (?, 't', ?, NULL, ?, 1, 0, 'gw', 'reservation', ?)",
+        )
+        .bind(seq)
+        .bind(id)
+        .bind(reserved)
+        .bind(at)
+        .execute(&before)
+        .await
+        .unwrap();
+    }
+    sqlx::query(
+        "INSERT INTO transitions (seq, tenant_id, operation_id, from_state, to_state, version, \
+         fence, actor, reason, at) VALUES (4, 't', 'early', ?, ?, 2, 1, 'gw', 'claim', 11)",
+    )
+    .bind(reserved)
+    .bind(executing)
+    .execute(&before)
+    .await
+    .unwrap();
+    for id in ["early", "late", "gone"] {
+        sqlx::query(
+            "INSERT INTO attempts (tenant_id, operation_id, attempt, fence, status, outcome, at) \
+             VALUES ('t', ?, 1, 1, 503, 'status-503', 30)",
+        )
+        .bind(id)
+        .execute(&before)
+        .await
+        .unwrap();
+    }
+    before.close().await;
+
+    let ledger = Ledger::open(&path, 2, 5000, ManualClock::new(1_000_000))
+        .await
+        .unwrap();
+    let seqs = |id: &'static str| {
+        let ledger = &ledger;
+        async move {
+            ledger
+                .transitions("t", id)
+                .await
+                .unwrap()
+                .iter()
+                .map(|t| (t.seq, t.to_state))
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        seqs("early").await,
+        [(1, State::Reserved), (4, State::Executing)]
+    );
+    assert_eq!(seqs("late").await, [(2, State::Reserved)]);
+    assert!(seqs("gone").await.is_empty());
+    for id in ["early", "late"] {
+        let attempts = ledger.attempts("t", id).await.unwrap();
+        assert_eq!(attempts.len(), 1, "{id}");
+        assert_eq!(
+            (attempts[0].attempt, attempts[0].status),
+            (1, Some(503)),
+            "{id}"
+        );
+    }
+    completed(&ledger, "k").await;
+    assert_eq!(seqs("k").await.len(), 3);
+    drop(ledger);
+
+    let after = pool().await;
+    let numbered: Vec<(i64, String)> =
+        sqlx::query_as("SELECT op_seq, operation_id FROM operations ORDER BY op_seq")
+            .fetch_all(&after)
+            .await
+            .unwrap();
+    assert_eq!(
+        numbered,
+        [(1, "early".into()), (2, "late".into()), (3, "k".into())],
+        "numbered in the order of creation"
+    );
+    let orphans: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM transitions WHERE operation_id = 'gone') \
+         + (SELECT count(*) FROM attempts WHERE operation_id = 'gone')",
+    )
+    .fetch_one(&after)
+    .await
+    .unwrap();
+    assert_eq!(orphans, 0);
+    let mut indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT sql FROM sqlite_schema WHERE type = 'index' AND sql IS NOT NULL \
+         AND tbl_name IN ('transitions', 'attempts')",
+    )
+    .fetch_all(&after)
+    .await
+    .unwrap();
+    indexes.sort();
+    assert_eq!(
+        indexes,
+        ["CREATE INDEX transitions_by_operation ON transitions (op_seq, seq)"]
+    );
+    let attempts_key: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM pragma_index_info('sqlite_autoindex_attempts_1')")
+            .fetch_all(&after)
+            .await
+            .unwrap();
+    assert_eq!(attempts_key, ["op_seq", "attempt"]);
+    sqlx::query("DELETE FROM operations WHERE operation_id = 'early'")
+        .execute(&after)
+        .await
+        .unwrap();
+    let left: Vec<String> = sqlx::query_scalar(
+        "SELECT operation_id FROM transitions UNION ALL SELECT operation_id FROM attempts \
+         ORDER BY 1",
+    )
+    .fetch_all(&after)
+    .await
+    .unwrap();
+    assert_eq!(
+        left,
+        ["k", "k", "k", "late", "late"],
+        "the trigger took early's"
+    );
+    after.close().await;
+}
+
 /// Migration 0013 on a SQLite ledger that already has history: the
 /// transitions and policy decisions keep their rows and numbers, a new
 /// operation's transitions are numbered above them, and recording them
@@ -689,6 +859,7 @@ async fn the_sqlite_history_keeps_its_numbers_and_no_longer_counts_in_sqlite_seq
     let before = pool().await;
     super::sqlite::MIGRATOR.run_to(12, &before).await.unwrap();
     let (reserved, executing) = (State::Reserved.as_str(), State::Executing.as_str());
+    insert_operation(&before, "old", executing, 5).await;
     sqlx::query(
         "INSERT INTO transitions (seq, tenant_id, operation_id, from_state, to_state, version, \
          fence, actor, reason, at) VALUES \

@@ -361,21 +361,18 @@ pub(crate) async fn insert_attempt<D: Dialect>(
     number: i64,
     a: &AttemptLog<'_>,
 ) -> Result<(), sqlx::Error> {
-    sql::<D>(
-        "INSERT INTO attempts (tenant_id, operation_id, attempt, fence, status, outcome, detail, at, request_id) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-    )
-    .bind(op.tenant)
-    .bind(op.operation_id)
-    .bind(number)
-    .bind(a.fence)
-    .bind(a.status)
-    .bind(super::dialect::clean(a.outcome))
-    .bind(a.detail.map(super::dialect::clean))
-    .bind(a.at)
-    .bind(a.request_id)
-    .execute(conn)
-    .await?;
+    sql::<D>(D::INSERT_ATTEMPT)
+        .bind(op.tenant)
+        .bind(op.operation_id)
+        .bind(number)
+        .bind(a.fence)
+        .bind(a.status)
+        .bind(super::dialect::clean(a.outcome))
+        .bind(a.detail.map(super::dialect::clean))
+        .bind(a.at)
+        .bind(a.request_id)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 

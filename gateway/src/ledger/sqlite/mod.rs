@@ -64,6 +64,14 @@ impl Dialect for SqliteDialect {
 
     const TRANSITION_ROW_NAMES: bool = true;
 
+    const HISTORY_OF: &'static str =
+        "op_seq = (SELECT op_seq FROM operations WHERE tenant_id = ? AND operation_id = ?)";
+    const HISTORY_DELETED_WITH_ROW: bool = true;
+    const INSERT_ATTEMPT: &'static str = "INSERT INTO attempts (op_seq, tenant_id, operation_id, attempt, \
+         fence, status, outcome, detail, at, request_id) VALUES ((SELECT op_seq FROM operations \
+         WHERE tenant_id = ?1 AND operation_id = ?2), ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+         ON CONFLICT DO NOTHING";
+
     fn q(sql: &str) -> &'static str {
         super::dialect::cached(sql, str::to_owned)
     }
@@ -98,7 +106,7 @@ impl Dialect for SqliteDialect {
         let mut text = plain.to_owned();
         for back in (0..rows.max(1)).rev() {
             text.push_str(&format!(
-                "; INSERT INTO transitions ({}) SELECT ?, ?, ?, ?, {}, ?, ?, ? \
+                "; INSERT INTO transitions (op_seq, {}) SELECT op_seq, ?, ?, ?, ?, {}, ?, ?, ? \
                  FROM operations WHERE tenant_id = ? AND operation_id = ? AND changes() = 1",
                 super::dialect::TRANSITION_COLUMNS,
                 Self::transition_version(back),

@@ -132,10 +132,11 @@ impl<D: Dialect> Store<D> {
         operation_id: &str,
     ) -> Result<Vec<Attempt>, LedgerError> {
         let mut conn = D::acquire(&self.read).await?;
-        let rows = sql::<D>(
+        let rows = sql::<D>(&format!(
             "SELECT attempt, fence, status, outcome, detail, at, request_id FROM attempts \
-             WHERE tenant_id = ? AND operation_id = ? ORDER BY attempt",
-        )
+             WHERE {} ORDER BY attempt",
+            D::HISTORY_OF
+        ))
         .bind(tenant)
         .bind(operation_id)
         .fetch_all(&mut conn)
@@ -198,10 +199,11 @@ impl<D: Dialect> Store<D> {
         operation_id: &str,
     ) -> Result<Vec<Transition>, LedgerError> {
         let mut conn = D::acquire(&self.read).await?;
-        let rows = sql::<D>(
+        let rows = sql::<D>(&format!(
             "SELECT seq, from_state, to_state, version, fence, actor, reason, at FROM transitions \
-             WHERE tenant_id = ? AND operation_id = ? ORDER BY seq",
-        )
+             WHERE {} ORDER BY seq",
+            D::HISTORY_OF
+        ))
         .bind(tenant)
         .bind(operation_id)
         .fetch_all(&mut conn)
@@ -307,13 +309,15 @@ impl<D: Dialect> Store<D> {
         }
         // Expired COMPLETED and FAILED rows are deleted.
         tx.changes_terminal();
-        for table in [
-            "transitions",
-            "attempts",
-            "policy_decisions",
-            "approvals",
-            "compensations",
-        ] {
+        let history: &[&str] = if D::HISTORY_DELETED_WITH_ROW {
+            &[]
+        } else {
+            &["transitions", "attempts"]
+        };
+        for table in history
+            .iter()
+            .chain(&["policy_decisions", "approvals", "compensations"])
+        {
             sql::<D>(&format!(
                 "DELETE FROM {table} WHERE (tenant_id, operation_id) IN \
                  (SELECT tenant_id, operation_id FROM operations WHERE scan_owner = ?)"

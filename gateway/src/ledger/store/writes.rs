@@ -413,18 +413,26 @@ pub(super) async fn insert_decisions<D: Dialect>(
 }
 
 /// Deletes what the ledger keeps about a forgotten operation besides its
-/// row: transitions, attempts, policy decisions and approvals.
+/// row, once the row is deleted: transitions and attempts (unless the
+/// row's deletion took them: [`Dialect::HISTORY_DELETED_WITH_ROW`]), policy
+/// decisions, approvals and compensation links.
 pub(super) async fn forget_history<D: Dialect>(
     conn: &mut Conn<D>,
     op: OpRef<'_>,
 ) -> Result<(), sqlx::Error> {
-    for text in [
-        "DELETE FROM transitions WHERE tenant_id = ? AND operation_id = ?",
-        "DELETE FROM attempts WHERE tenant_id = ? AND operation_id = ?",
+    let history: &[&str] = if D::HISTORY_DELETED_WITH_ROW {
+        &[]
+    } else {
+        &[
+            "DELETE FROM transitions WHERE tenant_id = ? AND operation_id = ?",
+            "DELETE FROM attempts WHERE tenant_id = ? AND operation_id = ?",
+        ]
+    };
+    for text in history.iter().chain(&[
         "DELETE FROM policy_decisions WHERE tenant_id = ? AND operation_id = ?",
         "DELETE FROM approvals WHERE tenant_id = ? AND operation_id = ?",
         "DELETE FROM compensations WHERE tenant_id = ? AND operation_id = ?",
-    ] {
+    ]) {
         sql::<D>(text)
             .bind(op.tenant)
             .bind(op.operation_id)
