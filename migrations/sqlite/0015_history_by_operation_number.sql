@@ -18,9 +18,13 @@
 --   comes back (SQLite reuses the largest rowid once its row is gone) never
 --   finds an earlier operation's history.
 --
--- Rows, states and transition numbers are kept. Transitions and attempts
--- of no operation (none are written; a forgotten operation's are deleted
--- with it) are not carried over.
+-- Rows, states and transition numbers are kept; existing operations are
+-- numbered in the order of their key, new ones after them. Transitions and
+-- attempts of no operation (none are written; a forgotten operation's are
+-- deleted with it) are not carried over. The tables are copied in one
+-- transaction when the gateway (or `effectgate migrate`) first opens the
+-- ledger: it takes about the tables' size again in free disk space and
+-- holds the ledger while it runs.
 
 CREATE TABLE operations_numbered (
     op_seq                 INTEGER PRIMARY KEY,
@@ -82,7 +86,7 @@ INSERT INTO operations_numbered
      created_at, updated_at, expires_at, request_headers, reconcile_attempts,
      next_reconcile_at, dead_letter, dead_letter_reason, operator_check, provider_reference,
      requeues, settle_until, retention_ms, scan_owner, scan_expires_at, trace_context
-    FROM operations ORDER BY created_at, tenant_id, operation_id;
+    FROM operations;
 
 CREATE TABLE transitions_numbered (
     seq           INTEGER PRIMARY KEY,

@@ -125,6 +125,9 @@ fn build_policy_if_missing(root: &Path) -> anyhow::Result<()> {
 async fn run(root: &Path, config: &Path, fresh: bool) -> anyhow::Result<()> {
     let settings = effectgate::config::load(Some(config))?;
     if fresh && let Ok(effectgate::config::Backend::Sqlite(db)) = settings.storage.backend() {
+        // The `.lock` beside them stays: a gateway still running on this
+        // ledger holds a lock on that file, and a new file would let a
+        // second one in.
         for suffix in ["", "-wal", "-shm"] {
             let mut p = db.clone().into_os_string();
             p.push(suffix);

@@ -689,10 +689,10 @@ async fn insert_operation(pool: &sqlx::SqlitePool, id: &str, state: &str, at: i6
 
 /// Migration 0015 on a SQLite ledger that already has history: every
 /// operation keeps its row, transitions (with their numbers) and attempts,
-/// numbered in the order they were created; history of no operation is
-/// not carried over; the history is filed by operation number (its index
-/// and the attempts' key lead with `op_seq`), and deleting an operation
-/// deletes its history.
+/// numbered in the order of their keys (new ones after them); history of
+/// no operation is not carried over; the history is filed by operation
+/// number (its index and the attempts' key lead with `op_seq`), and
+/// deleting an operation deletes its history.
 #[tokio::test]
 async fn the_sqlite_history_is_filed_by_operation_number_and_kept() {
     let dir = tempfile::tempdir().unwrap();
@@ -710,7 +710,6 @@ async fn the_sqlite_history_is_filed_by_operation_number_and_kept() {
     let before = pool().await;
     super::sqlite::MIGRATOR.run_to(14, &before).await.unwrap();
     let (reserved, executing) = (State::Reserved.as_str(), State::Executing.as_str());
-    // "late" sorts before "early" by key but was created after it.
     insert_operation(&before, "late", executing, 20).await;
     insert_operation(&before, "early", executing, 10).await;
     for (seq, id, at) in [(1, "early", 10), (2, "late", 20), (3, "gone", 5)] {
@@ -790,7 +789,7 @@ async fn the_sqlite_history_is_filed_by_operation_number_and_kept() {
     assert_eq!(
         numbered,
         [(1, "early".into()), (2, "late".into()), (3, "k".into())],
-        "numbered in the order of creation"
+        "numbered by key, the new one after them"
     );
     let orphans: i64 = sqlx::query_scalar(
         "SELECT (SELECT count(*) FROM transitions WHERE operation_id = 'gone') \

@@ -348,7 +348,7 @@ impl Ledger {
     /// (see `Store::first_statistics`: without them a compare-and-swap's
     /// cached plan may read a state's every row instead of the primary
     /// key). The reconciler calls it every scan. SQLite: nothing (its
-    /// planner takes a full primary key for the one-row lookup it is).
+    /// planner takes the key's unique index for the one-row lookup it is).
     /// Returns the tables analyzed.
     ///
     /// Errors: the database's.

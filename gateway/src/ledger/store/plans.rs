@@ -166,15 +166,19 @@ fn the_sweep_names_the_partial_index_condition_of_both_migrations() {
         let text = std::fs::read_to_string(root.join(file)).unwrap();
         text.split_whitespace().collect::<Vec<_>>().join(" ")
     };
-    let sqlite = one_line("sqlite/0014_terminal_index_without_in.sql");
-    assert!(
-        sqlite.contains(&format!(
-            "operations_terminal_by_change ON operations (updated_at) WHERE {};",
+    for file in [
+        "sqlite/0014_terminal_index_without_in.sql",
+        "sqlite/0015_history_by_operation_number.sql",
+    ] {
+        assert!(
+            one_line(file).contains(&format!(
+                "operations_terminal_by_change ON operations (updated_at) WHERE {};",
+                terminal_rows()
+            )),
+            "SQLite's {file} creates the index the sweep names ({})",
             terminal_rows()
-        )),
-        "SQLite's migration 0014 creates the index the sweep names ({})",
-        terminal_rows()
-    );
+        );
+    }
     assert!(!terminal_rows().contains(" IN "), "{}", terminal_rows());
     let states: Vec<String> = TERMINAL
         .iter()

@@ -17,7 +17,8 @@ pub(super) const OP_COLUMNS: &str = "tenant_id, operation_id, route, method, pat
      requeues, settle_until, retention_ms, trace_context";
 
 /// The condition of the partial index `operations_terminal_by_change`,
-/// word for word as SQLite's migration (0014) spells it: a query names it
+/// word for word as SQLite's migrations (0014, and 0015 that rebuilds the
+/// table) spell it: a query names it
 /// so for the index to be usable at all (neither planner proves a bound
 /// `state IN (?, ?, ?)` implies it). The states are compared one by one,
 /// joined by OR: SQLite evaluates an IN list of more than two values
@@ -293,8 +294,10 @@ impl<D: Dialect> Store<D> {
             .execute(&mut tx)
             .await?;
         // Mark the batch (rows another sweeper or a reservation holds are
-        // skipped), delete the marked rows' history, then the rows: six
-        // statements per batch, in one transaction, whatever its size.
+        // skipped), delete the marked rows' history, then the rows (on
+        // SQLite their transitions and attempts go with them): a fixed
+        // number of statements per batch, in one transaction, whatever its
+        // size.
         let token = format!("sweep:{}", hex::encode(rand::random::<[u8; 8]>()));
         let marked = sql::<D>(&sweep_mark::<D>())
             .bind(&token)

@@ -23,47 +23,24 @@
 
 use std::time::Duration;
 
-use crate::forward::ResponseBody;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
-use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use crate::config::{RetryMode, Route};
-use crate::forward::{
-    add_route_headers, build_request, from_pairs, strip_hop_by_hop, upstream_uri,
-};
+use crate::forward::{build_request, strip_hop_by_hop, upstream_uri};
 use crate::ledger::{Claim, DeadLetter, Operation, Outcome, State as OpState};
 use crate::ops::{Answer, OpError, Reply};
 use crate::policy::FailureClass;
 use crate::state::AppState;
 
+mod attempt;
 mod classify;
+use attempt::{
+    Attempt, ReadBody, attempt, attempt_span, own_mcp_session, request_headers, retry_after_ms,
+};
 use classify::{Stopped, classify, classify_by_policy};
-
-/// How one attempt ended.
-enum Attempt {
-    /// A response head arrived (any status) and the body was read.
-    Response {
-        head: http::response::Parts,
-        body: ReadBody,
-    },
-    /// Nothing was written: the connection could not be made.
-    ConnectFailed(String),
-    /// The request may have been sent; no usable answer came back.
-    Lost { kind: &'static str, detail: String },
-}
-
-/// A response body read up to the stored-response limit.
-enum ReadBody {
-    /// The whole body.
-    Whole(Bytes),
-    /// More than the limit: the prefix read so far and the rest, unread.
-    Overflow(Bytes, Box<ResponseBody>),
-    /// Reading failed after `Bytes` were read.
-    Broken(Bytes, String),
-}
 
 /// Lease length for a claim, in ms (`limits.lease_ms`).
 pub fn lease_ms(app: &AppState) -> i64 {
@@ -228,48 +205,6 @@ fn transient(
     }
 }
 
-/// Opens an MCP session of the gateway's own for a new attempt and sets
-/// (or clears) `mcp-session-id` in `headers`; on failure the attempt goes
-/// on without one (logged).
-async fn own_mcp_session(route: &Route, op: &Operation, headers: &mut HeaderMap) {
-    match crate::ops::mcp::open_session(route, &op.path).await {
-        Ok(Some(s)) => {
-            if let Ok(v) = HeaderValue::from_str(&s) {
-                headers.insert("mcp-session-id", v);
-            }
-        }
-        Ok(None) => {
-            headers.remove("mcp-session-id");
-        }
-        Err(e) => {
-            tracing::warn!(operation_id = %op.operation_id, error = %e, "could not open an MCP session for a new attempt")
-        }
-    }
-}
-
-/// The stored request's headers as sent: the route's credentials and the
-/// provider key added, `Content-Length` of the stored body.
-async fn request_headers(route: &Route, op: &Operation, claim: &Claim) -> HeaderMap {
-    let mut headers = from_pairs(&op.request_headers);
-    add_route_headers(route, &mut headers, Some(&op.provider_key));
-    // Only the first attempt, made while its caller waits, can count on the
-    // caller's MCP session still existing. Every other execution (a retry
-    // after a read-back, an approved request, a requeue) runs in a session
-    // of the gateway's own.
-    // A compensation's tool call never had a caller's session.
-    let callers_session = claim.attempt == 1
-        && op.state == OpState::Reserved
-        && crate::config::compensated_id(&op.operation_id).is_none();
-    if route.mcp.is_some() && !callers_session {
-        own_mcp_session(route, op, &mut headers).await;
-    }
-    headers.insert(
-        header::CONTENT_LENGTH,
-        HeaderValue::from(op.request_body.len()),
-    );
-    headers
-}
-
 async fn run_inner(
     app: &AppState,
     route: &Route,
@@ -379,44 +314,6 @@ async fn run_inner(
         outcome.request_id = crate::telemetry::request_id();
         return record(app, route, op, claim, outcome, attempt_no, answer).await;
     }
-}
-
-/// The span of one provider attempt (kind client; OpenTelemetry HTTP client
-/// conventions): method, server address and port, path (never the query,
-/// which may carry credentials), resend count, and the attempt number,
-/// provider key and fencing token as `effectgate.*` attributes; the status
-/// and outcome class (`transient`, `COMPLETED`, `FAILED`, `UNKNOWN`) are
-/// recorded when it ends.
-fn attempt_span(
-    route: &Route,
-    op: &Operation,
-    claim: &Claim,
-    method: &http::Method,
-    uri: &http::Uri,
-    attempt_no: i64,
-) -> tracing::Span {
-    tracing::debug_span!(
-        "provider attempt",
-        otel.name = method.as_str(),
-        otel.kind = "client",
-        otel.status_code = tracing::field::Empty,
-        http.request.method = method.as_str(),
-        http.request.resend_count = attempt_no - 1,
-        http.response.status_code = tracing::field::Empty,
-        server.address = uri.host().unwrap_or(""),
-        server.port = uri.port_u16().unwrap_or(match uri.scheme_str() {
-            Some("https") => 443,
-            _ => 80,
-        }),
-        url.path = uri.path(),
-        effectgate.tenant = op.tenant_id.as_str(),
-        effectgate.route = route.name.as_str(),
-        effectgate.operation_id = op.operation_id.as_str(),
-        effectgate.attempt = attempt_no,
-        effectgate.fence = claim.fence,
-        effectgate.provider_key = op.provider_key.as_str(),
-        effectgate.outcome = tracing::field::Empty,
-    )
 }
 
 /// Records a transient failure and the lease for the wait before the next
@@ -537,164 +434,6 @@ fn fenced_off(operation_id: &str) -> OpError {
                 .into(),
         status: StatusCode::CONFLICT,
     }
-}
-
-/// One provider call, bounded by the route's response timeout. While it
-/// runs, the lease is extended every third of its length, so a long but
-/// healthy call keeps its claim.
-async fn attempt(
-    app: &AppState,
-    client: &crate::forward::HttpClient,
-    req: http::Request<crate::forward::OutboundBody>,
-    route: &Route,
-    op: &Operation,
-    fence: i64,
-    lease_ms: i64,
-) -> Attempt {
-    let started = std::time::Instant::now();
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(route.response_timeout_ms);
-    let call = async {
-        let resp = match tokio::time::timeout_at(deadline, client.request(req)).await {
-            Err(_) => {
-                return Attempt::Lost {
-                    kind: "timeout",
-                    detail: format!("no response head within {} ms", route.response_timeout_ms),
-                };
-            }
-            Ok(Err(e)) if e.is_connect() || crate::tls::refused_in_handshake(&e) => {
-                return Attempt::ConnectFailed(crate::forward::error_detail(&e));
-            }
-            Ok(Err(e)) => {
-                return Attempt::Lost {
-                    kind: "connection-lost",
-                    detail: crate::forward::error_detail(&e),
-                };
-            }
-            Ok(Ok(r)) => r,
-        };
-        let (head, body) = resp.into_parts();
-        let body = match tokio::time::timeout_at(
-            deadline,
-            // An MCP answer is read and stored whole (up to 16 MiB, or the
-            // route's limit if larger): the tool's outcome is inside it, and
-            // a replay must be the whole result.
-            read_bounded(
-                body,
-                if route.mcp.is_some() {
-                    route.max_stored_response_bytes.max(16 << 20)
-                } else {
-                    route.max_stored_response_bytes
-                },
-                // An MCP answer streamed as SSE ends with its result
-                // message, whether or not the server closes the stream.
-                (route.mcp.is_some()
-                    && head
-                        .headers
-                        .get(header::CONTENT_TYPE)
-                        .and_then(|v| v.to_str().ok())
-                        .is_some_and(crate::ops::mcp::is_event_stream))
-                .then_some(&head.headers),
-            ),
-        )
-        .await
-        {
-            Ok(b) => b,
-            Err(_) => ReadBody::Broken(
-                Bytes::new(),
-                "response body not complete within the response timeout".into(),
-            ),
-        };
-        Attempt::Response { head, body }
-    };
-    tokio::pin!(call);
-    let period = Duration::from_millis((lease_ms / 3).max(1) as u64);
-    let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-    let result = loop {
-        tokio::select! {
-            r = &mut call => break r,
-            _ = heartbeat.tick() => {
-                match app.ledger.extend_lease(&op.tenant_id, &op.operation_id, fence, lease_ms).await {
-                    Ok(true) => {}
-                    Ok(false) => tracing::warn!(operation_id = %op.operation_id, "lease lost during the call; its outcome will be fenced off"),
-                    Err(e) => tracing::warn!(operation_id = %op.operation_id, error = %e, "lease extension failed"),
-                }
-            }
-        }
-    };
-    crate::metrics::upstream_latency(&route.name, started.elapsed());
-    result
-}
-
-/// Reads a response body up to `limit` bytes. With `sse_result` (an MCP
-/// answer's headers, when it is an event stream), reading stops at the
-/// first complete event that holds the JSON-RPC result: that message
-/// decides the outcome, and the stream is closed after it.
-async fn read_bounded(
-    mut body: ResponseBody,
-    limit: usize,
-    sse_result: Option<&HeaderMap>,
-) -> ReadBody {
-    let mut buf = BytesMut::new();
-    // The end of the events already looked at: each frame's new complete
-    // events are parsed once.
-    let mut events_end = 0;
-    loop {
-        match body.frame().await {
-            None => return ReadBody::Whole(buf.freeze()),
-            Some(Ok(frame)) => {
-                if let Ok(data) = frame.into_data() {
-                    buf.extend_from_slice(&data);
-                    if buf.len() > limit {
-                        return ReadBody::Overflow(buf.freeze(), Box::new(body));
-                    }
-                    if let Some(h) = sse_result {
-                        // A separator may straddle the previous frame's end.
-                        let from = events_end.max(buf.len() - data.len()).saturating_sub(3);
-                        let end = from + complete_events(&buf[from..]).len();
-                        if end > events_end {
-                            let found =
-                                crate::ops::mcp::rpc_message(h, &buf[events_end..end]).is_some();
-                            events_end = end;
-                            if found {
-                                return ReadBody::Whole(buf.freeze());
-                            }
-                        }
-                    }
-                }
-            }
-            Some(Err(e)) => {
-                return ReadBody::Broken(buf.freeze(), crate::forward::error_detail(&e));
-            }
-        }
-    }
-}
-
-/// The part of an event stream up to its last complete event (one ended
-/// by a blank line: LF LF, CRLF CRLF or CR CR).
-fn complete_events(buf: &[u8]) -> &[u8] {
-    let end = [&b"\n\n"[..], b"\r\n\r\n", b"\r\r"]
-        .iter()
-        .filter_map(|sep| {
-            buf.windows(sep.len())
-                .rposition(|w| w == *sep)
-                .map(|i| i + sep.len())
-        })
-        .max()
-        .unwrap_or(0);
-    &buf[..end]
-}
-
-/// `Retry-After` in ms (delay-seconds, RFC 9110 §10.2.3; an HTTP-date is
-/// ignored and the backoff applies).
-fn retry_after_ms(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse::<u64>()
-        .ok()
-        .map(|s| s.saturating_mul(1000))
 }
 
 /// Full-jitter exponential backoff for retry number `n` (1 = first retry):
