@@ -77,8 +77,10 @@ pub struct StorageSpec {
     pub replay_cache_bytes: u64,
     /// SQLite: the write connection's page cache, in bytes (`PRAGMA
     /// cache_size`): the pages of the tables and indexes that writes
-    /// touch. Keys arrive in no order, so the indexes on them are written
-    /// all over; a page not in this cache is read from the file again.
+    /// touch. Callers' keys arrive in no order, so the key's unique index
+    /// is written all over (the rows and their history are filed by
+    /// operation number, in order); a page not in this cache is read from
+    /// the file again.
     /// The checkpointer's connection has one of the same size. Default
     /// 2097152 (2 MiB; SQLite's own is 2,048,000), rounded down to KiB;
     /// 0: SQLite's smallest.
