@@ -132,7 +132,7 @@ pub fn router(state: AppState) -> Router {
 ///
 /// Errors: 413 `payload-too-large`, 408 `request-timeout`, 400 naming
 /// `body` for one that can't be read whole (see
-/// [`crate::http::proxy::read_body`]).
+/// [`crate::http::body::read_body`]).
 async fn read_body_first(
     app: AppState,
     req: axum::extract::Request,
@@ -141,7 +141,7 @@ async fn read_body_first(
 ) -> Response {
     let timeout_ms = app.settings().limits.body_read_timeout_ms;
     let (parts, body) = req.into_parts();
-    match crate::http::proxy::read_body(
+    match crate::http::body::read_body(
         &parts.headers,
         body,
         max_body,

@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod approvals;
 pub mod auth;
+pub mod body;
 pub mod console;
 pub mod encoding;
 pub mod error;
