@@ -667,6 +667,19 @@ async fn a_reservation_that_finds_a_completed_operation_caches_it() {
     );
 }
 
+/// A pool of one connection to the SQLite file at `path` (created if
+/// missing), outside any [`Ledger`]: a ledger being migrated by hand.
+async fn one_connection(path: &Path) -> sqlx::SqlitePool {
+    let opts = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true);
+    sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(opts)
+        .await
+        .unwrap()
+}
+
 /// Inserts operation `id` of tenant `t` in `state` created at `at`, with
 /// the columns every schema version since 0012 has (a ledger being
 /// migrated).
@@ -697,16 +710,7 @@ async fn insert_operation(pool: &sqlx::SqlitePool, id: &str, state: &str, at: i6
 async fn the_sqlite_history_is_filed_by_operation_number_and_kept() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("l.db");
-    let pool = || async {
-        let opts = sqlx::sqlite::SqliteConnectOptions::new()
-            .filename(&path)
-            .create_if_missing(true);
-        sqlx::sqlite::SqlitePoolOptions::new()
-            .max_connections(1)
-            .connect_with(opts)
-            .await
-            .unwrap()
-    };
+    let pool = || one_connection(&path);
     let before = pool().await;
     super::sqlite::MIGRATOR.run_to(14, &before).await.unwrap();
     let (reserved, executing) = (State::Reserved.as_str(), State::Executing.as_str());
@@ -845,16 +849,7 @@ async fn the_sqlite_history_is_filed_by_operation_number_and_kept() {
 async fn the_sqlite_history_keeps_its_numbers_and_no_longer_counts_in_sqlite_sequence() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("l.db");
-    let pool = || async {
-        let opts = sqlx::sqlite::SqliteConnectOptions::new()
-            .filename(&path)
-            .create_if_missing(true);
-        sqlx::sqlite::SqlitePoolOptions::new()
-            .max_connections(1)
-            .connect_with(opts)
-            .await
-            .unwrap()
-    };
+    let pool = || one_connection(&path);
     let before = pool().await;
     super::sqlite::MIGRATOR.run_to(12, &before).await.unwrap();
     let (reserved, executing) = (State::Reserved.as_str(), State::Executing.as_str());

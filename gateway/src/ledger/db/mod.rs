@@ -6,7 +6,6 @@
 //! applies it.
 
 use std::future::Future;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,14 +13,10 @@ use super::command::{
     ClaimLease, ExpireLease, ExtendLease, Lease, LeaseForReconcile, NoteRetry, OpRef, Reattempt,
     RecordOutcome, Requeue, SelfAudit, Unschedule,
 };
-use super::postgres::{PgDialect, PgSettings};
+use super::postgres::PgDialect;
 use super::sqlite::SqliteDialect;
-use super::store::{BatchLimits, Store};
-use super::{
-    Attempt, Claim, Clock, DecisionRecord, LedgerClock, LedgerError, NewOperation, Operation,
-    Outcome, Reservation, State, TenantCounts, Transition,
-};
-use crate::config::{Backend, StorageSpec};
+use super::store::Store;
+use super::{Claim, Clock, DecisionRecord, LedgerError, NewOperation, Outcome, Reservation, State};
 
 /// The effect ledger. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -114,167 +109,12 @@ mod approvals;
 mod compensation;
 mod inbox;
 mod lock;
+mod open;
+mod reads;
 
-use lock::{Exclusive, lock_sqlite_file};
+use lock::Exclusive;
 
 impl Ledger {
-    /// Opens (creating if missing) the SQLite file at `path` and applies the
-    /// embedded migrations (`migrations/sqlite`).
-    ///
-    /// `max_read_connections` sizes the read pool; `busy_timeout_ms` is how
-    /// long a statement waits for a lock held by another process.
-    ///
-    /// Errors: the file can't be opened or a migration fails.
-    pub async fn open(
-        path: &Path,
-        max_read_connections: u32,
-        busy_timeout_ms: u64,
-        clock: Arc<dyn Clock>,
-    ) -> Result<Self, LedgerError> {
-        let storage = StorageSpec {
-            path: path.to_path_buf(),
-            max_read_connections,
-            busy_timeout_ms,
-            ..StorageSpec::default()
-        };
-        Self::open_storage(&storage, clock).await
-    }
-
-    /// Opens the ledger `[storage]` names (SQLite file or PostgreSQL URL)
-    /// and applies that backend's embedded migrations (`migrations/sqlite`
-    /// or `migrations/postgres`).
-    ///
-    /// `clock` stamps SQLite rows. PostgreSQL ignores it: time comes from
-    /// the database clock, and [`Ledger::clock`] follows that.
-    ///
-    /// Errors: [`LedgerError::NoFolder`] for a SQLite file in a folder that
-    /// doesn't exist; the URL is invalid, the database can't be reached within
-    /// `acquire_timeout_ms`, or a migration fails.
-    pub async fn open_storage(
-        storage: &StorageSpec,
-        clock: Arc<dyn Clock>,
-    ) -> Result<Self, LedgerError> {
-        let call_timeout = Duration::from_millis(storage.call_timeout_ms.max(1));
-        let mut sqlite_path = None;
-        let db = match storage.backend().map_err(LedgerError::Config)? {
-            Backend::Sqlite(path) => {
-                lock::require_folder(&path)?;
-                sqlite_path = Some(path.clone());
-                let storage = StorageSpec {
-                    path,
-                    ..storage.clone()
-                };
-                Db::Sqlite(Store::<SqliteDialect>::open(&storage, LedgerClock::new(clock)).await?)
-            }
-            Backend::Postgres(url) => {
-                let settings = PgSettings {
-                    url: &url,
-                    schema: storage.schema.as_deref(),
-                    max_connections: storage.max_connections,
-                    min_connections: storage.min_connections,
-                    acquire_timeout_ms: storage.acquire_timeout_ms,
-                    statement_timeout_ms: storage.statement_timeout_ms,
-                    idle_timeout_ms: storage.idle_timeout_ms,
-                    batch: BatchLimits {
-                        // Leave at least one connection for reads.
-                        connections: storage
-                            .write_connections
-                            .min(storage.max_connections.saturating_sub(1))
-                            .max(1) as usize,
-                        // The writer's own statements are bounded like a
-                        // call, so a stalled connection never holds a
-                        // lane.
-                        stall: Some(call_timeout),
-                        ..super::sqlite::batch_limits(storage)
-                    },
-                };
-                let clock = LedgerClock::new(Arc::new(super::SystemClock));
-                let open = Store::<PgDialect>::open(&settings, clock);
-                let limit = call_timeout.max(Duration::from_millis(storage.acquire_timeout_ms));
-                match tokio::time::timeout(limit, open).await {
-                    Ok(store) => Db::Postgres(store?),
-                    Err(_) => {
-                        return Err(LedgerError::Unreachable {
-                            url: crate::config::redact_url(&url),
-                            cause: format!("no answer within {} ms", limit.as_millis()),
-                        });
-                    }
-                }
-            }
-        };
-        let clock: Arc<dyn Clock> = match &db {
-            Db::Sqlite(s) => s.clock.clone(),
-            Db::Postgres(p) => p.clock.clone(),
-        };
-        Ok(Self {
-            db,
-            clock,
-            call_timeout,
-            replay: Arc::new(super::replay_cache::ReplayCache::new(
-                usize::try_from(storage.replay_cache_bytes).unwrap_or(usize::MAX),
-            )),
-            settle: Arc::default(),
-            sqlite_path,
-            exclusive: Arc::default(),
-        })
-    }
-
-    /// Takes a SQLite ledger for this process alone: an exclusive lock on
-    /// the file `<ledger file>.lock` beside it, held until the last clone
-    /// of this ledger is dropped (or the process ends, however it ends).
-    /// `effectgate serve` takes it at start, so a second gateway on the
-    /// same file fails at once instead of sharing a ledger made for one
-    /// writer; the CLI's read commands (`ledger show`, `ledger list`, …)
-    /// don't take it. While it is held, a duplicate of a cached COMPLETED or
-    /// FAILED operation is answered without reading the ledger (see the
-    /// replay cache: every commit of this process that changes or deletes
-    /// such a row is counted). Calling it again is a no-op; on PostgreSQL
-    /// it does nothing (several instances share that ledger).
-    ///
-    /// Errors: [`LedgerError::InUse`] when another process (or another
-    /// ledger of this process) holds the lock; [`LedgerError::LockFile`]
-    /// when the lock file can't be opened or locked.
-    pub fn hold_exclusively(&self) -> Result<(), LedgerError> {
-        let Some(path) = &self.sqlite_path else {
-            return Ok(());
-        };
-        let mut slot = self.exclusive.slot();
-        if slot.is_none() {
-            self.exclusive.hold(&mut slot, lock_sqlite_file(path)?);
-        }
-        Ok(())
-    }
-
-    /// [`Ledger::open_storage`] for a gateway that serves the ledger: a
-    /// SQLite file's lock ([`Ledger::hold_exclusively`]) is taken before
-    /// the file is opened or migrated, so a second gateway stops before it
-    /// touches a ledger another one serves. PostgreSQL: the same as
-    /// [`Ledger::open_storage`].
-    ///
-    /// Errors: as [`Ledger::open_storage`] and [`Ledger::hold_exclusively`].
-    pub async fn open_exclusive(
-        storage: &StorageSpec,
-        clock: Arc<dyn Clock>,
-    ) -> Result<Self, LedgerError> {
-        let lock = match storage.backend().map_err(LedgerError::Config)? {
-            Backend::Sqlite(path) => Some(lock_sqlite_file(&path)?),
-            Backend::Postgres(_) => None,
-        };
-        let ledger = Self::open_storage(storage, clock).await?;
-        if let Some(file) = lock {
-            let mut slot = ledger.exclusive.slot();
-            ledger.exclusive.hold(&mut slot, file);
-        }
-        Ok(ledger)
-    }
-
-    /// Lets go of the lock [`Ledger::hold_exclusively`] took (a gateway
-    /// that shut down, before another one starts on the file in the same
-    /// process); the replay cache checks the ledger again from then on.
-    pub fn release_exclusive(&self) {
-        self.exclusive.release();
-    }
-
     /// The writer's terminal epoch: commits of this process that changed or
     /// deleted a COMPLETED or FAILED operation.
     fn terminal_epoch(&self) -> u64 {
@@ -282,16 +122,6 @@ impl Ledger {
             Db::Sqlite(s) => s.terminal_epoch(),
             Db::Postgres(p) => p.terminal_epoch(),
         }
-    }
-
-    /// Applies the embedded migrations only (`effectgate migrate`), on
-    /// either backend.
-    ///
-    /// Errors: as [`Ledger::open_storage`].
-    pub async fn migrate(storage: &StorageSpec) -> Result<(), LedgerError> {
-        Self::open_storage(storage, Arc::new(super::SystemClock))
-            .await
-            .map(|_| ())
     }
 
     /// The PostgreSQL store under this ledger (`None` on SQLite), for
@@ -404,181 +234,6 @@ impl Ledger {
     /// across restarts.
     pub async fn provider_key_secret(&self) -> Result<Vec<u8>, LedgerError> {
         dispatch!(self, provider_key_secret())
-    }
-
-    /// Reads one operation of `tenant`. Another tenant's operation is `None`.
-    pub async fn get(
-        &self,
-        tenant: &str,
-        operation_id: &str,
-    ) -> Result<Option<Operation>, LedgerError> {
-        dispatch!(self, get(tenant, operation_id))
-    }
-
-    /// [`Ledger::get`] for a duplicate request with fingerprint
-    /// `fingerprint`: a COMPLETED or FAILED operation of `tenant` with that
-    /// fingerprint is served from the replay cache while the ledger still
-    /// has it at the version and last change it was cached at (one read of
-    /// two integers, not of the row and its bodies; none at all on a SQLite
-    /// ledger this process holds, [`Ledger::hold_exclusively`], while no
-    /// commit changed or deleted a terminal row since); anything else is read
-    /// from the ledger, and a terminal answer read is cached
-    /// (`storage.replay_cache_bytes`). The caller still compares
-    /// fingerprints: a miss returns whatever the ledger holds.
-    ///
-    /// Errors: the ledger can't be read.
-    pub async fn get_for_duplicate(
-        &self,
-        tenant: &str,
-        operation_id: &str,
-        fingerprint: &str,
-    ) -> Result<Option<Operation>, LedgerError> {
-        // Read before the ledger is: a change committed after it bumps it.
-        let epoch = self.terminal_epoch();
-        if let Some(op) = self
-            .cached(tenant, operation_id, fingerprint, epoch)
-            .await?
-        {
-            return Ok(Some(op));
-        }
-        let op = self.get(tenant, operation_id).await?;
-        if let Some(op) = &op
-            && op.fingerprint == fingerprint
-        {
-            self.replay.put(op, epoch);
-        }
-        Ok(op)
-    }
-
-    /// The replay cache's part of [`Ledger::get_for_duplicate`] alone: the
-    /// COMPLETED or FAILED operation of `tenant` with `fingerprint` under
-    /// `operation_id` when the cache holds it and the ledger still has it
-    /// at that version (checked as there), else `None` without reading the
-    /// operation from the ledger. For a call whose reservation would find
-    /// the operation anyway ([`Ledger::reserve_and_claim`] caches a
-    /// terminal one it finds).
-    ///
-    /// Errors: the ledger can't be read.
-    pub async fn cached_for_duplicate(
-        &self,
-        tenant: &str,
-        operation_id: &str,
-        fingerprint: &str,
-    ) -> Result<Option<Operation>, LedgerError> {
-        let epoch = self.terminal_epoch();
-        self.cached(tenant, operation_id, fingerprint, epoch).await
-    }
-
-    /// The replay cache's entry for the key, while the ledger still has it
-    /// at its version (`epoch`: [`Ledger::terminal_epoch`] read before).
-    async fn cached(
-        &self,
-        tenant: &str,
-        operation_id: &str,
-        fingerprint: &str,
-        epoch: u64,
-    ) -> Result<Option<Operation>, LedgerError> {
-        let now = self.clock.now_ms();
-        let Some((op, at)) = self.replay.get(tenant, operation_id, fingerprint, now) else {
-            return Ok(None);
-        };
-        if at == epoch && self.exclusive.held() {
-            // The only writer of this file has changed no terminal row
-            // since the entry was read.
-            return Ok(Some(Operation::clone(&op)));
-        }
-        let current = dispatch!(self, version_of(tenant, operation_id))?;
-        if current == Some((op.version, op.updated_at)) {
-            self.replay.checked(&op, epoch);
-            return Ok(Some(Operation::clone(&op)));
-        }
-        self.replay.remove(tenant, operation_id, fingerprint);
-        Ok(None)
-    }
-
-    /// The attempts log of one operation, oldest first.
-    pub async fn attempts(
-        &self,
-        tenant: &str,
-        operation_id: &str,
-    ) -> Result<Vec<Attempt>, LedgerError> {
-        dispatch!(self, attempts(tenant, operation_id))
-    }
-
-    /// Policy decisions recorded for an operation id, oldest first, as JSON
-    /// objects (policy, content_hash, decision, reason, duration_us,
-    /// fingerprint, at).
-    pub async fn decisions(
-        &self,
-        tenant: &str,
-        operation_id: &str,
-    ) -> Result<Vec<serde_json::Value>, LedgerError> {
-        dispatch!(self, decisions(tenant, operation_id))
-    }
-
-    /// The transition history of one operation, oldest first.
-    pub async fn transitions(
-        &self,
-        tenant: &str,
-        operation_id: &str,
-    ) -> Result<Vec<Transition>, LedgerError> {
-        dispatch!(self, transitions(tenant, operation_id))
-    }
-
-    /// Claims, for `owner`'s scan, the operations the reconciler should
-    /// look at now, oldest change first, at most `limit`: UNKNOWN ones that
-    /// are due (a NULL `next_reconcile_at` means "operator only": the route
-    /// has no read-back) and not leased, EXECUTING ones whose lease expired,
-    /// and RESERVED ones untouched for `reserved_grace_ms`. Rows another
-    /// scan holds are skipped (`FOR UPDATE SKIP LOCKED` on PostgreSQL); the
-    /// claim lasts `scan_ms` or until [`Ledger::release_scan`]. The claim
-    /// changes no state and no version: each step is still a
-    /// compare-and-swap.
-    pub async fn due_for_reconciliation(
-        &self,
-        owner: &str,
-        reserved_grace_ms: i64,
-        scan_ms: i64,
-        limit: u32,
-    ) -> Result<Vec<Operation>, LedgerError> {
-        dispatch!(
-            self,
-            due_for_reconciliation(owner, reserved_grace_ms, scan_ms, limit)
-        )
-    }
-
-    /// Dead letters of `tenant`, oldest first, at most `limit`.
-    pub async fn dead_letters(
-        &self,
-        tenant: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<Operation>, LedgerError> {
-        dispatch!(self, dead_letters(tenant, limit))
-    }
-
-    /// Per-tenant counts of UNKNOWN operations and dead letters (tenants
-    /// with neither are absent).
-    pub async fn tenant_counts(&self) -> Result<Vec<TenantCounts>, LedgerError> {
-        dispatch!(self, tenant_counts())
-    }
-
-    /// Bytes of request and response bodies `tenant`'s operations hold in
-    /// the ledger (read pool).
-    ///
-    /// Errors: the ledger can't be read.
-    pub async fn stored_bytes(&self, tenant: &str) -> Result<i64, LedgerError> {
-        dispatch!(self, stored_bytes(tenant))
-    }
-
-    /// Lists operations, newest change first, optionally filtered by tenant
-    /// and state, at most `limit` rows.
-    pub async fn list(
-        &self,
-        tenant: Option<&str>,
-        state: Option<State>,
-        limit: u32,
-    ) -> Result<Vec<Operation>, LedgerError> {
-        dispatch!(self, list(tenant, state, limit))
     }
 
     /// Reserves an operation: `INSERT … ON CONFLICT DO NOTHING`, plus the
