@@ -157,7 +157,9 @@ fn committed<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>, started: Instant)
 /// thread when nothing else is going on: no write queued for the
 /// connection and the last batch held one write too (a gateway under
 /// load batches; a lone caller's call would otherwise wait for the
-/// committer task and two thread hand-offs of its fsync). Nothing in it
+/// committer task and two thread hand-offs of its fsync), on a runtime of
+/// more than one worker thread (on one, no write can queue behind
+/// another while this one runs, so "nothing else" can't be told). Nothing in it
 /// awaits, so a caller that gives up can't stop it half-way; a failed
 /// `COMMIT` is rolled back by a task of its own. Gives `b` back when it
 /// did not commit it (the backend can't, or the batch is marked by a
@@ -166,7 +168,8 @@ pub(super) fn commit_alone<D: Dialect>(
     shared: &Arc<Shared<D>>,
     mut b: OwnedMutexGuard<Batch<D>>,
 ) -> Option<OwnedMutexGuard<Batch<D>>> {
-    let quiet = b.waiting.len() == 1
+    let quiet = shared.alone_allowed
+        && b.waiting.len() == 1
         && shared.queued.load(Ordering::Relaxed) == 0
         && shared.last_size.load(Ordering::Relaxed) <= 1
         && !(b.poisoned || b.crash_before || b.crash_after || b.writing);

@@ -31,7 +31,10 @@
 //! one write too: a gateway with one caller at a time) commits itself on
 //! its own thread where the backend allows it (SQLite:
 //! [`Dialect::commit_now`]), without waking the committer or a blocking
-//! thread; once writes overlap, batches form again.
+//! thread; once writes overlap, batches form again. Not on a runtime of
+//! one worker thread (`TOKIO_WORKER_THREADS=1`, or a container held to one
+//! CPU): there no write ever queues behind another, and every write would
+//! commit alone.
 //!
 //! A `COMMIT` that fails fails every write of its batch: each gets
 //! [`LedgerError::BatchCommit`](crate::ledger::LedgerError::BatchCommit) (503 `ledger-unavailable` for a request)
@@ -252,6 +255,12 @@ struct Shared<D: Dialect> {
     commits: AtomicU64,
     /// Writes in the last batch committed (0 before the first).
     last_size: AtomicUsize,
+    /// Whether a lone write may commit on its own thread: the runtime the
+    /// writer started on has more than one worker thread. On one thread,
+    /// every write runs to its commit in one poll, so none ever queues
+    /// behind another: each would commit (and fsync) alone, blocking the
+    /// only thread, and batches would never form.
+    alone_allowed: bool,
     /// Bumped after every commit that changed or deleted a COMPLETED or
     /// FAILED operation (shared by the lanes).
     terminal_epoch: Arc<AtomicU64>,
@@ -380,6 +389,7 @@ impl<D: Dialect> Writer<D> {
             queued: AtomicUsize::new(0),
             commits: AtomicU64::new(0),
             last_size: AtomicUsize::new(0),
+            alone_allowed: tokio::runtime::Handle::current().metrics().num_workers() > 1,
             terminal_epoch,
             clock_epoch,
         });

@@ -799,6 +799,44 @@ async fn a_lone_write_commits_on_its_own_thread_and_a_busy_one_joins_a_batch() {
     assert_eq!(store.writer.commits(), before + 4);
 }
 
+/// On a runtime of one worker thread no write commits alone: there a
+/// write runs to its commit in one poll, so none ever queues behind
+/// another, and lone commits would give every write an fsync of its own
+/// on the only thread. Two writes made together share one commit, and a
+/// write alone waits for the committer.
+#[tokio::test(flavor = "current_thread")]
+async fn on_one_worker_thread_writes_made_together_share_a_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path()).await;
+    // The first write opens the connection (on a blocking thread): after
+    // it, a write runs to its commit without waiting for anything.
+    store.reserve(&new_op("first"), None).await.unwrap();
+    let before = store.writer.commits();
+    let (a, b) = (new_op("a"), new_op("b"));
+    let (a, b) = tokio::join!(store.reserve(&a, None), store.reserve(&b, None));
+    for r in [a, b] {
+        assert!(
+            matches!(r.unwrap().0, Reservation::Created(_)),
+            "both reserved"
+        );
+    }
+    assert_eq!(store.writer.commits(), before + 1, "one commit for both");
+    let tx = store.writer.begin(0).await.unwrap();
+    let mut commit = std::pin::pin!(tx.commit());
+    assert!(
+        futures_util::poll!(commit.as_mut()).is_pending(),
+        "a lone write waits for the committer"
+    );
+    assert_eq!(commit.await.unwrap(), 1);
+    assert_eq!(store.writer.commits(), before + 2);
+    for id in ["a", "b"] {
+        assert_eq!(
+            store.get("t", id).await.unwrap().unwrap().state,
+            crate::ledger::State::Reserved
+        );
+    }
+}
+
 /// A PostgreSQL ledger on a fresh schema of `TEST_POSTGRES_URL` with
 /// `lanes` write connections and `storage.call_timeout_ms` of
 /// `call_timeout_ms`; `None` (the test skipped, with one line) without one.
