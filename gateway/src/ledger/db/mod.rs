@@ -254,7 +254,7 @@ impl Ledger {
         if let Some(Reservation::Existing(op)) = r
             && op.fingerprint == new.fingerprint
         {
-            self.replay.put(op, epoch);
+            self.replay.put(op.clone(), epoch);
         }
     }
 
@@ -351,12 +351,13 @@ impl Ledger {
         // seen by the next duplicate.
         let epoch = self.terminal_epoch();
         let recorded = dispatch!(self, record_outcome(&cmd))?;
-        if let Some(op) = &recorded {
-            // The first duplicate of a COMPLETED or FAILED operation is
-            // answered from memory too (a non-terminal outcome is not kept).
-            self.replay.put(op, epoch);
-        }
-        Ok(recorded.is_some())
+        let Some(op) = recorded else {
+            return Ok(false);
+        };
+        // The first duplicate of a COMPLETED or FAILED operation is
+        // answered from memory too (a non-terminal outcome is not kept).
+        self.replay.put(op, epoch);
+        Ok(true)
     }
 
     /// Logs a failed attempt that will be retried, under `fence`, and starts
