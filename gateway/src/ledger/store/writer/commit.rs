@@ -159,11 +159,11 @@ fn committed<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>, started: Instant)
 /// load batches; a lone caller's call would otherwise wait for the
 /// committer task and two thread hand-offs of its fsync), on a runtime of
 /// more than one worker thread (on one, no write can queue behind
-/// another while this one runs, so "nothing else" can't be told). Nothing in it
-/// awaits, so a caller that gives up can't stop it half-way; a failed
-/// `COMMIT` is rolled back by a task of its own. Gives `b` back when it
-/// did not commit it (the backend can't, or the batch is marked by a
-/// failure injection or crash point).
+/// another while this one runs, so "nothing else" can't be told).
+/// Nothing in it awaits, so a caller that gives up can't stop it
+/// half-way; a failed `COMMIT` is rolled back by a task of its own.
+/// Gives `b` back when it did not commit it (the backend can't, or the
+/// batch is marked by a failure injection or crash point).
 pub(super) fn commit_alone<D: Dialect>(
     shared: &Arc<Shared<D>>,
     mut b: OwnedMutexGuard<Batch<D>>,

@@ -739,6 +739,15 @@ async fn reserved_and_claimed_at_once<D: Dialect>(store: Store<D>) {
     assert_eq!(store.transitions("t", "x").await.unwrap().len(), 3);
 }
 
+/// Opens a write alone and commits it: its commit is still pending at its
+/// first poll (`why` if not), and then commits a batch of one.
+async fn lone_write_waits_for_the_committer(store: &Store<SqliteDialect>, why: &str) {
+    let tx = store.writer.begin(0).await.unwrap();
+    let mut commit = std::pin::pin!(tx.commit());
+    assert!(futures_util::poll!(commit.as_mut()).is_pending(), "{why}");
+    assert_eq!(commit.await.unwrap(), 1);
+}
+
 /// A lone write (nothing queued, the last batch held one write) commits
 /// on the calling thread: its commit is done at its first poll, durable
 /// (a fresh connection reads it), and no committer ran. With a write
@@ -786,13 +795,8 @@ async fn a_lone_write_commits_on_its_own_thread_and_a_busy_one_joins_a_batch() {
     // The last batch held two writes: the next lone write still waits
     // for the committer (a gateway under load keeps batching); after that
     // batch of one, the next commits at once again.
-    let tx = store.writer.begin(0).await.unwrap();
-    let mut commit = std::pin::pin!(tx.commit());
-    assert!(
-        futures_util::poll!(commit.as_mut()).is_pending(),
-        "after a batch of two, a lone write is batched"
-    );
-    assert_eq!(commit.await.unwrap(), 1);
+    lone_write_waits_for_the_committer(&store, "after a batch of two, a lone write is batched")
+        .await;
     let tx = store.writer.begin(0).await.unwrap();
     let size = tx.commit().now_or_never().expect("committed at once");
     assert_eq!(size.unwrap(), 1);
@@ -821,13 +825,7 @@ async fn on_one_worker_thread_writes_made_together_share_a_commit() {
         );
     }
     assert_eq!(store.writer.commits(), before + 1, "one commit for both");
-    let tx = store.writer.begin(0).await.unwrap();
-    let mut commit = std::pin::pin!(tx.commit());
-    assert!(
-        futures_util::poll!(commit.as_mut()).is_pending(),
-        "a lone write waits for the committer"
-    );
-    assert_eq!(commit.await.unwrap(), 1);
+    lone_write_waits_for_the_committer(&store, "a lone write waits for the committer").await;
     assert_eq!(store.writer.commits(), before + 2);
     for id in ["a", "b"] {
         assert_eq!(
