@@ -167,14 +167,12 @@ impl ReplayCache {
 
     /// Keeps `op`, read at terminal epoch `epoch`, if it is COMPLETED or
     /// FAILED and fits the budget, evicting the least recently used
-    /// entries to make room. Takes the operation itself: a caller that
-    /// keeps using it passes a copy, one that is done with it (the
-    /// recorded outcome) none.
-    pub(crate) fn put(&self, op: Operation, epoch: u64) {
+    /// entries to make room.
+    pub(crate) fn put(&self, op: &Operation, epoch: u64) {
         if self.budget == 0 || !matches!(op.state, State::Completed | State::Failed) {
             return;
         }
-        let bytes = size_of(&op);
+        let bytes = size_of(op);
         if bytes > self.budget / 8 {
             // One huge answer must not empty the cache.
             return;
@@ -212,7 +210,7 @@ impl ReplayCache {
         inner.map.insert(
             key,
             Entry {
-                op: Arc::new(op),
+                op: Arc::new(op.clone()),
                 epoch,
                 tick,
                 bytes,
@@ -291,7 +289,7 @@ mod tests {
     #[test]
     fn serves_only_its_own_tenant_and_fingerprint() {
         let c = ReplayCache::new(1 << 20);
-        c.put(op("t1", "k", "fp-a", 10), 0);
+        c.put(&op("t1", "k", "fp-a", 10), 0);
         assert!(c.get("t1", "k", "fp-a", 0).is_some());
         assert!(c.get("t2", "k", "fp-a", 0).is_none(), "another tenant");
         assert!(c.get("t1", "k", "fp-b", 0).is_none(), "another fingerprint");
@@ -300,13 +298,13 @@ mod tests {
     #[test]
     fn never_serves_past_retention_or_a_state_that_can_change() {
         let c = ReplayCache::new(1 << 20);
-        c.put(op("t", "k", "fp", 10), 0);
+        c.put(&op("t", "k", "fp", 10), 0);
         assert!(c.get("t", "k", "fp", 1_000).is_none(), "expired");
         assert_eq!(c.bytes(), 0, "and dropped");
         for state in [State::Compensated, State::Unknown, State::Executing] {
             let mut o = op("t", "k", "fp", 10);
             o.state = state;
-            c.put(o, 0);
+            c.put(&o, 0);
             assert!(c.get("t", "k", "fp", 0).is_none(), "{state}");
         }
     }
@@ -319,10 +317,10 @@ mod tests {
         let c = ReplayCache::new(1 << 20);
         let mut newer = op("t", "k", "fp", 10);
         newer.version = 6;
-        c.put(newer, 1);
+        c.put(&newer, 1);
         let (got, _) = c.get("t", "k", "fp", 0).unwrap();
         let older = op("t", "k", "fp", 10);
-        c.put(older, 0);
+        c.put(&older, 0);
         assert_eq!(c.get("t", "k", "fp", 0).unwrap().0.version, 6);
         // The entry checked is the one under the key: retagged.
         c.checked(&got, 5);
@@ -330,7 +328,7 @@ mod tests {
         // Another entry took its place: a check of the old one changes nothing.
         let mut newest = op("t", "k", "fp", 10);
         newest.version = 8;
-        c.put(newest, 5);
+        c.put(&newest, 5);
         c.checked(&got, 9);
         let (now, epoch) = c.get("t", "k", "fp", 0).unwrap();
         assert_eq!((now.version, epoch), (8, 5));
@@ -341,11 +339,11 @@ mod tests {
         let one = size_of(&op("t", "k0", "fp", 1_000));
         let c = ReplayCache::new(one * 8 + one / 2);
         for i in 0..8 {
-            c.put(op("t", &format!("k{i}"), "fp", 1_000), 0);
+            c.put(&op("t", &format!("k{i}"), "fp", 1_000), 0);
         }
         // k0 used last: k1 is the one to go.
         assert!(c.get("t", "k0", "fp", 0).is_some());
-        c.put(op("t", "k8", "fp", 1_000), 0);
+        c.put(&op("t", "k8", "fp", 1_000), 0);
         assert!(c.bytes() <= one * 8 + one / 2);
         assert!(c.get("t", "k1", "fp", 0).is_none());
         assert!(c.get("t", "k0", "fp", 0).is_some());

@@ -254,7 +254,7 @@ impl Ledger {
         if let Some(Reservation::Existing(op)) = r
             && op.fingerprint == new.fingerprint
         {
-            self.replay.put(op.clone(), epoch);
+            self.replay.put(op, epoch);
         }
     }
 
@@ -351,13 +351,12 @@ impl Ledger {
         // seen by the next duplicate.
         let epoch = self.terminal_epoch();
         let recorded = dispatch!(self, record_outcome(&cmd))?;
-        let Some(op) = recorded else {
-            return Ok(false);
-        };
-        // The first duplicate of a COMPLETED or FAILED operation is
-        // answered from memory too (a non-terminal outcome is not kept).
-        self.replay.put(op, epoch);
-        Ok(true)
+        if let Some(op) = &recorded {
+            // The first duplicate of a COMPLETED or FAILED operation is
+            // answered from memory too (a non-terminal outcome is not kept).
+            self.replay.put(op, epoch);
+        }
+        Ok(recorded.is_some())
     }
 
     /// Logs a failed attempt that will be retried, under `fence`, and starts

@@ -45,7 +45,7 @@ impl Ledger {
         if let Some(op) = &op
             && op.fingerprint == fingerprint
         {
-            self.replay.put(op.clone(), epoch);
+            self.replay.put(op, epoch);
         }
         Ok(op)
     }
