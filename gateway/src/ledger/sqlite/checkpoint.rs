@@ -50,6 +50,10 @@ pub(in crate::ledger) struct Checkpointer {
     /// Checkpoints it ran, and the condition a test waits on.
     #[cfg(test)]
     done: Arc<(Mutex<u64>, Condvar)>,
+    /// Wake-ups sent (each is one pass of the thread; one that found a
+    /// wake-up pending is not counted).
+    #[cfg(test)]
+    sent: u64,
 }
 
 impl Checkpointer {
@@ -94,6 +98,8 @@ impl Checkpointer {
             woken_at: 0,
             #[cfg(test)]
             done,
+            #[cfg(test)]
+            sent: 0,
         })
     }
 
@@ -112,7 +118,24 @@ impl Checkpointer {
             return true;
         }
         self.woken_at = pages;
-        !matches!(self.wake.try_send(()), Err(TrySendError::Disconnected(_)))
+        match self.wake.try_send(()) {
+            Ok(()) => {
+                #[cfg(test)]
+                {
+                    self.sent += 1;
+                }
+                true
+            }
+            Err(TrySendError::Full(())) => true,
+            Err(TrySendError::Disconnected(())) => false,
+        }
+    }
+
+    /// Waits until every pass it was woken for has run, at most `limit`
+    /// (tests).
+    #[cfg(test)]
+    pub(super) fn wait_idle(&self, limit: Duration) -> bool {
+        self.wait_for(self.sent, limit)
     }
 
     /// Waits until it has run `n` checkpoints, at most `limit` (tests).
