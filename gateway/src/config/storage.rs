@@ -26,11 +26,13 @@ pub struct StorageSpec {
     pub max_read_connections: u32,
     /// SQLite: how long a statement waits for a locked database, in ms. Default 5000.
     pub busy_timeout_ms: u64,
-    /// SQLite only: `synchronous` mode: `full` (default) fsyncs every committed
-    /// transition, so nothing is lost even on power loss; `normal` (WAL)
-    /// survives a crash of the gateway process but may lose the last
-    /// transitions on power loss or an OS crash, for more effectful
-    /// throughput (about 1.4× on the README's benchmark machine).
+    /// SQLite only: `synchronous` mode: `full` (default) fsyncs the WAL
+    /// after every batch's `COMMIT` and answers the batch's writes only
+    /// then, so nothing a caller was told is lost even on power loss (the
+    /// sync runs beside the next batch, not on the write connection's
+    /// path); `normal` (WAL) never fsyncs a commit: it survives a crash of
+    /// the gateway process but may lose the last transitions on power loss
+    /// or an OS crash.
     pub synchronous: Synchronous,
     /// PostgreSQL: the schema holding the ledger's tables, created if
     /// missing. Default: the connection's `search_path` (usually `public`).

@@ -196,6 +196,15 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
         conn: &mut Self::Conn,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
+    /// A ticket for the `COMMIT` about to run on the writer's connection
+    /// `conn` when that `COMMIT` does not sync the disk and the writer does
+    /// so before answering its writes (SQLite with `synchronous = full`:
+    /// `store::writer`'s syncer); `None` when the `COMMIT` is durable
+    /// when it returns (PostgreSQL).
+    fn sync_ticket(_conn: &Self::Conn) -> Option<crate::ledger::store::writer::SyncTicket> {
+        None
+    }
+
     /// Runs the batch's `COMMIT` on the calling thread, blocking it for
     /// the fsync, when this backend can (SQLite, the writer's connection):
     /// the writer does so for a batch of one write with nothing else

@@ -580,6 +580,8 @@ mod tests {
             busy: std::time::Duration::from_secs(1),
             checkpointer: None,
             checkpoint_pages: 1000,
+            wal: None,
+            durability: Default::default(),
         };
         let refused = apply::<SqliteDialect, _>(&mut conn, &claim(Failed), 0).await;
         assert!(

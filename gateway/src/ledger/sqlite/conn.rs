@@ -31,6 +31,7 @@ use std::time::Duration;
 use rusqlite::types::Value;
 
 use super::super::dialect::{Arg, Stmt};
+use super::super::store::writer::{Durability, SyncTicket};
 use super::SqliteDialect;
 use super::checkpoint::{self, Checkpointer, WAL_PAGES, note_wal};
 use super::row::{Row, db_error};
@@ -55,6 +56,9 @@ pub(in crate::ledger) struct WriterOptions {
     /// WAL pages past which the checkpointer runs
     /// (`storage.wal_checkpoint_pages`, at least 1).
     pub checkpoint_pages: u32,
+    /// The commits whose WAL sync is pending (shared by the writer's
+    /// connections over time and the point readers, which wait for it).
+    pub durability: Arc<Durability>,
 }
 
 impl WriterOptions {
@@ -111,6 +115,13 @@ impl PointReaders {
             keep: keep.max(1),
             waits: tokio::sync::Semaphore::new(keep.max(1)),
         })
+    }
+
+    /// The commits whose sync is pending, which a point read that found a
+    /// row waits for (tests).
+    #[cfg(test)]
+    pub(in crate::ledger) fn durability(&self) -> &Arc<Durability> {
+        &self.options.durability
     }
 
     /// Idle connections now (tests).
@@ -179,6 +190,11 @@ impl PointConn {
         let conn = self.conn.as_ref().ok_or_else(lost)?;
         match Conn::run(conn, &stmt) {
             Err(e) if busy(&e) => {}
+            Ok(found) if !found.0.is_empty() => {
+                // What it found may be a commit whose sync is pending.
+                self.home.options.durability.settled().await;
+                return Ok(found);
+            }
             done => return done,
         }
         let _turn = self
@@ -200,6 +216,9 @@ impl PointConn {
         .await
         .map_err(|e| sqlx::Error::Protocol(format!("a ledger point read failed: {e}")))?;
         self.conn = conn;
+        if result.as_ref().is_ok_and(|found| !found.0.is_empty()) {
+            self.home.options.durability.settled().await;
+        }
         result
     }
 }
@@ -280,6 +299,53 @@ fn busy(e: &sqlx::Error) -> bool {
         .is_some_and(|c| c & 0xff == rusqlite::ffi::SQLITE_BUSY)
 }
 
+/// With `synchronous = FULL`, makes the writer's `COMMIT`s leave the
+/// WAL's sync to the writer (`synchronous = NORMAL` on this connection,
+/// which in WAL mode differs from `FULL` only there) and returns the WAL
+/// file the writer syncs before it answers a batch's writes
+/// (`store::writer`'s syncer). `None` (every `COMMIT` syncs, as
+/// configured): `synchronous = NORMAL` was configured, or the WAL file
+/// can't be opened beside SQLite's.
+///
+/// The connection opens the WAL with a read first; SQLite keeps that file
+/// (the same inode) while any connection has the database open, and
+/// truncating or restarting it keeps it too.
+///
+/// Errors: the read or the pragma fails.
+fn deferred_sync(
+    conn: &rusqlite::Connection,
+    options: &WriterOptions,
+) -> Result<Option<Arc<std::fs::File>>, sqlx::Error> {
+    if !options.synchronous.eq_ignore_ascii_case("FULL") {
+        return Ok(None);
+    }
+    conn.query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(()))
+        .map_err(db_error)?;
+    let mut path = options.path.clone().into_os_string();
+    path.push("-wal");
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+    {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(error = %e, path = ?path, "the ledger's WAL can't be opened beside SQLite: each COMMIT syncs it");
+            return Ok(None);
+        }
+    };
+    conn.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(db_error)?;
+    Ok(Some(Arc::new(file)))
+}
+
+/// A failed sync of the WAL, as the error of the `COMMIT` it followed.
+fn sync_failed(e: std::io::Error) -> sqlx::Error {
+    sqlx::Error::Protocol(format!(
+        "the ledger's WAL could not be synced to disk ({e}); the commit may or may not be durable"
+    ))
+}
+
 /// A connection SQLite statements run on.
 pub(in crate::ledger) enum Conn {
     /// One of the read pool's, through sqlx.
@@ -298,6 +364,11 @@ pub(in crate::ledger) enum Conn {
         checkpointer: Option<Checkpointer>,
         /// [`WriterOptions::checkpoint_pages`].
         checkpoint_pages: u32,
+        /// The WAL file, when its `COMMIT`s don't sync it and the writer
+        /// does ([`deferred_sync`]); `None`: each `COMMIT` syncs.
+        wal: Option<Arc<std::fs::File>>,
+        /// [`WriterOptions::durability`].
+        durability: Arc<Durability>,
     },
 }
 
@@ -319,15 +390,17 @@ impl Conn {
         let busy = options.busy_timeout;
         let checkpoint_pages = options.checkpoint_pages.max(1);
         let options = options.clone();
-        let (conn, checkpointer) = tokio::task::spawn_blocking(move || {
+        let durability = options.durability.clone();
+        let (conn, checkpointer, wal) = tokio::task::spawn_blocking(move || {
             let conn = options.open()?;
             // Waits happen on blocking threads only (`run_durable`).
             conn.busy_timeout(Duration::ZERO).map_err(db_error)?;
+            let wal = deferred_sync(&conn, &options)?;
             let checkpointer = Checkpointer::start(&options);
             if checkpointer.is_some() {
                 conn.wal_hook(Some(note_wal));
             }
-            Ok::<_, sqlx::Error>((conn, checkpointer))
+            Ok::<_, sqlx::Error>((conn, checkpointer, wal))
         })
         .await
         .map_err(|e| sqlx::Error::Protocol(format!("opening the ledger's writer failed: {e}")))??;
@@ -336,6 +409,8 @@ impl Conn {
             busy,
             checkpointer,
             checkpoint_pages,
+            wal,
+            durability,
         })
     }
 
@@ -358,6 +433,7 @@ impl Conn {
                 busy,
                 checkpointer,
                 checkpoint_pages,
+                ..
             } => {
                 let conn = slot.take().ok_or_else(lost)?;
                 let (inline, wait) = (*checkpoint_pages, *busy);
@@ -392,18 +468,43 @@ impl Conn {
             conn: Some(conn),
             checkpointer,
             checkpoint_pages,
+            wal,
+            durability,
             ..
         } = self
         else {
             return None;
         };
+        let ticket = wal.as_ref().map(|w| durability.ticket(w.clone()));
         // Its busy timeout is zero here: it does not wait for a lock.
-        let (result, pages) = durable(conn, "COMMIT", None, *checkpoint_pages);
+        let (mut result, pages) = durable(conn, "COMMIT", None, *checkpoint_pages);
+        if let Some(ticket) = ticket {
+            // Also when the COMMIT failed: the sync is harmless then, and
+            // marks the tickets before this one only once they are synced.
+            let synced = ticket.sync_now();
+            if result.is_ok() {
+                result = synced.map_err(sync_failed);
+            }
+        }
         if result.as_ref().is_err_and(busy) {
             return None;
         }
         fed(conn, checkpointer, *checkpoint_pages, pages);
         Some(result)
+    }
+
+    /// A ticket for the `COMMIT` about to run on the writer's connection
+    /// when that `COMMIT` leaves the WAL's sync to the writer
+    /// ([`deferred_sync`]); `None` when it syncs itself.
+    pub(in crate::ledger) fn sync_ticket(&self) -> Option<SyncTicket> {
+        match self {
+            Conn::Writer {
+                wal: Some(wal),
+                durability,
+                ..
+            } => Some(durability.ticket(wal.clone())),
+            _ => None,
+        }
     }
 
     /// Runs `text` (no binds; it starts with `BEGIN IMMEDIATE`) on the

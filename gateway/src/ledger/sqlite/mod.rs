@@ -14,6 +14,7 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 use super::dialect::{Arg, Dialect, Pool, Query, Stmt};
+use super::store::writer::SyncTicket;
 use super::store::{BatchLimits, Store};
 use super::{Clock, LedgerClock, LedgerError};
 
@@ -158,6 +159,10 @@ impl Dialect for SqliteDialect {
         conn.run_durable(text).await
     }
 
+    fn sync_ticket(conn: &Conn) -> Option<SyncTicket> {
+        conn.sync_ticket()
+    }
+
     fn commit_now(conn: &mut Conn) -> Option<Result<(), sqlx::Error>> {
         conn.commit_now()
     }
@@ -252,6 +257,7 @@ impl Store<SqliteDialect> {
             busy_timeout,
             cache_kib: storage.page_cache_bytes / 1024,
             checkpoint_pages: storage.wal_checkpoint_pages,
+            durability: Default::default(),
         };
         let point = PointReaders::new(writer.clone(), storage.max_read_connections as usize);
         Ok(Self::new(

@@ -20,6 +20,7 @@ fn options(
         busy_timeout,
         cache_kib: 1024,
         checkpoint_pages,
+        durability: Default::default(),
     }
 }
 
@@ -34,6 +35,8 @@ fn memory() -> Conn {
         busy: Duration::from_secs(1),
         checkpointer: None,
         checkpoint_pages: 1000,
+        wal: None,
+        durability: Default::default(),
     }
 }
 

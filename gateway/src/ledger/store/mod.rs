@@ -12,7 +12,7 @@ mod outbox;
 mod plans;
 mod reads;
 mod reconcile;
-mod writer;
+pub(in crate::ledger) mod writer;
 mod writes;
 
 use std::fmt;

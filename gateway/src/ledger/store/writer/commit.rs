@@ -9,7 +9,7 @@ use std::time::Instant;
 use tokio::sync::{Notify, OwnedMutexGuard};
 
 use super::super::super::dialect::{Conn, Dialect, sql};
-use super::{ABANDONED_FIRST, Batch, Failed, Shared, UNDONE, stalled, within};
+use super::{ABANDONED_FIRST, Batch, Failed, Shared, UNDONE, stalled, sync, within};
 
 /// Rolls an abandoned write back to its savepoint and releases it.
 pub(super) async fn rollback_savepoint<D: Dialect>(conn: &mut Conn<D>) -> Result<(), sqlx::Error> {
@@ -101,9 +101,11 @@ pub(super) async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D
         crate::failpoint::crash("batch-before-commit");
     }
     let started = Instant::now();
+    let mut ticket = None;
     let result = if b.poisoned {
         Err("injected commit failure (ledger-commit-fail)".to_owned())
     } else {
+        ticket = D::sync_ticket(conn);
         match within(stall, D::run_durable("COMMIT", conn)).await {
             Ok(_) => Ok(()),
             Err(Some(e)) => Err(e.to_string()),
@@ -120,25 +122,34 @@ pub(super) async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D
             }
         }
     };
-    match result {
-        Ok(()) => committed(shared, b, started),
-        Err(why) => {
+    match (result, ticket) {
+        // With a ticket, answered by the syncer once the WAL is synced; the
+        // connection goes on to the next batch meanwhile.
+        (Ok(()), ticket) => committed(shared, b, started, ticket),
+        (Err(why), ticket) => {
+            if let Some(t) = ticket {
+                let _ = shared.syncs.send(t.void());
+            }
             tracing::error!(batch_size = size, error = %why, "ledger batch commit failed");
             abort(b, &why, stall, false).await;
         }
     }
 }
 
-/// After the batch's `COMMIT` (begun at `started`) returned: counts it and
-/// answers its writes.
-fn committed<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>, started: Instant) {
+/// After the batch's `COMMIT` (begun at `started`) returned: counts it
+/// and answers its writes; with `ticket` (the `COMMIT` did not sync the
+/// WAL), hands them to the syncer instead, which answers them once the WAL
+/// is synced.
+fn committed<D: Dialect>(
+    shared: &Shared<D>,
+    b: &mut Batch<D>,
+    started: Instant,
+    ticket: Option<sync::SyncTicket>,
+) {
     let size = b.waiting.len();
-    if b.crash_after && size >= 2 {
-        crate::failpoint::crash("batch-after-commit");
-    }
+    let crash_after = b.crash_after;
     if size > 0 {
         // (None: the batch held only an abandoned write.)
-        crate::metrics::ledger_batch(size, started.elapsed());
         shared.commits.fetch_add(1, Ordering::Relaxed);
         shared.last_size.store(size, Ordering::Relaxed);
     }
@@ -148,7 +159,23 @@ fn committed<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D>, started: Instant)
         shared.terminal_epoch.fetch_add(1, Ordering::AcqRel);
     }
     b.ended();
-    for w in b.waiting.drain(..) {
+    let waiting = std::mem::take(&mut b.waiting);
+    if let Some(ticket) = ticket {
+        let _ = shared.syncs.send(sync::Pending {
+            ticket,
+            waiting,
+            started,
+            crash_after,
+        });
+        return;
+    }
+    if crash_after && size >= 2 {
+        crate::failpoint::crash("batch-after-commit");
+    }
+    if size > 0 {
+        crate::metrics::ledger_batch(size, started.elapsed());
+    }
+    for w in waiting {
         let _ = w.send(Ok(size));
     }
 }
@@ -181,7 +208,7 @@ pub(super) fn commit_alone<D: Dialect>(
         return Some(b);
     };
     match result {
-        Ok(()) => committed(shared, &mut b, started),
+        Ok(()) => committed(shared, &mut b, started, None),
         Err(e) => {
             let why = e.to_string();
             tracing::error!(batch_size = 1, error = %why, "ledger batch commit failed");

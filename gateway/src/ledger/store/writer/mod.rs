@@ -23,11 +23,13 @@
 //! wrote nothing (it lost its compare-and-swap before its first change)
 //! says so ([`BatchTx::unchanged`]) and leaves the batch as it was. The
 //! writer's task then commits the batch once, with every
-//! write that queued up meanwhile, and only after that `COMMIT` returned
-//! (durable: `synchronous = FULL` on SQLite, the server's own durability
-//! on PostgreSQL) answers each write. A batch is committed at once when it
-//! holds `storage.write_batch_max` writes or `storage.write_batch_bytes`
-//! of bodies. A lone write (none queued behind it, and the last batch held
+//! write that queued up meanwhile, and only after that commit is durable
+//! answers each write: on PostgreSQL when its `COMMIT` returned; on SQLite
+//! with `synchronous = FULL`, once an fsync of the WAL that began after
+//! the `COMMIT` returned ([`sync`]: the `COMMIT` itself doesn't sync, and
+//! the connection goes on to the next batch while the sync runs). A batch
+//! is committed at once when it holds `storage.write_batch_max` writes or
+//! `storage.write_batch_bytes` of bodies. A lone write (none queued behind it, and the last batch held
 //! one write too: a gateway with one caller at a time) commits itself on
 //! its own thread where the backend allows it (SQLite:
 //! [`Dialect::commit_now`]), without waking the committer or a blocking
@@ -52,9 +54,11 @@
 //! its lease ends).
 
 mod commit;
+mod sync;
 mod tx;
 
 use commit::{abort, committer, discard, rollback_savepoint};
+pub(in crate::ledger) use sync::{Durability, SyncTicket};
 pub(in crate::ledger) use tx::BatchTx;
 
 use std::future::Future as _;
@@ -249,6 +253,9 @@ struct Shared<D: Dialect> {
     limits: BatchLimits,
     /// Wakes the committer task: a batch has writes waiting.
     wake: Arc<Notify>,
+    /// Committed batches whose WAL sync is left to the syncer task
+    /// ([`sync`]; SQLite with `synchronous = full`).
+    syncs: tokio::sync::mpsc::UnboundedSender<sync::Pending>,
     /// Writes waiting for their turn on the connection.
     queued: AtomicUsize,
     /// Batches committed since start.
@@ -362,6 +369,8 @@ impl<D: Dialect> Writer<D> {
         clock_epoch: Arc<AtomicU64>,
     ) -> Arc<Shared<D>> {
         let wake = Arc::new(Notify::new());
+        let (syncs, synced) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(sync::syncer(synced));
         let shared = Arc::new(Shared {
             batch: Arc::new(Mutex::new(Batch {
                 conn: None,
@@ -386,6 +395,7 @@ impl<D: Dialect> Writer<D> {
                 stall: limits.stall,
             },
             wake: wake.clone(),
+            syncs,
             queued: AtomicUsize::new(0),
             commits: AtomicU64::new(0),
             last_size: AtomicUsize::new(0),

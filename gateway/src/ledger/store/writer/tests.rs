@@ -1116,3 +1116,109 @@ async fn a_postgres_reservation_returns_its_row_as_a_read_gives_it() {
     let schema = format!("eg_{}", uuid::Uuid::new_v4().simple());
     reserved_as_read(pg_store(&url, &schema).await).await;
 }
+
+/// Opens a batch of two writes (a holder and a reservation of `id` queued
+/// behind it) and commits it through the committer; returns the holder's
+/// commit and the reservation, both running.
+async fn batch_of_two(
+    store: &Store<SqliteDialect>,
+    id: &str,
+) -> (
+    tokio::task::JoinHandle<Result<usize, LedgerError>>,
+    tokio::task::JoinHandle<Result<Reservation, LedgerError>>,
+) {
+    let holder = store.writer.begin(0).await.unwrap();
+    let (s, op) = (store.clone(), new_op(id));
+    let queued = tokio::spawn(async move { s.reserve(&op, None).await.map(|r| r.0) });
+    until_queued(store, 1).await;
+    (tokio::spawn(holder.commit()), queued)
+}
+
+/// Waits (bounded) until `n` commits wait for their sync.
+async fn until_unsynced(durability: &Durability, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while durability.pending() < n {
+        assert!(
+            Instant::now() < deadline,
+            "{n} commits never waited for a sync"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+/// With `synchronous = full` a batch's `COMMIT` leaves the WAL's sync to
+/// the syncer: its writes are answered only once the sync ran, while the
+/// connection goes on to the next write meanwhile, and a point read that
+/// finds a row of the unsynced batch waits for the sync too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_answered_after_its_wal_sync_and_the_connection_goes_on_meanwhile() {
+    use futures_util::FutureExt;
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path()).await;
+    store.reserve(&new_op("first"), None).await.unwrap();
+    // A point reader's connection is open and idle: a read runs at once.
+    assert!(store.get("t", "first").await.unwrap().is_some());
+    let durability = store.point.durability().clone();
+    let held = durability.hold.write().await;
+    let (holder, a) = batch_of_two(&store, "a").await;
+    until_unsynced(&durability, 1).await;
+    // Committed, not synced: nobody is answered, but the connection is
+    // free for the next write.
+    let next = tokio::time::timeout(Duration::from_secs(10), store.writer.begin(0))
+        .await
+        .expect("the connection waits for no sync")
+        .unwrap();
+    assert!(
+        !holder.is_finished() && !a.is_finished(),
+        "answered before the sync"
+    );
+    let mut read = std::pin::pin!(store.get("t", "a"));
+    assert!(
+        read.as_mut().now_or_never().is_none(),
+        "a point read found a row of a batch not yet synced and did not wait"
+    );
+    let next = tokio::spawn(next.commit());
+    drop(held);
+    assert_eq!(holder.await.unwrap().unwrap(), 2);
+    assert!(matches!(a.await.unwrap().unwrap(), Reservation::Created(_)));
+    assert!(next.await.unwrap().is_ok());
+    assert_eq!(read.await.unwrap().unwrap().operation_id, "a");
+    assert_eq!(durability.pending(), 0);
+    // A read that finds nothing does not wait.
+    let _held = durability.hold.write().await;
+    let (holder, b) = batch_of_two(&store, "b").await;
+    until_unsynced(&durability, 1).await;
+    assert!(
+        store.get("t", "none").now_or_never().is_some(),
+        "a read that found nothing waited"
+    );
+    drop(_held);
+    assert_eq!(holder.await.unwrap().unwrap(), 2);
+    assert!(b.await.unwrap().is_ok());
+}
+
+/// A sync of the WAL that fails fails every write of its batch
+/// (`ledger-unavailable` for a request), saying the outcome is unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_wal_sync_fails_its_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path()).await;
+    store.reserve(&new_op("first"), None).await.unwrap();
+    let durability = store.point.durability().clone();
+    durability
+        .fail_next
+        .store(true, std::sync::atomic::Ordering::Release);
+    let (holder, a) = batch_of_two(&store, "a").await;
+    for r in [holder.await.unwrap().map(drop), a.await.unwrap().map(drop)] {
+        match r {
+            Err(LedgerError::BatchCommit(why)) => {
+                assert!(why.contains("may or may not be durable"), "{why}");
+            }
+            other => panic!("expected a failed commit, got {other:?}"),
+        }
+    }
+    // The next batch syncs again.
+    let (holder, b) = batch_of_two(&store, "b").await;
+    assert_eq!(holder.await.unwrap().unwrap(), 2);
+    assert!(b.await.unwrap().is_ok());
+}
