@@ -234,17 +234,38 @@ async fn kill_after_commit_before_answer() {
 /// batches of several writes.
 const BATCH_CALLS: usize = 8;
 
+/// Attempts of a group-commit crash run before it fails: an attempt in
+/// which the calls' writes happened not to overlap (every batch held one
+/// write) reaches no crash point and is tried again with new keys.
+const BATCH_ATTEMPTS: usize = 20;
+
 /// One run of a group-commit crash: `BATCH_CALLS` calls at once, the
 /// gateway killed at `point` in a batch of at least two writes, then
 /// restarted; each caller retries with its key until it gets its answer.
 /// Returns (callers answered before the crash, effects per key, ms to
 /// resolve every key after restart).
 async fn batch_run_once(point: &str, mock: &MockProvider, run: usize) -> (usize, Vec<usize>, u128) {
+    for attempt in 0..BATCH_ATTEMPTS {
+        if let Some(row) = batch_attempt(point, mock, &format!("{run}a{attempt}")).await {
+            return row;
+        }
+    }
+    panic!("{point} run {run}: no batch of two or more writes formed in {BATCH_ATTEMPTS} attempts");
+}
+
+/// One attempt of [`batch_run_once`], its keys tagged `tag`; `None` when
+/// every call was answered and the gateway lived (no batch of two or more
+/// of its writes formed; the gateway is stopped).
+async fn batch_attempt(
+    point: &str,
+    mock: &MockProvider,
+    tag: &str,
+) -> Option<(usize, Vec<usize>, u128)> {
     let dir = tempfile::tempdir().unwrap();
     let provider = mock.url();
     // Armed by the calls' own keys: the gateway's background writes at
     // start-up never trip it.
-    let fp = format!("{point}=return({point}-{run}-)");
+    let fp = format!("{point}=return({point}-{tag}-)");
     let gw = spawn_gateway(
         |proxy, admin| write_config(dir.path(), &provider, proxy, admin),
         &[("FAILPOINTS", fp.as_str())],
@@ -252,7 +273,7 @@ async fn batch_run_once(point: &str, mock: &MockProvider, run: usize) -> (usize,
     )
     .await;
     let keys: Vec<String> = (0..BATCH_CALLS)
-        .map(|i| format!("{point}-{run}-{i}"))
+        .map(|i| format!("{point}-{tag}-{i}"))
         .collect();
     let call = |gw_port: u16, key: String| {
         let body = format!(r#"{{"amount":100,"currency":"eur","client_ref":"{key}"}}"#);
@@ -268,7 +289,18 @@ async fn batch_run_once(point: &str, mock: &MockProvider, run: usize) -> (usize,
         .iter()
         .map(|k| tokio::spawn(call(gw.proxy, k.clone())))
         .collect();
+    let mut outcomes = Vec::new();
+    for c in calls {
+        outcomes.push(c.await.unwrap().map(|r| r.status()));
+    }
     let mut gw = gw;
+    if outcomes.iter().all(Result::is_ok) && gw.child.try_wait().unwrap().is_none() {
+        // Every call answered: none of their batches held two writes.
+        gw.child.kill().unwrap();
+        let _ = gw.child.wait();
+        return None;
+    }
+    // A call lost its answer: the gateway is dying or dead.
     let (exit, _dead) = tokio::task::spawn_blocking(move || {
         let s = gw.child.wait().unwrap();
         (s, gw)
@@ -280,12 +312,7 @@ async fn batch_run_once(point: &str, mock: &MockProvider, run: usize) -> (usize,
         Some(9),
         "{point}: the gateway must die by SIGKILL in a batch of two or more writes, got {exit:?}"
     );
-    let mut answered = 0;
-    for c in calls {
-        if c.await.unwrap().is_ok() {
-            answered += 1;
-        }
-    }
+    let answered = outcomes.iter().filter(|o| o.is_ok()).count();
 
     let restarted = Instant::now();
     let gw = start(dir.path(), &provider, None).await;
@@ -301,12 +328,12 @@ async fn batch_run_once(point: &str, mock: &MockProvider, run: usize) -> (usize,
             assert_eq!(
                 r.status(),
                 409,
-                "{point} run {run} {key}: retry answered {}",
+                "{point} run {tag} {key}: retry answered {}",
                 r.status()
             );
             assert!(
                 Instant::now() < deadline,
-                "{point} run {run}: {key} stuck in {:?}",
+                "{point} run {tag}: {key} stuck in {:?}",
                 state_of(&gw, key).await
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -314,7 +341,7 @@ async fn batch_run_once(point: &str, mock: &MockProvider, run: usize) -> (usize,
         assert_eq!(
             state_of(&gw, key).await.as_deref(),
             Some("COMPLETED"),
-            "{point} run {run} {key}"
+            "{point} run {tag} {key}"
         );
     }
     let resolved_ms = restarted.elapsed().as_millis();
@@ -322,7 +349,7 @@ async fn batch_run_once(point: &str, mock: &MockProvider, run: usize) -> (usize,
     let mut gw = gw;
     gw.child.kill().unwrap();
     let _ = gw.child.wait();
-    (answered, effects, resolved_ms)
+    Some((answered, effects, resolved_ms))
 }
 
 /// The crash matrix row of a group-commit crash point.

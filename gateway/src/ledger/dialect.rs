@@ -205,6 +205,16 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
         None
     }
 
+    /// Commits the writer's open transaction on the calling thread when
+    /// its `COMMIT` does not wait for the disk (SQLite with a
+    /// [`Dialect::sync_ticket`]); `None`: not done, the caller commits with
+    /// [`Dialect::run_durable`].
+    fn commit_unsynced(
+        _conn: &mut Self::Conn,
+    ) -> impl Future<Output = Option<Result<(), sqlx::Error>>> + Send {
+        async { None }
+    }
+
     /// Runs the batch's `COMMIT` on the calling thread, blocking it for
     /// the fsync, when this backend can (SQLite, the writer's connection):
     /// the writer does so for a batch of one write with nothing else

@@ -507,6 +507,60 @@ impl Conn {
         }
     }
 
+    /// Commits the writer's open transaction on the calling thread when
+    /// its `COMMIT` does not sync the WAL ([`deferred_sync`]): writing a
+    /// batch's WAL frames takes less time than the hand-offs to a blocking
+    /// thread and back, during which no write could use the connection.
+    /// When the commit took the WAL to `storage.wal_checkpoint_pages`, the
+    /// writer's own checkpoint (which syncs the WAL and the file) then runs
+    /// on a blocking thread, with no write beside it. `None`: not done (the
+    /// `COMMIT` syncs, or SQLite answered `SQLITE_BUSY`); the caller
+    /// commits with [`Conn::run_durable`].
+    ///
+    /// Errors: the database's.
+    pub(in crate::ledger) async fn commit_unsynced(&mut self) -> Option<Result<(), sqlx::Error>> {
+        let Conn::Writer {
+            conn: Some(conn),
+            wal: Some(_),
+            checkpointer,
+            checkpoint_pages,
+            ..
+        } = self
+        else {
+            return None;
+        };
+        // Its busy timeout is zero here: it does not wait for a lock.
+        let (result, pages) = durable(conn, "COMMIT", None, u32::MAX);
+        if result.as_ref().is_err_and(busy) {
+            return None;
+        }
+        fed(conn, checkpointer, *checkpoint_pages, pages);
+        if result.is_ok() && pages.is_some_and(|p| p >= *checkpoint_pages) {
+            self.checkpoint_off_thread().await;
+        }
+        Some(result)
+    }
+
+    /// The writer's `PASSIVE` checkpoint on a blocking thread (a failure is
+    /// logged: the next commit past the limit tries again).
+    async fn checkpoint_off_thread(&mut self) {
+        let Conn::Writer { conn: slot, .. } = self else {
+            return;
+        };
+        let Some(conn) = slot.take() else { return };
+        match tokio::task::spawn_blocking(move || {
+            if let Err(e) = checkpoint::passive(&conn) {
+                tracing::warn!(error = %e, "ledger WAL checkpoint failed");
+            }
+            conn
+        })
+        .await
+        {
+            Ok(conn) => *slot = Some(conn),
+            Err(e) => tracing::error!(error = %e, "the ledger writer's checkpoint thread failed"),
+        }
+    }
+
     /// Runs `text` (no binds; it starts with `BEGIN IMMEDIATE`) on the
     /// calling thread when the file's write lock is free, which it is
     /// unless another process writes the file; otherwise on a blocking

@@ -163,6 +163,10 @@ impl Dialect for SqliteDialect {
         conn.sync_ticket()
     }
 
+    async fn commit_unsynced(conn: &mut Conn) -> Option<Result<(), sqlx::Error>> {
+        conn.commit_unsynced().await
+    }
+
     fn commit_now(conn: &mut Conn) -> Option<Result<(), sqlx::Error>> {
         conn.commit_now()
     }

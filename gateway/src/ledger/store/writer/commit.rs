@@ -106,7 +106,16 @@ pub(super) async fn commit_batch<D: Dialect>(shared: &Shared<D>, b: &mut Batch<D
         Err("injected commit failure (ledger-commit-fail)".to_owned())
     } else {
         ticket = D::sync_ticket(conn);
-        match within(stall, D::run_durable("COMMIT", conn)).await {
+        // Without a sync, the COMMIT runs here, not on a blocking thread.
+        let here = match ticket {
+            Some(_) => D::commit_unsynced(conn).await,
+            None => None,
+        };
+        let r = match here {
+            Some(r) => r.map_err(Some),
+            None => within(stall, D::run_durable("COMMIT", conn)).await,
+        };
+        match r {
             Ok(_) => Ok(()),
             Err(Some(e)) => Err(e.to_string()),
             Err(None) => {
