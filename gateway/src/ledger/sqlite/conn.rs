@@ -15,9 +15,13 @@
 //! hand-off (two thread wake-ups) was time no other write could use it. A
 //! point statement on a page in cache takes microseconds. What waits for
 //! the disk or another process runs on Tokio's blocking threads
-//! ([`Conn::run_durable`]): the batch's `COMMIT` (its fsync), and
-//! `BEGIN IMMEDIATE` when another process holds the file's write lock (it
-//! is tried on the calling thread first, without waiting). The writer's
+//! ([`Conn::run_durable`]): a `COMMIT` that syncs, the writer's
+//! checkpoint at `storage.wal_checkpoint_pages`, and `BEGIN IMMEDIATE`
+//! when another process holds the file's write lock (it is tried on the
+//! calling thread first, without waiting). With `storage.synchronous =
+//! full` a batch's `COMMIT` doesn't sync ([`deferred_sync`]): it runs on
+//! the calling thread ([`Conn::commit_unsynced`]), and the writer's syncer
+//! syncs the WAL after it. The writer's
 //! connection never waits for a lock on the calling thread: its busy
 //! timeout is zero there, and `storage.busy_timeout_ms` only on a
 //! blocking thread.
