@@ -1,13 +1,6 @@
 //! The connections SQLite statements run on: a read pool's (through sqlx,
-//! whose connection thread runs each statement), the point readers' and
-//! the writer's own.
-//!
-//! A point read (one operation by its key: a duplicate's check, the
-//! replay cache's version check) runs on the calling thread too, on a
-//! connection of [`PointReaders`]: in WAL mode a read never waits for the
-//! writer, and the hand-off to sqlx's connection thread and back cost
-//! more than the read. Should another process hold the file (a lock only
-//! its WAL recovery takes), the read waits for it on a blocking thread.
+//! whose connection thread runs each statement), the point readers'
+//! (`point.rs`) and the writer's own.
 //!
 //! The writer's connection runs a write's statements on the calling
 //! thread, without a hand-off to a connection thread per statement: the
@@ -38,6 +31,7 @@ use super::super::dialect::{Arg, Stmt};
 use super::super::store::writer::{Durability, SyncTicket};
 use super::SqliteDialect;
 use super::checkpoint::{self, Checkpointer, WAL_PAGES, note_wal};
+use super::point::PointConn;
 use super::row::{Row, db_error};
 
 /// Prepared statements the writer's connection keeps (the ledger's write
@@ -83,147 +77,6 @@ impl WriterOptions {
         .map_err(db_error)?;
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         Ok(conn)
-    }
-}
-
-/// Prepared statements a point reader keeps (two texts are all it runs).
-const POINT_STATEMENTS: usize = 8;
-
-/// The connections point reads run on, on the calling thread: idle ones
-/// are kept (at most `storage.max_read_connections`), more are opened when
-/// every one is in use. A point read holds its connection without
-/// awaiting, so there are about as many in use as the runtime has threads,
-/// plus those waiting out another process's lock, of which there are at
-/// most `storage.max_read_connections` at a time (the others queue for a
-/// turn, as they did for the read pool).
-#[derive(Debug)]
-pub(in crate::ledger) struct PointReaders {
-    /// The file and its settings (the busy timeout is the one a read
-    /// waits on another process's lock with, off the runtime's threads).
-    options: WriterOptions,
-    /// Idle connections.
-    idle: std::sync::Mutex<Vec<rusqlite::Connection>>,
-    /// Most idle connections kept.
-    keep: usize,
-    /// Turns to wait for a lock on a blocking thread (`keep` of them).
-    waits: tokio::sync::Semaphore,
-}
-
-impl PointReaders {
-    /// Point readers of the file `options` names, keeping up to `keep`
-    /// idle connections.
-    pub(in crate::ledger) fn new(options: WriterOptions, keep: usize) -> Arc<Self> {
-        Arc::new(Self {
-            options,
-            idle: std::sync::Mutex::new(Vec::new()),
-            keep: keep.max(1),
-            waits: tokio::sync::Semaphore::new(keep.max(1)),
-        })
-    }
-
-    /// The commits whose sync is pending, which a point read that found a
-    /// row waits for (tests).
-    #[cfg(test)]
-    pub(in crate::ledger) fn durability(&self) -> &Arc<Durability> {
-        &self.options.durability
-    }
-
-    /// Idle connections now (tests).
-    #[cfg(test)]
-    pub(super) fn idle(&self) -> usize {
-        self.idle.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
-    /// An idle connection, or a new one (opened on a blocking thread):
-    /// read-only (`query_only`), never waiting for a lock on the calling
-    /// thread (a zero busy timeout).
-    ///
-    /// Errors: the file can't be opened.
-    pub(in crate::ledger) async fn acquire(self: &Arc<Self>) -> Result<Conn, sqlx::Error> {
-        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let conn = match idle {
-            Some(c) => c,
-            None => {
-                let path = self.options.path.clone();
-                tokio::task::spawn_blocking(move || {
-                    let conn = rusqlite::Connection::open(&path).map_err(db_error)?;
-                    conn.execute_batch("PRAGMA query_only = ON; PRAGMA foreign_keys = ON;")
-                        .map_err(db_error)?;
-                    conn.busy_timeout(Duration::ZERO).map_err(db_error)?;
-                    conn.set_prepared_statement_cache_capacity(POINT_STATEMENTS);
-                    Ok::<_, sqlx::Error>(conn)
-                })
-                .await
-                .map_err(|e| {
-                    sqlx::Error::Protocol(format!("opening a ledger point reader failed: {e}"))
-                })??
-            }
-        };
-        Ok(Conn::Point(PointConn {
-            conn: Some(conn),
-            home: self.clone(),
-        }))
-    }
-}
-
-/// A point reader's connection, given back to its [`PointReaders`] when
-/// dropped.
-pub(in crate::ledger) struct PointConn {
-    /// `None` while a read waits on a blocking thread (a caller dropped
-    /// then loses it: a new one is opened next time).
-    conn: Option<rusqlite::Connection>,
-    home: Arc<PointReaders>,
-}
-
-impl Drop for PointConn {
-    fn drop(&mut self) {
-        if let Some(c) = self.conn.take() {
-            let mut idle = self.home.idle.lock().unwrap_or_else(|e| e.into_inner());
-            if idle.len() < self.home.keep {
-                idle.push(c);
-            }
-        }
-    }
-}
-
-impl PointConn {
-    /// Runs `stmt` on the calling thread; if another process holds a lock
-    /// it needs, once more on a blocking thread, waiting up to the busy
-    /// timeout.
-    async fn run(&mut self, stmt: Stmt<SqliteDialect>) -> Result<(Vec<Row>, u64), sqlx::Error> {
-        let conn = self.conn.as_ref().ok_or_else(lost)?;
-        match Conn::run(conn, &stmt) {
-            Err(e) if busy(&e) => {}
-            Ok(found) if !found.0.is_empty() => {
-                // What it found may be a commit whose sync is pending.
-                self.home.options.durability.settled().await;
-                return Ok(found);
-            }
-            done => return done,
-        }
-        let _turn = self
-            .home
-            .waits
-            .acquire()
-            .await
-            .map_err(|_| sqlx::Error::PoolClosed)?;
-        let conn = self.conn.take().ok_or_else(lost)?;
-        let wait = self.home.options.busy_timeout;
-        let (conn, result) = tokio::task::spawn_blocking(move || {
-            let result = conn
-                .busy_timeout(wait)
-                .map_err(db_error)
-                .and_then(|()| Conn::run(&conn, &stmt));
-            let reset = conn.busy_timeout(Duration::ZERO);
-            (reset.is_ok().then_some(conn), result)
-        })
-        .await
-        .map_err(|e| sqlx::Error::Protocol(format!("a ledger point read failed: {e}")))?;
-        self.conn = conn;
-        if result.as_ref().is_ok_and(|found| !found.0.is_empty()) {
-            self.home.options.durability.settled().await;
-        }
-        result
     }
 }
 
@@ -296,7 +149,7 @@ fn fed(
 
 /// Whether `e` is SQLite's "database is locked" (`SQLITE_BUSY`, any
 /// extended code).
-fn busy(e: &sqlx::Error) -> bool {
+pub(super) fn busy(e: &sqlx::Error) -> bool {
     e.as_database_error()
         .and_then(|d| d.code())
         .and_then(|c| c.parse::<i32>().ok())
@@ -468,33 +321,46 @@ impl Conn {
     /// failed `COMMIT` leaves it open or rolled back, as for
     /// [`Conn::run_durable`]).
     pub(in crate::ledger) fn commit_now(&mut self) -> Option<Result<(), sqlx::Error>> {
+        let ticket = self.sync_ticket();
+        let done = self.commit_here(true);
+        let Some(ticket) = ticket else {
+            return done.map(|(result, _)| result);
+        };
+        // Also when the COMMIT failed or was not done: the sync is harmless
+        // then, and marks the tickets before this one only once they are
+        // synced.
+        let synced = ticket.sync_now();
+        done.map(|(result, _)| result.and_then(|()| synced.map_err(sync_failed)))
+    }
+
+    /// Runs `COMMIT` on the writer's connection on the calling thread (its
+    /// busy timeout is zero here: it does not wait for a lock), with the
+    /// writer's checkpoint inside it at `storage.wal_checkpoint_pages` when
+    /// `checkpoint` (else only reported: the `bool`, the WAL is at the
+    /// limit), and tells the checkpointer thread. `None`: not done (not the
+    /// writer's connection, or `SQLITE_BUSY`: the transaction is still
+    /// open).
+    fn commit_here(&mut self, checkpoint: bool) -> Option<(Result<(), sqlx::Error>, bool)> {
         let Conn::Writer {
             conn: Some(conn),
             checkpointer,
             checkpoint_pages,
-            wal,
-            durability,
             ..
         } = self
         else {
             return None;
         };
-        let ticket = wal.as_ref().map(|w| durability.ticket(w.clone()));
-        // Its busy timeout is zero here: it does not wait for a lock.
-        let (mut result, pages) = durable(conn, "COMMIT", None, *checkpoint_pages);
-        if let Some(ticket) = ticket {
-            // Also when the COMMIT failed: the sync is harmless then, and
-            // marks the tickets before this one only once they are synced.
-            let synced = ticket.sync_now();
-            if result.is_ok() {
-                result = synced.map_err(sync_failed);
-            }
-        }
+        let inline = if checkpoint {
+            *checkpoint_pages
+        } else {
+            u32::MAX
+        };
+        let (result, pages) = durable(conn, "COMMIT", None, inline);
         if result.as_ref().is_err_and(busy) {
             return None;
         }
         fed(conn, checkpointer, *checkpoint_pages, pages);
-        Some(result)
+        Some((result, pages.is_some_and(|p| p >= *checkpoint_pages)))
     }
 
     /// A ticket for the `COMMIT` about to run on the writer's connection
@@ -523,23 +389,11 @@ impl Conn {
     ///
     /// Errors: the database's.
     pub(in crate::ledger) async fn commit_unsynced(&mut self) -> Option<Result<(), sqlx::Error>> {
-        let Conn::Writer {
-            conn: Some(conn),
-            wal: Some(_),
-            checkpointer,
-            checkpoint_pages,
-            ..
-        } = self
-        else {
-            return None;
-        };
-        // Its busy timeout is zero here: it does not wait for a lock.
-        let (result, pages) = durable(conn, "COMMIT", None, u32::MAX);
-        if result.as_ref().is_err_and(busy) {
+        if !matches!(self, Conn::Writer { wal: Some(_), .. }) {
             return None;
         }
-        fed(conn, checkpointer, *checkpoint_pages, pages);
-        if result.is_ok() && pages.is_some_and(|p| p >= *checkpoint_pages) {
+        let (result, at_limit) = self.commit_here(false)?;
+        if result.is_ok() && at_limit {
             self.checkpoint_off_thread().await;
         }
         Some(result)
@@ -606,7 +460,7 @@ impl Conn {
     /// statements that write changed.
     ///
     /// Errors: the database's; the values don't match the placeholders.
-    fn run(
+    pub(super) fn run(
         conn: &rusqlite::Connection,
         stmt: &Stmt<SqliteDialect>,
     ) -> Result<(Vec<Row>, u64), sqlx::Error> {
@@ -752,6 +606,6 @@ fn bind(s: &mut rusqlite::Statement<'_>, i: usize, arg: &Arg<'_>) -> rusqlite::R
 
 /// The writer's connection is gone (a blocking statement's caller was
 /// dropped).
-fn lost() -> sqlx::Error {
+pub(super) fn lost() -> sqlx::Error {
     sqlx::Error::Protocol("the ledger's write connection was lost".into())
 }

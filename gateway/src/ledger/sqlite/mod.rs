@@ -20,11 +20,13 @@ use super::{Clock, LedgerClock, LedgerError};
 
 mod checkpoint;
 mod conn;
+mod point;
 mod row;
 #[cfg(test)]
 mod tests;
 
-pub(super) use conn::{Conn, PointReaders, WriterOptions};
+pub(super) use conn::{Conn, WriterOptions};
+pub(super) use point::PointReaders;
 pub(super) use row::Row;
 
 pub(in crate::ledger) static MIGRATOR: sqlx::migrate::Migrator =

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use super::SqliteDialect;
-use super::conn::{Conn, PointReaders, WriterOptions};
+use super::conn::{Conn, WriterOptions};
+use super::point::PointReaders;
 use crate::ledger::dialect::{LedgerRow, sql};
 
 /// The writer's options for a `ledger.db` in `dir` (a 1 MiB page cache).
