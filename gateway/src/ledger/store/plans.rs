@@ -1,9 +1,12 @@
 //! The query plans of the ledger's periodic scans, on both backends: each
 //! reads an index that holds only the rows it wants (terminal rows by last
-//! change, dead letters, decisions of refused calls), never a pass over
-//! every operation, so a scan's cost does not grow with the rows kept
-//! (explained over a ledger of 5,000 operations; SQLite's without
-//! statistics, as a ledger file has them).
+//! change, dead letters, decisions of refused calls, operations in flight),
+//! never a pass over every operation, so a scan's cost does not grow with
+//! the rows kept (explained over a ledger of 5,000 operations; SQLite's
+//! without statistics, as a ledger file has them). On PostgreSQL the
+//! reconciler's scan reads an index of the operations in flight alone, not
+//! one that also keeps the dead entries of their finished versions until a
+//! vacuum.
 //! The retention sweep runs on the write connection once a reconciler
 //! interval: a pass over 100,000 terminal rows held every write for about
 //! 80 ms.
@@ -11,7 +14,8 @@
 use std::sync::Arc;
 
 use super::reads::{
-    COUNT_DEAD_LETTERS, COUNT_UNKNOWN, SWEEP_UNRESERVED_DECISIONS, sweep_mark, terminal_rows,
+    COUNT_DEAD_LETTERS, COUNT_UNKNOWN, SWEEP_UNRESERVED_DECISIONS, due_scan, sweep_mark,
+    terminal_rows,
 };
 use super::{Store, TERMINAL};
 use crate::config::StorageSpec;
@@ -41,6 +45,18 @@ fn statements<D: Dialect>() -> Vec<(&'static str, String, Vec<i64>, &'static str
             vec![],
             "operations_dead_letters",
         ),
+        (
+            "the reconciler's scan",
+            due_scan::<D>(),
+            vec![1, 1, 64, 2],
+            // SQLite keeps no dead row versions: the state index holds
+            // only what the scan may want.
+            if D::NAME == "postgres" {
+                "operations_unsettled"
+            } else {
+                "operations_by_state"
+            },
+        ),
     ]
 }
 
@@ -65,15 +81,27 @@ fn fill() -> [String; 2] {
     ]
 }
 
+/// Where a scan's owner token (a text) goes among `statements`' values:
+/// first in the sweep's, fourth (`?4`) in the reconciler's.
+fn owner_at(text: &str) -> Option<usize> {
+    if text.starts_with("UPDATE operations SET scan_owner = ?4") {
+        Some(3)
+    } else if text.starts_with("UPDATE operations SET scan_owner") {
+        Some(0)
+    } else {
+        None
+    }
+}
+
 /// `EXPLAIN QUERY PLAN` of `text` with `ints` bound (the sweep's owner
 /// token is a text; any value explains the same).
 async fn sqlite_plan(store: &Store<SqliteDialect>, text: &str, ints: &[i64]) -> String {
     let mut conn = SqliteDialect::acquire(&store.read).await.unwrap();
     let mut stmt = sql::<SqliteDialect>(&format!("EXPLAIN QUERY PLAN {text}"));
-    if text.starts_with("UPDATE operations SET scan_owner") {
-        stmt = stmt.bind("sweep:plan");
-    }
-    for i in ints {
+    for (n, i) in ints.iter().enumerate() {
+        if owner_at(text) == Some(n) {
+            stmt = stmt.bind("scan:plan");
+        }
         stmt = stmt.bind(*i);
     }
     if text.contains("WHERE state = ?") {
@@ -254,8 +282,8 @@ async fn the_periodic_scans_can_read_their_own_indexes_on_postgres() {
     }
     for (n, (what, text, ints, index)) in statements::<PgDialect>().into_iter().enumerate() {
         let mut values: Vec<String> = ints.iter().map(i64::to_string).collect();
-        if text.starts_with("UPDATE operations SET scan_owner") {
-            values.insert(0, "'sweep:plan'".into());
+        if let Some(n) = owner_at(&text) {
+            values.insert(n, "'scan:plan'".into());
         }
         // `PREPARE` takes the text with `$n` placeholders, as sqlx sends it.
         let prepared = PgDialect::q(&text);

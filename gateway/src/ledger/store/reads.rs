@@ -54,6 +54,34 @@ pub(super) fn sweep_mark<D: Dialect>() -> String {
     )
 }
 
+/// The reconciler's scan: marks (`scan_owner = ?4`, until `?5`, ms
+/// since epoch) up to `?3` operations still in flight whose turn has
+/// come at `?1` (now): UNKNOWN ones due for read-back, EXECUTING ones
+/// whose lease lapsed, RESERVED ones unchanged since `?2` (now less the
+/// grace for a reservation), oldest change first. The states are in the
+/// text, not bound, so that PostgreSQL's planner can prove the scan reads
+/// only rows of its partial index `operations_unsettled` (migration 0008),
+/// whatever the plan: through `operations_by_state`, a bitmap scan visited
+/// every dead index entry a completed operation leaves behind until a
+/// vacuum. SQLite keeps no dead versions and reads `operations_by_state`.
+pub(super) fn due_scan<D: Dialect>() -> String {
+    format!(
+        "UPDATE operations SET scan_owner = ?4, scan_expires_at = ?5 \
+         WHERE (tenant_id, operation_id) IN (SELECT tenant_id, operation_id FROM operations WHERE \
+         ((state = '{}' AND next_reconcile_at IS NOT NULL AND next_reconcile_at <= ?1 \
+             AND (lease_expires_at IS NULL OR lease_expires_at <= ?1)) \
+         OR (state = '{}' AND lease_expires_at <= ?1) \
+         OR (state = '{}' AND updated_at <= ?2)) \
+         AND (scan_expires_at IS NULL OR scan_expires_at <= ?1) \
+         ORDER BY updated_at LIMIT ?3{}) \
+         RETURNING {OP_COLUMNS}",
+        State::Unknown.as_str(),
+        State::Executing.as_str(),
+        State::Reserved.as_str(),
+        D::SKIP_LOCKED
+    )
+}
+
 /// The retention sweep's first statement: deletes up to `?2` decisions of
 /// calls refused before reservation (`unreserved`, read through the
 /// partial index `policy_decisions_unreserved`) recorded at or before `?1`
@@ -237,26 +265,14 @@ impl<D: Dialect> Store<D> {
         limit: u32,
     ) -> Result<Vec<Operation>, LedgerError> {
         let (mut tx, now) = self.begin().await?;
-        let rows = sql::<D>(&format!(
-            "UPDATE operations SET scan_owner = ?4, scan_expires_at = ?5 \
-             WHERE (tenant_id, operation_id) IN (SELECT tenant_id, operation_id FROM operations WHERE \
-             ((state = ?6 AND next_reconcile_at IS NOT NULL AND next_reconcile_at <= ?1 \
-                 AND (lease_expires_at IS NULL OR lease_expires_at <= ?1)) \
-             OR (state = ?7 AND lease_expires_at <= ?1) \
-             OR (state = ?8 AND updated_at <= ?2)) \
-             AND (scan_expires_at IS NULL OR scan_expires_at <= ?1) \
-             ORDER BY updated_at LIMIT ?3{}) \
-             RETURNING {OP_COLUMNS}",
-            D::SKIP_LOCKED
-        ))
-        .bind(now)
-        .bind(now.saturating_sub(reserved_grace_ms))
-        .bind(i64::from(limit))
-        .bind(owner)
-        .bind(now.saturating_add(scan_ms.max(0)))
-        .bind_states(&[State::Unknown, State::Executing, State::Reserved])
-        .fetch_all(&mut tx)
-        .await?;
+        let rows = sql::<D>(&due_scan::<D>())
+            .bind(now)
+            .bind(now.saturating_sub(reserved_grace_ms))
+            .bind(i64::from(limit))
+            .bind(owner)
+            .bind(now.saturating_add(scan_ms.max(0)))
+            .fetch_all(&mut tx)
+            .await?;
         tx.commit().await?;
         let mut ops = rows
             .iter()
