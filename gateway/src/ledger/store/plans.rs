@@ -98,8 +98,9 @@ fn owner_at(text: &str) -> Option<usize> {
 async fn sqlite_plan(store: &Store<SqliteDialect>, text: &str, ints: &[i64]) -> String {
     let mut conn = SqliteDialect::acquire(&store.read).await.unwrap();
     let mut stmt = sql::<SqliteDialect>(&format!("EXPLAIN QUERY PLAN {text}"));
+    let owner = owner_at(text);
     for (n, i) in ints.iter().enumerate() {
-        if owner_at(text) == Some(n) {
+        if owner == Some(n) {
             stmt = stmt.bind("scan:plan");
         }
         stmt = stmt.bind(*i);
