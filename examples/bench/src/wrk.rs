@@ -279,7 +279,8 @@ pub async fn targets(
     let pass = format!("http://127.0.0.1:{}/pass/v1/charges", gw.proxy);
     let pay = format!("http://127.0.0.1:{}/pay/v1/charges", gw.proxy);
     println!(
-        "(w) wrk -t1 -c{c} as the load generator, {SECONDS} s per run, the gateway in a process of its own:"
+        "(w) wrk -t1 -c{c} as the load generator, {SECONDS} s per run, the gateway in a process of its own ({}):",
+        gateway.display()
     );
     let pass_arm = Arm {
         name: "(w-b) effectgate, pass-through",
