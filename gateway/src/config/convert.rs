@@ -197,12 +197,19 @@ impl ConfigFile {
                 return Err(ConfigError::new(field, "must be at least 1"));
             }
         }
-        // SQLite takes its busy timeout as a C int of milliseconds.
-        if storage.busy_timeout_ms > i32::MAX as u64 {
-            return Err(ConfigError::new(
-                "storage.busy_timeout_ms",
-                format!("must be at most {} (about 24 days)", i32::MAX),
-            ));
+        // SQLite takes its busy timeout as a C int of milliseconds, and
+        // PostgreSQL its `statement_timeout` as an int of milliseconds
+        // (at most 2147483647).
+        for (field, value) in [
+            ("storage.busy_timeout_ms", storage.busy_timeout_ms),
+            ("storage.statement_timeout_ms", storage.statement_timeout_ms),
+        ] {
+            if value > i32::MAX as u64 {
+                return Err(ConfigError::new(
+                    field,
+                    format!("must be at most {} (about 24 days)", i32::MAX),
+                ));
+            }
         }
         if self.reconcile.outbox_max_attempts == 0 {
             return Err(ConfigError::new(

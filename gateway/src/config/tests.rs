@@ -264,3 +264,17 @@ fn a_match_rule_must_be_tied_to_the_tenant() {
     );
     assert!(parse(&stamped).is_ok());
 }
+
+/// Timeouts the database takes as a C int of milliseconds are refused
+/// past 2147483647 by name (PostgreSQL would refuse its
+/// `statement_timeout` only when the gateway starts); that value itself
+/// is taken.
+#[test]
+fn database_int_timeouts_are_bounded_by_name() {
+    for field in ["busy_timeout_ms", "statement_timeout_ms"] {
+        let e = parse(&format!("[storage]\n{field} = 2147483648\n")).unwrap_err();
+        assert_eq!(e.path, format!("storage.{field}"));
+        assert!(e.message.contains("at most 2147483647"), "{e}");
+        parse(&format!("[storage]\n{field} = 2147483647\n")).unwrap();
+    }
+}
