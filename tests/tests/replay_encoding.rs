@@ -274,3 +274,23 @@ async fn compressed_request_bodies_are_decoded_and_fingerprinted_as_json() {
         assert_eq!(r.status(), 404, "{key} was recorded");
     }
 }
+
+/// A stored compressed answer larger than `limits.max_decoded_replay_bytes`
+/// is replayed as stored, whole and still marked, to a client that doesn't
+/// accept its coding (the limit is on the decoded size, and decoding it
+/// would pass it); never an empty body under the stored coding.
+#[tokio::test]
+async fn a_stored_body_larger_than_the_decode_limit_is_replayed_as_stored() {
+    let app = spawn_with(Opts {
+        more: "[limits]\nmax_decoded_replay_bytes = 20\n".into(),
+        ..Default::default()
+    })
+    .await;
+    let (coding, stored) = raw_charge(&app, "gz-big", Some("gzip")).await;
+    assert_eq!(coding.as_deref(), Some("gzip"));
+    assert!(stored.len() > 20, "{} stored bytes", stored.len());
+    let (coding, bytes) = raw_charge(&app, "gz-big", None).await;
+    assert_eq!(coding.as_deref(), Some("gzip"));
+    assert_eq!(bytes, stored);
+    assert_eq!(app.mock.provider.effects(), 1);
+}

@@ -146,11 +146,15 @@ async fn decode_replay(app: AppState, accept: Option<String>, resp: Response) ->
     }
     let limit = app.settings().limits.max_decoded_replay_bytes;
     let (mut parts, body) = resp.into_parts();
-    // A replayed body is the stored one, already in memory (and never
-    // larger than the route's stored-response limit).
-    let bytes = match axum::body::to_bytes(body, limit).await {
+    // A replayed body is the stored one, already in memory: it is taken
+    // whole, whatever its size (the limit is on the decoded size; a
+    // stored body may be larger than it).
+    let bytes = match axum::body::to_bytes(body, usize::MAX).await {
         Ok(b) => b,
-        Err(_) => return Response::from_parts(parts, Body::empty()),
+        Err(e) => {
+            tracing::warn!(error = %e, "a replayed body could not be read");
+            return Response::from_parts(parts, Body::empty());
+        }
     };
     let (c, b) = (codings.clone(), bytes.clone());
     let decoded = tokio::task::spawn_blocking(move || decode(&c, &b, limit))
