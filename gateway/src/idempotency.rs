@@ -101,9 +101,13 @@ fn canonical_body(content_type: Option<&str>, body: &[u8]) -> Vec<u8> {
     match mime.as_deref() {
         Some(m) if m == "application/json" || m.ends_with("+json") => {
             // RFC 8785 JSON Canonicalization Scheme: key order and
-            // whitespace do not change the fingerprint.
+            // whitespace do not change the fingerprint. It writes numbers
+            // as IEEE-754 doubles; a body with a number that no double
+            // holds exactly counts byte for byte instead, so that two
+            // amounts past a double's precision never fingerprint alike.
             match serde_json::from_slice::<serde_json::Value>(body)
                 .ok()
+                .filter(|_| numbers_survive_jcs(body))
                 .and_then(|v| serde_json_canonicalizer::to_vec(&v).ok())
             {
                 Some(c) => c,
@@ -121,6 +125,90 @@ fn canonical_body(content_type: Option<&str>, body: &[u8]) -> Vec<u8> {
         }
         _ => body.to_vec(),
     }
+}
+
+/// Whether every number of `body` (valid JSON) keeps its value through
+/// RFC 8785 §3.2.2.3, which writes it as the nearest IEEE-754 double:
+/// `1.0`, `1e2` and `0.1` do; `9007199254740993` (2^53 + 1) and
+/// `0.10000000000000000001` don't. Values are compared as decimals, not as
+/// text.
+fn numbers_survive_jcs(body: &[u8]) -> bool {
+    json_numbers(body).all(|literal| {
+        let canonical = serde_json::from_str::<serde_json::Value>(literal)
+            .ok()
+            .and_then(|v| serde_json_canonicalizer::to_string(&v).ok());
+        match (decimal(literal), canonical.as_deref().and_then(decimal)) {
+            (Some(a), Some(b)) => a == b,
+            _ => false,
+        }
+    })
+}
+
+/// The number tokens of a JSON text, outside its strings.
+fn json_numbers(body: &[u8]) -> impl Iterator<Item = &str> {
+    let mut i = 0;
+    let mut in_string = false;
+    std::iter::from_fn(move || {
+        while i < body.len() {
+            let b = body[i];
+            if in_string {
+                match b {
+                    b'\\' => i += 2,
+                    b'"' => {
+                        in_string = false;
+                        i += 1;
+                    }
+                    _ => i += 1,
+                }
+                continue;
+            }
+            match b {
+                b'"' => {
+                    in_string = true;
+                    i += 1;
+                }
+                b'-' | b'0'..=b'9' => {
+                    let start = i;
+                    while i < body.len()
+                        && matches!(body[i], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
+                    {
+                        i += 1;
+                    }
+                    return std::str::from_utf8(&body[start..i]).ok();
+                }
+                _ => i += 1,
+            }
+        }
+        None
+    })
+}
+
+/// A JSON number's exact value as (negative, significant digits without
+/// leading or trailing zeros, power of ten): `-12.50` and `-1.25e1` are
+/// both `(true, "125", -1)`; zero is `(false, "", 0)` whatever its sign.
+/// `None` for an exponent past ±10^15 (no double comes near).
+fn decimal(number: &str) -> Option<(bool, String, i64)> {
+    let (negative, rest) = match number.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, number),
+    };
+    let (mantissa, exponent) = match rest.find(['e', 'E']) {
+        Some(at) => (&rest[..at], rest[at + 1..].parse::<i64>().ok()?),
+        None => (rest, 0),
+    };
+    if exponent.abs() > 1_000_000_000_000_000 {
+        return None;
+    }
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits = format!("{int}{frac}");
+    let mut power = exponent - frac.len() as i64;
+    let digits = digits.trim_start_matches('0');
+    let trimmed = digits.trim_end_matches('0');
+    power += (digits.len() - trimmed.len()) as i64;
+    if trimmed.is_empty() {
+        return Some((false, String::new(), 0));
+    }
+    Some((negative, trimmed.to_owned(), power))
 }
 
 /// Sorts `pairs` by name, keeping the order of pairs of one name: `a=1&b=2`
@@ -145,7 +233,9 @@ fn canonical_query(query: Option<&str>) -> String {
 /// The request fingerprint (draft §2.4): lower-case hex sha256 over the
 /// method, the media type (Content-Type without parameters), route name,
 /// path (after the route prefix), canonical query and canonical body. JSON bodies (`application/json`, `*+json`) are
-/// canonicalised per RFC 8785; `application/x-www-form-urlencoded` bodies
+/// canonicalised per RFC 8785, but for one with a number that no IEEE-754
+/// double holds exactly (RFC 8785 §3.2.2.3 would round it), which counts
+/// byte for byte; `application/x-www-form-urlencoded` bodies
 /// and the query have their pairs sorted by name (repeated names keep
 /// their order); other bodies count byte for byte. Each part is
 /// length-prefixed so that parts cannot run into each other.
@@ -320,6 +410,74 @@ mod tests {
             br#"{"amount":101,"currency":"eur"}"#,
         );
         assert_ne!(a, c);
+    }
+
+    fn json_fp(body: &str) -> String {
+        fingerprint(
+            "POST",
+            "r",
+            "/v1/c",
+            None,
+            Some("application/json"),
+            body.as_bytes(),
+        )
+    }
+
+    /// Amounts that differ only past a double's precision fingerprint
+    /// apart (RFC 8785 alone would round both to one double).
+    #[test]
+    fn numbers_past_a_doubles_precision_fingerprint_apart() {
+        for (a, b) in [
+            (
+                r#"{"amount":1234567890123456789}"#,
+                r#"{"amount":1234567890123456788}"#,
+            ),
+            (
+                r#"{"amount":9007199254740993}"#,
+                r#"{"amount":9007199254740992}"#,
+            ),
+            (
+                r#"{"n":[-18446744073709551617]}"#,
+                r#"{"n":[-18446744073709551616]}"#,
+            ),
+            (r#"{"rate":0.10000000000000000001}"#, r#"{"rate":0.1}"#),
+        ] {
+            assert_ne!(json_fp(a), json_fp(b), "{a} / {b}");
+            assert!(!numbers_survive_jcs(a.as_bytes()), "{a}");
+        }
+        // Such a body still fingerprints alike when sent again as it was.
+        let big = r#"{"amount":1234567890123456789}"#;
+        assert_eq!(json_fp(big), json_fp(big));
+    }
+
+    /// Numbers a double holds exactly keep the canonical form: other
+    /// spellings of one value, whitespace and key order don't count, and
+    /// digits inside strings are not numbers.
+    #[test]
+    fn exact_numbers_keep_the_canonical_fingerprint() {
+        for (a, b) in [
+            (r#"{"a":1.0,"b":100}"#, r#"{"b":1e2,"a":1}"#),
+            (r#"{"a":-0.0}"#, r#"{ "a" : 0 }"#),
+            (r#"{"a":0.1,"b":-12.50}"#, r#"{"b":-1.25E1,"a":0.1}"#),
+            (r#"{"a":9007199254740992}"#, r#"{"a":9007199254740992.0}"#),
+            (
+                r#"{"id":"123456789012345678901234","s":"a\"1e999"}"#,
+                r#"{"s":"a\"1e999", "id":"123456789012345678901234"}"#,
+            ),
+        ] {
+            assert!(numbers_survive_jcs(a.as_bytes()), "{a}");
+            assert_eq!(json_fp(a), json_fp(b), "{a} / {b}");
+        }
+    }
+
+    #[test]
+    fn decimal_values_compare_across_spellings() {
+        assert_eq!(decimal("-12.50"), Some((true, "125".into(), -1)));
+        assert_eq!(decimal("-1.25e1"), decimal("-12.50"));
+        assert_eq!(decimal("100"), Some((false, "1".into(), 2)));
+        assert_eq!(decimal("0.000"), Some((false, String::new(), 0)));
+        assert_eq!(decimal("-0"), decimal("0"));
+        assert_eq!(decimal("1e99999999999999999999"), None);
     }
 
     #[test]

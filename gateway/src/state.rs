@@ -59,6 +59,9 @@ pub struct Shared {
     pub mcp_tools: crate::mcp::protocol::ToolCache,
     /// Certificates of the TLS listeners, re-read on reload.
     pub listener_certs: Arc<ListenerCerts>,
+    /// Body bytes of new operations between their stored-bytes quota check
+    /// and their reservation, per tenant.
+    pub quota_holds: QuotaHolds,
     /// Draining state and the executions running in the background.
     pub lifecycle: Arc<Lifecycle>,
 }
@@ -236,6 +239,7 @@ impl AppState {
             sessions: Default::default(),
             mcp_tools: Default::default(),
             listener_certs,
+            quota_holds: Default::default(),
             lifecycle: Default::default(),
         })))
     }
@@ -321,4 +325,82 @@ fn hostname() -> String {
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "effectgate".into())
+}
+
+/// Body bytes this instance has admitted under a tenant's
+/// `max_stored_bytes` quota but not yet reserved in the ledger. A quota
+/// check counts them beside the ledger's total, so calls checked at once
+/// can't all pass against the same total.
+///
+/// - A call's bytes are counted from its check until its reservation has
+///   been written (or has failed): a check that reads the ledger's total
+///   just after a reservation committed, before its hold ends, counts
+///   those bytes twice and may refuse a call that fits (never admit one
+///   that doesn't).
+/// - One instance's view: instances sharing a PostgreSQL ledger don't see
+///   each other's holds, so calls checked at once on two instances can
+///   still pass the quota together.
+#[derive(Debug, Default)]
+pub struct QuotaHolds(Mutex<HashMap<String, u64>>);
+
+impl QuotaHolds {
+    /// Holds `bytes` for `tenant` when `stored` (the ledger's total, bytes)
+    /// plus the bytes already held plus `bytes` is at most `limit`.
+    ///
+    /// Errors: the bytes already held, when the call doesn't fit.
+    pub fn hold(
+        &self,
+        tenant: &str,
+        stored: u64,
+        bytes: u64,
+        limit: u64,
+    ) -> Result<QuotaHold<'_>, u64> {
+        let mut held = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let already = held.get(tenant).copied().unwrap_or(0);
+        if stored.saturating_add(already).saturating_add(bytes) > limit {
+            return Err(already);
+        }
+        *held.entry(tenant.to_owned()).or_insert(0) += bytes;
+        Ok(QuotaHold {
+            holds: self,
+            tenant: tenant.to_owned(),
+            bytes,
+        })
+    }
+
+    /// Bytes held for `tenant` now.
+    pub fn held(&self, tenant: &str) -> u64 {
+        let held = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        held.get(tenant).copied().unwrap_or(0)
+    }
+}
+
+/// One call's bytes in [`QuotaHolds`], given back when dropped.
+#[derive(Debug)]
+pub struct QuotaHold<'a> {
+    holds: &'a QuotaHolds,
+    tenant: String,
+    bytes: u64,
+}
+
+impl Drop for QuotaHold<'_> {
+    fn drop(&mut self) {
+        let mut held = self
+            .holds
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = held.get_mut(&self.tenant) {
+            *n = n.saturating_sub(self.bytes);
+            if *n == 0 {
+                held.remove(&self.tenant);
+            }
+        }
+    }
 }

@@ -878,6 +878,64 @@ async fn a_tenants_stored_bytes_quota_refuses_new_operations_with_507() {
     );
 }
 
+/// A key reused with an amount that differs from the first only past a
+/// double's precision is 422, not a replay of the first charge; the same
+/// body sent again is replayed.
+#[tokio::test]
+async fn amounts_past_a_doubles_precision_are_other_arguments() {
+    let app = spawn_app().await;
+    let first = r#"{"amount":1234567890123456789,"currency":"eur"}"#;
+    let other = r#"{"amount":1234567890123456788,"currency":"eur"}"#;
+    assert_eq!(app.charge_as(KEY_A, "big-1", first).await.status(), 200);
+    let r = app.charge_as(KEY_A, "big-1", other).await;
+    assert_eq!(r.status(), 422);
+    let p = r.json::<Value>().await.unwrap();
+    assert_eq!(
+        p["type"], "urn:effectgate:problem:idempotency-key-reused",
+        "{p}"
+    );
+    let again = app.charge_as(KEY_A, "big-1", first).await;
+    assert_eq!(again.status(), 200);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(app.mock.provider.effects(), 1);
+}
+
+/// Calls checked against the stored-bytes quota at once are counted
+/// together: of twelve concurrent new operations with room for three
+/// bodies, at most three are recorded and sent, the rest get 507.
+#[tokio::test]
+async fn concurrent_calls_do_not_pass_the_stored_bytes_quota_together() {
+    let body = format!(r#"{{"amount":1,"pad":"{}"}}"#, "x".repeat(200));
+    let limit = body.len() * 7 / 2;
+    let app = spawn_with(Opts {
+        tenant_a: format!("max_stored_bytes = {limit}"),
+        ..Default::default()
+    })
+    .await;
+    let calls = (0..12).map(|i| {
+        let (app, body) = (&app, &body);
+        async move {
+            app.charge_as(KEY_A, &format!("cq-{i}"), body)
+                .await
+                .status()
+        }
+    });
+    let statuses = futures_util::future::join_all(calls).await;
+    let accepted = statuses.iter().filter(|s| **s == 200).count();
+    let refused = statuses.iter().filter(|s| **s == 507).count();
+    assert_eq!(accepted + refused, 12, "{statuses:?}");
+    assert!(
+        (1..=3).contains(&accepted),
+        "{accepted} admitted: {statuses:?}"
+    );
+    assert_eq!(app.mock.provider.effects(), accepted);
+    assert_eq!(
+        app.gw.state.quota_holds.held("a"),
+        0,
+        "every hold is given back"
+    );
+}
+
 /// A body that can't be read whole (shorter than its Content-Length and
 /// then closed, a chunk cut off, a chunk size that is no number) is a 400
 /// naming the body, not a 413 (a body over the limit: the proxy's unit

@@ -82,12 +82,15 @@ impl Flow<'_> {
         {
             return answer_existing(self.app, self.route, op, &fp).await;
         }
-        check_quota(self.app, self.rt, &self.principal.tenant, body.len()).await?;
+        // The call's bytes count against the quota until its reservation
+        // is written (or has failed).
+        let hold = check_quota(self.app, self.rt, &self.principal.tenant, body.len()).await?;
         let admission = self.decide(&body, &key, &fp).await?;
-        let op = match self
+        let reserved = self
             .reserve(admission, body, content_type, key, &fp)
-            .await?
-        {
+            .await?;
+        drop(hold);
+        let op = match reserved {
             Reserved::Op(op) => *op,
             Reserved::Claimed(op, claim) => {
                 crate::metrics::request(&self.route.name, "forwarded");
@@ -398,38 +401,45 @@ pub async fn known_operation(
 }
 
 /// Step 3b: a tenant with `tenants[].max_stored_bytes` may reserve a new
-/// operation only while its operations' bodies leave room for this one.
-/// A duplicate of an existing operation is answered before this check.
+/// operation only while its operations' bodies, and those of its calls
+/// checked but not yet reserved on this instance
+/// ([`crate::state::QuotaHolds`]), leave room for this one. A duplicate of
+/// an existing operation is answered before this check. The returned hold
+/// (none without a quota) counts this call's bytes until it is dropped,
+/// once the reservation is written.
 ///
-/// Errors: 507 `tenant-quota-exceeded` (counted in
+/// Errors: 507 `tenant-quota-exceeded`, whose `stored_bytes` is the
+/// ledger's total plus the bytes held (counted in
 /// `effectgate_tenant_limited_total{limit="stored-bytes"}`); the ledger
 /// can't be read.
-pub async fn check_quota(
-    app: &AppState,
+pub async fn check_quota<'a>(
+    app: &'a AppState,
     rt: &Runtime,
     tenant: &str,
     body_bytes: usize,
-) -> Result<(), OpError> {
+) -> Result<Option<crate::state::QuotaHold<'a>>, OpError> {
     let Some(limit) = rt
         .tenant_limits
         .get(tenant)
         .and_then(|l| l.max_stored_bytes)
     else {
-        return Ok(());
+        return Ok(None);
     };
     let stored = app.ledger.stored_bytes(tenant).await?;
     crate::metrics::tenant_stored_bytes(tenant, stored);
     let stored = u64::try_from(stored).unwrap_or(0);
     let body_bytes = body_bytes as u64;
-    if stored.saturating_add(body_bytes) > limit {
-        crate::metrics::tenant_limited(tenant, "stored-bytes");
-        return Err(OpError::QuotaExceeded {
-            limit_bytes: limit,
-            stored_bytes: stored,
-            body_bytes,
-        });
+    match app.quota_holds.hold(tenant, stored, body_bytes, limit) {
+        Ok(hold) => Ok(Some(hold)),
+        Err(held) => {
+            crate::metrics::tenant_limited(tenant, "stored-bytes");
+            Err(OpError::QuotaExceeded {
+                limit_bytes: limit,
+                stored_bytes: stored.saturating_add(held),
+                body_bytes,
+            })
+        }
     }
-    Ok(())
 }
 
 /// Step 6 (7–9): claims the lease on a RESERVED operation and runs it,

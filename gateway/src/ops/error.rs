@@ -175,7 +175,8 @@ pub enum OpError {
     QuotaExceeded {
         /// `tenants[].max_stored_bytes`.
         limit_bytes: u64,
-        /// Bytes the tenant's operations hold now.
+        /// Bytes the tenant's operations hold now, with those of its calls
+        /// admitted on this instance and not yet reserved.
         stored_bytes: u64,
         /// This request's body, in bytes.
         body_bytes: u64,
