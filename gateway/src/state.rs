@@ -344,6 +344,13 @@ fn hostname() -> String {
 pub struct QuotaHolds(Mutex<HashMap<String, u64>>);
 
 impl QuotaHolds {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        // Each change is one map update, so a poisoned lock is consistent.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Holds `bytes` for `tenant` when `stored` (the ledger's total, bytes)
     /// plus the bytes already held plus `bytes` is at most `limit`.
     ///
@@ -355,10 +362,7 @@ impl QuotaHolds {
         bytes: u64,
         limit: u64,
     ) -> Result<QuotaHold<'_>, u64> {
-        let mut held = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut held = self.lock();
         let already = held.get(tenant).copied().unwrap_or(0);
         if stored.saturating_add(already).saturating_add(bytes) > limit {
             return Err(already);
@@ -373,11 +377,7 @@ impl QuotaHolds {
 
     /// Bytes held for `tenant` now.
     pub fn held(&self, tenant: &str) -> u64 {
-        let held = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        held.get(tenant).copied().unwrap_or(0)
+        self.lock().get(tenant).copied().unwrap_or(0)
     }
 }
 
@@ -391,11 +391,7 @@ pub struct QuotaHold<'a> {
 
 impl Drop for QuotaHold<'_> {
     fn drop(&mut self) {
-        let mut held = self
-            .holds
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut held = self.holds.lock();
         if let Some(n) = held.get_mut(&self.tenant) {
             *n = n.saturating_sub(self.bytes);
             if *n == 0 {
