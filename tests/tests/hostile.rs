@@ -902,20 +902,22 @@ async fn amounts_past_a_doubles_precision_are_other_arguments() {
 
 /// Calls checked against the stored-bytes quota at once are counted
 /// together: of twelve concurrent new operations with room for three
-/// bodies, at most three are recorded and sent, the rest get 507.
+/// bodies, at most three are recorded and sent, the rest get 507. (Tenant
+/// `b`: the refusal counter is the process's, and the test above counts
+/// tenant `a`'s.)
 #[tokio::test]
 async fn concurrent_calls_do_not_pass_the_stored_bytes_quota_together() {
     let body = format!(r#"{{"amount":1,"pad":"{}"}}"#, "x".repeat(200));
     let limit = body.len() * 7 / 2;
     let app = spawn_with(Opts {
-        tenant_a: format!("max_stored_bytes = {limit}"),
+        tenant_b: format!("max_stored_bytes = {limit}"),
         ..Default::default()
     })
     .await;
     let calls = (0..12).map(|i| {
         let (app, body) = (&app, &body);
         async move {
-            app.charge_as(KEY_A, &format!("cq-{i}"), body)
+            app.charge_as(KEY_B, &format!("cq-{i}"), body)
                 .await
                 .status()
         }
@@ -930,7 +932,7 @@ async fn concurrent_calls_do_not_pass_the_stored_bytes_quota_together() {
     );
     assert_eq!(app.mock.provider.effects(), accepted);
     assert_eq!(
-        app.gw.state.quota_holds.held("a"),
+        app.gw.state.quota_holds.held("b"),
         0,
         "every hold is given back"
     );
