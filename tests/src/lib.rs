@@ -170,7 +170,8 @@ pub struct TestApp {
 pub struct Opts {
     /// Extra TOML lines for the `/pay/` route.
     pub route_extra: String,
-    /// Extra TOML appended after the route (more routes).
+    /// Extra TOML appended after the route (more routes); `$MOCK_URL` in
+    /// it is replaced by the mock provider's URL.
     pub more: String,
     /// Extra TOML lines inside tenant `a` (e.g. its policies).
     pub tenant_a: String,
@@ -218,7 +219,7 @@ pub async fn spawn_with(opts: Opts) -> TestApp {
             &format!("admin = \"127.0.0.1:0\"\n{}\n", opts.listen_extra),
             1
         ),
-        opts.more
+        opts.more.replace("$MOCK_URL", &mock.url())
     );
     let mut settings = settings_from(&toml, dir.path());
     if let Some(storage) = opts.storage {

@@ -112,6 +112,71 @@ async fn an_approval_is_bound_to_the_arguments() {
     assert_eq!(poll["status"], "used");
 }
 
+/// The count of `effectgate_requests_total{route, outcome}` in `metrics`
+/// (0 when the series is absent).
+fn requests(metrics: &str, route: &str, outcome: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("effectgate_requests_total{"))
+        .filter(|l| l.contains(&format!("route=\"{route}\"")))
+        .filter(|l| l.contains(&format!("outcome=\"{outcome}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn every_answer_on_the_approval_path_is_counted_by_its_outcome() {
+    // A route of its own: the recorder is process-wide, and the other
+    // tests here count on "payments".
+    let app = spawn_with(Opts {
+        tenant_a: format!(
+            "[[tenants.policies]]\nroute = \"held\"\nmodule = \"{}\"\nconfig = {{ threshold = 1000 }}\n",
+            policy_wasm("amount_threshold").display()
+        ),
+        more: "[reconcile]\nenabled = false\n[[routes]]\nname = \"held\"\nprefix = \"/held/\"\n\
+               upstream = \"$MOCK_URL\"\neffectful_methods = [\"POST\"]\n\
+               provider_idempotency_header = \"Idempotency-Key\"\neffect_class = \"payment\"\n\
+               inject_headers = [{ name = \"Authorization\", value_env = \"MOCK_PROVIDER_SECRET\", prefix = \"Bearer \" }]\n"
+            .into(),
+        ..Default::default()
+    })
+    .await;
+    let send = || {
+        app.http
+            .post(app.proxy("/held/v1/charges"))
+            .bearer_auth(KEY_A)
+            .header("Idempotency-Key", "h1")
+            .header("Content-Type", "application/json")
+            .body(BIG)
+            .send()
+    };
+    let counts = |m: &str| {
+        ["awaiting-approval", "forwarded", "replayed", "in-flight"].map(|o| requests(m, "held", o))
+    };
+    // The first call and a re-send while the approval is pending: 202 each.
+    let r = send().await.unwrap();
+    assert_eq!(r.status(), 202);
+    let id = r.json::<Value>().await.unwrap()["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(send().await.unwrap().status(), 202);
+    assert_eq!(counts(&app.metrics().await), [2, 0, 0, 0]);
+    // Approved: the re-send executes (the provider sees it), then a replay.
+    assert_eq!(
+        decide(&app, APPROVER_A, "a", &id, "approve").await.status(),
+        200
+    );
+    assert_eq!(send().await.unwrap().status(), 200);
+    assert_eq!(app.mock.provider.effects(), 1);
+    assert_eq!(counts(&app.metrics().await), [2, 1, 0, 0]);
+    let r = send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["idempotent-replayed"], "true");
+    assert_eq!(counts(&app.metrics().await), [2, 1, 1, 0]);
+    assert_eq!(app.mock.provider.effects(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_approved_request_executes_once_under_20_concurrent_resends() {
     let app = app_with("", None).await;

@@ -149,14 +149,28 @@ pub const COMPENSATION_ID: &str = "effectgate-compensation-id";
 /// Answers a request for an operation AWAITING_APPROVAL: 202 while its
 /// approval is pending; once approved, this (identical) request spends the
 /// approval and executes, exactly once; a refused approval has already
-/// failed the operation, which is replayed.
+/// failed the operation, which is replayed. Each answer counts in
+/// `effectgate_requests_total` under its outcome, as a first call's does:
+/// `awaiting-approval` (202), `forwarded` (the approved call executes),
+/// `in-flight` (409), or the replay's.
 pub(crate) async fn resume_awaiting(app: &AppState, route: &Route, op: Operation) -> Answer {
     let approval = app
         .ledger
         .approval_for(&op.tenant_id, &op.operation_id, "request")
         .await?;
+    let awaiting = |op: &Operation, a: Option<&crate::ledger::Approval>| {
+        crate::metrics::request(&route.name, "awaiting-approval");
+        Ok(awaiting_approval_reply(op, a))
+    };
+    let in_flight = |operation_id: String| {
+        crate::metrics::request(&route.name, "in-flight");
+        Err(OpError::InFlight {
+            operation_id,
+            retry_after_s: 1,
+        })
+    };
     let Some(a) = approval else {
-        return Ok(awaiting_approval_reply(&op, None));
+        return awaiting(&op, None);
     };
     match a.status.as_str() {
         "approved" => {
@@ -179,23 +193,18 @@ pub(crate) async fn resume_awaiting(app: &AppState, route: &Route, op: Operation
                         .get(&op.tenant_id, &op.operation_id)
                         .await?
                         .unwrap_or(op);
+                    crate::metrics::request(&route.name, "forwarded");
                     crate::ops::execute::execute_for_caller(app, route, op, claim).await
                 }
-                None => Err(OpError::InFlight {
-                    operation_id: op.operation_id,
-                    retry_after_s: 1,
-                }),
+                None => in_flight(op.operation_id),
             }
         }
         "rejected" | "expired" => match app.ledger.get(&op.tenant_id, &op.operation_id).await? {
             Some(now) if now.state.is_terminal() => replay_or_dead_letter(route, &now),
-            _ => Ok(awaiting_approval_reply(&op, Some(&a))),
+            _ => awaiting(&op, Some(&a)),
         },
-        "used" => Err(OpError::InFlight {
-            operation_id: op.operation_id,
-            retry_after_s: 1,
-        }),
-        _ => Ok(awaiting_approval_reply(&op, Some(&a))),
+        "used" => in_flight(op.operation_id),
+        _ => awaiting(&op, Some(&a)),
     }
 }
 
