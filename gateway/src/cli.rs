@@ -378,6 +378,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         ]
                     })
                     .collect::<Vec<_>>();
+                if rows.is_empty() {
+                    // Nothing on stdout (no header either), a word for the
+                    // person reading.
+                    eprintln!("no inbox events");
+                }
                 print_table(
                     &[
                         "SOURCE",
@@ -448,6 +453,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         ]
                     })
                     .collect::<Vec<_>>();
+                if rows.is_empty() {
+                    eprintln!("no operations");
+                }
                 print_table(
                     &[
                         "TENANT",

@@ -40,8 +40,13 @@ pub(super) fn cell(s: &str) -> String {
 /// last column is not padded. Widths are terminal columns (Unicode
 /// `East_Asian_Width`: a CJK character or an emoji takes two), not
 /// characters, so a column starts at the same place on every line.
+/// Without rows it prints nothing, not even the header: a script counting
+/// lines counts rows.
 pub(super) fn print_table(head: &[&str], rows: &[Vec<String>], right: &[usize]) {
     use unicode_width::UnicodeWidthStr;
+    if rows.is_empty() {
+        return;
+    }
     let last = head.len().saturating_sub(1);
     let mut widths: Vec<usize> = head.iter().map(|h| h.width()).collect();
     for r in rows {
