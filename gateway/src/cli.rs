@@ -284,6 +284,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::CheckConfig { config: path } => match config::load(Some(&path)) {
             Ok(s) => {
+                // What `serve` refuses of `[storage]` before it opens it.
+                if let Err(e) = crate::ledger::Ledger::check_storage(&s.storage) {
+                    eprintln!("{}: invalid: {e}", path.display());
+                    return Ok(ExitCode::from(2));
+                }
                 // The policies too: compile each module and validate every
                 // tenant's config against its schema, as `serve` will.
                 let limits = crate::config::PolicyLimitsSpec {
@@ -312,6 +317,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     config::counted(s.policy_bindings.len(), "policy binding"),
                     config::counted(s.inbox.len(), "inbox source")
                 );
+                for w in &s.warnings {
+                    eprintln!("{}: warning: {w}", path.display());
+                }
             }
             Err(e) => {
                 eprintln!("{}: invalid: {e}", path.display());

@@ -40,6 +40,7 @@ impl Gateway {
         settings: Settings,
         clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Self> {
+        settings.log_warnings();
         let (proxy_at, admin_at) = (settings.proxy_addr, settings.admin_addr);
         // The ledger first: a second gateway on a SQLite ledger another one
         // serves is told so, not that the other one's ports are taken.

@@ -315,6 +315,7 @@ impl AppState {
         self.runtime.store(Arc::new(Runtime { settings, policies }));
         self.engine.retain(&keep);
         tracing::info!(%summary, "configuration reloaded");
+        self.settings().log_warnings();
         Ok(summary)
     }
 }

@@ -794,11 +794,17 @@ async fn a_github_style_hmac_source_takes_its_event_id_from_a_header(storage: Op
             .body(body.clone())
             .send()
     };
+    // Tenant b has no webhook: the event is kept, no delivery is queued.
     let r = post(sig.clone(), "d-1").await.unwrap();
     assert_eq!(r.status(), 200);
-    assert_eq!(r.json::<Value>().await.unwrap()["state"], "accepted");
+    let v = r.json::<Value>().await.unwrap();
+    assert_eq!(v["state"], "accepted");
+    assert_eq!(v["delivery_id"], Value::Null, "{v}");
     let r = post(sig.clone(), "d-1").await.unwrap();
-    assert_eq!(r.json::<Value>().await.unwrap()["state"], "duplicate");
+    let v = r.json::<Value>().await.unwrap();
+    assert_eq!(v["state"], "duplicate");
+    assert_eq!(v["delivery_id"], Value::Null, "{v}");
+    assert_eq!(app.gw.state.ledger.pending_events().await.unwrap(), 0);
     let r = post(format!("sha256={}", "0".repeat(64)), "d-2")
         .await
         .unwrap();
@@ -819,6 +825,7 @@ async fn a_github_style_hmac_source_takes_its_event_id_from_a_header(storage: Op
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["events"].as_array().unwrap().len(), 1);
     assert_eq!(v["events"][0]["event_type"], "opened");
+    assert_eq!(v["events"][0]["outbox_event_id"], Value::Null, "{v}");
 }
 both!(
     a_github_style_hmac_source_takes_its_event_id_from_a_header_sqlite,

@@ -65,8 +65,18 @@ impl ConfigFile {
         )?;
         let telemetry = telemetry(&self.telemetry, |k| std::env::var(k).ok())?;
         let mut inbox = std::collections::BTreeMap::new();
+        let mut warnings = Vec::new();
         for (i, spec) in self.inbox.iter().enumerate() {
-            let src = super::inbox::inbox_source(i, spec, &tenants, &routes, &base_dir)?;
+            let mut src = super::inbox::inbox_source(i, spec, &tenants, &routes, &base_dir)?;
+            if src.deliver && !webhooks.contains_key(&src.tenant) {
+                // Nothing to deliver to: the events stay in the inbox and no
+                // delivery is queued (README "Inbox").
+                warnings.push(format!(
+                    "inbox[{i}].deliver: tenant {:?} has no webhook, so the events of {:?} are kept in the inbox and not delivered; set the tenant's webhook, or deliver = false",
+                    src.tenant, src.name
+                ));
+                src.deliver = false;
+            }
             if inbox.contains_key(&src.name) {
                 return Err(ConfigError::new(
                     format!("inbox[{i}].name"),
@@ -99,6 +109,7 @@ impl ConfigFile {
             telemetry,
             shutdown: self.shutdown,
             inbox,
+            warnings,
         })
     }
 

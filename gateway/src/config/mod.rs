@@ -124,6 +124,12 @@ pub struct Settings {
     pub shutdown: ShutdownSpec,
     /// `[[inbox]]` sources, by name.
     pub inbox: std::collections::BTreeMap<String, std::sync::Arc<InboxSource>>,
+    /// What the config allows but likely doesn't mean, one sentence each,
+    /// starting with the field it is about (an inbox source whose tenant
+    /// has no webhook delivers nothing): `check-config` prints them, and
+    /// the gateway logs them at WARN when it starts and on every reload
+    /// ([`Settings::log_warnings`]).
+    pub warnings: Vec<String>,
 }
 
 /// A tenant's call limits, ready to check.
@@ -352,6 +358,13 @@ impl Route {
 }
 
 impl Settings {
+    /// Logs each of [`Settings::warnings`] at WARN, as `config: <warning>`.
+    pub fn log_warnings(&self) {
+        for w in &self.warnings {
+            tracing::warn!("config: {w}");
+        }
+    }
+
     /// The route whose prefix matches `path` (longest prefix wins), if any.
     pub fn match_route(&self, path: &str) -> Option<&Route> {
         self.routes.iter().find(|r| path.starts_with(&r.prefix))

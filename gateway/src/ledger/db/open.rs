@@ -36,6 +36,20 @@ impl Ledger {
         Self::open_storage(&storage, clock).await
     }
 
+    /// What [`Ledger::open_storage`] refuses of `[storage]` before it opens
+    /// anything (`check-config` runs it): the URL's scheme, and a SQLite
+    /// file that doesn't exist in a folder that doesn't either. It neither
+    /// creates nor connects to anything.
+    ///
+    /// Errors: [`LedgerError::Config`] for a URL of another scheme,
+    /// [`LedgerError::NoFolder`].
+    pub fn check_storage(storage: &StorageSpec) -> Result<(), LedgerError> {
+        match storage.backend().map_err(LedgerError::Config)? {
+            Backend::Sqlite(path) => super::lock::require_folder(&path),
+            Backend::Postgres(_) => Ok(()),
+        }
+    }
+
     /// Opens the ledger `[storage]` names (SQLite file or PostgreSQL URL)
     /// and applies that backend's embedded migrations (`migrations/sqlite`
     /// or `migrations/postgres`).
