@@ -163,3 +163,63 @@ async fn the_dashboard_and_the_alert_rules_query_only_exported_metrics() {
         );
     }
 }
+
+/// The problem kinds the gateway answers with: those of `OpError::kind`
+/// (`=> "kind"` in `ops/error.rs`) and every literal
+/// `urn:effectgate:problem:<kind>` in the gateway's source.
+fn sent_problem_kinds() -> BTreeSet<String> {
+    let src = repo().join("gateway/src");
+    let mut out = BTreeSet::new();
+    let error_rs = std::fs::read_to_string(src.join("ops/error.rs")).unwrap();
+    let kind_fn = error_rs
+        .split("pub fn kind(&self)")
+        .nth(1)
+        .and_then(|s| s.split("\n    }\n").next())
+        .expect("OpError::kind");
+    for l in kind_fn.lines() {
+        if let Some(k) = l.split("=> \"").nth(1).and_then(|r| r.split('"').next()) {
+            out.insert(k.to_owned());
+        }
+    }
+    let mut dirs = vec![src];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let text = std::fs::read_to_string(&p).unwrap();
+                for rest in text.split("urn:effectgate:problem:").skip(1) {
+                    let k: String = rest
+                        .chars()
+                        .take_while(|c| c.is_ascii_lowercase() || *c == '-')
+                        .collect();
+                    if !k.is_empty() {
+                        out.insert(k);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_problem_kind_the_gateway_sends_is_in_the_readmes_status_table() {
+    let text = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let table = text
+        .split("\n## HTTP status table\n")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("an HTTP status table section");
+    let kinds = sent_problem_kinds();
+    assert!(kinds.len() >= 25, "found only {kinds:?}");
+    let missing: Vec<_> = kinds
+        .iter()
+        .filter(|k| !table.contains(&format!("`{k}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not in the README's status table: {missing:?}"
+    );
+}

@@ -228,7 +228,8 @@ impl Guest for Policy {
     }
 
     /// Decides on a request: `Decision::Allow`, `Decision::Deny(Deny { status, reason })`
-    /// (4xx) or `Decision::RequireApproval(reason)`. `config` is the
+    /// (4xx; add `Deny` to the `use effectgate::policy::types::{…}` line
+    /// above) or `Decision::RequireApproval(reason)`. `config` is the
     /// tenant's config as JSON text.
     fn evaluate(config: String, request: Request) -> Decision {
         let _ = (config, request);
