@@ -362,6 +362,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let events = ledger
                 .inbox_events(&tenant, source.as_deref(), state.as_deref(), limit)
                 .await?;
+            if events.is_empty() {
+                // Nothing on stdout (no header, no JSON line), a word for
+                // the person reading.
+                eprintln!("no inbox events");
+            }
             if json {
                 for e in events {
                     let mut v = serde_json::to_value(&e)?;
@@ -386,11 +391,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         ]
                     })
                     .collect::<Vec<_>>();
-                if rows.is_empty() {
-                    // Nothing on stdout (no header either), a word for the
-                    // person reading.
-                    eprintln!("no inbox events");
-                }
                 print_table(
                     &[
                         "SOURCE",
@@ -433,6 +433,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } => {
                 let ledger = open(c).await?;
                 let ops = ledger.list(tenant.as_deref(), state, limit).await?;
+                if ops.is_empty() {
+                    eprintln!("no operations");
+                }
                 if json {
                     for op in ops {
                         let mut v = serde_json::json!({
@@ -461,9 +464,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         ]
                     })
                     .collect::<Vec<_>>();
-                if rows.is_empty() {
-                    eprintln!("no operations");
-                }
                 print_table(
                     &[
                         "TENANT",

@@ -164,6 +164,11 @@ fn migrate_then_ledger_list_and_show() {
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout), "");
     assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "no operations");
+    // The same with --json: no JSON line.
+    let out = run(&["ledger", "list", "--json"]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "");
+    assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "no operations");
     let out = run(&["ledger", "show", "t", "nope"]);
     assert_eq!(out.status.code(), Some(1));
     let out = run(&["ledger", "list", "--state", "BOGUS"]);
@@ -350,6 +355,11 @@ fn migrate_and_ledger_list_on_postgres() {
         String::from_utf8_lossy(&out.stderr)
     );
     // An empty ledger: no rows, no header.
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "");
+    assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "no operations");
+    // The same with --json: no JSON line.
+    let out = run(&["ledger", "list", "--json"]);
+    assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout), "");
     assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "no operations");
     let out = run(&["ledger", "show", "t", "nope"]);
