@@ -2,7 +2,7 @@
 //!
 //! | metric | type | labels |
 //! |---|---|---|
-//! | `effectgate_requests_total` | counter | `route`, `outcome` (`forwarded`, `replayed`, `fingerprint-mismatch`, `in-flight`, `outcome-unknown`, `rejected`, `recorded-completed`, `recorded-failed`, `recorded-unknown`) |
+//! | `effectgate_requests_total` | counter | `route`, `outcome` (`forwarded`, `replayed`, `fingerprint-mismatch`, `in-flight`, `outcome-unknown`, `rejected`, `awaiting-approval`) |
 //! | `effectgate_replays_total` | counter | `route` (duplicates suppressed) |
 //! | `effectgate_fingerprint_mismatches_total` | counter | `route` |
 //! | `effectgate_in_flight_conflicts_total` | counter | `route` |

@@ -165,11 +165,18 @@ async fn the_dashboard_and_the_alert_rules_query_only_exported_metrics() {
 }
 
 /// The problem kinds the gateway answers with: those of `OpError::kind`
-/// (`=> "kind"` in `ops/error.rs`) and every literal
-/// `urn:effectgate:problem:<kind>` in the gateway's source.
+/// (`=> "kind"` in `ops/error.rs`), every literal
+/// `urn:effectgate:problem:<kind>` in the gateway's source, the inbox's
+/// refusals (`INBOX_CHECKS`, the kind of `OpError::InboxRejected`) and the
+/// stored answers of refused approvals (their kinds are arguments of the
+/// ledger's `refused_response`, not `urn:` literals).
 fn sent_problem_kinds() -> BTreeSet<String> {
     let src = repo().join("gateway/src");
-    let mut out = BTreeSet::new();
+    let mut out: BTreeSet<String> = effectgate::metrics::INBOX_CHECKS
+        .iter()
+        .chain(&["approval-rejected", "approval-expired"])
+        .map(|k| k.to_string())
+        .collect();
     let error_rs = std::fs::read_to_string(src.join("ops/error.rs")).unwrap();
     let kind_fn = error_rs
         .split("pub fn kind(&self)")
