@@ -833,6 +833,78 @@ both!(
     a_github_style_hmac_source_takes_its_event_id_from_a_header
 );
 
+/// A reload that gives a source's tenant a webhook ends the config's
+/// warning and delivers the source's events from then on; an event kept
+/// before it stays undelivered.
+async fn a_reload_that_adds_the_tenants_webhook_delivers_from_then_on(
+    storage: Option<StorageSpec>,
+) {
+    let rx = spawn_receiver().await;
+    let app = app_with(
+        &rx,
+        Setup {
+            storage,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let warnings = app.gw.state.settings().warnings.clone();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("tenant \"b\" has no webhook") && warnings[0].contains("\"gh\""),
+        "{warnings:?}"
+    );
+    let post = |id: &'static str| {
+        let body = json!({"action": "opened", "id": id}).to_string();
+        let sig = format!(
+            "sha256={}",
+            hex::encode(hmac_of(GH_SECRET.as_bytes(), &[body.as_bytes()]))
+        );
+        app.http
+            .post(app.proxy("/inbox/gh"))
+            .header("x-hub-signature-256", sig)
+            .header("x-github-delivery", id)
+            .body(body)
+            .send()
+    };
+    let v: Value = post("d-1").await.unwrap().json().await.unwrap();
+    assert_eq!(
+        (&v["state"], &v["delivery_id"]),
+        (&json!("accepted"), &Value::Null),
+        "{v}"
+    );
+    let path = app.gw.state.settings().source.clone().unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let with_hook = text.replacen(
+        "id = \"b\"\n",
+        &format!(
+            "id = \"b\"\nwebhook = {{ url = \"{}\", secret_env = \"TEST_INBOX_HOOK\" }}\n",
+            rx.url
+        ),
+        1,
+    );
+    assert_ne!(with_hook, text);
+    std::fs::write(&path, with_hook).unwrap();
+    app.gw.state.reload(None).await.unwrap();
+    assert!(app.gw.state.settings().warnings.is_empty());
+    let v: Value = post("d-2").await.unwrap().json().await.unwrap();
+    assert_eq!(v["state"], "accepted");
+    assert_eq!(
+        v["delivery_id"],
+        effectgate::ledger::delivery_id("b", "gh", "d-2"),
+        "{v}"
+    );
+    let got = deliveries(&app, &rx, 1).await;
+    assert_eq!(got.len(), 1, "only the event accepted after the reload");
+    assert_eq!(got[0].json()["data"]["provider_event_id"], "d-2");
+}
+// SQLite only: the harness sets PostgreSQL's `[storage]` beside the config
+// file, and a reload from the file would change the storage (refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_adds_the_tenants_webhook_delivers_from_then_on_sqlite() {
+    a_reload_that_adds_the_tenants_webhook_delivers_from_then_on(None).await;
+}
+
 // ---------------------------------------------------------------------------
 // Webhook-driven reconciliation.
 // ---------------------------------------------------------------------------
