@@ -10,6 +10,18 @@ fn effectgate() -> Command {
     c
 }
 
+/// Asserts a listing command found nothing: exit 0, nothing on stdout (no
+/// header line, no JSON line), and `word` on stderr.
+fn assert_empty_listing(out: &std::process::Output, word: &str) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "");
+    assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), word);
+}
+
 /// Runs `effectgate args` on the SQLite ledger at `db` (no config file)
 /// and returns what it printed and its exit status.
 fn on_ledger(db: &std::path::Path, args: &[&str]) -> std::process::Output {
@@ -160,15 +172,11 @@ fn migrate_then_ledger_list_and_show() {
     );
     assert!(db.exists());
     // No rows: nothing on stdout, not even the header; a word on stderr.
-    let out = run(&["ledger", "list", "--state", "UNKNOWN"]);
-    assert!(out.status.success());
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "");
-    assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "no operations");
-    // The same with --json: no JSON line.
-    let out = run(&["ledger", "list", "--json"]);
-    assert!(out.status.success());
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "");
-    assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "no operations");
+    assert_empty_listing(
+        &run(&["ledger", "list", "--state", "UNKNOWN"]),
+        "no operations",
+    );
+    assert_empty_listing(&run(&["ledger", "list", "--json"]), "no operations");
     let out = run(&["ledger", "show", "t", "nope"]);
     assert_eq!(out.status.code(), Some(1));
     let out = run(&["ledger", "list", "--state", "BOGUS"]);
@@ -196,13 +204,7 @@ fn migrate_then_ledger_list_and_show() {
     );
     // No dead letters: nothing on stdout (one JSON object a line), a word
     // on stderr.
-    let out = run(&["ledger", "dead-letters"]);
-    assert!(out.status.success());
-    assert!(out.stdout.is_empty());
-    assert_eq!(
-        String::from_utf8_lossy(&out.stderr).trim(),
-        "no dead letters"
-    );
+    assert_empty_listing(&run(&["ledger", "dead-letters"]), "no dead letters");
 }
 
 /// The ledger commands check only `[storage]`: an operator can read the
@@ -348,20 +350,9 @@ fn migrate_and_ledger_list_on_postgres() {
         );
         assert!(String::from_utf8_lossy(&out.stdout).contains("is migrated"));
     }
-    let out = run(&["ledger", "list"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     // An empty ledger: no rows, no header.
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "");
-    assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "no operations");
-    // The same with --json: no JSON line.
-    let out = run(&["ledger", "list", "--json"]);
-    assert!(out.status.success());
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "");
-    assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "no operations");
+    assert_empty_listing(&run(&["ledger", "list"]), "no operations");
+    assert_empty_listing(&run(&["ledger", "list", "--json"]), "no operations");
     let out = run(&["ledger", "show", "t", "nope"]);
     assert_eq!(out.status.code(), Some(1));
 }
@@ -549,13 +540,7 @@ async fn inbox_list_prints_a_tenants_events_with_iso_times() {
     }
     let out = run(&["inbox", "list", "t", "--state", "bogus"]);
     assert_eq!(out.status.code(), Some(2));
-    let out = run(&["inbox", "list", "other"]);
-    assert!(out.status.success());
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "");
-    assert_eq!(
-        String::from_utf8_lossy(&out.stderr).trim(),
-        "no inbox events"
-    );
+    assert_empty_listing(&run(&["inbox", "list", "other"]), "no inbox events");
 }
 
 /// One gateway process serves a SQLite ledger: a second `serve` on the

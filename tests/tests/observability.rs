@@ -29,14 +29,19 @@ async fn full_app() -> TestApp {
     .await
 }
 
-/// The metric families the README's metrics table lists.
-fn readme_families() -> BTreeSet<String> {
+/// The text of the README's section `## <title>`, up to the next `## `.
+fn readme_section(title: &str) -> String {
     let text = std::fs::read_to_string(repo().join("README.md")).unwrap();
-    let section = text
-        .split("\n## Metrics\n")
+    text.split(&format!("\n## {title}\n"))
         .nth(1)
         .and_then(|s| s.split("\n## ").next())
-        .expect("a Metrics section");
+        .unwrap_or_else(|| panic!("no README section {title:?}"))
+        .to_owned()
+}
+
+/// The metric families the README's metrics table lists.
+fn readme_families() -> BTreeSet<String> {
+    let section = readme_section("Metrics");
     let mut out = BTreeSet::new();
     for line in section.lines().filter(|l| l.starts_with("| `effectgate_")) {
         let name = line.split('`').nth(1).unwrap();
@@ -213,12 +218,7 @@ fn sent_problem_kinds() -> BTreeSet<String> {
 
 #[test]
 fn every_problem_kind_the_gateway_sends_is_in_the_readmes_status_table() {
-    let text = std::fs::read_to_string(repo().join("README.md")).unwrap();
-    let table = text
-        .split("\n## HTTP status table\n")
-        .nth(1)
-        .and_then(|s| s.split("\n## ").next())
-        .expect("an HTTP status table section");
+    let table = readme_section("HTTP status table");
     let kinds = sent_problem_kinds();
     assert!(kinds.len() >= 25, "found only {kinds:?}");
     let missing: Vec<_> = kinds

@@ -286,7 +286,7 @@ impl Flow<'_> {
         };
         Ok(match reserved {
             (Reservation::Created(op), _) if op.state == OpState::AwaitingApproval => {
-                // Counted there, under the answer it gives.
+                // `resume_awaiting` counts it, under the answer it gives.
                 Reserved::Answered(Box::pin(resume_awaiting(app, route, op)).await)
             }
             (Reservation::Created(op), Some(claim)) => {
