@@ -740,3 +740,106 @@ fn ledger_list_columns_fit_their_cells_and_json_has_the_same_rows() {
     assert_eq!(rows[0]["updated_at_rfc3339"], "2026-12-02T03:20:22.924Z");
     assert_eq!(rows[1]["operation_id"], long.as_str());
 }
+
+/// Lines of the gateway's log at `log` that contain `needle`.
+fn log_lines(log: &std::path::Path, needle: &str) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Waits (at most 20 s) until the log at `log` has `n` lines containing
+/// `needle`; the gateway process writes them as it goes.
+async fn until_logged(log: &std::path::Path, needle: &str, n: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while log_lines(log, needle).len() < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{n} lines with {needle:?} expected in the log:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The config's warnings (as `check-config` prints them) reach the log of
+/// `effectgate serve`: once at start, and again after every reload that
+/// keeps them; a reload that removes the cause logs none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_warnings_are_logged_at_start_and_after_every_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("gw.log");
+    let (d, db) = (dir.path().to_owned(), dir.path().join("ledger.db"));
+    // Tenant "demo" has an inbox source and, unless `hook` is given, no
+    // webhook to deliver its events to.
+    let write = move |proxy: u16, admin: u16, hook: &str| {
+        let p = d.join("gw.toml");
+        std::fs::write(
+            &p,
+            format!(
+                "[listen]\nproxy = \"127.0.0.1:{proxy}\"\nadmin = \"127.0.0.1:{admin}\"\n\
+                 [storage]\npath = \"{}\"\n\
+                 [[tenants]]\nid = \"demo\"\n{hook}\
+                 keys = [{{ role = \"client\", sha256 = \"{}\" }}]\n\
+                 [[routes]]\nname = \"pay\"\nprefix = \"/pay/\"\nupstream = \"http://127.0.0.1:9\"\n\
+                 [[inbox]]\nname = \"stripe\"\ntenant = \"demo\"\nscheme = \"stripe\"\n\
+                 secrets = [{{ env = \"CLI_TEST_WHSEC\" }}]\n",
+                db.display(),
+                common::sha("demo-key"),
+            ),
+        )
+        .unwrap();
+        p
+    };
+    let start = write.clone();
+    let gw = common::spawn_gateway(
+        move |proxy, admin| start(proxy, admin, ""),
+        &[
+            ("CLI_TEST_WHSEC", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+            ("CLI_TEST_HOOK", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+        ],
+        Some(&log),
+    )
+    .await;
+    let warning = "inbox[0].deliver: tenant";
+    // Logged before the gateway serves, so before it was ready.
+    let lines = log_lines(&log, warning);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("WARN"), "{}", lines[0]);
+    assert!(
+        lines[0].contains("has no webhook") && lines[0].contains("stripe"),
+        "{}",
+        lines[0]
+    );
+    let hup = || {
+        let status = Command::new("kill")
+            .args(["-HUP", &gw.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    // A reload of the same file: the warning again, after the reload's line.
+    // The handler's own line comes after the reload's warnings.
+    hup();
+    until_logged(&log, "SIGHUP: reloaded", 1).await;
+    assert_eq!(log_lines(&log, warning).len(), 2);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let reloaded = text.find("configuration reloaded").unwrap();
+    assert!(
+        text[reloaded..].contains(warning),
+        "the reload's warning comes after its line:\n{text}"
+    );
+    // The tenant gets its webhook: the next reload logs no warning.
+    write(
+        gw.proxy,
+        gw.admin,
+        "webhook = { url = \"http://127.0.0.1:9/hook\", secret_env = \"CLI_TEST_HOOK\" }\n",
+    );
+    hup();
+    until_logged(&log, "SIGHUP: reloaded", 2).await;
+    assert_eq!(log_lines(&log, "configuration reloaded").len(), 2);
+    assert_eq!(log_lines(&log, warning).len(), 2);
+}
