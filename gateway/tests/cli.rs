@@ -821,8 +821,8 @@ async fn config_warnings_are_logged_at_start_and_after_every_reload() {
             .unwrap();
         assert!(status.success());
     };
-    // A reload of the same file: the warning again, after the reload's line.
-    // The handler's own line comes after the reload's warnings.
+    // A reload of the same file: the warning again, after the reload's
+    // line ("SIGHUP: reloaded", the handler's, comes after both).
     hup();
     until_logged(&log, "SIGHUP: reloaded", 1).await;
     assert_eq!(log_lines(&log, warning).len(), 2);

@@ -133,6 +133,17 @@ inject_headers = [{{ name = "Authorization", value_env = "MOCK_PROVIDER_SECRET",
     )
 }
 
+/// The sum of the counter `name` over its series whose labels include
+/// every one of `labels` (`kind="busy"`), in Prometheus text.
+pub fn counter(metrics: &str, name: &str, labels: &[&str]) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter(|l| labels.iter().all(|x| l.contains(x)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// Parses a config from TOML text (plus `EFFECTGATE_*` env, as in production).
 pub fn settings_from(toml: &str, dir: &std::path::Path) -> Settings {
     ENV.call_once(|| {

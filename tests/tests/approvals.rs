@@ -112,18 +112,10 @@ async fn an_approval_is_bound_to_the_arguments() {
     assert_eq!(poll["status"], "used");
 }
 
-/// The count of `effectgate_requests_total{route, outcome}` in `metrics`
-/// (0 when the series is absent).
-fn requests(metrics: &str, route: &str, outcome: &str) -> u64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("effectgate_requests_total{"))
-        .filter(|l| l.contains(&format!("route=\"{route}\"")))
-        .filter(|l| l.contains(&format!("outcome=\"{outcome}\"")))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
-}
-
+/// Each answer on the approval path counts once in
+/// `effectgate_requests_total`, under the outcome it gave: the first call
+/// and a re-send while pending (`awaiting-approval`), the approved call
+/// that executes (`forwarded`), and its replay.
 #[tokio::test]
 async fn every_answer_on_the_approval_path_is_counted_by_its_outcome() {
     // A route of its own: the recorder is process-wide, and the other
@@ -151,7 +143,13 @@ async fn every_answer_on_the_approval_path_is_counted_by_its_outcome() {
             .send()
     };
     let counts = |m: &str| {
-        ["awaiting-approval", "forwarded", "replayed", "in-flight"].map(|o| requests(m, "held", o))
+        ["awaiting-approval", "forwarded", "replayed", "in-flight"].map(|o| {
+            counter(
+                m,
+                "effectgate_requests_total",
+                &["route=\"held\"", &format!("outcome=\"{o}\"")],
+            )
+        })
     };
     // The first call and a re-send while the approval is pending: 202 each.
     let r = send().await.unwrap();
@@ -161,7 +159,7 @@ async fn every_answer_on_the_approval_path_is_counted_by_its_outcome() {
         .unwrap()
         .to_owned();
     assert_eq!(send().await.unwrap().status(), 202);
-    assert_eq!(counts(&app.metrics().await), [2, 0, 0, 0]);
+    assert_eq!(counts(&app.metrics().await), [2.0, 0.0, 0.0, 0.0]);
     // Approved: the re-send executes (the provider sees it), then a replay.
     assert_eq!(
         decide(&app, APPROVER_A, "a", &id, "approve").await.status(),
@@ -169,11 +167,11 @@ async fn every_answer_on_the_approval_path_is_counted_by_its_outcome() {
     );
     assert_eq!(send().await.unwrap().status(), 200);
     assert_eq!(app.mock.provider.effects(), 1);
-    assert_eq!(counts(&app.metrics().await), [2, 1, 0, 0]);
+    assert_eq!(counts(&app.metrics().await), [2.0, 1.0, 0.0, 0.0]);
     let r = send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["idempotent-replayed"], "true");
-    assert_eq!(counts(&app.metrics().await), [2, 1, 1, 0]);
+    assert_eq!(counts(&app.metrics().await), [2.0, 1.0, 1.0, 0.0]);
     assert_eq!(app.mock.provider.effects(), 1);
 }
 

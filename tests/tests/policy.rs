@@ -513,17 +513,6 @@ async fn a_policy_that_prints_and_panics_fails_closed_and_the_gateway_goes_on() 
     assert_eq!(app.mock.provider.effects(), 2);
 }
 
-/// The sum of the counter `name` over its series whose labels include
-/// every one of `labels` (`kind="busy"`), in Prometheus text.
-fn counter(metrics: &str, name: &str, labels: &[&str]) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.split(['{', ' ']).next() == Some(name))
-        .filter(|l| labels.iter().all(|x| l.contains(x)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// Waits (up to 10 s, checking every 2 ms) until `cond` holds.
 async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
