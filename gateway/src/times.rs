@@ -31,7 +31,8 @@ pub const TIME_FIELDS: &[&str] = &[
     "oldest_unknown_at",
 ];
 
-/// The lists and objects, inside those objects, whose items hold times too.
+/// The lists and objects, inside those objects, whose items hold times too
+/// (an operation's policy decisions and its compensation link among them).
 const NESTED: &[&str] = &[
     "transitions",
     "attempts_log",
@@ -43,6 +44,8 @@ const NESTED: &[&str] = &[
     "operation",
     "events",
     "inbox_events",
+    "policy_decisions",
+    "compensation",
 ];
 
 /// `ms` since the epoch as RFC 3339 in UTC with milliseconds,
@@ -149,6 +152,7 @@ mod tests {
         let mut v = serde_json::json!({
             "created_at": 0, "decided_at": null, "request_body": {"at": 5},
             "transitions": [{"at": 1000}], "dead_letters": [{"since": 2000}],
+            "policy_decisions": [{"at": 3000}], "compensation": {"created_at": 4000},
         });
         annotate(&mut v);
         assert_eq!(v["created_at_rfc3339"], "1970-01-01T00:00:00.000Z");
@@ -160,6 +164,14 @@ mod tests {
         assert_eq!(
             v["dead_letters"][0]["since_rfc3339"],
             "1970-01-01T00:00:02.000Z"
+        );
+        assert_eq!(
+            v["policy_decisions"][0]["at_rfc3339"],
+            "1970-01-01T00:00:03.000Z"
+        );
+        assert_eq!(
+            v["compensation"]["created_at_rfc3339"],
+            "1970-01-01T00:00:04.000Z"
         );
         assert_eq!(v["request_body"], serde_json::json!({"at": 5}));
     }

@@ -133,6 +133,46 @@ inject_headers = [{{ name = "Authorization", value_env = "MOCK_PROVIDER_SECRET",
     )
 }
 
+/// The paths (`policy_decisions[0].at`) of the times in `v` shown in ms
+/// since the epoch alone: a number under `at`, a name ending in `_at`,
+/// `since`, `held_until` or `settle_until`, with no `<name>_rfc3339`
+/// beside it. Request and response bodies are the caller's and not looked
+/// into.
+pub fn times_without_rfc3339(v: &serde_json::Value) -> Vec<String> {
+    fn walk(v: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    walk(item, &format!("{path}[{i}]"), out);
+                }
+            }
+            serde_json::Value::Object(map) => {
+                for (key, value) in map {
+                    let at = if path.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{path}.{key}")
+                    };
+                    if key.ends_with("_body") {
+                        continue;
+                    }
+                    let time = key == "at"
+                        || key.ends_with("_at")
+                        || ["since", "held_until", "settle_until"].contains(&key.as_str());
+                    if time && value.is_number() && !map.contains_key(&format!("{key}_rfc3339")) {
+                        out.push(at.clone());
+                    }
+                    walk(value, &at, out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(v, "", &mut out);
+    out
+}
+
 /// The sum of the counter `name` over its series whose labels include
 /// every one of `labels` (`kind="busy"`), in Prometheus text.
 pub fn counter(metrics: &str, name: &str, labels: &[&str]) -> f64 {
@@ -335,11 +375,19 @@ impl TestApp {
             .await
             .unwrap()
     }
-    /// The operation's JSON as tenant `a`'s admin (panics unless 200).
+    /// The operation's JSON as tenant `a`'s admin (panics unless 200, or
+    /// when a time in it has no RFC 3339 form beside it: see
+    /// [`times_without_rfc3339`]).
     pub async fn op_json(&self, id: &str) -> serde_json::Value {
         let r = self.operation(ADMIN_A, "a", id).await;
         assert_eq!(r.status(), 200, "operation {id}");
-        r.json().await.unwrap()
+        let v = r.json().await.unwrap();
+        let bare = times_without_rfc3339(&v);
+        assert!(
+            bare.is_empty(),
+            "operation {id}: times in ms alone: {bare:?}"
+        );
+        v
     }
     /// The reason of the operation's last transition, from its JSON
     /// ([`TestApp::op_json`]; panics without transitions).
