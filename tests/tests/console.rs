@@ -511,3 +511,205 @@ async fn a_console_session_ends_after_its_configured_lifetime() {
     clock.advance(2);
     assert_eq!(page(session).await, 303, "ended: back to the login page");
 }
+
+/// The session cookie a login sets.
+fn cookie_of(r: reqwest::Response) -> String {
+    r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+/// The CSRF token of a console page's forms.
+fn csrf_of(html: &str) -> String {
+    let field = "name=\"csrf\" value=\"";
+    let at = html.find(field).expect("a form with the token") + field.len();
+    html[at..].split('"').next().unwrap().to_owned()
+}
+
+/// Posts a console form as `cookie` and returns the page it answers with.
+async fn post_form(
+    app: &TestApp,
+    cookie: &str,
+    path: &str,
+    form: &[(&str, &str)],
+) -> (u16, String) {
+    let r = no_redirects()
+        .post(app.admin(path))
+        .header("cookie", cookie)
+        .form(form)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+/// The Resolve form: shown to operators on UNKNOWN operations only,
+/// refused without the CSRF token, an unknown outcome answered with the
+/// problem naming `body.outcome`; "completed" ends the operation
+/// COMPLETED with the reference given, by the operator, and nothing is
+/// sent to the provider again.
+#[tokio::test]
+async fn operators_resolve_an_unknown_operation_from_its_page() {
+    let app = spawn_with(Opts {
+        more: "[reconcile]\nenabled = false\n".into(),
+        ..Default::default()
+    })
+    .await;
+    let r = app
+        .charge_with(
+            "u1",
+            r#"{"amount":100}"#,
+            &[("X-Mock-Fault", "drop-after-effect")],
+        )
+        .await;
+    assert_eq!(r.status(), 502);
+    assert_eq!(app.op_json("u1").await["state"], "UNKNOWN");
+    let approver = cookie_of(login(&app, APPROVER_A).await);
+    assert!(
+        !page_of(&app, &approver, "u1")
+            .await
+            .contains("id=\"resolve\"")
+    );
+    let operator = cookie_of(login(&app, OPERATOR_A).await);
+    let html = page_of(&app, &operator, "u1").await;
+    assert!(
+        html.contains("action=\"/console/operations/u1/resolve\""),
+        "{html}"
+    );
+    assert!(
+        !html.contains("id=\"requeue\""),
+        "not a dead letter: {html}"
+    );
+    let csrf = csrf_of(&html);
+    let path = "/console/operations/u1/resolve";
+    let (status, _) = post_form(
+        &app,
+        &operator,
+        path,
+        &[("outcome", "completed"), ("csrf", "forged")],
+    )
+    .await;
+    assert_eq!(status, 403);
+    let (status, page) = post_form(
+        &app,
+        &operator,
+        path,
+        &[("outcome", "maybe"), ("reason", "x"), ("csrf", &csrf)],
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(page.contains("body.outcome"), "{page}");
+    assert_eq!(app.op_json("u1").await["state"], "UNKNOWN");
+    let (status, page) = post_form(
+        &app,
+        &operator,
+        path,
+        &[
+            ("outcome", "completed"),
+            ("provider_reference", "ch_1"),
+            ("reason", "seen in the provider's dashboard"),
+            ("csrf", &csrf),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("<span class=\"state\" id=\"state\">COMPLETED</span>"),
+        "{page}"
+    );
+    assert!(!page.contains("id=\"resolve\""), "no second form");
+    let op = app.op_json("u1").await;
+    assert_eq!(op["state"], "COMPLETED");
+    assert_eq!(op["provider_reference"], "ch_1");
+    let last = op["transitions"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(last["from_state"], "UNKNOWN");
+    assert!(
+        last["actor"].as_str().unwrap().contains("operator"),
+        "{last}"
+    );
+    assert!(
+        TestApp::last_reason(&op).contains("seen in the provider's dashboard"),
+        "{op}"
+    );
+    assert_eq!(app.mock.provider.effects(), 1);
+    assert_eq!(app.provider_calls().0, 1, "nothing sent again");
+}
+
+/// The Requeue button: shown to operators on dead letters (here of a
+/// payment route with a read-back, whose replay verdict lets a dead letter
+/// run again under the same operation); pressed once
+/// the provider is back, the operation is read back (absent) and
+/// attempted again with the same provider key, and ends COMPLETED.
+#[tokio::test]
+async fn operators_requeue_a_dead_letter_from_its_page() {
+    let app = spawn_with(Opts {
+        route_extra: r#"effect_class = "payment"
+[routes.read_back]
+path = "/v1/charges?idempotency_key={provider_key}"
+found_pointer = "/data/0"
+reference_pointer = "/id"
+"#
+        .into(),
+        more: "[reconcile]\nenabled = false\n".into(),
+        ..Default::default()
+    })
+    .await;
+    app.mock.provider.set_faults(mock_provider::Faults {
+        fail_503_times: 100,
+        ..Default::default()
+    });
+    assert_eq!(app.charge("d1", r#"{"amount":100}"#).await.status(), 503);
+    let op = app.op_json("d1").await;
+    assert_eq!(
+        (op["state"].as_str(), op["dead_letter"].as_bool()),
+        (Some("FAILED"), Some(true))
+    );
+    assert_eq!(app.mock.provider.effects(), 0);
+    let operator = cookie_of(login(&app, OPERATOR_A).await);
+    let html = page_of(&app, &operator, "d1").await;
+    assert!(
+        html.contains("action=\"/console/operations/d1/requeue\""),
+        "{html}"
+    );
+    assert!(!html.contains("id=\"resolve\""), "not UNKNOWN: {html}");
+    let csrf = csrf_of(&html);
+    let path = "/console/operations/d1/requeue";
+    let (status, _) = post_form(
+        &app,
+        &operator,
+        path,
+        &[("reason", "provider is back"), ("csrf", "forged")],
+    )
+    .await;
+    assert_eq!(status, 403);
+    assert_eq!(app.op_json("d1").await["requeues"], 0);
+    app.mock
+        .provider
+        .set_faults(mock_provider::Faults::default());
+    let (status, page) = post_form(
+        &app,
+        &operator,
+        path,
+        &[("reason", "provider is back"), ("csrf", &csrf)],
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("<span class=\"state\" id=\"state\">COMPLETED</span>"),
+        "{page}"
+    );
+    let op = app.op_json("d1").await;
+    assert_eq!(op["state"], "COMPLETED");
+    assert_eq!(op["dead_letter"], false);
+    assert_eq!(op["requeues"], 1);
+    assert_eq!(app.mock.provider.effects(), 1);
+}

@@ -14,7 +14,7 @@
 //! | `/console` | counts, each a link to its list: pending approvals, UNKNOWN, dead-letter depth and oldest age |
 //! | `/console/approvals` | pending approvals with the exact request and the policy's reason |
 //! | `/console/operations?state=S` | operations by state (`DEAD` = dead letters) |
-//! | `/console/operations/{id}` | the transition timeline, attempts, policy decisions, replay, compensate (COMPLETED operations) |
+//! | `/console/operations/{id}` | the transition timeline, attempts, policy decisions; for operators: replay, compensate (COMPLETED operations), resolve (UNKNOWN operations), requeue (dead letters) |
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -128,6 +128,8 @@ pub fn routes() -> Router<AppState> {
         .route("/console/operations/{id}", get(operation))
         .route("/console/operations/{id}/replay", post(replay))
         .route("/console/operations/{id}/compensate", post(compensate))
+        .route("/console/operations/{id}/resolve", post(resolve))
+        .route("/console/operations/{id}/requeue", post(requeue))
         .layer(axum::middleware::from_fn(secure_cookies))
 }
 
@@ -642,6 +644,81 @@ async fn replay(
     operation_page(&app, &s, &id, Some(result)).await
 }
 
+#[derive(Debug, Deserialize)]
+struct ResolveForm {
+    #[serde(default)]
+    csrf: String,
+    /// `completed` or `absent`.
+    #[serde(default)]
+    outcome: String,
+    #[serde(default)]
+    provider_reference: String,
+    #[serde(default)]
+    reason: String,
+}
+
+/// `Some(text)` unless it is blank.
+fn given(text: String) -> Option<String> {
+    Some(text).filter(|t| !t.trim().is_empty())
+}
+
+/// What an operator's action shows on the page: the operation's id and
+/// state after it, or the problem (RFC 9457) that refused it.
+fn action_result(id: &str, done: Result<serde_json::Value, OpError>) -> String {
+    let v = match done {
+        Ok(op) => serde_json::json!({"operation_id": id, "state": op["state"]}),
+        Err(e) => serde_json::json!(crate::http::error::Problem::problem(&e)),
+    };
+    serde_json::to_string_pretty(&v).unwrap_or_default()
+}
+
+/// The console's Resolve form (operators, UNKNOWN operations): the
+/// operator's own read-back, as `POST …/resolve` on the admin API
+/// ([`crate::ops::operator::resolve`]); the result shown on the page.
+async fn resolve(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<ResolveForm>,
+) -> Response {
+    let Some(s) = session(&app, &headers) else {
+        return login_redirect();
+    };
+    if let Some(r) = csrf_refused(&s, &f.csrf) {
+        return r;
+    }
+    let action = crate::ops::operator::Resolution {
+        reason: given(f.reason),
+        outcome: given(f.outcome),
+        provider_reference: given(f.provider_reference),
+    };
+    let done = crate::ops::operator::resolve(&app, &s.principal, &id, &action).await;
+    let result = action_result(&id, done);
+    operation_page(&app, &s, &id, Some(result)).await
+}
+
+/// The console's Requeue button (operators, dead letters): as `POST
+/// …/requeue` on the admin API ([`crate::ops::operator::requeue`]); the
+/// result shown on the page.
+async fn requeue(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<CompensateForm>,
+) -> Response {
+    let Some(s) = session(&app, &headers) else {
+        return login_redirect();
+    };
+    if let Some(r) = csrf_refused(&s, &f.csrf) {
+        return r;
+    }
+    let reason = given(f.reason);
+    let done = crate::ops::operator::requeue(&app, &s.principal, &id, reason.as_deref()).await;
+    let result = action_result(&id, done);
+    operation_page(&app, &s, &id, Some(result)).await
+}
+
+/// A form with the CSRF token and a reason (Compensate, Requeue).
 #[derive(Debug, Deserialize)]
 struct CompensateForm {
     #[serde(default)]
