@@ -265,6 +265,15 @@ async fn exhausted_retries_are_dead_lettered_with_reason_and_context() {
     assert_eq!(op["dead_letter"], true);
     assert_eq!(op["dead_letter_reason"], "retries-exhausted");
     assert_eq!(op["attempts"], 3);
+    // Each attempt's log row says what the provider answered, the last
+    // one (which ended the retries) too.
+    let details: Vec<&str> = op["attempts_log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["detail"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(details, ["provider answered 503 Service Unavailable"; 3]);
     assert!(app.mock.provider.effects() <= 1);
     app.mock.provider.set_faults(Faults::default());
     let out = app

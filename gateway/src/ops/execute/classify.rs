@@ -283,13 +283,22 @@ fn by_status(
 ) -> Outcome {
     match (code, stopped) {
         (200..=299, _) => Outcome::new(OpState::Completed, "provider applied the effect"),
-        (_, Some(stopped)) => stopped_outcome(
-            stopped,
-            route,
-            op,
-            &format!("provider answered {code}"),
-            &format!("status {code}"),
-        ),
+        (_, Some(stopped)) => {
+            let mut o = stopped_outcome(
+                stopped,
+                route,
+                op,
+                &format!("provider answered {code}"),
+                &format!("status {code}"),
+            );
+            // The last attempt's detail, worded as the retried attempts'
+            // (`provider answered 503 Service Unavailable`).
+            o.error_detail = Some(match StatusCode::from_u16(code) {
+                Ok(status) => format!("provider answered {status}"),
+                Err(_) => format!("provider answered {code}"),
+            });
+            o
+        }
         _ if policy_class == Some(FailureClass::Permanent) => {
             let mut o = Outcome::new(
                 OpState::Failed,
