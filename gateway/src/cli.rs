@@ -413,7 +413,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } => {
                 let ledger = open(c).await?;
                 let Some(op) = ledger.get(&tenant, &operation_id).await? else {
-                    eprintln!("no operation {operation_id:?} for tenant {tenant:?}");
+                    eprintln!("error: no operation {operation_id:?} for tenant {tenant:?}");
                     return Ok(ExitCode::from(1));
                 };
                 let mut v = serde_json::to_value(&op)?;

@@ -179,6 +179,11 @@ fn migrate_then_ledger_list_and_show() {
     assert_empty_listing(&run(&["ledger", "list", "--json"]), "no operations");
     let out = run(&["ledger", "show", "t", "nope"]);
     assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim_end(),
+        "error: no operation \"nope\" for tenant \"t\"",
+        "as every other error of the CLI"
+    );
     let out = run(&["ledger", "list", "--state", "BOGUS"]);
     assert_eq!(out.status.code(), Some(2));
     // A limit of 0 is refused, as the admin API refuses it.

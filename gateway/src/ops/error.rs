@@ -67,7 +67,7 @@ pub enum OpError {
     /// 409: the operation stopped running automatically (dead letter) and
     /// waits for an operator.
     #[error(
-        "operation {operation_id:?} is on the terminal route ({reason}); an operator must requeue or resolve it"
+        "operation {operation_id:?} is a dead letter ({reason}); an operator must requeue or resolve it"
     )]
     DeadLettered {
         /// The operation.
