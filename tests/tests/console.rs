@@ -569,11 +569,29 @@ async fn operators_resolve_an_unknown_operation_from_its_page() {
     assert_eq!(r.status(), 502);
     assert_eq!(app.op_json("u1").await["state"], "UNKNOWN");
     let approver = cookie_of(login(&app, APPROVER_A).await);
+    let approver_page = page_of(&app, &approver, "u1").await;
     assert!(
-        !page_of(&app, &approver, "u1")
-            .await
-            .contains("id=\"resolve\"")
+        approver_page.contains("id=\"state\">UNKNOWN<"),
+        "{approver_page}"
     );
+    assert!(!approver_page.contains("id=\"resolve\""));
+    // An approver posting the form anyway (with the session's own token)
+    // is refused, and nothing changes.
+    let (status, page) = post_form(
+        &app,
+        &approver,
+        "/console/operations/u1/resolve",
+        &[
+            ("outcome", "completed"),
+            ("provider_reference", "ch_1"),
+            ("reason", "not mine to decide"),
+            ("csrf", &csrf_of(&approver_page)),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(page.contains("urn:effectgate:problem:forbidden"), "{page}");
+    assert_eq!(app.op_json("u1").await["state"], "UNKNOWN");
     let operator = cookie_of(login(&app, OPERATOR_A).await);
     let html = page_of(&app, &operator, "u1").await;
     assert!(
@@ -695,6 +713,33 @@ reference_pointer = "/id"
     app.mock
         .provider
         .set_faults(mock_provider::Faults::default());
+    // An approver posting the form (with the session's own token) is
+    // refused, and nothing runs.
+    let approver = cookie_of(login(&app, APPROVER_A).await);
+    let approver_page = page_of(&app, &approver, "d1").await;
+    assert!(
+        approver_page.contains("id=\"state\">FAILED<"),
+        "{approver_page}"
+    );
+    assert!(!approver_page.contains("id=\"requeue\""));
+    let (status, page) = post_form(
+        &app,
+        &approver,
+        path,
+        &[
+            ("reason", "not mine to decide"),
+            ("csrf", &csrf_of(&approver_page)),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(page.contains("urn:effectgate:problem:forbidden"), "{page}");
+    let op = app.op_json("d1").await;
+    assert_eq!(
+        (op["requeues"].as_i64(), op["dead_letter"].as_bool()),
+        (Some(0), Some(true))
+    );
+    assert_eq!(app.mock.provider.effects(), 0);
     let (status, page) = post_form(
         &app,
         &operator,
@@ -712,4 +757,80 @@ reference_pointer = "/id"
     assert_eq!(op["dead_letter"], false);
     assert_eq!(op["requeues"], 1);
     assert_eq!(app.mock.provider.effects(), 1);
+}
+
+/// A dead letter whose read-backs kept failing (reconciliation out of
+/// bounds) tells the operator to resolve it as completed if the effect
+/// exists: its page offers Resolve beside Requeue, and resolving ends it
+/// COMPLETED without a provider call.
+#[tokio::test]
+async fn operators_resolve_a_dead_letter_past_reconciliations_bounds() {
+    let clock = effectgate::ledger::ManualClock::new(1_000_000_000);
+    let app = spawn_with(Opts {
+        route_extra: r#"effect_class = "payment"
+[routes.read_back]
+path = "/v1/charges?idempotency_key={provider_key}"
+found_pointer = "/data/0"
+reference_pointer = "/id"
+"#
+        .into(),
+        more: "[reconcile]\nenabled = false\nmax_read_backs = 1\nbackoff_base_ms = 100\nbackoff_max_ms = 100\n"
+            .into(),
+        clock: Some(clock.clone()),
+        ..Default::default()
+    })
+    .await;
+    let r = app
+        .charge_with(
+            "o1",
+            r#"{"amount":100}"#,
+            &[("X-Mock-Fault", "drop-after-effect")],
+        )
+        .await;
+    assert_eq!(r.status(), 502);
+    app.mock.provider.set_faults(mock_provider::Faults {
+        readback_fail_times: 10,
+        ..Default::default()
+    });
+    for _ in 0..4 {
+        clock.advance(1000);
+        app.tick().await;
+    }
+    let op = app.op_json("o1").await;
+    assert_eq!(
+        op["dead_letter_reason"], "reconciliation-out-of-bounds",
+        "{op}"
+    );
+    let operator = cookie_of(login(&app, OPERATOR_A).await);
+    let html = page_of(&app, &operator, "o1").await;
+    assert!(
+        html.contains("action=\"/console/operations/o1/resolve\""),
+        "{html}"
+    );
+    assert!(
+        html.contains("action=\"/console/operations/o1/requeue\""),
+        "{html}"
+    );
+    let (status, page) = post_form(
+        &app,
+        &operator,
+        "/console/operations/o1/resolve",
+        &[
+            ("outcome", "completed"),
+            ("provider_reference", "ch_1"),
+            ("reason", "found in the provider's dashboard"),
+            ("csrf", &csrf_of(&html)),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(page.contains("id=\"state\">COMPLETED<"), "{page}");
+    let op = app.op_json("o1").await;
+    assert_eq!(
+        (op["state"].as_str(), op["dead_letter"].as_bool()),
+        (Some("COMPLETED"), Some(false))
+    );
+    assert_eq!(op["provider_reference"], "ch_1");
+    assert_eq!(app.mock.provider.effects(), 1);
+    assert_eq!(app.provider_calls().0, 1, "nothing sent again");
 }

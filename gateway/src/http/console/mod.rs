@@ -14,7 +14,7 @@
 //! | `/console` | counts, each a link to its list: pending approvals, UNKNOWN, dead-letter depth and oldest age |
 //! | `/console/approvals` | pending approvals with the exact request and the policy's reason |
 //! | `/console/operations?state=S` | operations by state (`DEAD` = dead letters) |
-//! | `/console/operations/{id}` | the transition timeline, attempts, policy decisions; for operators: replay, compensate (COMPLETED operations), resolve (UNKNOWN operations), requeue (dead letters) |
+//! | `/console/operations/{id}` | the transition timeline, attempts, policy decisions; for operators: replay, compensate (COMPLETED operations), resolve (UNKNOWN operations and dead letters past reconciliation's bounds), requeue (dead letters) |
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -662,6 +662,19 @@ fn given(text: String) -> Option<String> {
     Some(text).filter(|t| !t.trim().is_empty())
 }
 
+/// Refuses every role but operator (403 `forbidden` in the page's
+/// result), as the console's replay and compensate do; the admin API's
+/// `…/resolve` and `…/requeue` refuse approvers and clients the same way.
+fn operator_only(s: &Session, action: &'static str) -> Result<(), OpError> {
+    if s.principal.role == Role::Operator {
+        return Ok(());
+    }
+    Err(OpError::Forbidden {
+        role: s.principal.role.as_str(),
+        action: action.into(),
+    })
+}
+
 /// What an operator's action shows on the page: the operation's id and
 /// state after it, or the problem (RFC 9457) that refused it.
 fn action_result(id: &str, done: Result<serde_json::Value, OpError>) -> String {
@@ -692,7 +705,10 @@ async fn resolve(
         outcome: given(f.outcome),
         provider_reference: given(f.provider_reference),
     };
-    let done = crate::ops::operator::resolve(&app, &s.principal, &id, &action).await;
+    let done = match operator_only(&s, "resolve operations") {
+        Ok(()) => crate::ops::operator::resolve(&app, &s.principal, &id, &action).await,
+        Err(e) => Err(e),
+    };
     let result = action_result(&id, done);
     operation_page(&app, &s, &id, Some(result)).await
 }
@@ -713,7 +729,10 @@ async fn requeue(
         return r;
     }
     let reason = given(f.reason);
-    let done = crate::ops::operator::requeue(&app, &s.principal, &id, reason.as_deref()).await;
+    let done = match operator_only(&s, "requeue operations") {
+        Ok(()) => crate::ops::operator::requeue(&app, &s.principal, &id, reason.as_deref()).await,
+        Err(e) => Err(e),
+    };
     let result = action_result(&id, done);
     operation_page(&app, &s, &id, Some(result)).await
 }
