@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use figment::Figment;
-use figment::providers::{Env, Format, Serialized, Toml};
+use figment::providers::{Env, Serialized};
 use http::{HeaderName, HeaderValue, Method};
 
 use sha2::{Digest, Sha256};
@@ -422,24 +422,30 @@ pub fn load_file(path: Option<&Path>) -> Result<ConfigFile, ConfigError> {
             }
             Err(e) => return Err(ConfigError::new(file, format!("cannot read it: {e}"))),
         };
-        if let Err(e) = toml::from_str::<toml::Table>(&text) {
-            let mut message = e.message().trim().replace('\n', "; ");
-            let at = match e.span() {
-                Some(span) => {
-                    let (line, col) = line_col(&text, span.start);
-                    if let Some(l) = text.lines().nth(line - 1) {
-                        message.push_str(&format!(", in: {}", l.trim()));
+        // Parsed once, as TOML 1.1 (an inline table may span lines), and
+        // handed to the layers as data: the file's own provider would
+        // parse it again as TOML 1.0 and refuse what this accepted.
+        let table = match toml::from_str::<toml::Table>(&text) {
+            Ok(table) => table,
+            Err(e) => {
+                let mut message = e.message().trim().replace('\n', "; ");
+                let at = match e.span() {
+                    Some(span) => {
+                        let (line, col) = line_col(&text, span.start);
+                        if let Some(l) = text.lines().nth(line - 1) {
+                            message.push_str(&format!(", in: {}", l.trim()));
+                        }
+                        format!("{file}:{line}:{col}")
                     }
-                    format!("{file}:{line}:{col}")
-                }
-                None => file,
-            };
-            return Err(ConfigError::new(
-                at,
-                format!("TOML syntax error: {message}"),
-            ));
-        }
-        fig = fig.merge(Toml::file_exact(p));
+                    None => file,
+                };
+                return Err(ConfigError::new(
+                    at,
+                    format!("TOML syntax error: {message}"),
+                ));
+            }
+        };
+        fig = fig.merge(Serialized::defaults(table));
     }
     fig = fig.merge(
         Env::prefixed(ENV_PREFIX)

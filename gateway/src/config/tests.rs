@@ -26,6 +26,24 @@ fn unknown_field_is_named_with_its_path() {
     assert!(e.message.contains("upstrem"), "{e}");
 }
 
+/// TOML 1.1: an inline table may span lines (the README's examples write
+/// a tenant's `webhook` so); the file is read as that, not refused by a
+/// second, TOML 1.0 reading with no field named.
+#[test]
+fn an_inline_table_may_span_lines() {
+    let s = parse(
+        "[[routes]]\nprefix = \"/a/\"\nupstream = \"http://x\"\n\
+         retry = { max_attempts = 7,\n          base_delay_ms = 3 }\n",
+    )
+    .unwrap();
+    assert_eq!(s.routes[0].retry.max_attempts, 7);
+    assert_eq!(s.routes[0].retry.base_delay_ms, 3);
+    // A syntax error is still named by file, line and column.
+    let e = parse("[[routes]]\nprefix = \"/a/\"\nupstream = = 1\n").unwrap_err();
+    assert!(e.path.ends_with("c.toml:3:12"), "{e}");
+    assert!(e.message.starts_with("TOML syntax error"), "{e}");
+}
+
 #[test]
 fn bad_upstream_names_the_field() {
     let e = parse("[[routes]]\nprefix = \"/a/\"\nupstream = \"ftp://x\"\n").unwrap_err();
