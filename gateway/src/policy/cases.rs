@@ -154,6 +154,71 @@ pub struct Expect {
     verdict: Option<String>,
 }
 
+/// The decisions a `request` or `compensate` case may expect.
+const DECISIONS: [&str; 3] = ["allow", "deny", "require-approval"];
+/// The classes a `classify` case may expect.
+const CLASSES: [&str; 3] = ["transient", "permanent", "unknown"];
+/// The verdicts a `replay` case may expect.
+const VERDICTS: [&str; 5] = [
+    "allow",
+    "same-operation-only",
+    "revalidate",
+    "manual",
+    "deny",
+];
+
+impl Expect {
+    /// Refuses an `expect` that checks nothing for a case of `kind`
+    /// (`request`, `compensate`, `classify`, `replay`): one with none of
+    /// the fields that kind checks (`expect = {}` would always pass), one
+    /// with a field only another kind checks, or a value no policy gives.
+    fn check_for(&self, kind: &str) -> Result<(), String> {
+        let decision = [
+            ("decision", self.decision.is_some()),
+            ("status", self.status.is_some()),
+            ("reason_contains", self.reason_contains.is_some()),
+            ("effect_class", self.effect_class.is_some()),
+        ];
+        let class = [("class", self.class.is_some())];
+        let verdict = [("verdict", self.verdict.is_some())];
+        let own: &[(&str, bool)] = match kind {
+            "classify" => &class,
+            "replay" => &verdict,
+            _ => &decision,
+        };
+        for (field, given) in decision.iter().chain(&class).chain(&verdict) {
+            if *given && !own.iter().any(|(f, _)| f == field) {
+                return Err(format!(
+                    "`expect.{field}` is not checked by a `{kind}` case"
+                ));
+            }
+        }
+        if !own.iter().any(|(_, given)| *given) {
+            let names: Vec<String> = own.iter().map(|(f, _)| format!("`{f}`")).collect();
+            return Err(format!(
+                "`expect` checks nothing for a `{kind}` case: give {}",
+                names.join(" or ")
+            ));
+        }
+        let known = [
+            ("decision", &self.decision, &DECISIONS[..]),
+            ("class", &self.class, &CLASSES[..]),
+            ("verdict", &self.verdict, &VERDICTS[..]),
+        ];
+        for (field, value, allowed) in known {
+            if let Some(v) = value
+                && !allowed.contains(&v.as_str())
+            {
+                return Err(format!(
+                    "`expect.{field}` is {v:?}, which no policy gives: one of {}",
+                    allowed.join(", ")
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 fn state_named(s: &str) -> Option<OperationState> {
     Some(match s.to_ascii_lowercase().replace('_', "-").as_str() {
         "reserved" => OperationState::Reserved,
@@ -253,6 +318,16 @@ fn run_case(
             "a case needs exactly one of `request`, `classify`, `replay`, `compensate`".into(),
         );
     }
+    let kind = if case.request.is_some() {
+        "request"
+    } else if case.classify.is_some() {
+        "classify"
+    } else if case.replay.is_some() {
+        "replay"
+    } else {
+        "compensate"
+    };
+    case.expect.check_for(kind)?;
     let run = CaseRun {
         engine,
         compiled,
@@ -501,4 +576,61 @@ pub fn describe(engine: &PolicyEngine, module: &Path) -> anyhow::Result<String> 
         compiled.hash_hex,
         serde_json::to_string_pretty(&schema).unwrap_or_default()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expect(toml_text: &str) -> Expect {
+        toml::from_str(toml_text).unwrap()
+    }
+
+    #[test]
+    fn an_expect_that_checks_nothing_or_the_wrong_thing_is_refused() {
+        assert_eq!(
+            expect("").check_for("request").unwrap_err(),
+            "`expect` checks nothing for a `request` case: give `decision` or `status` or \
+             `reason_contains` or `effect_class`"
+        );
+        assert_eq!(
+            expect("").check_for("replay").unwrap_err(),
+            "`expect` checks nothing for a `replay` case: give `verdict`"
+        );
+        assert_eq!(
+            expect("verdict = \"allow\"")
+                .check_for("request")
+                .unwrap_err(),
+            "`expect.verdict` is not checked by a `request` case"
+        );
+        assert_eq!(
+            expect("decision = \"allow\"")
+                .check_for("classify")
+                .unwrap_err(),
+            "`expect.decision` is not checked by a `classify` case"
+        );
+        assert_eq!(
+            expect("decision = \"allowed\"")
+                .check_for("compensate")
+                .unwrap_err(),
+            "`expect.decision` is \"allowed\", which no policy gives: one of allow, deny, \
+             require-approval"
+        );
+        assert!(expect("status = 403").check_for("request").is_ok());
+        assert!(
+            expect("decision = \"deny\"\nstatus = 403")
+                .check_for("compensate")
+                .is_ok()
+        );
+        assert!(
+            expect("class = \"permanent\"")
+                .check_for("classify")
+                .is_ok()
+        );
+        assert!(
+            expect("verdict = \"revalidate\"")
+                .check_for("replay")
+                .is_ok()
+        );
+    }
 }

@@ -168,8 +168,9 @@ pub fn project_files(name: &str, lang: Lang) -> Vec<(&'static str, String)> {
 
 /// The case file every project starts with.
 const CASES: &str = r#"# effectgate policy test {{wasm}} cases.toml
-# Cases: `request` (evaluate), `classify` (classify-failure) or `replay`,
-# each with an `expect`; see the gateway's policies/README.md.
+# Cases: `request` (evaluate), `classify` (classify-failure), `replay` or
+# `compensate`, each with an `expect`; see "Case files" in the gateway's
+# policies/README.md.
 config = {}
 
 [[cases]]
