@@ -848,3 +848,26 @@ async fn config_warnings_are_logged_at_start_and_after_every_reload() {
     assert_eq!(log_lines(&log, "configuration reloaded").len(), 2);
     assert_eq!(log_lines(&log, warning).len(), 2);
 }
+
+/// `policy check` of a file that isn't WebAssembly says so in one line,
+/// without the parser's dump of its first bytes.
+#[test]
+fn policy_check_of_a_file_that_is_not_webassembly_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("notes.wasm");
+    std::fs::write(&file, "hello, not a module\n").unwrap();
+    let out = effectgate()
+        .args(["policy", "check"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a module `policy check` rejects"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("it is not a WebAssembly binary"), "{err}");
+    assert!(!err.contains("0x61"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}

@@ -339,6 +339,17 @@ impl PolicyEngine {
         if let Some(c) = self.cache.lock().unwrap().get(&hash) {
             return Ok(c.clone());
         }
+        // WebAssembly binary format §5.5.16: a module or component starts
+        // with the magic bytes `\0asm`; anything else is named as such,
+        // not as the parser's dump of the first bytes.
+        if !bytes.starts_with(b"\0asm") {
+            return Err(LoadError::Incompatible(
+                "it is not a WebAssembly binary (it does not start with the bytes \\0asm): \
+                 name the .wasm file a policy build wrote, such as \
+                 policies/target/wasm32-wasip2/release/amount_threshold.wasm"
+                    .into(),
+            ));
+        }
         let requested = initial_memory_bytes(bytes);
         if requested > self.limits.memory_bytes as u64 {
             return Err(LoadError::MemoryLimit {
