@@ -53,10 +53,7 @@ async fn login_form(app: &TestApp) -> (String, String) {
         .unwrap()
         .to_owned();
     let html = r.text().await.unwrap();
-    let field = "name=\"csrf\" value=\"";
-    let at = html.find(field).expect("hidden token field") + field.len();
-    let form_token = html[at..].split('"').next().unwrap().to_owned();
-    (cookie_token, form_token)
+    (cookie_token, csrf_of(&html))
 }
 
 async fn login(app: &TestApp, key: &str) -> reqwest::Response {
@@ -390,41 +387,20 @@ body = { charge = "{reference}" }
     })
     .await;
     assert_eq!(app.charge("c1", r#"{"amount":100}"#).await.status(), 200);
-    let session = |r: reqwest::Response| {
-        r.headers()["set-cookie"]
-            .to_str()
-            .unwrap()
-            .split(';')
-            .next()
-            .unwrap()
-            .to_owned()
-    };
-    let page = |cookie: String| {
-        let app = &app;
-        async move {
-            no_redirects()
-                .get(app.admin("/console/operations/c1"))
-                .header("cookie", cookie)
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap()
-        }
-    };
     // An approver sees no button; an operator does.
-    let approver = session(login(&app, APPROVER_A).await);
-    assert!(!page(approver).await.contains("id=\"compensate\""));
-    let operator = session(login(&app, OPERATOR_A).await);
-    let html = page(operator.clone()).await;
+    let approver = cookie_of(login(&app, APPROVER_A).await);
+    assert!(
+        !page_of(&app, &approver, "c1")
+            .await
+            .contains("id=\"compensate\"")
+    );
+    let operator = cookie_of(login(&app, OPERATOR_A).await);
+    let html = page_of(&app, &operator, "c1").await;
     assert!(
         html.contains("action=\"/console/operations/c1/compensate\""),
         "{html}"
     );
-    let field = "name=\"csrf\" value=\"";
-    let at = html.find(field).unwrap() + field.len();
-    let csrf = html[at..].split('"').next().unwrap().to_owned();
+    let csrf = csrf_of(&html);
     // Without the token: 403, nothing sent.
     let r = no_redirects()
         .post(app.admin("/console/operations/c1/compensate"))

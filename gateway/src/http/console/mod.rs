@@ -288,17 +288,25 @@ struct CsrfForm {
     csrf: String,
 }
 
-/// The 403 for a form posted without its session's CSRF token, or `None`
-/// when the token matches.
-fn csrf_refused(s: &Session, token: &str) -> Option<Response> {
+/// The session a form was posted in: the login page when there is none,
+/// 403 when the form's CSRF token is not the session's.
+fn form_session(
+    app: &AppState,
+    headers: &HeaderMap,
+    token: &str,
+) -> Result<Session, Box<Response>> {
     use crate::http::same_bytes as eq;
-    (!eq(s.csrf.as_bytes(), token.as_bytes())).then(|| {
-        OpError::Forbidden {
-            role: "console session",
-            action: "post a form without its CSRF token".into(),
-        }
-        .into_response()
-    })
+    let s = session(app, headers).ok_or_else(|| Box::new(login_redirect()))?;
+    if !eq(s.csrf.as_bytes(), token.as_bytes()) {
+        return Err(Box::new(
+            OpError::Forbidden {
+                role: "console session",
+                action: "post a form without its CSRF token".into(),
+            }
+            .into_response(),
+        ));
+    }
+    Ok(s)
 }
 
 async fn logout(
@@ -306,12 +314,10 @@ async fn logout(
     headers: HeaderMap,
     Form(f): Form<CsrfForm>,
 ) -> Response {
-    let Some(s) = session(&app, &headers) else {
-        return login_redirect();
+    let s = match form_session(&app, &headers, &f.csrf) {
+        Ok(s) => s,
+        Err(refused) => return *refused,
     };
-    if let Some(r) = csrf_refused(&s, &f.csrf) {
-        return r;
-    }
     app.sessions
         .0
         .lock()
@@ -407,12 +413,10 @@ async fn decide(
     Path(id): Path<String>,
     Form(f): Form<DecideForm>,
 ) -> Response {
-    let Some(s) = session(&app, &headers) else {
-        return login_redirect();
+    let s = match form_session(&app, &headers, &f.csrf) {
+        Ok(s) => s,
+        Err(refused) => return *refused,
     };
-    if let Some(r) = csrf_refused(&s, &f.csrf) {
-        return r;
-    }
     let decision = match f.decision.as_str() {
         "approve" => ApprovalDecision::Approve,
         "reject" => ApprovalDecision::Reject,
@@ -547,12 +551,10 @@ async fn decide_inbox(
     Path((source, event_id)): Path<(String, String)>,
     Form(f): Form<InboxForm>,
 ) -> Response {
-    let Some(s) = session(&app, &headers) else {
-        return login_redirect();
+    let s = match form_session(&app, &headers, &f.csrf) {
+        Ok(s) => s,
+        Err(refused) => return *refused,
     };
-    if let Some(r) = csrf_refused(&s, &f.csrf) {
-        return r;
-    }
     if !matches!(
         s.principal.role,
         crate::config::Role::Admin | crate::config::Role::Operator
@@ -620,12 +622,10 @@ async fn replay(
     Path(id): Path<String>,
     Form(f): Form<ReplayForm>,
 ) -> Response {
-    let Some(s) = session(&app, &headers) else {
-        return login_redirect();
+    let s = match form_session(&app, &headers, &f.csrf) {
+        Ok(s) => s,
+        Err(refused) => return *refused,
     };
-    if let Some(r) = csrf_refused(&s, &f.csrf) {
-        return r;
-    }
     let reason = Some(f.reason).filter(|r| !r.trim().is_empty());
     let result = match crate::ops::replay::replay_as(
         &app,
@@ -694,12 +694,10 @@ async fn resolve(
     Path(id): Path<String>,
     Form(f): Form<ResolveForm>,
 ) -> Response {
-    let Some(s) = session(&app, &headers) else {
-        return login_redirect();
+    let s = match form_session(&app, &headers, &f.csrf) {
+        Ok(s) => s,
+        Err(refused) => return *refused,
     };
-    if let Some(r) = csrf_refused(&s, &f.csrf) {
-        return r;
-    }
     let action = crate::ops::operator::Resolution {
         reason: given(f.reason),
         outcome: given(f.outcome),
@@ -722,12 +720,10 @@ async fn requeue(
     Path(id): Path<String>,
     Form(f): Form<CompensateForm>,
 ) -> Response {
-    let Some(s) = session(&app, &headers) else {
-        return login_redirect();
+    let s = match form_session(&app, &headers, &f.csrf) {
+        Ok(s) => s,
+        Err(refused) => return *refused,
     };
-    if let Some(r) = csrf_refused(&s, &f.csrf) {
-        return r;
-    }
     let reason = given(f.reason);
     let done = match operator_only(&s, "requeue operations") {
         Ok(()) => crate::ops::operator::requeue(&app, &s.principal, &id, reason.as_deref()).await,
@@ -754,12 +750,10 @@ async fn compensate(
     Path(id): Path<String>,
     Form(f): Form<CompensateForm>,
 ) -> Response {
-    let Some(s) = session(&app, &headers) else {
-        return login_redirect();
+    let s = match form_session(&app, &headers, &f.csrf) {
+        Ok(s) => s,
+        Err(refused) => return *refused,
     };
-    if let Some(r) = csrf_refused(&s, &f.csrf) {
-        return r;
-    }
     let reason = Some(f.reason).filter(|r| !r.trim().is_empty());
     let wait = std::time::Duration::from_millis(app.settings().reconcile.duplicate_wait_ms);
     let result = match crate::ops::compensate::compensate_as(
