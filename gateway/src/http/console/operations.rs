@@ -1,0 +1,253 @@
+//! The console's operations: lists by state, one operation's page, and
+//! an operator's actions on it (replay, compensate, resolve, requeue),
+//! each through the same use case as the admin API.
+
+use std::collections::HashMap;
+
+use axum::Form;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use http::HeaderMap;
+use minijinja::context;
+use serde::Deserialize;
+
+use super::session::{form_session, login_redirect, session};
+use super::{given, merge, page_ctx, render};
+use crate::config::Role;
+use crate::ledger::State as OpState;
+use crate::ops::OpError;
+use crate::state::{AppState, Session};
+
+pub(super) async fn operations(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let Some(s) = session(&app, &headers) else {
+        return login_redirect();
+    };
+    let tenant = s.principal.tenant.clone();
+    let label = q.get("state").cloned().unwrap_or_else(|| "all".into());
+    let result = async {
+        let ops = match label.as_str() {
+            "DEAD" => app.ledger.dead_letters(Some(&tenant), 200).await?,
+            "all" => app.ledger.list(Some(&tenant), None, 200).await?,
+            other => {
+                let st = other.parse::<OpState>().map_err(|e| OpError::BadRequest {
+                    field: "query:state".into(),
+                    message: format!("{e}, or DEAD (the dead letters), or all"),
+                })?;
+                app.ledger.list(Some(&tenant), Some(st), 200).await?
+            }
+        };
+        Ok::<_, OpError>(ops)
+    }
+    .await;
+    match result {
+        Ok(ops) => render(
+            "operations.html",
+            merge(
+                page_ctx(&s),
+                context! { label => label, operations => minijinja::Value::from_serialize(&ops) },
+            ),
+        ),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn operation_page(app: &AppState, s: &Session, id: &str, result: Option<String>) -> Response {
+    let tenant = s.principal.tenant.clone();
+    let op = match app.ledger.get(&tenant, id).await {
+        Ok(Some(op)) => op,
+        Ok(None) => return OpError::NotFound(format!("no operation {id:?}")).into_response(),
+        Err(e) => return OpError::from(e).into_response(),
+    };
+    match crate::ops::operator::operation_json(app, &op).await {
+        Ok(v) => render(
+            "operation.html",
+            merge(
+                page_ctx(s),
+                context! { op => minijinja::Value::from_serialize(&v), can_replay => s.principal.role == Role::Operator, result => result },
+            ),
+        ),
+        Err(e) => e.into_response(),
+    }
+}
+
+pub(super) async fn operation(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let Some(s) = session(&app, &headers) else {
+        return login_redirect();
+    };
+    operation_page(&app, &s, &id, None).await
+}
+
+/// The Replay form: the CSRF token, a reason, and `force` (any value:
+/// call the provider again for a COMPLETED operation whose replay policy
+/// allows it, audited; see [`crate::ops::replay::run_replay`]).
+#[derive(Debug, Deserialize)]
+pub(super) struct ReplayForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    force: Option<String>,
+}
+
+pub(super) async fn replay(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<ReplayForm>,
+) -> Response {
+    let s = match form_session(&app, &headers, &f.csrf) {
+        Ok(s) => s,
+        Err(refused) => return *refused,
+    };
+    let reason = Some(f.reason).filter(|r| !r.trim().is_empty());
+    let result = match crate::ops::replay::replay_as(
+        &app,
+        &s.principal,
+        &s.principal.tenant.clone(),
+        &id,
+        f.force.is_some(),
+        reason,
+    )
+    .await
+    {
+        Ok((_, v)) => serde_json::to_string_pretty(&v).unwrap_or_default(),
+        Err(e) => serde_json::to_string_pretty(&crate::http::error::Problem::problem(&e))
+            .unwrap_or_default(),
+    };
+    operation_page(&app, &s, &id, Some(result)).await
+}
+
+/// The Resolve form: the CSRF token, `outcome` (`completed` or `absent`),
+/// the provider's reference and a reason.
+#[derive(Debug, Deserialize)]
+pub(super) struct ResolveForm {
+    #[serde(default)]
+    csrf: String,
+    /// `completed` or `absent`.
+    #[serde(default)]
+    outcome: String,
+    #[serde(default)]
+    provider_reference: String,
+    #[serde(default)]
+    reason: String,
+}
+
+/// Refuses every role but operator (403 `forbidden` in the page's
+/// result), as the console's replay and compensate do; the admin API's
+/// `…/resolve` and `…/requeue` refuse approvers and clients the same way.
+fn operator_only(s: &Session, action: &'static str) -> Result<(), OpError> {
+    if s.principal.role == Role::Operator {
+        return Ok(());
+    }
+    Err(OpError::Forbidden {
+        role: s.principal.role.as_str(),
+        action: action.into(),
+    })
+}
+
+/// What an operator's action shows on the page: the operation's id and
+/// state after it, or the problem (RFC 9457) that refused it.
+fn action_result(id: &str, done: Result<serde_json::Value, OpError>) -> String {
+    let v = match done {
+        Ok(op) => serde_json::json!({"operation_id": id, "state": op["state"]}),
+        Err(e) => serde_json::json!(crate::http::error::Problem::problem(&e)),
+    };
+    serde_json::to_string_pretty(&v).unwrap_or_default()
+}
+
+/// The console's Resolve form (operators, UNKNOWN operations): the
+/// operator's own read-back, as `POST …/resolve` on the admin API
+/// ([`crate::ops::operator::resolve`]); the result shown on the page.
+pub(super) async fn resolve(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<ResolveForm>,
+) -> Response {
+    let s = match form_session(&app, &headers, &f.csrf) {
+        Ok(s) => s,
+        Err(refused) => return *refused,
+    };
+    let action = crate::ops::operator::Resolution {
+        reason: given(f.reason),
+        outcome: given(f.outcome),
+        provider_reference: given(f.provider_reference),
+    };
+    let done = match operator_only(&s, "resolve operations") {
+        Ok(()) => crate::ops::operator::resolve(&app, &s.principal, &id, &action).await,
+        Err(e) => Err(e),
+    };
+    let result = action_result(&id, done);
+    operation_page(&app, &s, &id, Some(result)).await
+}
+
+/// The console's Requeue button (operators, dead letters): as `POST
+/// …/requeue` on the admin API ([`crate::ops::operator::requeue`]); the
+/// result shown on the page.
+pub(super) async fn requeue(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<CompensateForm>,
+) -> Response {
+    let s = match form_session(&app, &headers, &f.csrf) {
+        Ok(s) => s,
+        Err(refused) => return *refused,
+    };
+    let reason = given(f.reason);
+    let done = match operator_only(&s, "requeue operations") {
+        Ok(()) => crate::ops::operator::requeue(&app, &s.principal, &id, reason.as_deref()).await,
+        Err(e) => Err(e),
+    };
+    let result = action_result(&id, done);
+    operation_page(&app, &s, &id, Some(result)).await
+}
+
+/// A form with the CSRF token and a reason (Compensate, Requeue).
+#[derive(Debug, Deserialize)]
+pub(super) struct CompensateForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    reason: String,
+}
+
+/// The console's Compensate button (operators, COMPLETED operations):
+/// [`crate::ops::compensate::compensate_as`], its report shown on the page.
+pub(super) async fn compensate(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<CompensateForm>,
+) -> Response {
+    let s = match form_session(&app, &headers, &f.csrf) {
+        Ok(s) => s,
+        Err(refused) => return *refused,
+    };
+    let reason = Some(f.reason).filter(|r| !r.trim().is_empty());
+    let wait = std::time::Duration::from_millis(app.settings().reconcile.duplicate_wait_ms);
+    let result = match crate::ops::compensate::compensate_as(
+        &app,
+        &s.principal,
+        &s.principal.tenant.clone(),
+        &id,
+        reason,
+        wait,
+    )
+    .await
+    {
+        Ok((_, v)) => serde_json::to_string_pretty(&v).unwrap_or_default(),
+        Err(e) => serde_json::to_string_pretty(&crate::http::error::Problem::problem(&e))
+            .unwrap_or_default(),
+    };
+    operation_page(&app, &s, &id, Some(result)).await
+}
