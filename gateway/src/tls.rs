@@ -167,7 +167,12 @@ pub fn client_config(
             builder.with_client_auth_cert(certs, key).map_err(|e| {
                 file_error(
                     "client_key_file",
-                    format!("{} does not fit {}: {e}", k.display(), c.display()),
+                    format!(
+                        "{} does not fit {}: {}",
+                        k.display(),
+                        c.display(),
+                        misfit(&e)
+                    ),
                 )
             })
         }
@@ -231,12 +236,31 @@ fn certified_key(cert_file: &Path, key_file: &Path) -> Result<CertifiedKey, TlsF
         file_error(
             "key_file",
             format!(
-                "{} does not fit {}: {e}",
+                "{} does not fit {}: {}",
                 key_file.display(),
-                cert_file.display()
+                cert_file.display(),
+                misfit(&e)
             ),
         )
     })
+}
+
+/// Why a private key was refused for a certificate, in words: rustls's
+/// own text for a key of another certificate is its variant's name
+/// (`keys may not be consistent: KeyMismatch`).
+fn misfit(e: &rustls::Error) -> String {
+    use rustls::InconsistentKeys as K;
+    match e {
+        rustls::Error::InconsistentKeys(K::KeyMismatch) => {
+            "the key's public key is not the one in the certificate (the key belongs to another \
+             certificate, or the files are swapped)"
+                .into()
+        }
+        rustls::Error::InconsistentKeys(K::Unknown) => {
+            "the key's public key can't be derived to check it against the certificate".into()
+        }
+        other => other.to_string(),
+    }
 }
 
 /// A readable reason for a failed TLS handshake, when `e`'s chain holds a

@@ -577,7 +577,7 @@ async fn unusable_tls_settings_are_config_errors_naming_the_field() {
                 other.key_file.display()
             ),
             "routes[0].tls.client_key_file",
-            "does not fit",
+            "is not the one in the certificate",
         ),
         (
             "[routes.tls]\nserver_name = \"bad name!\"".into(),

@@ -259,15 +259,34 @@ impl ConfigFile {
                 ));
             }
         }
-        if matches!(storage.backend(), Ok(super::Backend::Sqlite(_))) && storage.path.is_dir() {
-            return Err(ConfigError::new(
-                path_field,
-                format!(
-                    "{} is a directory: name the ledger file, e.g. {}",
-                    storage.path.display(),
-                    storage.path.join("effectgate.db").display()
-                ),
-            ));
+        if matches!(storage.backend(), Ok(super::Backend::Sqlite(_))) {
+            if storage.path.is_dir() {
+                return Err(ConfigError::new(
+                    path_field,
+                    format!(
+                        "{} is a directory: name the ledger file, e.g. {}",
+                        storage.path.display(),
+                        storage.path.join("effectgate.db").display()
+                    ),
+                ));
+            }
+            // The gateway creates the ledger file, never its folder; said
+            // here, the error names the field the path came from
+            // (`storage.url` for a `sqlite://` URL).
+            if let Some(folder) = storage.path.parent().filter(|f| !f.as_os_str().is_empty())
+                && !storage.path.exists()
+                && !folder.is_dir()
+            {
+                return Err(ConfigError::new(
+                    path_field,
+                    format!(
+                        "{}: the folder {} does not exist; the gateway creates the ledger file \
+                         but not its folder (create the folder, or name another path)",
+                        storage.path.display(),
+                        folder.display()
+                    ),
+                ));
+            }
         }
         Ok(storage)
     }

@@ -131,6 +131,41 @@ fn a_malformed_postgres_url_names_storage_url_without_its_password() {
     assert!(!err.contains("s3cret"), "{err}");
 }
 
+/// A SQLite ledger in a folder that doesn't exist is refused at load, and
+/// the error names the field the path was given in.
+#[test]
+fn a_ledger_in_a_missing_folder_names_the_field_it_came_from() {
+    let dir = tempfile_dir();
+    let file = dir.join("gone").join("x.db");
+    for (toml, field) in [
+        (
+            format!("[storage]\nurl = \"sqlite://{}\"\n", file.display()),
+            "storage.url",
+        ),
+        (
+            format!("[storage]\npath = \"{}\"\n", file.display()),
+            "storage.path",
+        ),
+        (
+            "[storage]\npath = \"gone/x.db\"\n".to_owned(),
+            "storage.path",
+        ),
+    ] {
+        let e = parse(&toml).unwrap_err();
+        assert_eq!(e.path, field, "{toml}: {e}");
+        assert!(e.message.contains("x.db: the folder"), "{e}");
+        assert!(e.message.contains("gone does not exist"), "{e}");
+    }
+    // With the folder there, the same settings load.
+    std::fs::create_dir_all(dir.join("gone")).unwrap();
+    let s = parse(&format!(
+        "[storage]\nurl = \"sqlite://{}\"\n",
+        file.display()
+    ))
+    .unwrap();
+    assert_eq!(s.storage.path, file);
+}
+
 #[test]
 fn an_outbox_lease_too_short_to_deliver_in_is_refused() {
     let err = parse("[reconcile]\noutbox_lease_ms = 10\n")
