@@ -373,14 +373,32 @@ fn describe(e: &rustls::Error) -> String {
     format!("TLS handshake failed: {what}")
 }
 
-/// `e` and its causes, `: `-separated.
+/// `e` and its causes, `: `-separated, each in its own words (see
+/// [`plain_text`]).
 pub fn chain_text(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        src = inner.source();
+    let mut parts = Vec::new();
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        parts.push(plain_text(err));
+        cur = err.source();
     }
-    s
+    parts.join(": ")
+}
+
+/// What a peer that closed its TLS connection without `close_notify`
+/// (RFC 8446 §6.1) is reported as.
+const CLOSED_WITHOUT_NOTIFY: &str = "the peer closed the TLS connection without close_notify (RFC 8446 §6.1): its answer, if any, may be cut short";
+
+/// `e`'s text; rustls's for a connection closed without `close_notify`
+/// (an `io::Error` of kind `UnexpectedEof` whose text ends with a link to
+/// rustls's manual) in words instead.
+fn plain_text(e: &(dyn std::error::Error + 'static)) -> String {
+    let text = e.to_string();
+    let eof = e
+        .downcast_ref::<std::io::Error>()
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::UnexpectedEof);
+    if eof && text.starts_with("peer closed connection without sending TLS close_notify") {
+        return CLOSED_WITHOUT_NOTIFY.into();
+    }
+    text
 }

@@ -313,7 +313,18 @@ async fn a_lost_reply_is_read_back_over_https() {
         p["type"],
         "urn:effectgate:problem:operation-outcome-unknown"
     );
-    assert_eq!(app.op_json("lost").await["state"], "UNKNOWN");
+    let lost = app.op_json("lost").await;
+    assert_eq!(lost["state"], "UNKNOWN");
+    // The provider closed its TLS connection without `close_notify`: the
+    // attempt says so in words, without the manual's link rustls puts
+    // in its own text.
+    let detail = lost["attempts_log"][0]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("closed the TLS connection without close_notify"),
+        "{detail}"
+    );
+    assert!(!detail.contains("https://"), "{detail}");
+    assert!(!p.to_string().contains("https://docs.rs"), "{p}");
     // The duplicate reads the effect back over TLS and gets it.
     let dup = app.charge("lost", BODY).await;
     assert_eq!(dup.status(), 200);
