@@ -108,21 +108,16 @@ pub(super) async fn replay(
         Ok(s) => s,
         Err(refused) => return *refused,
     };
-    let reason = Some(f.reason).filter(|r| !r.trim().is_empty());
-    let result = match crate::ops::replay::replay_as(
+    let done = crate::ops::replay::replay_as(
         &app,
         &s.principal,
         &s.principal.tenant.clone(),
         &id,
         f.force.is_some(),
-        reason,
+        given(f.reason),
     )
-    .await
-    {
-        Ok((_, v)) => serde_json::to_string_pretty(&v).unwrap_or_default(),
-        Err(e) => serde_json::to_string_pretty(&crate::http::error::Problem::problem(&e))
-            .unwrap_or_default(),
-    };
+    .await;
+    let result = report(done);
     operation_page(&app, &s, &id, Some(result)).await
 }
 
@@ -152,6 +147,16 @@ fn operator_only(s: &Session, action: &'static str) -> Result<(), OpError> {
         role: s.principal.role.as_str(),
         action: action.into(),
     })
+}
+
+/// What replay and compensate show on the page: the use case's report,
+/// or the problem (RFC 9457) that refused it, as pretty JSON.
+fn report<T>(done: Result<(T, serde_json::Value), OpError>) -> String {
+    let v = match done {
+        Ok((_, v)) => v,
+        Err(e) => serde_json::json!(crate::http::error::Problem::problem(&e)),
+    };
+    serde_json::to_string_pretty(&v).unwrap_or_default()
 }
 
 /// What an operator's action shows on the page: the operation's id and
@@ -233,21 +238,16 @@ pub(super) async fn compensate(
         Ok(s) => s,
         Err(refused) => return *refused,
     };
-    let reason = Some(f.reason).filter(|r| !r.trim().is_empty());
     let wait = std::time::Duration::from_millis(app.settings().reconcile.duplicate_wait_ms);
-    let result = match crate::ops::compensate::compensate_as(
+    let done = crate::ops::compensate::compensate_as(
         &app,
         &s.principal,
         &s.principal.tenant.clone(),
         &id,
-        reason,
+        given(f.reason),
         wait,
     )
-    .await
-    {
-        Ok((_, v)) => serde_json::to_string_pretty(&v).unwrap_or_default(),
-        Err(e) => serde_json::to_string_pretty(&crate::http::error::Problem::problem(&e))
-            .unwrap_or_default(),
-    };
+    .await;
+    let result = report(done);
     operation_page(&app, &s, &id, Some(result)).await
 }
