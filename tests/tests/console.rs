@@ -437,6 +437,55 @@ body = { charge = "{reference}" }
     assert!(child.contains("href=\"/console/operations/c1\""), "{child}");
 }
 
+/// The Replay button on a COMPLETED operation: refused without the CSRF
+/// token and for an approver; an operator's press shows the use case's
+/// report on the page (the stored result stands) and the provider is not
+/// called again.
+#[tokio::test]
+async fn operators_replay_a_completed_operation_from_its_page() {
+    let app = console_app().await;
+    assert_eq!(app.charge("r1", r#"{"amount":100}"#).await.status(), 200);
+    let operator = cookie_of(login(&app, OPERATOR_A).await);
+    let html = page_of(&app, &operator, "r1").await;
+    assert!(
+        html.contains("action=\"/console/operations/r1/replay\""),
+        "{html}"
+    );
+    let csrf = csrf_of(&html);
+    let path = "/console/operations/r1/replay";
+    let (status, _) = post_form(&app, &operator, path, &[("csrf", "forged")]).await;
+    assert_eq!(status, 403);
+    // An approver posting with its own session's token is refused by the
+    // use case, and the page says so.
+    let approver = cookie_of(login(&app, APPROVER_A).await);
+    let approver_csrf = csrf_of(&page_of(&app, &approver, "r1").await);
+    let (status, page) = post_form(
+        &app,
+        &approver,
+        path,
+        &[("csrf", approver_csrf.as_str()), ("reason", "try")],
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(page.contains("urn:effectgate:problem:forbidden"), "{page}");
+    let (status, page) = post_form(
+        &app,
+        &operator,
+        path,
+        &[("csrf", csrf.as_str()), ("reason", "customer asked")],
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(page.contains("stored result stands"), "{page}");
+    assert!(
+        page.contains("&quot;provider_called&quot;: false"),
+        "{page}"
+    );
+    assert_eq!(app.mock.provider.effects(), 1);
+    assert_eq!(app.mock.provider.requests().len(), 1);
+    assert_eq!(app.op_json("r1").await["state"], "COMPLETED");
+}
+
 async fn page_of(app: &TestApp, cookie: &str, id: &str) -> String {
     no_redirects()
         .get(app.admin(&format!("/console/operations/{id}")))
