@@ -849,6 +849,56 @@ async fn config_warnings_are_logged_at_start_and_after_every_reload() {
     assert_eq!(log_lines(&log, warning).len(), 2);
 }
 
+/// The start line names the ledger on a PostgreSQL ledger that is
+/// already migrated too. There the database's notice about the existing
+/// migrations table (off under the default filter) came right before it,
+/// and the log layer's stale filter decision dropped the line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_start_line_is_logged_on_an_already_migrated_postgres_ledger() {
+    let Some(url) = common::pg_url() else {
+        return;
+    };
+    let schema = common::fresh_schema();
+    let migrated = effectgate()
+        .arg("migrate")
+        .env("EFFECTGATE_STORAGE__URL", &url)
+        .env("EFFECTGATE_STORAGE__SCHEMA", &schema)
+        .output()
+        .unwrap();
+    assert!(
+        migrated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("gw.log");
+    let d = dir.path().to_owned();
+    let (pg, sc) = (url.clone(), schema.clone());
+    let _gw = common::spawn_gateway(
+        move |proxy, admin| {
+            let p = d.join("gw.toml");
+            std::fs::write(
+                &p,
+                format!(
+                    "[listen]\nproxy = \"127.0.0.1:{proxy}\"\nadmin = \"127.0.0.1:{admin}\"\n\
+                     [storage]\nurl = \"{pg}\"\nschema = \"{sc}\"\n"
+                ),
+            )
+            .unwrap();
+            p
+        },
+        // The default filter, said explicitly: a developer's own RUST_LOG
+        // must not change what this test sees.
+        &[("RUST_LOG", "effectgate=info,warn")],
+        Some(&log),
+    )
+    .await;
+    until_logged(&log, "effectgate serving", 1).await;
+    let line = &log_lines(&log, "effectgate serving")[0];
+    assert!(line.contains("backend=\"postgres\""), "{line}");
+    assert!(line.contains(&format!("(schema {schema})")), "{line}");
+}
+
 /// `policy check` of a file that isn't WebAssembly says so in one line,
 /// without the parser's dump of its first bytes.
 #[test]

@@ -201,7 +201,7 @@ fn dispatch(
     // one, `and` has none.)
     let events = tracing_subscriber::filter::filter_fn(|m| m.is_event())
         .with_max_level_hint(tracing_subscriber::filter::LevelFilter::TRACE);
-    let filter = filter.and(events);
+    let filter = Fresh(filter.and(events));
     let fmt = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .fmt_fields(LogFields)
@@ -236,10 +236,10 @@ fn dispatch(
                 // span's start and end times are kept either way.
                 .with_context_activation(false)
                 .with_tracked_inactivity(false)
-                .with_filter(
+                .with_filter(Fresh(
                     tracing_subscriber::filter::Targets::new()
                         .with_target("effectgate", tracing::Level::DEBUG),
-                );
+                ));
             (Some(layer), Some(provider))
         }
     };
@@ -253,6 +253,87 @@ fn dispatch(
         None => tracing::Dispatch::new(registry),
     };
     Ok((dispatch, provider))
+}
+
+/// A per-layer filter that decides each span and event right before it is
+/// recorded: `F`'s decisions, with a callsite that `F` always wants
+/// reported as wanted "sometimes" (one that `F` never wants stays "never",
+/// and costs nothing).
+///
+/// `tracing-subscriber` 0.3 carries a per-layer filter's decision from
+/// `enabled` to `on_event` / `on_new_span` in a thread-local. A callsite
+/// whose interest is cached as "always" skips `enabled`, and its event then
+/// reads whatever the last `enabled` call on that thread left there. After
+/// a check that no event followed (sqlx asks whether a level is enabled
+/// before it logs a server notice, and that notice is off under the
+/// default filter), the next event on the thread was dropped from the log:
+/// on a PostgreSQL ledger that was already migrated, `effectgate serving`
+/// never appeared (tokio-rs/tracing#2519). The cost is one pass of `F`
+/// for each span or event it wants.
+struct Fresh<F>(F);
+
+impl<S, F: tracing_subscriber::layer::Filter<S>> tracing_subscriber::layer::Filter<S> for Fresh<F> {
+    fn enabled(
+        &self,
+        meta: &tracing::Metadata<'_>,
+        cx: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        self.0.enabled(meta, cx)
+    }
+
+    fn callsite_enabled(
+        &self,
+        meta: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        let interest = self.0.callsite_enabled(meta);
+        if interest.is_always() {
+            tracing::subscriber::Interest::sometimes()
+        } else {
+            interest
+        }
+    }
+
+    fn event_enabled(
+        &self,
+        event: &tracing::Event<'_>,
+        cx: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        self.0.event_enabled(event, cx)
+    }
+
+    fn max_level_hint(&self) -> Option<tracing_subscriber::filter::LevelFilter> {
+        self.0.max_level_hint()
+    }
+
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        cx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        self.0.on_new_span(attrs, id, cx);
+    }
+
+    fn on_record(
+        &self,
+        id: &tracing::span::Id,
+        values: &tracing::span::Record<'_>,
+        cx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        self.0.on_record(id, values, cx);
+    }
+
+    fn on_enter(&self, id: &tracing::span::Id, cx: tracing_subscriber::layer::Context<'_, S>) {
+        self.0.on_enter(id, cx);
+    }
+
+    fn on_exit(&self, id: &tracing::span::Id, cx: tracing_subscriber::layer::Context<'_, S>) {
+        self.0.on_exit(id, cx);
+    }
+
+    fn on_close(&self, id: tracing::span::Id, cx: tracing_subscriber::layer::Context<'_, S>) {
+        self.0.on_close(id, cx);
+    }
 }
 
 fn tracer_provider(
