@@ -109,6 +109,32 @@ fn check_config_names_the_bad_field() {
     }
 }
 
+/// The README's MCP route (its `toml` block under "MCP servers") loads as
+/// written: `check-config` accepts it, with the token it injects set.
+#[test]
+fn the_readmes_mcp_route_is_a_valid_config() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let section = &readme[readme.find("### MCP servers (streamable HTTP)").unwrap()..];
+    let start = section.find("```toml\n").unwrap() + "```toml\n".len();
+    let block = &section[start..start + section[start..].find("```").unwrap()];
+    assert!(block.contains("mode = \"mcp\""), "{block}");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("mcp.toml");
+    std::fs::write(&cfg, block).unwrap();
+    let out = effectgate()
+        .args(["check-config", "--config"])
+        .arg(&cfg)
+        .env("TOOLS_TOKEN", "token-example")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The README's "In front of a real provider" example is a valid config
 /// (an `https://` upstream verified against the system roots), and a TLS
 /// file that can't be read stops `check-config` with the field named.
