@@ -355,16 +355,16 @@ async fn refunds_over_the_threshold_wait_for_an_approval_bound_to_the_arguments(
     let other = r[0]["structured"]["approval_id"].as_str().unwrap();
     assert_ne!(other, id);
     assert_eq!(up.count("refund"), 1);
-    // The same intent with other arguments is refused, not re-approved.
+    // The same intent with other arguments is refused, not re-approved,
+    // in the agent's terms.
     let r = agent(&py, &app, "/money/", json!([refund(900, "refund-1")])).await;
+    let message = r[0]["rpc_error"]["message"].as_str().unwrap();
     assert!(
-        r[0]["rpc_error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("different request"),
-        "{:?}",
-        r[0]
+        message.starts_with("operation \"refund-1\" (the tool call's intent id"),
+        "{message}"
     );
+    assert!(message.contains("other arguments"), "{message}");
+    assert_eq!(up.count("refund"), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,6 +11,22 @@ use crate::http::reply_response;
 use crate::ops::Answer;
 use crate::ops::mcp::{json_response, rpc_error};
 
+/// A gateway error as a JSON-RPC error's message, in the agent's terms: a
+/// reused operation id is the tool call's intent id (or the identity the
+/// gateway derived, or its `Idempotency-Key`), reused with another tool or
+/// other arguments; the error's `data` keeps the problem's type
+/// (`idempotency-key-reused`).
+fn message(e: &crate::ops::OpError) -> String {
+    match e {
+        crate::ops::OpError::FingerprintMismatch { key } => format!(
+            "operation {key:?} (the tool call's intent id, derived identity or Idempotency-Key) \
+             was already used for a different request: another tool or other arguments \
+             (fingerprint mismatch); a new call needs a new intent id"
+        ),
+        other => other.to_string(),
+    }
+}
+
 /// Turns the effectful flow's answer into an MCP answer addressed to
 /// `rpc_id`: stored JSON-RPC answers are re-addressed; a pending approval
 /// becomes a tool result with `isError: true` and `structuredContent`
@@ -19,7 +35,7 @@ use crate::ops::mcp::{json_response, rpc_error};
 pub async fn readdress(result: Answer, rpc_id: &Value) -> Response {
     let resp = match result {
         Ok(r) => reply_response(r),
-        Err(e) => return reply_response(rpc_error(rpc_id, -32000, &e.to_string(), e.problem())),
+        Err(e) => return reply_response(rpc_error(rpc_id, -32000, &message(&e), e.problem())),
     };
     let (parts, body) = resp.into_parts();
     let replayed = parts
