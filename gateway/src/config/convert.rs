@@ -270,21 +270,12 @@ impl ConfigFile {
                     ),
                 ));
             }
-            // The gateway creates the ledger file, never its folder; said
-            // here, the error names the field the path came from
+            // Said here, the error names the field the path came from
             // (`storage.url` for a `sqlite://` URL).
-            if let Some(folder) = storage.path.parent().filter(|f| !f.as_os_str().is_empty())
-                && !storage.path.exists()
-                && !folder.is_dir()
-            {
+            if let Some(folder) = super::missing_folder(&storage.path) {
                 return Err(ConfigError::new(
                     path_field,
-                    format!(
-                        "{}: the folder {} does not exist; the gateway creates the ledger file \
-                         but not its folder (create the folder, or name another path)",
-                        storage.path.display(),
-                        folder.display()
-                    ),
+                    super::missing_folder_text(&storage.path, folder),
                 ));
             }
         }

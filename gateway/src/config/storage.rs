@@ -1,7 +1,7 @@
 //! `[storage]`: which effect ledger the gateway uses (a SQLite file or a
 //! PostgreSQL database), its pool and timeouts.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -138,6 +138,26 @@ impl StorageSpec {
             Err(_) => self.url.as_deref().map(redact_url).unwrap_or_default(),
         }
     }
+}
+
+/// The folder of a SQLite ledger file `path` when neither the file nor
+/// that folder exists: SQLite creates the file but not its folder, and its
+/// own error ("unable to open database file") names neither. `None` when
+/// the file exists, its folder does, or `path` names no folder.
+pub fn missing_folder(path: &Path) -> Option<&Path> {
+    let folder = path.parent().filter(|f| !f.as_os_str().is_empty())?;
+    (!path.exists() && !folder.is_dir()).then_some(folder)
+}
+
+/// What is said of a ledger file `path` whose `folder` does not exist
+/// (see [`missing_folder`]), after the field that named it.
+pub fn missing_folder_text(path: &Path, folder: &Path) -> String {
+    format!(
+        "{}: the folder {} does not exist; the gateway creates the ledger file but not its \
+         folder (create the folder, or name another path)",
+        path.display(),
+        folder.display()
+    )
 }
 
 /// `url` with any password (in the user info or a `password` query

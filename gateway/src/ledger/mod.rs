@@ -643,16 +643,10 @@ pub enum LedgerError {
     #[error("cannot lock the SQLite ledger: {0}")]
     LockFile(String),
     /// The SQLite ledger file doesn't exist and neither does its folder:
-    /// the gateway creates the file, never the folder.
-    #[error(
-        "storage.path {path}: the folder {folder} does not exist; the gateway creates the ledger file but not its folder (create the folder, or name another path)"
-    )]
-    NoFolder {
-        /// The ledger file, as configured.
-        path: String,
-        /// Its folder.
-        folder: String,
-    },
+    /// the gateway creates the file, never the folder
+    /// ([`crate::config::missing_folder_text`]).
+    #[error("storage.path: {0}")]
+    NoFolder(String),
 }
 
 /// How often one PostgreSQL ledger call runs again after losing a

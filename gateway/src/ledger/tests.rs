@@ -948,7 +948,7 @@ async fn a_ledger_in_a_missing_folder_names_the_folder() {
             Ledger::open_storage(&storage, ManualClock::new(1)).await
         }
         .expect_err("refused");
-        assert!(matches!(err, LedgerError::NoFolder { .. }), "{err}");
+        assert!(matches!(err, LedgerError::NoFolder(_)), "{err}");
         let text = err.to_string();
         assert!(
             text.contains(&format!("the folder {} does not exist", folder.display())),

@@ -162,11 +162,12 @@ fn report<T>(done: Result<(T, serde_json::Value), OpError>) -> String {
 /// What an operator's action shows on the page: the operation's id and
 /// state after it, or the problem (RFC 9457) that refused it.
 fn action_result(id: &str, done: Result<serde_json::Value, OpError>) -> String {
-    let v = match done {
-        Ok(op) => serde_json::json!({"operation_id": id, "state": op["state"]}),
-        Err(e) => serde_json::json!(crate::http::error::Problem::problem(&e)),
-    };
-    serde_json::to_string_pretty(&v).unwrap_or_default()
+    report(done.map(|op| {
+        (
+            (),
+            serde_json::json!({"operation_id": id, "state": op["state"]}),
+        )
+    }))
 }
 
 /// The console's Resolve form (operators, UNKNOWN operations): the

@@ -65,21 +65,17 @@ pub(super) fn lock_sqlite_file(path: &Path) -> Result<std::fs::File, LedgerError
 }
 
 /// Refuses a SQLite ledger path that doesn't exist in a folder that doesn't
-/// either: SQLite creates the file but not its folder, and its own error
-/// ("unable to open database file") names neither.
+/// either ([`crate::config::missing_folder`]; config loading refuses it
+/// first, this covers a ledger opened without a config).
 ///
 /// Errors: [`LedgerError::NoFolder`].
 pub(super) fn require_folder(path: &Path) -> Result<(), LedgerError> {
-    let Some(folder) = path.parent().filter(|f| !f.as_os_str().is_empty()) else {
-        return Ok(());
-    };
-    if path.exists() || folder.is_dir() {
-        return Ok(());
+    match crate::config::missing_folder(path) {
+        None => Ok(()),
+        Some(folder) => Err(LedgerError::NoFolder(crate::config::missing_folder_text(
+            path, folder,
+        ))),
     }
-    Err(LedgerError::NoFolder {
-        path: path.display().to_string(),
-        folder: folder.display().to_string(),
-    })
 }
 
 /// Refuses a ledger file (if it exists) that more than one name links to
