@@ -687,13 +687,14 @@ async fn operators_resolve_an_unknown_operation_from_its_page() {
     assert_eq!(app.provider_calls().0, 1, "nothing sent again");
 }
 
-/// The Requeue button: shown to operators on dead letters (here of a
-/// payment route with a read-back, whose replay verdict lets a dead letter
-/// run again under the same operation); pressed once
-/// the provider is back, the operation is read back (absent) and
-/// attempted again with the same provider key, and ends COMPLETED.
+/// The Requeue button: shown to operators and admins on dead letters
+/// (here of a payment route with a read-back, whose replay verdict lets a
+/// dead letter run again under the same operation), as the admin API's
+/// `…/requeue` allows both; not to approvers. Pressed by an admin once the
+/// provider is back, the operation is read back (absent) and attempted
+/// again with the same provider key, and ends COMPLETED.
 #[tokio::test]
-async fn operators_requeue_a_dead_letter_from_its_page() {
+async fn operators_and_admins_requeue_a_dead_letter_from_its_page() {
     let app = spawn_with(Opts {
         route_extra: r#"effect_class = "payment"
 [routes.read_back]
@@ -724,7 +725,6 @@ reference_pointer = "/id"
         "{html}"
     );
     assert!(!html.contains("id=\"resolve\""), "not UNKNOWN: {html}");
-    let csrf = csrf_of(&html);
     let path = "/console/operations/d1/requeue";
     let (status, _) = post_form(
         &app,
@@ -765,11 +765,23 @@ reference_pointer = "/id"
         (Some(0), Some(true))
     );
     assert_eq!(app.mock.provider.effects(), 0);
+    // An admin of the tenant sees Requeue (not Replay, an operator's own)
+    // and presses it.
+    let admin = cookie_of(login(&app, ADMIN_A).await);
+    let admin_page = page_of(&app, &admin, "d1").await;
+    assert!(
+        admin_page.contains("action=\"/console/operations/d1/requeue\""),
+        "{admin_page}"
+    );
+    assert!(!admin_page.contains("id=\"replay\""), "{admin_page}");
     let (status, page) = post_form(
         &app,
-        &operator,
+        &admin,
         path,
-        &[("reason", "provider is back"), ("csrf", &csrf)],
+        &[
+            ("reason", "provider is back"),
+            ("csrf", &csrf_of(&admin_page)),
+        ],
     )
     .await;
     assert_eq!(status, 200);
@@ -781,6 +793,18 @@ reference_pointer = "/id"
     assert_eq!(op["state"], "COMPLETED");
     assert_eq!(op["dead_letter"], false);
     assert_eq!(op["requeues"], 1);
+    let requeued = op["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["from_state"] == "FAILED")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (requeued["actor"].as_str(), requeued["reason"].as_str()),
+        (Some("a:admin"), Some("requeued by admin: provider is back")),
+        "{op}"
+    );
     assert_eq!(app.mock.provider.effects(), 1);
 }
 

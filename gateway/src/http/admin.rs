@@ -506,7 +506,7 @@ async fn step_clock(
     Ok(axum::Json(operator::step_clock(&app, ms).await?).into_response())
 }
 
-/// `POST …/operations/{id}/requeue` (operator): see [`operator::requeue`].
+/// `POST …/operations/{id}/requeue` (operator, admin): see [`operator::requeue`].
 async fn requeue(
     State(app): State<AppState>,
     Path((tenant, operation_id)): Path<(String, String)>,
@@ -519,7 +519,7 @@ async fn requeue(
     Ok((StatusCode::ACCEPTED, axum::Json(op)).into_response())
 }
 
-/// `POST …/operations/{id}/resolve` (operator): see [`operator::resolve`].
+/// `POST …/operations/{id}/resolve` (operator, admin): see [`operator::resolve`].
 async fn resolve(
     State(app): State<AppState>,
     Path((tenant, operation_id)): Path<(String, String)>,

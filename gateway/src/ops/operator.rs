@@ -5,12 +5,31 @@
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::config::Principal;
+use crate::config::{Principal, Role};
 use crate::ledger::{Operation, Outcome, State as OpState};
 use crate::ops::{OpError, effect_class, route_of};
 use crate::state::AppState;
 
 pub use crate::ops::replay::replay_verdict_for;
+
+/// Who may requeue a dead letter, resolve an UNKNOWN operation and decide
+/// a quarantined inbox event: operators and admins of the tenant, on the
+/// admin API and in the console alike.
+pub const SETTLERS: &[Role] = &[Role::Operator, Role::Admin];
+
+/// Refuses `principal` unless its role is one of [`SETTLERS`].
+///
+/// Errors: 403 `forbidden` naming the role and `action` (an approver or a
+/// client).
+pub fn may_settle(principal: &Principal, action: &'static str) -> Result<(), OpError> {
+    if SETTLERS.contains(&principal.role) {
+        return Ok(());
+    }
+    Err(OpError::Forbidden {
+        role: principal.role.as_str(),
+        action: action.into(),
+    })
+}
 
 /// Checks the text an operator or approver gives with an action (`field`
 /// names it: `body.reason`, `body.comment`) against
@@ -96,7 +115,8 @@ pub async fn operation_json(app: &AppState, op: &Operation) -> Result<serde_json
 /// (held events behind it are released too). Logged with the principal;
 /// the row keeps who and when.
 ///
-/// Errors: 400 for another action, 404 for an unknown source of this
+/// Errors: 403 for a role not in [`SETTLERS`], 400 for another action,
+/// 404 for an unknown source of this
 /// tenant, 409 when the event is not quarantined.
 pub async fn decide_inbox(
     app: &AppState,
@@ -104,6 +124,7 @@ pub async fn decide_inbox(
     (source, event_id): (&str, &str),
     action: &str,
 ) -> Result<Vec<String>, OpError> {
+    may_settle(principal, "release or drop inbox events")?;
     let act = match action {
         "release" => crate::ledger::QuarantineAction::Release,
         "drop" => crate::ledger::QuarantineAction::Drop,
@@ -174,7 +195,8 @@ pub fn dead_letter_json(op: &Operation) -> serde_json::Value {
 /// Returns the operation as [`operation_json`] shows it, after waiting at
 /// most `reconcile.duplicate_wait_ms` for the new attempt or read-back.
 ///
-/// Errors: 404 for an unknown operation; 409 when it isn't a dead letter,
+/// Errors: 403 for a role not in [`SETTLERS`]; 404 for an unknown
+/// operation; 409 when it isn't a dead letter,
 /// its route is gone, its replay verdict doesn't allow a requeue, or it
 /// changed meanwhile.
 pub async fn requeue(
@@ -183,6 +205,7 @@ pub async fn requeue(
     operation_id: &str,
     reason: Option<&str>,
 ) -> Result<serde_json::Value, OpError> {
+    may_settle(principal, "requeue operations")?;
     check_reason(app, "body.reason", reason)?;
     let tenant = principal.tenant.as_str();
     let op = load(app, tenant, operation_id).await?;
@@ -211,7 +234,8 @@ pub async fn requeue(
         OpState::Reserved
     };
     let reason = format!(
-        "requeued by operator: {}",
+        "requeued by {}: {}",
+        principal.role.as_str(),
         reason.unwrap_or("no reason given")
     );
     let Some(version) = app
@@ -280,7 +304,8 @@ pub async fn requeue(
 ///
 /// Returns the operation as [`operation_json`] shows it.
 ///
-/// Errors: 400 naming `body.outcome` for a missing or unknown outcome; 404
+/// Errors: 403 for a role not in [`SETTLERS`]; 400 naming `body.outcome`
+/// for a missing or unknown outcome; 404
 /// for an unknown operation; 409 when the operation isn't UNKNOWN (or a
 /// dead letter out of reconciliation bounds), is being reconciled, changed
 /// meanwhile, or its replay verdict forbids a new attempt.
@@ -290,6 +315,7 @@ pub async fn resolve(
     operation_id: &str,
     action: &Resolution,
 ) -> Result<serde_json::Value, OpError> {
+    may_settle(principal, "resolve operations")?;
     check_reason(app, "body.reason", action.reason.as_deref())?;
     let tenant = principal.tenant.as_str();
     let outcome = action
@@ -397,10 +423,13 @@ async fn resolve_completed(
 ) -> Result<(), OpError> {
     let mut o = Outcome::new(
         OpState::Completed,
-        format!("resolved by operator: the effect exists ({reason})"),
+        format!(
+            "resolved by {}: the effect exists ({reason})",
+            principal.role.as_str()
+        ),
     );
     let body = json!({"operation_id": operation_id, "state": "COMPLETED", "provider_reference": action.provider_reference,
-                       "detail": "resolved by an operator"});
+                       "detail": format!("resolved by an {}", principal.role.as_str())});
     let bytes = serde_json::to_vec(&body).unwrap_or_default();
     o.response_status = Some(200);
     o.response_headers = vec![("content-type".into(), "application/json".into())];
@@ -443,7 +472,10 @@ async fn resolve_absent(
             fence,
             &principal.name,
             lease_ms,
-            &format!("resolved by operator: absent ({reason}); new attempt"),
+            &format!(
+                "resolved by {}: absent ({reason}); new attempt",
+                principal.role.as_str()
+            ),
         )
         .await?
     else {

@@ -54,7 +54,7 @@ async fn inbox_page(
                     label => state.unwrap_or_else(|| "all".into()),
                     states => crate::ledger::INBOX_STATES,
                     events => minijinja::Value::from_serialize(&events),
-                    can_decide => matches!(s.principal.role, crate::config::Role::Admin | crate::config::Role::Operator),
+                    can_decide => crate::ops::operator::SETTLERS.contains(&s.principal.role),
                     result => result,
                 },
             ),
@@ -83,16 +83,6 @@ pub(super) async fn decide_inbox(
         Ok(s) => s,
         Err(refused) => return *refused,
     };
-    if !matches!(
-        s.principal.role,
-        crate::config::Role::Admin | crate::config::Role::Operator
-    ) {
-        return OpError::Forbidden {
-            role: s.principal.role.as_str(),
-            action: "release or drop inbox events".into(),
-        }
-        .into_response();
-    }
     match crate::ops::operator::decide_inbox(&app, &s.principal, (&source, &event_id), &f.action)
         .await
     {

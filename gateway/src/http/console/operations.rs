@@ -67,7 +67,7 @@ async fn operation_page(app: &AppState, s: &Session, id: &str, result: Option<St
             "operation.html",
             merge(
                 page_ctx(s),
-                context! { op => minijinja::Value::from_serialize(&v), can_replay => s.principal.role == Role::Operator, result => result },
+                context! { op => minijinja::Value::from_serialize(&v), can_replay => s.principal.role == Role::Operator, can_settle => crate::ops::operator::SETTLERS.contains(&s.principal.role), result => result },
             ),
         ),
         Err(e) => e.into_response(),
@@ -136,19 +136,6 @@ pub(super) struct ResolveForm {
     reason: String,
 }
 
-/// Refuses every role but operator (403 `forbidden` in the page's
-/// result), as the console's replay and compensate do; the admin API's
-/// `…/resolve` and `…/requeue` refuse approvers and clients the same way.
-fn operator_only(s: &Session, action: &'static str) -> Result<(), OpError> {
-    if s.principal.role == Role::Operator {
-        return Ok(());
-    }
-    Err(OpError::Forbidden {
-        role: s.principal.role.as_str(),
-        action: action.into(),
-    })
-}
-
 /// What replay and compensate show on the page: the use case's report,
 /// or the problem (RFC 9457) that refused it, as pretty JSON.
 fn report<T>(done: Result<(T, serde_json::Value), OpError>) -> String {
@@ -170,7 +157,7 @@ fn action_result(id: &str, done: Result<serde_json::Value, OpError>) -> String {
     }))
 }
 
-/// The console's Resolve form (operators, UNKNOWN operations): the
+/// The console's Resolve form (operators and admins, UNKNOWN operations): the
 /// operator's own read-back, as `POST …/resolve` on the admin API
 /// ([`crate::ops::operator::resolve`]); the result shown on the page.
 pub(super) async fn resolve(
@@ -188,15 +175,12 @@ pub(super) async fn resolve(
         outcome: given(f.outcome),
         provider_reference: given(f.provider_reference),
     };
-    let done = match operator_only(&s, "resolve operations") {
-        Ok(()) => crate::ops::operator::resolve(&app, &s.principal, &id, &action).await,
-        Err(e) => Err(e),
-    };
+    let done = crate::ops::operator::resolve(&app, &s.principal, &id, &action).await;
     let result = action_result(&id, done);
     operation_page(&app, &s, &id, Some(result)).await
 }
 
-/// The console's Requeue button (operators, dead letters): as `POST
+/// The console's Requeue button (operators and admins, dead letters): as `POST
 /// …/requeue` on the admin API ([`crate::ops::operator::requeue`]); the
 /// result shown on the page.
 pub(super) async fn requeue(
@@ -210,10 +194,7 @@ pub(super) async fn requeue(
         Err(refused) => return *refused,
     };
     let reason = given(f.reason);
-    let done = match operator_only(&s, "requeue operations") {
-        Ok(()) => crate::ops::operator::requeue(&app, &s.principal, &id, reason.as_deref()).await,
-        Err(e) => Err(e),
-    };
+    let done = crate::ops::operator::requeue(&app, &s.principal, &id, reason.as_deref()).await;
     let result = action_result(&id, done);
     operation_page(&app, &s, &id, Some(result)).await
 }
