@@ -108,9 +108,12 @@ pub const INBOX_CHECKS: &[&str] = &[
     "signature-mismatch",
     "timestamp-outside-tolerance",
     "body-too-large",
+    "body-unreadable",
+    "body-timeout",
     "body-not-json",
     "event-id-missing",
     "sequence-missing",
+    "text-invalid",
 ];
 
 /// What [`register_all`] needs of the configuration: the label values it

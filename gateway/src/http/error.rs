@@ -53,6 +53,9 @@ impl Problem for OpError {
             OpError::InboxRejected { check, .. } if *check == "body-too-large" => {
                 StatusCode::PAYLOAD_TOO_LARGE
             }
+            OpError::InboxRejected { check, .. } if *check == "body-timeout" => {
+                StatusCode::REQUEST_TIMEOUT
+            }
             OpError::InboxRejected { .. } => StatusCode::BAD_REQUEST,
             OpError::ProviderUnreachable(_) => StatusCode::BAD_GATEWAY,
             OpError::LedgerUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,

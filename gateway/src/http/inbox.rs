@@ -13,8 +13,13 @@ use crate::state::AppState;
 /// "delivery_id"}` (`state` is `accepted`, `stale`, `held` or
 /// `duplicate`); 400 with check `signature-missing`, `signature-malformed`,
 /// `signature-mismatch`, `timestamp-outside-tolerance`, `body-not-json`,
-/// `event-id-missing` or `sequence-missing`; 413 `body-too-large` past the
-/// source's `max_body_bytes`; 404 for an unknown source.
+/// `event-id-missing`, `sequence-missing`, `text-invalid` or
+/// `body-unreadable` (shorter than its `Content-Length`, a malformed or
+/// cut-off chunk: RFC 9112 §6.3, §7.1); 413 `body-too-large` past the
+/// source's `max_body_bytes`; 408 `body-timeout` when the body doesn't
+/// arrive whole within `limits.body_read_timeout_ms` (the source's
+/// signature is checked only on a whole body, so a sender without one
+/// can't hold a connection longer than that); 404 for an unknown source.
 pub async fn receive(
     State(app): State<AppState>,
     Path(name): Path<String>,
@@ -24,19 +29,41 @@ pub async fn receive(
     let Some(src) = settings.inbox.get(&name).cloned() else {
         return OpError::NotFound(format!("no inbox source {name:?}")).into_response();
     };
+    let timeout_ms = settings.limits.body_read_timeout_ms;
     drop(settings);
     let (parts, body) = req.into_parts();
-    let bytes = match axum::body::to_bytes(body, src.max_body_bytes).await {
+    let read = crate::http::body::read_body(
+        &parts.headers,
+        body,
+        src.max_body_bytes,
+        "the source's max_body_bytes",
+        timeout_ms,
+    )
+    .await;
+    let bytes = match read {
         Ok(b) => b,
-        Err(_) => {
-            crate::metrics::inbox_rejected(&src.name, "body-too-large");
-            return OpError::InboxRejected {
-                check: "body-too-large",
-                field: "body".into(),
-                message: format!(
-                    "the body is larger than the source's max_body_bytes ({})",
-                    src.max_body_bytes
+        Err(e) => {
+            let (check, message) = match e {
+                OpError::PayloadTooLarge { .. } => (
+                    "body-too-large",
+                    format!(
+                        "the body is larger than the source's max_body_bytes ({})",
+                        src.max_body_bytes
+                    ),
                 ),
+                OpError::RequestTimeout { limit_ms } => (
+                    "body-timeout",
+                    format!(
+                        "the body did not arrive whole within {limit_ms} ms (limits.body_read_timeout_ms)"
+                    ),
+                ),
+                other => ("body-unreadable", other.to_string()),
+            };
+            crate::metrics::inbox_rejected(&src.name, check);
+            return OpError::InboxRejected {
+                check,
+                field: "body".into(),
+                message,
             }
             .into_response();
         }

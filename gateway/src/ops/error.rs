@@ -200,7 +200,8 @@ pub enum OpError {
         /// What is wrong.
         message: String,
     },
-    /// 400 (413 for `body-too-large`): a webhook to an inbox source failed
+    /// 400 (413 for `body-too-large`, 408 for `body-timeout`): a webhook to
+    /// an inbox source failed
     /// `check` (one of [`crate::metrics::INBOX_CHECKS`]); nothing was stored.
     #[error("{message}")]
     InboxRejected {

@@ -199,15 +199,35 @@ pub fn verify(
     }
 }
 
-/// The text at `ptr` in `v`: a string as it is, a number or boolean
-/// written out; `None` for anything else or nothing.
+/// The text at `ptr` in `v`: a string as it is, an integer or boolean
+/// written out; `None` for anything else or nothing. A number that is not
+/// an integer within 64 bits (`1.0`, `1e0`, `98765432109876543210001`) is
+/// `None` too: it is read as a float, whose text is not the provider's
+/// (`9.876543210987654e+22`), so two distinct ids would read alike.
 pub fn text_at(v: &Value, ptr: &str) -> Option<String> {
     match v.pointer(ptr)? {
         Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
+        Value::Number(n) if n.is_i64() || n.is_u64() => Some(n.to_string()),
         Value::Bool(b) => Some(b.to_string()),
         _ => None,
     }
+}
+
+/// Refuses an id, type or sequence key holding U+0000: the ledger stores
+/// them as text, which on PostgreSQL can't hold it, and replacing it
+/// would make two ids one.
+///
+/// Errors: [`OpError::InboxRejected`] with check `text-invalid` naming
+/// `field`.
+fn without_nul(text: String, field: impl Into<String>, what: &str) -> Result<String, OpError> {
+    if text.contains('\0') {
+        return Err(reject(
+            "text-invalid",
+            field,
+            format!("the {what} holds U+0000 (NUL), which the inbox does not store"),
+        ));
+    }
+    Ok(text)
 }
 
 /// A verified event, read.
@@ -226,7 +246,7 @@ pub struct Parsed {
 /// Reads the event id, type and sequence of a verified body.
 ///
 /// Errors: [`OpError::InboxRejected`] with check `body-not-json`,
-/// `event-id-missing` or `sequence-missing`.
+/// `event-id-missing`, `sequence-missing` or `text-invalid`.
 pub fn parse(src: &InboxSource, headers: &HeaderMap, body: &[u8]) -> Result<Parsed, OpError> {
     let json: Value = serde_json::from_slice(body)
         .ok()
@@ -247,11 +267,16 @@ pub fn parse(src: &InboxSource, headers: &HeaderMap, body: &[u8]) -> Result<Pars
         .ok_or_else(|| {
             reject(
                 "event-id-missing",
-                field,
-                format!("no event id (a string of 1..={MAX_EVENT_ID_BYTES} bytes) there"),
+                field.clone(),
+                format!(
+                    "no event id (a string of 1..={MAX_EVENT_ID_BYTES} bytes, or an integer) there"
+                ),
             )
         })?;
-    let event_type = text_at(&json, &src.event_type);
+    let event_id = without_nul(event_id, field, "event id")?;
+    let event_type = text_at(&json, &src.event_type)
+        .map(|t| without_nul(t, format!("body:{}", src.event_type), "event type"))
+        .transpose()?;
     let ordering = match &src.ordering {
         None => None,
         Some((kp, sp)) => {
@@ -261,9 +286,10 @@ pub fn parse(src: &InboxSource, headers: &HeaderMap, body: &[u8]) -> Result<Pars
                     reject(
                         "sequence-missing",
                         format!("body:{kp}"),
-                        "no sequence key there",
+                        "no sequence key (a string, or an integer) there",
                     )
                 })?;
+            let key = without_nul(key, format!("body:{kp}"), "sequence key")?;
             let seq = json
                 .pointer(sp)
                 .and_then(|v| {
