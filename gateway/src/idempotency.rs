@@ -132,7 +132,7 @@ fn canonical_body(content_type: Option<&str>, body: &[u8]) -> Vec<u8> {
 /// `1.0`, `1e2` and `0.1` do; `9007199254740993` (2^53 + 1) and
 /// `0.10000000000000000001` don't. Values are compared as decimals, not as
 /// text.
-fn numbers_survive_jcs(body: &[u8]) -> bool {
+pub(crate) fn numbers_survive_jcs(body: &[u8]) -> bool {
     json_numbers(body).all(|literal| {
         // An integer of at most 15 digits is a double exactly (2^53 has
         // 16): most amounts and ids, without a parse.

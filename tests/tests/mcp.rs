@@ -545,6 +545,14 @@ async fn unreadable_or_malformed_calls_are_never_forwarded() {
         r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"refund","arguments":{"charge_id":"c","amount":500}},"params":{"name":"search_docs","arguments":{"query":"x"}}}"#,
         r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","method":"tools/list","params":{"name":"refund","arguments":{"charge_id":"c","amount":500}}}"#,
         r#"{"jsonrpc":"2.0","id":4,"method":"ping","params":{"a":1,"a":2}}"#,
+        // Numbers a double doesn't hold: two such amounts would fingerprint
+        // alike, and an id would come back as another number.
+        r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"refund","arguments":{"charge_id":"c","amount":9007199254740993},"_meta":{"effectgate/operation-id":"n1"}}}"#,
+        r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"refund","arguments":{"charge_id":"c","amount":0.10000000000000000001},"_meta":{"effectgate/operation-id":"n1"}}}"#,
+        r#"{"jsonrpc":"2.0","id":123456789012345678901234567890,"method":"tools/call","params":{"name":"refund","arguments":{"charge_id":"c","amount":500},"_meta":{"effectgate/operation-id":"n1"}}}"#,
+        // Not JSON-RPC 2.0.
+        r#"{"jsonrpc":"1.0","id":7,"method":"tools/call","params":{"name":"refund","arguments":{"charge_id":"c","amount":500},"_meta":{"effectgate/operation-id":"n1"}}}"#,
+        r#"{"id":8,"method":"tools/call","params":{"name":"refund","arguments":{"charge_id":"c","amount":500},"_meta":{"effectgate/operation-id":"n1"}}}"#,
     ] {
         let v: Value = post(body, None).await.unwrap().json().await.unwrap();
         assert!(
@@ -554,6 +562,19 @@ async fn unreadable_or_malformed_calls_are_never_forwarded() {
     }
     assert_eq!(up.count("refund"), 0);
     assert_eq!(app.operation(ADMIN_A, "a", "n1").await.status(), 404);
+    // An intent id of the gateway's own compensations is refused as the
+    // intent id it is, not as a header the agent never sent.
+    let reserved = r#"{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"refund","arguments":{"charge_id":"c","amount":5},"_meta":{"effectgate/operation-id":"n2#compensation"}}}"#;
+    let v: Value = post(reserved, None).await.unwrap().json().await.unwrap();
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("the intent id in _meta must not end in \"#compensation\""),
+        "{v}"
+    );
+    assert_eq!(up.count("refund"), 0);
     // A stale session: the server refuses (404) before running; the gateway
     // retries in a session of its own, so the intent is not lost.
     let stale = r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"refund","arguments":{"charge_id":"c","amount":5},"_meta":{"effectgate/operation-id":"stale-1"}}}"#;

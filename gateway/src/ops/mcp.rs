@@ -234,6 +234,26 @@ fn envelope(headers: &HeaderMap, body: &[u8]) -> Result<(Value, String, Value), 
             null.clone(),
         ));
     }
+    if !crate::idempotency::numbers_survive_jcs(body) {
+        // The fingerprint is of the arguments as RFC 8785 writes them, as
+        // doubles: two amounts past a double's precision would be one
+        // call, and an id past it would come back as another number.
+        return Err(err(
+            &null,
+            -32600,
+            "a number in the message is not exactly an IEEE-754 double (past 2^53, or with more \
+             digits than a double holds; RFC 8785 §3.2.2.3): send it as a string",
+            null.clone(),
+        ));
+    }
+    if msg.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Err(err(
+            &null,
+            -32600,
+            "jsonrpc must be \"2.0\" (JSON-RPC 2.0 §4)",
+            null.clone(),
+        ));
+    }
     let Some(method) = msg.get("method") else {
         // A response to a server-initiated request (sampling, elicitation).
         if msg.get("result").is_some() || msg.get("error").is_some() {
@@ -463,6 +483,11 @@ impl Post<'_> {
             );
         }
         Ok(match msg["params"]["_meta"][spec.intent_meta_field.as_str()].as_str() {
+            Some(k) if crate::config::compensated_id(k).is_some() => Err(format!(
+                "the intent id in _meta must not end in {:?}: those ids are the gateway's own \
+                 compensating operations",
+                crate::config::COMPENSATION_SUFFIX
+            )),
             Some(k)
                 if !k.is_empty()
                     && k.len() <= max_len
