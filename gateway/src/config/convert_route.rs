@@ -3,6 +3,28 @@
 
 use super::*;
 
+/// Headers a provider key must not be sent in
+/// (`routes[].provider_idempotency_header`): the message's framing and
+/// content (RFC 9112 §6, RFC 9110 §8), its target (`Host`, RFC 9110
+/// §7.2), the hop-by-hop fields (RFC 9110 §7.6.1) and credentials.
+const NOT_FOR_A_KEY: &[&str] = &[
+    "content-length",
+    "transfer-encoding",
+    "content-type",
+    "content-encoding",
+    "host",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+];
+
 /// Longest `routes[].key_retention_hours`: 100 years of hours.
 const MAX_KEY_RETENTION_HOURS: u64 = 100 * 366 * 24;
 
@@ -91,10 +113,20 @@ fn route_identity(
             "must start and end with '/'",
         ));
     }
-    if r.prefix.starts_with("/admin/") || r.prefix.starts_with("/approvals/") {
+    if ["/admin/", "/approvals/", "/inbox/"]
+        .iter()
+        .any(|own| r.prefix.starts_with(own))
+    {
         return Err(ConfigError::new(
             format!("{rp}.prefix"),
-            "must not start with /admin/ or /approvals/ (the gateway's own paths)",
+            "must not start with /admin/, /approvals/ or /inbox/ (the gateway's own paths)",
+        ));
+    }
+    if leaves_base_path(&r.prefix) {
+        return Err(ConfigError::new(
+            format!("{rp}.prefix"),
+            "must not hold a dot segment, a backslash or %00, %2e, %2f, %5c: the proxy \
+             refuses every request path with one, so the route could never be called",
         ));
     }
     let name = r.name.clone().unwrap_or_else(|| r.prefix.clone());
@@ -188,12 +220,22 @@ fn route_fields(
     };
     let provider_idempotency_header = match &r.provider_idempotency_header {
         None => None,
-        Some(h) => Some(HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
-            ConfigError::new(
-                format!("{rp}.provider_idempotency_header"),
-                format!("not a header name: {h:?}"),
-            )
-        })?),
+        Some(h) => {
+            let field = format!("{rp}.provider_idempotency_header");
+            let name = HeaderName::from_bytes(h.as_bytes())
+                .map_err(|_| ConfigError::new(&field, format!("not a header name: {h:?}")))?;
+            if NOT_FOR_A_KEY.contains(&name.as_str()) {
+                return Err(ConfigError::new(
+                    field,
+                    format!(
+                        "{h:?} frames, routes or authenticates the request (RFC 9110, RFC 9112): \
+                         a provider key there would break the request; use the header the \
+                         provider reads its key from, such as Idempotency-Key"
+                    ),
+                ));
+            }
+            Some(name)
+        }
     };
     if r.connect_timeout_ms == 0 {
         return Err(ConfigError::new(

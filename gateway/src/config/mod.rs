@@ -544,6 +544,33 @@ fn parse_addr(path: &str, s: &str) -> Result<SocketAddr, ConfigError> {
         .map_err(|e| ConfigError::new(path, format!("not a socket address ({e}): {s:?}")))
 }
 
+/// Whether `path` could leave a route's base path once a server reads it:
+/// a `.` or `..` segment (also before a `;` path parameter: `..;x` is `..`
+/// to servlet containers), a backslash, or `%00`, `%2e`, `%2f`, `%5c` in
+/// either case. The proxy refuses such request paths; a route's `prefix`
+/// may hold none of them either. Reads the path in place (it runs on every
+/// call).
+pub fn leaves_base_path(path: &str) -> bool {
+    let encoded = path.as_bytes().contains(&b'%')
+        && path.as_bytes().windows(3).any(|w| {
+            w[0] == b'%'
+                && matches!(
+                    (w[1], w[2].to_ascii_lowercase()),
+                    (b'0', b'0') | (b'2', b'e') | (b'2', b'f') | (b'5', b'c')
+                )
+        });
+    let dots = || {
+        path.split('/').any(|seg| {
+            let bare = seg.split(';').next().unwrap_or("");
+            bare == "." || bare == ".."
+        })
+    };
+    // Most paths have no `.`, so no dot segment: their segments aren't
+    // looked at.
+    let dotted = || path.as_bytes().contains(&b'.') && dots();
+    encoded || path.contains('\\') || dotted()
+}
+
 /// `n` and the noun, plural unless `n` is 1: `1 tenant`, `3 routes`.
 pub fn counted(n: usize, noun: &str) -> String {
     format!("{n} {noun}{}", if n == 1 { "" } else { "s" })

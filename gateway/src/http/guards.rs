@@ -196,29 +196,10 @@ pub fn refuse_dot_segments(req: &Request) -> Option<OpError> {
     path_refusal(req.uri().path())
 }
 
-/// The refusal of `path`, if it could leave the route's base path: a `.`
-/// or `..` segment (also before a `;` path parameter: `..;x` is `..` to
-/// servlet containers), a backslash, or `%00`, `%2e`, `%2f`, `%5c` in
-/// either case. Reads the path in place (it runs on every call).
+/// The refusal of `path`, if it could leave the route's base path
+/// ([`crate::config::leaves_base_path`]).
 pub fn path_refusal(path: &str) -> Option<OpError> {
-    let encoded = path.as_bytes().contains(&b'%')
-        && path.as_bytes().windows(3).any(|w| {
-            w[0] == b'%'
-                && matches!(
-                    (w[1], w[2].to_ascii_lowercase()),
-                    (b'0', b'0') | (b'2', b'e') | (b'2', b'f') | (b'5', b'c')
-                )
-        });
-    let dots = || {
-        path.split('/').any(|seg| {
-            let bare = seg.split(';').next().unwrap_or("");
-            bare == "." || bare == ".."
-        })
-    };
-    // Most paths have no `.`, so no dot segment: their segments aren't
-    // looked at.
-    let dotted = || path.as_bytes().contains(&b'.') && dots();
-    (encoded || path.contains('\\') || dotted()).then(|| OpError::BadRequest {
+    crate::config::leaves_base_path(path).then(|| OpError::BadRequest {
         field: "path".into(),
         message: "dot segments and encoded separators are not allowed in paths".into(),
     })
