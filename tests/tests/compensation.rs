@@ -333,6 +333,24 @@ async fn a_policy_requiring_approval_sends_nothing_until_approved() {
     assert_eq!(long.status(), 400);
     let p: Value = long.json().await.unwrap();
     assert_eq!(p["field"], "body.comment");
+    // A comment of another type names the member too, and an unknown
+    // member is refused by name.
+    for (body, field) in [
+        (r#"{"comment":5}"#, "body.comment"),
+        (r#"{"coment":"x"}"#, "body.coment"),
+        (r#"{"comment":"x"} trailing"#, "body"),
+    ] {
+        let r = app
+            .admin_post(
+                APPROVER_A,
+                &format!("/admin/tenants/a/approvals/{approval}/approve"),
+                body,
+            )
+            .await;
+        assert_eq!(r.status(), 400, "{body}");
+        let p: Value = r.json().await.unwrap();
+        assert_eq!(p["field"], field, "{body}: {p}");
+    }
     assert!(refunds(&app).is_empty());
     let ok = app
         .admin_post(

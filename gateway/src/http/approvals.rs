@@ -34,15 +34,30 @@ struct DecisionBody {
 
 /// A JSON body of type `T`; an empty body is `T::default()`.
 ///
-/// Errors: 400 naming `body` when it isn't valid JSON of that shape.
+/// Errors: 400 naming the member that is wrong (`body.comment` for
+/// `{"comment": 5}`), or `body` when it isn't JSON or an object of that
+/// shape.
 pub(crate) fn parse<T: for<'de> Deserialize<'de> + Default>(body: &[u8]) -> Result<T, OpError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(body).map_err(|e| OpError::BadRequest {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let parsed: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let at = e.path().to_string();
+        OpError::BadRequest {
+            field: if at == "." {
+                "body".into()
+            } else {
+                format!("body.{at}")
+            },
+            message: format!("invalid JSON body: {}", e.inner()),
+        }
+    })?;
+    de.end().map_err(|e| OpError::BadRequest {
         field: "body".into(),
         message: format!("invalid JSON body: {e}"),
-    })
+    })?;
+    Ok(parsed)
 }
 
 /// Lists approvals of a tenant (`?status=pending|approved|rejected|expired|used`).
