@@ -526,6 +526,22 @@ async fn bad_requests_are_refused_and_nothing_is_sent() {
         .charge_with("k2", CHARGE, &[("X-Mock-Fault", "status:400")])
         .await;
     assert_eq!(failed.status(), 400);
+    // The refusal's detail is on the row; a duplicate still gets the
+    // provider's own answer, replayed.
+    let k2 = app.op_json("k2").await;
+    assert_eq!(
+        (k2["error_kind"].as_str(), k2["error_detail"].as_str()),
+        (Some("permanent"), Some("provider answered 400 Bad Request")),
+        "{k2}"
+    );
+    let again = app.charge("k2", CHARGE).await;
+    assert_eq!(again.status(), 400);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_ne!(
+        again.headers()["content-type"],
+        "application/problem+json",
+        "the provider's body, not the gateway's problem"
+    );
     let r = compensate(&app, OPERATOR_A, "k2").await;
     assert_eq!(r.status(), 409);
     let v: Value = r.json().await.unwrap();

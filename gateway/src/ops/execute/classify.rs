@@ -293,10 +293,7 @@ fn by_status(
             );
             // The last attempt's detail, worded as the retried attempts'
             // (`provider answered 503 Service Unavailable`).
-            o.error_detail = Some(match StatusCode::from_u16(code) {
-                Ok(status) => format!("provider answered {status}"),
-                Err(_) => format!("provider answered {code}"),
-            });
+            o.error_detail = Some(answered(code));
             o
         }
         _ if policy_class == Some(FailureClass::Permanent) => {
@@ -305,6 +302,7 @@ fn by_status(
                 format!("provider refused with {code} (permanent by policy)"),
             );
             o.error_kind = Some("permanent".into());
+            o.error_detail = Some(answered(code));
             o
         }
         (500..=599, _) if code != 501 && code != 505 => {
@@ -319,8 +317,18 @@ fn by_status(
         _ => {
             let mut o = Outcome::new(OpState::Failed, format!("provider refused with {code}"));
             o.error_kind = Some("permanent".into());
+            o.error_detail = Some(answered(code));
             o
         }
+    }
+}
+
+/// `provider answered 400 Bad Request`: a status as the attempts log and
+/// an operation's `error_detail` word it.
+fn answered(code: u16) -> String {
+    match StatusCode::from_u16(code) {
+        Ok(status) => format!("provider answered {status}"),
+        Err(_) => format!("provider answered {code}"),
     }
 }
 
