@@ -339,6 +339,7 @@ async fn a_policy_requiring_approval_sends_nothing_until_approved() {
         (r#"{"comment":5}"#, "body.comment"),
         (r#"{"coment":"x"}"#, "body.coment"),
         (r#"{"comment":"x"} trailing"#, "body"),
+        (r#"{"comment":"#, "body"),
     ] {
         let r = app
             .admin_post(

@@ -45,10 +45,12 @@ pub(crate) fn parse<T: for<'de> Deserialize<'de> + Default>(body: &[u8]) -> Resu
     let parsed: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let at = e.path().to_string();
         OpError::BadRequest {
-            field: if at == "." {
-                "body".into()
-            } else {
+            // A member of the wrong type, or unknown: named. Not JSON, or
+            // cut short: the body.
+            field: if e.inner().is_data() && at != "." {
                 format!("body.{at}")
+            } else {
+                "body".into()
             },
             message: format!("invalid JSON body: {}", e.inner()),
         }
