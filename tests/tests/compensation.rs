@@ -340,6 +340,8 @@ async fn a_policy_requiring_approval_sends_nothing_until_approved() {
         (r#"{"coment":"x"}"#, "body.coment"),
         (r#"{"comment":"x"} trailing"#, "body"),
         (r#"{"comment":"#, "body"),
+        // Read by position into the struct, were it not refused.
+        (r#"["by position"]"#, "body"),
     ] {
         let r = app
             .admin_post(
@@ -351,6 +353,23 @@ async fn a_policy_requiring_approval_sends_nothing_until_approved() {
         assert_eq!(r.status(), 400, "{body}");
         let p: Value = r.json().await.unwrap();
         assert_eq!(p["field"], field, "{body}: {p}");
+    }
+    // No id holds U+0000: refused before any lookup (PostgreSQL's text
+    // can't hold it, and the lookup failed 503).
+    for (path, field) in [
+        ("/admin/tenants/a/operations/k%00x", "path"),
+        ("/admin/tenants/a/inbox?source=s%00x", "query"),
+    ] {
+        let r = app
+            .http
+            .get(app.admin(path))
+            .bearer_auth(ADMIN_A)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{path}");
+        let p: Value = r.json().await.unwrap();
+        assert_eq!(p["field"], field, "{path}: {p}");
     }
     assert!(refunds(&app).is_empty());
     let ok = app

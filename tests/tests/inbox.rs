@@ -517,6 +517,8 @@ async fn bad_input_is_refused_counted_and_not_stored(storage: Option<StorageSpec
     // U+0000, which PostgreSQL's text can't hold.
     let nul_id = json!({"id": "evt_a\u{0}b", "type": "charge.succeeded"}).to_string();
     let nul_type = json!({"id": "evt_nul_type", "type": "charge.\u{0}"}).to_string();
+    let bool_id = r#"{"id":true,"type":"charge.succeeded"}"#.to_owned();
+    let number_type = r#"{"id":"evt_number_type","type":1.5}"#.to_owned();
     let cases: Vec<BadCase> = vec![
         (
             "no header",
@@ -607,6 +609,22 @@ async fn bad_input_is_refused_counted_and_not_stored(storage: Option<StorageSpec
             "body:/type",
         ),
         (
+            "a boolean id",
+            bool_id.clone(),
+            Some(stripe_header(STRIPE_SECRET, t, &bool_id)),
+            400,
+            "event-id-missing",
+            "body:/id",
+        ),
+        (
+            "a type that is a fraction",
+            number_type.clone(),
+            Some(stripe_header(STRIPE_SECRET, t, &number_type)),
+            400,
+            "text-invalid",
+            "body:/type",
+        ),
+        (
             "too large",
             big.clone(),
             Some(stripe_header(STRIPE_SECRET, t, &big)),
@@ -674,8 +692,8 @@ async fn bad_input_is_refused_counted_and_not_stored(storage: Option<StorageSpec
         ("signature-mismatch", 2.0),
         ("timestamp-outside-tolerance", 1.0),
         ("body-not-json", 1.0),
-        ("event-id-missing", 3.0),
-        ("text-invalid", 2.0),
+        ("event-id-missing", 4.0),
+        ("text-invalid", 3.0),
         ("body-too-large", 1.0),
         ("sequence-missing", 0.0),
     ] {
@@ -748,6 +766,10 @@ async fn a_webhook_body_is_bounded_in_time_and_a_cut_off_one_is_400() {
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(text.contains("\"check\":\"body-timeout\""), "{text}");
     assert!(text.contains("limits.body_read_timeout_ms"), "{text}");
+    assert!(
+        text.to_ascii_lowercase().contains("connection: close"),
+        "{text}"
+    );
     assert!(took < Duration::from_secs(3), "{took:?}");
     let (text, _) = raw_inbox(&app, head(100, "{\"id\":"), true).await;
     assert!(text.starts_with("HTTP/1.1 400"), "{text}");
@@ -1867,6 +1889,7 @@ async fn a_match_rule_finds_the_unknown_operation_by_its_body_and_provider_key(
                 "[[inbox.resolves]]\nsucceeded = [\"charge.succeeded\"]\nroute = \"payments\"\n\
                  reference = \"/data/object/id\"\n\
                  match = { \"/data/object/metadata/order\" = \"{body:/client_ref}\", \
+                 \"/data/object/metadata/fee\" = \"{body:/fee}\", \
                  \"/data/object/metadata/idempotency_key\" = \"{provider_key}\" }\n"
                     .into(),
             ..Setup::default()
@@ -1877,9 +1900,11 @@ async fn a_match_rule_finds_the_unknown_operation_by_its_body_and_provider_key(
         drop_after_effect_times: 2,
         ..Default::default()
     });
-    assert!(app.charge("k1", CHARGE).await.status().is_server_error());
+    // A decimal field matches as written (`19.99`).
+    let charge = CHARGE.replace("}", ",\"fee\":19.99}");
+    assert!(app.charge("k1", &charge).await.status().is_server_error());
     assert!(
-        app.charge("k2", &CHARGE.replace("r-1", "r-2"))
+        app.charge("k2", &charge.replace("r-1", "r-2"))
             .await
             .status()
             .is_server_error()
@@ -1889,7 +1914,7 @@ async fn a_match_rule_finds_the_unknown_operation_by_its_body_and_provider_key(
     let wrong = charge_event(
         "evt_wrong",
         "charge.succeeded",
-        json!({"id": c.id, "metadata": {"order": "r-2", "idempotency_key": c.idempotency_key}}),
+        json!({"id": c.id, "metadata": {"order": "r-2", "fee": 19.99, "idempotency_key": c.idempotency_key}}),
     );
     assert_eq!(stripe_event(&app, &wrong).await.status(), 200);
     assert_eq!(app.op_json("k1").await["state"], "UNKNOWN");
@@ -1897,13 +1922,28 @@ async fn a_match_rule_finds_the_unknown_operation_by_its_body_and_provider_key(
     let right = charge_event(
         "evt_right",
         "charge.succeeded",
-        json!({"id": c.id, "metadata": {"order": "r-1", "idempotency_key": c.idempotency_key}}),
+        json!({"id": c.id, "metadata": {"order": "r-1", "fee": 19.99, "idempotency_key": c.idempotency_key}}),
     );
     assert_eq!(stripe_event(&app, &right).await.status(), 200);
     let op = app.op_json("k1").await;
     assert_eq!(op["state"], "COMPLETED");
     assert_eq!(op["provider_reference"], c.id.as_str());
     assert_eq!(app.op_json("k2").await["state"], "UNKNOWN");
+    // A reference holding U+0000 (which PostgreSQL's text can't hold) is
+    // not recorded; the event still completes the operation it matches.
+    let c2 = app.mock.provider.charges()[1].clone();
+    let nul_ref = charge_event(
+        "evt_nul_ref",
+        "charge.succeeded",
+        json!({"id": "ch_\u{0}x", "metadata": {"order": "r-2", "fee": 19.99, "idempotency_key": c2.idempotency_key}}),
+    );
+    assert_eq!(stripe_event(&app, &nul_ref).await.status(), 200);
+    let op = app.op_json("k2").await;
+    assert_eq!(
+        (op["state"].as_str(), op["provider_reference"].as_str()),
+        (Some("COMPLETED"), None),
+        "{op}"
+    );
     assert_eq!(app.mock.provider.readbacks(), 0);
 }
 both!(

@@ -562,6 +562,23 @@ async fn unreadable_or_malformed_calls_are_never_forwarded() {
     }
     assert_eq!(up.count("refund"), 0);
     assert_eq!(app.operation(ADMIN_A, "a", "n1").await.status(), 404);
+    // A refusal is addressed to the request's id whenever it reads back as
+    // sent, so the client's wait ends.
+    for (body, id, code) in [
+        (
+            r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"refund","arguments":{"charge_id":"c","amount":9007199254740993}}}"#,
+            json!(5),
+            -32602,
+        ),
+        (
+            r#"{"jsonrpc":"1.0","id":"seven","method":"tools/call","params":{"name":"refund","arguments":{"charge_id":"c","amount":500}}}"#,
+            json!("seven"),
+            -32600,
+        ),
+    ] {
+        let v: Value = post(body, None).await.unwrap().json().await.unwrap();
+        assert_eq!((&v["id"], &v["error"]["code"]), (&id, &json!(code)), "{v}");
+    }
     // An intent id of the gateway's own compensations is refused as the
     // intent id it is, not as a header the agent never sent.
     let reserved = r#"{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"refund","arguments":{"charge_id":"c","amount":5},"_meta":{"effectgate/operation-id":"n2#compensation"}}}"#;

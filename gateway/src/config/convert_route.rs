@@ -6,8 +6,17 @@ use super::*;
 /// Headers a provider key must not be sent in
 /// (`routes[].provider_idempotency_header`): the message's framing and
 /// content (RFC 9112 §6, RFC 9110 §8), its target (`Host`, RFC 9110
-/// §7.2), the hop-by-hop fields (RFC 9110 §7.6.1) and credentials.
+/// §7.2), the hop-by-hop fields (RFC 9110 §7.6.1), credentials, and the
+/// ones the gateway sets on every forwarded request (request id,
+/// forwarding, W3C Trace Context). Nor may it be one of the route's
+/// `inject_headers`.
 const NOT_FOR_A_KEY: &[&str] = &[
+    "x-request-id",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "traceparent",
+    "tracestate",
     "content-length",
     "transfer-encoding",
     "content-type",
@@ -44,6 +53,17 @@ pub(super) fn route(
     let (name, upstream) = route_identity(&rp, &r, names)?;
     let fields = route_fields(&rp, &r, tenants, base_dir, lease_ms)?;
     let (stored_response_headers, inject_headers) = route_headers(&rp, &r)?;
+    if let Some(key_header) = &fields.provider_idempotency_header
+        && let Some(i) = inject_headers.iter().position(|(n, _)| n == key_header)
+    {
+        return Err(ConfigError::new(
+            format!("{rp}.provider_idempotency_header"),
+            format!(
+                "{key_header:?} is also {rp}.inject_headers[{i}]: the provider key would replace \
+                 the injected value (a credential, say)"
+            ),
+        ));
+    }
     let RouteFields {
         effectful_methods,
         route_tenants,
@@ -228,9 +248,10 @@ fn route_fields(
                 return Err(ConfigError::new(
                     field,
                     format!(
-                        "{h:?} frames, routes or authenticates the request (RFC 9110, RFC 9112): \
-                         a provider key there would break the request; use the header the \
-                         provider reads its key from, such as Idempotency-Key"
+                        "{h:?} frames, routes, traces or authenticates the request (RFC 9110, \
+                         RFC 9112), or the gateway sets it: a provider key there would break \
+                         the request; use the header the provider reads its key from, such \
+                         as Idempotency-Key"
                     ),
                 ));
             }

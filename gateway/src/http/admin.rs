@@ -116,11 +116,39 @@ pub fn router(state: AppState) -> Router {
                 read_body_first(app, req, next, max_body)
             },
         ))
+        .layer(axum::middleware::from_fn(refuse_nul))
         .layer(axum::middleware::map_response(move |resp: Response| {
             as_problem(resp, max_body)
         }))
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
         .with_state(state)
+}
+
+/// Refuses an admin request whose path or query holds `%00` (U+0000,
+/// once decoded): no tenant, operation, source or event id holds it, and
+/// PostgreSQL's text can't, so a lookup would fail rather than find
+/// nothing.
+///
+/// Errors: 400 `bad-request` naming `path` or `query`.
+async fn refuse_nul(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let has_nul = |s: &str| {
+        s.as_bytes()
+            .windows(3)
+            .any(|w| w[0] == b'%' && w[1] == b'0' && w[2] == b'0')
+    };
+    let uri = req.uri();
+    let field = if has_nul(uri.path()) {
+        "path"
+    } else if uri.query().is_some_and(has_nul) {
+        "query"
+    } else {
+        return next.run(req).await;
+    };
+    OpError::BadRequest {
+        field: field.into(),
+        message: format!("the {field} holds %00 (U+0000), which no id holds"),
+    }
+    .into_response()
 }
 
 /// Reads every admin request's body whole before a handler runs (also of

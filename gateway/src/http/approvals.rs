@@ -41,13 +41,20 @@ pub(crate) fn parse<T: for<'de> Deserialize<'de> + Default>(body: &[u8]) -> Resu
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
+    // serde reads a struct from an array too, by position: an object only.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(OpError::BadRequest {
+            field: "body".into(),
+            message: "the body must be a JSON object".into(),
+        });
+    }
     let mut de = serde_json::Deserializer::from_slice(body);
     let parsed: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let at = e.path().to_string();
         OpError::BadRequest {
             // A member of the wrong type, or unknown: named. Not JSON, or
             // cut short: the body.
-            field: if e.inner().is_data() && at != "." {
+            field: if e.inner().is_data() && at != "." && !at.is_empty() {
                 format!("body.{at}")
             } else {
                 "body".into()

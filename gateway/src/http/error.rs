@@ -201,7 +201,11 @@ impl IntoResponse for OpError {
         {
             h.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_s));
         }
-        if matches!(self, OpError::RequestTimeout { .. }) {
+        if matches!(self, OpError::RequestTimeout { .. })
+            || matches!(&self, OpError::InboxRejected { check, .. } if *check == "body-timeout")
+        {
+            // The rest of the body may still come: the connection can't
+            // carry another request (RFC 9110 §15.5.9).
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         if let OpError::OutcomeUnknown { status, .. } = &self

@@ -199,17 +199,32 @@ pub fn verify(
     }
 }
 
-/// The text at `ptr` in `v`: a string as it is, an integer or boolean
-/// written out; `None` for anything else or nothing. A number that is not
-/// an integer within 64 bits (`1.0`, `1e0`, `98765432109876543210001`) is
-/// `None` too: it is read as a float, whose text is not the provider's
-/// (`9.876543210987654e+22`), so two distinct ids would read alike.
+/// The text at `ptr` in `v`: a string as it is, a number or boolean
+/// written out; `None` for anything else or nothing. What a resolution
+/// rule compares (`match`, `provider_key`, `reference`) and a success
+/// event records.
 pub fn text_at(v: &Value, ptr: &str) -> Option<String> {
     match v.pointer(ptr)? {
         Value::String(s) => Some(s.clone()),
-        Value::Number(n) if n.is_i64() || n.is_u64() => Some(n.to_string()),
+        Value::Number(n) => Some(n.to_string()),
         Value::Bool(b) => Some(b.to_string()),
         _ => None,
+    }
+}
+
+/// An identity at `ptr` in `v` (the event id, type or sequence key):
+/// `Ok(None)` when there is nothing there, `Ok(Some)` for a string or an
+/// integer within 64 bits (its digits). Anything else is `Err`: a number
+/// that is not such an integer (`1.0`, `98765432109876543210001`) is read
+/// as a float, whose text is not the provider's (`9.876543210987654e+22`),
+/// so two distinct ids would read alike; a boolean or an object names no
+/// one event.
+fn identity_at(v: &Value, ptr: &str) -> Result<Option<String>, ()> {
+    match v.pointer(ptr) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Ok(Some(n.to_string())),
+        Some(_) => Err(()),
     }
 }
 
@@ -253,7 +268,7 @@ pub fn parse(src: &InboxSource, headers: &HeaderMap, body: &[u8]) -> Result<Pars
         .filter(Value::is_object)
         .ok_or_else(|| reject("body-not-json", "body", "the body is not a JSON object"))?;
     let (event_id, field) = match &src.event_id {
-        EventIdAt::Pointer(p) => (text_at(&json, p), format!("body:{p}")),
+        EventIdAt::Pointer(p) => (identity_at(&json, p).ok().flatten(), format!("body:{p}")),
         EventIdAt::Header(h) => (
             headers
                 .get(h)
@@ -274,13 +289,23 @@ pub fn parse(src: &InboxSource, headers: &HeaderMap, body: &[u8]) -> Result<Pars
             )
         })?;
     let event_id = without_nul(event_id, field, "event id")?;
-    let event_type = text_at(&json, &src.event_type)
-        .map(|t| without_nul(t, format!("body:{}", src.event_type), "event type"))
+    let type_field = format!("body:{}", src.event_type);
+    let event_type = identity_at(&json, &src.event_type)
+        .map_err(|()| {
+            reject(
+                "text-invalid",
+                type_field.clone(),
+                "the event type there is not a string (or an integer)",
+            )
+        })?
+        .map(|t| without_nul(t, type_field, "event type"))
         .transpose()?;
     let ordering = match &src.ordering {
         None => None,
         Some((kp, sp)) => {
-            let key = text_at(&json, kp)
+            let key = identity_at(&json, kp)
+                .ok()
+                .flatten()
                 .filter(|k| !k.is_empty())
                 .ok_or_else(|| {
                     reject(
@@ -461,9 +486,12 @@ fn resolving<'a>(
 /// How `rule` names an operation in `event`; `None` when the event lacks
 /// the provider key or reference it points at.
 fn naming<'a>(rule: &'a Resolves, event: &'a Value) -> Option<Naming<'a>> {
+    // No provider key or reference holds U+0000 (PostgreSQL's text can't):
+    // such a value names no operation.
+    let named = |p: &str| text_at(event, p).filter(|t| !t.contains('\0'));
     Some(match &rule.by {
-        ResolveBy::ProviderKey(p) => Naming::ProviderKey(text_at(event, p)?),
-        ResolveBy::Reference(p) => Naming::Reference(text_at(event, p)?),
+        ResolveBy::ProviderKey(p) => Naming::ProviderKey(named(p)?),
+        ResolveBy::Reference(p) => Naming::Reference(named(p)?),
         ResolveBy::Match { route, fields } => Naming::Match {
             route: route.as_str(),
             accepts: Box::new(move |o: &crate::ledger::Operation| {
@@ -502,7 +530,11 @@ fn succeeded(src: &InboxSource, rule: &Resolves, ev: &Parsed, ty: &str) -> Outco
     o.response_headers = vec![("content-type".into(), "application/json".into())];
     o.response_body_bytes = Some(body.len() as i64);
     o.response_body = Some(body);
-    o.provider_reference = rule.reference.as_deref().and_then(|p| text_at(&ev.json, p));
+    o.provider_reference = rule
+        .reference
+        .as_deref()
+        .and_then(|p| text_at(&ev.json, p))
+        .filter(|t| !t.contains('\0'));
     o
 }
 

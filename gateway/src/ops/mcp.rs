@@ -234,26 +234,6 @@ fn envelope(headers: &HeaderMap, body: &[u8]) -> Result<(Value, String, Value), 
             null.clone(),
         ));
     }
-    if !crate::idempotency::numbers_survive_jcs(body) {
-        // The fingerprint is of the arguments as RFC 8785 writes them, as
-        // doubles: two amounts past a double's precision would be one
-        // call, and an id past it would come back as another number.
-        return Err(err(
-            &null,
-            -32600,
-            "a number in the message is not exactly an IEEE-754 double (past 2^53, or with more \
-             digits than a double holds; RFC 8785 §3.2.2.3): send it as a string",
-            null.clone(),
-        ));
-    }
-    if msg.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
-        return Err(err(
-            &null,
-            -32600,
-            "jsonrpc must be \"2.0\" (JSON-RPC 2.0 §4)",
-            null.clone(),
-        ));
-    }
     let Some(method) = msg.get("method") else {
         // A response to a server-initiated request (sampling, elicitation).
         if msg.get("result").is_some() || msg.get("error").is_some() {
@@ -269,6 +249,39 @@ fn envelope(headers: &HeaderMap, body: &[u8]) -> Result<(Value, String, Value), 
     let Some(method) = method.as_str().map(str::to_owned) else {
         return Err(err(&null, -32600, "method must be a string", null.clone()));
     };
+    // The id a refusal is addressed to, whenever it can be read back as
+    // sent: a string, or an integer a double holds (JSON-RPC 2.0 §5: null
+    // only when it can't be detected), so the client's wait ends.
+    let reply_id = match msg.get("id") {
+        Some(Value::String(s)) => Value::String(s.clone()),
+        Some(Value::Number(n))
+            if n.as_i64().is_some_and(|i| i.unsigned_abs() <= 1 << 53)
+                || n.as_u64().is_some_and(|u| u <= 1 << 53) =>
+        {
+            Value::Number(n.clone())
+        }
+        _ => Value::Null,
+    };
+    if msg.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Err(err(
+            &reply_id,
+            -32600,
+            "jsonrpc must be \"2.0\" (JSON-RPC 2.0 §4)",
+            null.clone(),
+        ));
+    }
+    if method == "tools/call" && !crate::idempotency::numbers_survive_jcs(body) {
+        // The fingerprint is of the arguments as RFC 8785 writes them, as
+        // doubles: two amounts past a double's precision would be one
+        // call, and an id past it would come back as another number.
+        return Err(err(
+            &reply_id,
+            -32602,
+            "a number in the tool call is not exactly an IEEE-754 double (past 2^53, or with more \
+             digits than a double holds; RFC 8785 §3.2.2.3): send it as a string",
+            null.clone(),
+        ));
+    }
     let id = msg.get("id").cloned().unwrap_or(Value::Null);
     if method == "tools/call" && !(id.is_string() || id.is_number()) {
         return Err(err(
