@@ -355,10 +355,13 @@ async fn a_policy_requiring_approval_sends_nothing_until_approved() {
         assert_eq!(p["field"], field, "{body}: {p}");
     }
     // No id holds U+0000: refused before any lookup (PostgreSQL's text
-    // can't hold it, and the lookup failed 503).
+    // can't hold it, and the lookup failed 503). Nor may a query name a
+    // parameter twice.
     for (path, field) in [
         ("/admin/tenants/a/operations/k%00x", "path"),
         ("/admin/tenants/a/inbox?source=s%00x", "query"),
+        // The last one would have won, silently.
+        ("/admin/tenants/a/operations?limit=1&limit=2", "query:limit"),
     ] {
         let r = app
             .http

@@ -117,6 +117,7 @@ pub fn router(state: AppState) -> Router {
             },
         ))
         .layer(axum::middleware::from_fn(refuse_nul))
+        .layer(axum::middleware::from_fn(refuse_repeated_parameters))
         .layer(axum::middleware::map_response(move |resp: Response| {
             as_problem(resp, max_body)
         }))
@@ -149,6 +150,30 @@ async fn refuse_nul(req: axum::extract::Request, next: axum::middleware::Next) -
         message: format!("the {field} holds %00 (U+0000), which no id holds"),
     }
     .into_response()
+}
+
+/// Refuses an admin request whose query names a parameter twice
+/// (`?limit=1&limit=2`): the handlers read the query as a map, which
+/// would keep one of them silently.
+///
+/// Errors: 400 `bad-request` naming `query:<name>`.
+async fn refuse_repeated_parameters(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(q) = req.uri().query() {
+        let mut seen = std::collections::HashSet::new();
+        for (name, _) in form_urlencoded::parse(q.as_bytes()) {
+            if !seen.insert(name.clone()) {
+                return OpError::BadRequest {
+                    field: format!("query:{name}"),
+                    message: format!("the query names {name:?} more than once"),
+                }
+                .into_response();
+            }
+        }
+    }
+    next.run(req).await
 }
 
 /// Reads every admin request's body whole before a handler runs (also of
