@@ -38,7 +38,7 @@ async def main(url: str, key: str, steps: list) -> list:
                         text = "".join(getattr(c, "text", "") for c in r.content)
                         out.append({"is_error": bool(r.is_error), "structured": r.structured_content, "text": text})
                     except MCPError as e:
-                        out.append({"rpc_error": {"code": e.error.code, "message": e.error.message}})
+                        out.append({"rpc_error": {"code": e.error.code, "message": e.error.message, "data": e.error.data}})
     return out
 
 

@@ -364,6 +364,15 @@ async fn refunds_over_the_threshold_wait_for_an_approval_bound_to_the_arguments(
         "{message}"
     );
     assert!(message.contains("other arguments"), "{message}");
+    let data = &r[0]["rpc_error"]["data"];
+    assert_eq!(
+        (data["type"].as_str(), data["field"].as_str()),
+        (
+            Some("urn:effectgate:problem:idempotency-key-reused"),
+            Some("params")
+        ),
+        "{data}"
+    );
     assert_eq!(up.count("refund"), 1);
 }
 

@@ -27,6 +27,18 @@ fn message(e: &crate::ops::OpError) -> String {
     }
 }
 
+/// The problem (RFC 9457) carried as a JSON-RPC error's `data`, its
+/// `field` in the tool call's terms: a reused operation id was refused for
+/// the call's `params` (another tool or other arguments), whichever of the
+/// intent id, the derived identity or an `Idempotency-Key` header named it.
+fn data(e: &crate::ops::OpError) -> Value {
+    let mut p = e.problem();
+    if matches!(e, crate::ops::OpError::FingerprintMismatch { .. }) {
+        p["field"] = json!("params");
+    }
+    p
+}
+
 /// Turns the effectful flow's answer into an MCP answer addressed to
 /// `rpc_id`: stored JSON-RPC answers are re-addressed; a pending approval
 /// becomes a tool result with `isError: true` and `structuredContent`
@@ -35,7 +47,7 @@ fn message(e: &crate::ops::OpError) -> String {
 pub async fn readdress(result: Answer, rpc_id: &Value) -> Response {
     let resp = match result {
         Ok(r) => reply_response(r),
-        Err(e) => return reply_response(rpc_error(rpc_id, -32000, &message(&e), e.problem())),
+        Err(e) => return reply_response(rpc_error(rpc_id, -32000, &message(&e), data(&e))),
     };
     let (parts, body) = resp.into_parts();
     let replayed = parts
