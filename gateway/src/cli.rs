@@ -526,10 +526,7 @@ async fn compensate(
     let app = crate::state::AppState::new(settings, std::sync::Arc::new(SystemClock)).await?;
     let principal = config::Principal {
         tenant: tenant.to_owned(),
-        name: format!(
-            "cli:{}",
-            std::env::var("USER").unwrap_or_else(|_| "unknown".into())
-        ),
+        name: format!("cli:{}", login_name()),
         role: config::Role::Operator,
     };
     let wait = std::time::Duration::from_millis(wait_ms);
@@ -667,4 +664,19 @@ fn policy_command(command: PolicyCommand) -> anyhow::Result<ExitCode> {
         PolicyCommand::Wit => print!("{}", crate::policy::scaffold::wit()),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Who runs the command, for the ledger's actor: `$USER`, else `$LOGNAME`,
+/// else the process's user id (`uid 1000`), else `unknown`.
+fn login_name() -> String {
+    ["USER", "LOGNAME"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|n| !n.is_empty()))
+        .or_else(|| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata("/proc/self")
+                .ok()
+                .map(|m| format!("uid {}", m.uid()))
+        })
+        .unwrap_or_else(|| "unknown".into())
 }
