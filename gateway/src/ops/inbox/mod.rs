@@ -19,14 +19,21 @@
 //! `tolerance_ms` away from now, in either direction, is refused after the
 //! signature checked out. Every refusal is counted by its check and
 //! nothing of it is stored.
+//!
+//! [`verify`] checks the signature and timestamp, [`parse`] reads the
+//! event's id, type and ordering; this module stores the event and applies
+//! what it says.
 
-use base64::Engine;
-use hmac::{Hmac, Mac};
+mod event;
+mod verify;
+
+pub use event::{MAX_EVENT_ID_BYTES, Parsed, parse, text_at};
+pub use verify::verify;
+
 use http::HeaderMap;
 use serde_json::Value;
-use sha2::Sha256;
 
-use crate::config::{EventIdAt, InboxSource, ResolveBy, Resolves, SignatureScheme};
+use crate::config::{InboxSource, ResolveBy, Resolves};
 use crate::ledger::{
     InboxOrdering, Naming, NewInboxEvent, Outcome, Received, Resolution, Resolve, Resolved,
     Resolving, Says, State,
@@ -34,309 +41,14 @@ use crate::ledger::{
 use crate::ops::OpError;
 use crate::state::AppState;
 
-/// Longest event id accepted (bytes).
-pub const MAX_EVENT_ID_BYTES: usize = 255;
-
+/// A refusal of check `check` (one of [`crate::metrics::INBOX_CHECKS`])
+/// naming `field`.
 fn reject(check: &'static str, field: impl Into<String>, message: impl Into<String>) -> OpError {
     OpError::InboxRejected {
         check,
         field: field.into(),
         message: message.into(),
     }
-}
-
-fn mac(secret: &[u8]) -> Hmac<Sha256> {
-    <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC accepts any key length")
-}
-
-/// Whether `sig` is the HMAC-SHA256 of `parts` under one of `secrets`
-/// (compared in constant time).
-fn signed_by(secrets: &[Vec<u8>], parts: &[&[u8]], sig: &[u8]) -> bool {
-    secrets.iter().any(|s| {
-        let mut m = mac(s);
-        for p in parts {
-            m.update(p);
-        }
-        m.verify_slice(sig).is_ok()
-    })
-}
-
-fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<&'a str, OpError> {
-    let field = format!("header:{name}");
-    let v = headers.get(name).ok_or_else(|| {
-        reject(
-            "signature-missing",
-            field.clone(),
-            format!("the {name} header is required"),
-        )
-    })?;
-    v.to_str().map_err(|_| {
-        reject(
-            "signature-malformed",
-            field,
-            format!("the {name} header is not visible ASCII"),
-        )
-    })
-}
-
-fn check_time(src: &InboxSource, field: &str, ts_s: i64, now_ms: i64) -> Result<(), OpError> {
-    let off = now_ms
-        .saturating_sub(ts_s.saturating_mul(1000))
-        .unsigned_abs();
-    if off > src.tolerance_ms {
-        return Err(reject(
-            "timestamp-outside-tolerance",
-            format!("header:{field}"),
-            format!(
-                "the signed timestamp is {} s away from now; at most {} s is accepted",
-                off / 1000,
-                src.tolerance_ms / 1000
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Checks the request's signature and timestamp under `src`'s scheme at
-/// `now_ms`.
-///
-/// Errors: [`OpError::InboxRejected`] with check `signature-missing`,
-/// `signature-malformed`, `signature-mismatch` or
-/// `timestamp-outside-tolerance`.
-pub fn verify(
-    src: &InboxSource,
-    headers: &HeaderMap,
-    body: &[u8],
-    now_ms: i64,
-) -> Result<(), OpError> {
-    match src.scheme {
-        SignatureScheme::Stripe => {
-            let name = "Stripe-Signature";
-            let v = header(headers, name)?;
-            let mut t = None;
-            let mut sigs = Vec::new();
-            for item in v.split(',') {
-                match item.trim().split_once('=') {
-                    Some(("t", x)) => t = x.parse::<i64>().ok(),
-                    Some(("v1", x)) => sigs.extend(hex::decode(x).ok()),
-                    _ => {}
-                }
-            }
-            let (Some(t), false) = (t, sigs.is_empty()) else {
-                return Err(reject(
-                    "signature-malformed",
-                    "header:Stripe-Signature",
-                    "expected t=<unix seconds>,v1=<hex HMAC-SHA256>",
-                ));
-            };
-            let ts = t.to_string();
-            if !sigs
-                .iter()
-                .any(|s| signed_by(&src.secrets, &[ts.as_bytes(), b".", body], s))
-            {
-                return Err(reject(
-                    "signature-mismatch",
-                    "header:Stripe-Signature",
-                    "no v1 signature matches the body under the source's secrets",
-                ));
-            }
-            check_time(src, "Stripe-Signature", t, now_ms)
-        }
-        SignatureScheme::StandardWebhooks => {
-            let id = header(headers, "webhook-id")?;
-            let ts = header(headers, "webhook-timestamp")?;
-            let sig = header(headers, "webhook-signature")?;
-            let t: i64 = ts.trim().parse().map_err(|_| {
-                reject(
-                    "signature-malformed",
-                    "header:webhook-timestamp",
-                    "expected unix seconds",
-                )
-            })?;
-            let b64 = base64::engine::general_purpose::STANDARD;
-            let sigs: Vec<Vec<u8>> = sig
-                .split(' ')
-                .filter_map(|s| s.strip_prefix("v1,"))
-                .filter_map(|s| b64.decode(s).ok())
-                .collect();
-            if sigs.is_empty() {
-                return Err(reject(
-                    "signature-malformed",
-                    "header:webhook-signature",
-                    "expected v1,<base64 HMAC-SHA256> (space-separated)",
-                ));
-            }
-            let parts: [&[u8]; 5] = [id.as_bytes(), b".", ts.as_bytes(), b".", body];
-            if !sigs.iter().any(|s| signed_by(&src.secrets, &parts, s)) {
-                return Err(reject(
-                    "signature-mismatch",
-                    "header:webhook-signature",
-                    "no v1 signature matches the message under the source's secrets",
-                ));
-            }
-            check_time(src, "webhook-timestamp", t, now_ms)
-        }
-        SignatureScheme::HmacSha256 => {
-            let h = src.header.as_ref().map_or("x-signature", |h| h.as_str());
-            let v = header(headers, h)?;
-            let hexed = v.trim().strip_prefix("sha256=").unwrap_or(v.trim());
-            let sig = hex::decode(hexed).map_err(|_| {
-                reject(
-                    "signature-malformed",
-                    format!("header:{h}"),
-                    "expected sha256=<hex HMAC-SHA256 of the body>",
-                )
-            })?;
-            if !signed_by(&src.secrets, &[body], &sig) {
-                return Err(reject(
-                    "signature-mismatch",
-                    format!("header:{h}"),
-                    "the signature does not match the body under the source's secrets",
-                ));
-            }
-            Ok(())
-        }
-    }
-}
-
-/// The text at `ptr` in `v`: a string as it is, a number or boolean
-/// written out; `None` for anything else or nothing. What a resolution
-/// rule compares (`match`, `provider_key`, `reference`) and a success
-/// event records.
-pub fn text_at(v: &Value, ptr: &str) -> Option<String> {
-    match v.pointer(ptr)? {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        Value::Bool(b) => Some(b.to_string()),
-        _ => None,
-    }
-}
-
-/// An identity at `ptr` in `v` (the event id, type or sequence key):
-/// `Ok(None)` when there is nothing there, `Ok(Some)` for a string or an
-/// integer within 64 bits (its digits). Anything else is `Err`: a number
-/// that is not such an integer (`1.0`, `98765432109876543210001`) is read
-/// as a float, whose text is not the provider's (`9.876543210987654e+22`),
-/// so two distinct ids would read alike; a boolean or an object names no
-/// one event.
-fn identity_at(v: &Value, ptr: &str) -> Result<Option<String>, ()> {
-    match v.pointer(ptr) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Ok(Some(n.to_string())),
-        Some(_) => Err(()),
-    }
-}
-
-/// Refuses an id, type or sequence key holding U+0000: the ledger stores
-/// them as text, which on PostgreSQL can't hold it, and replacing it
-/// would make two ids one.
-///
-/// Errors: [`OpError::InboxRejected`] with check `text-invalid` naming
-/// `field`.
-fn without_nul(text: String, field: impl Into<String>, what: &str) -> Result<String, OpError> {
-    if text.contains('\0') {
-        return Err(reject(
-            "text-invalid",
-            field,
-            format!("the {what} holds U+0000 (NUL), which the inbox does not store"),
-        ));
-    }
-    Ok(text)
-}
-
-/// A verified event, read.
-#[derive(Debug, Clone)]
-pub struct Parsed {
-    /// The body as JSON.
-    pub json: Value,
-    /// The event id.
-    pub event_id: String,
-    /// Its type, if the body names one.
-    pub event_type: Option<String>,
-    /// `(sequence key, sequence)`, when the source orders events.
-    pub ordering: Option<(String, i64)>,
-}
-
-/// Reads the event id, type and sequence of a verified body.
-///
-/// Errors: [`OpError::InboxRejected`] with check `body-not-json`,
-/// `event-id-missing`, `sequence-missing` or `text-invalid`.
-pub fn parse(src: &InboxSource, headers: &HeaderMap, body: &[u8]) -> Result<Parsed, OpError> {
-    let json: Value = serde_json::from_slice(body)
-        .ok()
-        .filter(Value::is_object)
-        .ok_or_else(|| reject("body-not-json", "body", "the body is not a JSON object"))?;
-    let (event_id, field) = match &src.event_id {
-        EventIdAt::Pointer(p) => (identity_at(&json, p).ok().flatten(), format!("body:{p}")),
-        EventIdAt::Header(h) => (
-            headers
-                .get(h)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned),
-            format!("header:{h}"),
-        ),
-    };
-    let event_id = event_id
-        .filter(|s| !s.is_empty() && s.len() <= MAX_EVENT_ID_BYTES)
-        .ok_or_else(|| {
-            reject(
-                "event-id-missing",
-                field.clone(),
-                format!(
-                    "no event id (a string of 1..={MAX_EVENT_ID_BYTES} bytes, or an integer) there"
-                ),
-            )
-        })?;
-    let event_id = without_nul(event_id, field, "event id")?;
-    let type_field = format!("body:{}", src.event_type);
-    let event_type = identity_at(&json, &src.event_type)
-        .map_err(|()| {
-            reject(
-                "text-invalid",
-                type_field.clone(),
-                "the event type there is not a string (or an integer)",
-            )
-        })?
-        .map(|t| without_nul(t, type_field, "event type"))
-        .transpose()?;
-    let ordering = match &src.ordering {
-        None => None,
-        Some((kp, sp)) => {
-            let key = identity_at(&json, kp)
-                .ok()
-                .flatten()
-                .filter(|k| !k.is_empty())
-                .ok_or_else(|| {
-                    reject(
-                        "sequence-missing",
-                        format!("body:{kp}"),
-                        "no sequence key (a string, or an integer) there",
-                    )
-                })?;
-            let key = without_nul(key, format!("body:{kp}"), "sequence key")?;
-            let seq = json
-                .pointer(sp)
-                .and_then(|v| {
-                    v.as_i64()
-                        .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
-                })
-                .ok_or_else(|| {
-                    reject(
-                        "sequence-missing",
-                        format!("body:{sp}"),
-                        "no integer sequence there",
-                    )
-                })?;
-            Some((key, seq))
-        }
-    };
-    Ok(Parsed {
-        json,
-        event_id,
-        event_type,
-        ordering,
-    })
 }
 
 /// What receiving a webhook did, for the answer to the provider.
@@ -573,8 +285,10 @@ async fn resolved(
 
 #[cfg(test)]
 mod tests {
+    use super::verify::mac;
     use super::*;
-    use crate::config::{InboxSource, OnGap};
+    use crate::config::{EventIdAt, InboxSource, OnGap, SignatureScheme};
+    use hmac::Mac;
 
     fn source(scheme: SignatureScheme, secrets: &[&[u8]]) -> InboxSource {
         InboxSource {
