@@ -13,11 +13,7 @@ fn effectgate() -> Command {
 /// Asserts a listing command found nothing: exit 0, nothing on stdout (no
 /// header line, no JSON line), and `word` on stderr.
 fn assert_empty_listing(out: &std::process::Output, word: &str) {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::succeeded(out);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "");
     assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), word);
 }
@@ -88,11 +84,7 @@ fn check_config_names_the_bad_field() {
         .unwrap();
     let module = root.join("policies/target/wasm32-wasip2/release/amount_threshold.wasm");
     if module.exists() {
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::succeeded(&out);
         assert_eq!(
             String::from_utf8_lossy(&out.stdout),
             format!("{good}: ok (1 tenant, 1 route, 4 keys, 1 policy binding, 0 inbox sources)\n")
@@ -128,11 +120,7 @@ fn the_readmes_mcp_route_is_a_valid_config() {
         .env("TOOLS_TOKEN", "token-example")
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::succeeded(&out);
 }
 
 /// The README's "In front of a real provider" example is a valid config
@@ -151,11 +139,7 @@ fn the_real_provider_example_checks_and_tls_errors_name_the_field() {
         .env("GATEWAY_OPERATOR_KEY", "operator-key-example")
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::succeeded(&out);
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.toml");
     std::fs::write(
@@ -191,11 +175,7 @@ fn migrate_then_ledger_list_and_show() {
     let db = dir.path().join("l.db");
     let run = |args: &[&str]| on_ledger(&db, args);
     let out = run(&["migrate"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::succeeded(&out);
     assert!(db.exists());
     // No rows: nothing on stdout, not even the header; a word on stderr.
     assert_empty_listing(
@@ -228,11 +208,7 @@ fn migrate_then_ledger_list_and_show() {
     }
     // A state in any case, as the admin API takes it.
     let out = run(&["ledger", "list", "--state", "unknown"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::succeeded(&out);
     // No dead letters: nothing on stdout (one JSON object a line), a word
     // on stderr.
     assert_empty_listing(&run(&["ledger", "dead-letters"]), "no dead letters");
@@ -374,11 +350,7 @@ fn migrate_and_ledger_list_on_postgres() {
     for _ in 0..2 {
         // Migrating twice is a no-op the second time.
         let out = run(&["migrate"]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::succeeded(&out);
         assert!(String::from_utf8_lossy(&out.stdout).contains("is migrated"));
     }
     // An empty ledger: no rows, no header.
@@ -547,11 +519,7 @@ async fn inbox_list_prints_a_tenants_events_with_iso_times() {
     }
     let run = |args: &[&str]| on_ledger(&db, args);
     let out = run(&["inbox", "list", "t"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::succeeded(&out);
     let text = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = text.lines().collect();
     assert!(lines[0].starts_with("SOURCE"), "{text}");
@@ -670,11 +638,7 @@ async fn a_second_gateway_on_the_same_sqlite_ledger_stops_at_start() {
             .output()
             .unwrap()
     });
-    assert!(
-        list.status.success(),
-        "{}",
-        String::from_utf8_lossy(&list.stderr)
-    );
+    common::succeeded(&list);
     drop(first);
     let again = common::spawn_gateway(config, &[], None).await;
     drop(again);
@@ -713,11 +677,7 @@ fn ledger_list_columns_fit_their_cells_and_json_has_the_same_rows() {
         }
     }
     let out = run(&["ledger", "list"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::succeeded(&out);
     let text = String::from_utf8(out.stdout).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 8, "{text}");
@@ -891,11 +851,7 @@ async fn the_start_line_is_logged_on_an_already_migrated_postgres_ledger() {
         .env("EFFECTGATE_STORAGE__SCHEMA", &schema)
         .output()
         .unwrap();
-    assert!(
-        migrated.status.success(),
-        "{}",
-        String::from_utf8_lossy(&migrated.stderr)
-    );
+    common::succeeded(&migrated);
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("gw.log");
     let d = dir.path().to_owned();

@@ -124,11 +124,7 @@ fn ledger_state(config: &Path, key: &str) -> serde_json::Value {
         .arg(config)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::succeeded(&out);
     serde_json::from_slice(&out.stdout).unwrap()
 }
 

@@ -127,6 +127,15 @@ pub fn pg_url() -> Option<String> {
     }
 }
 
+/// Fails the test with `out`'s stderr unless the command succeeded.
+pub fn succeeded(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A schema name nobody has used: `eg_<16 hex digits>`.
 pub fn fresh_schema() -> String {
     format!("eg_{:016x}", rand::random::<u64>())
