@@ -118,6 +118,11 @@ struct Args {
     /// and the gateway in a process of its own (about a minute).
     #[arg(long)]
     only_wrk: bool,
+    /// Run only PostgreSQL against SQLite, effectful ((c), (e), (f) and
+    /// the alternating cycles (c') / (e')), e.g. to compare two builds in
+    /// a minute; needs `--postgres` or `$BENCH_POSTGRES_URL`.
+    #[arg(long)]
+    only_postgres: bool,
 }
 
 const CLIENT_KEY: &str = "bench-client-key";
@@ -155,6 +160,28 @@ async fn nginx_cycles(
         PAIRED_CYCLES,
     )
     .await
+}
+
+/// The PostgreSQL URL: `--postgres`, else `$BENCH_POSTGRES_URL`.
+fn postgres_url(args: &Args) -> Option<String> {
+    args.postgres
+        .clone()
+        .or_else(|| std::env::var("BENCH_POSTGRES_URL").ok())
+        .filter(|u| !u.is_empty())
+}
+
+/// The targets row of PostgreSQL (one instance) against SQLite, from the
+/// alternating cycles.
+fn postgres_row(pg: &paired::Paired) -> targets::Row {
+    targets::Row {
+        what: "PostgreSQL, 1 instance / SQLite, effectful".into(),
+        measured: format!(
+            "{:.3}× ({:.2}–{:.2}; medians of {PAIRED_CYCLES} alternating cycles)",
+            pg.ratio, pg.lowest, pg.highest
+        ),
+        aim: "≥ 0.5×",
+        met: Some(pg.ratio >= 0.5),
+    }
 }
 
 #[tokio::main]
@@ -234,6 +261,30 @@ async fn main() -> anyhow::Result<()> {
         run("warmup", &client, url.clone(), 200, c, |_| None, false).await;
         run("warmup", &client, pass.clone(), 200, c, |_| None, true).await;
         nginx_cycles(&client, url, pass, n, c).await;
+        return Ok(());
+    }
+    if args.only_postgres {
+        let Some(url) = postgres_url(&args) else {
+            anyhow::bail!("--only-postgres: pass --postgres URL or set BENCH_POSTGRES_URL");
+        };
+        let a = run("(a) direct", &client, direct, n, c, |_| None, false).await;
+        let cc = run(
+            "(c) effectgate, effectful, unique keys",
+            &client,
+            pay.clone(),
+            n,
+            c,
+            |i| Some(format!("k-{i}")),
+            true,
+        )
+        .await;
+        let base = SqliteBaseline {
+            direct: &a,
+            sqlite: &cc,
+            sqlite_pay: &pay,
+        };
+        let pg = shared_ledger(&client, &mock, &hash, &url, &args, base).await?;
+        targets::print(&[postgres_row(&pg)]);
         return Ok(());
     }
     let a = run("(a) direct", &client, direct, n, c, |_| None, false).await;
@@ -429,12 +480,7 @@ async fn main() -> anyhow::Result<()> {
     flood::slow_header_flood(&client, &mock.url(), &hash, (n / 5).max(200)).await?;
     https_pass_through(&client, &hash, &args, &b).await?;
 
-    let postgres = args
-        .postgres
-        .clone()
-        .or_else(|| std::env::var("BENCH_POSTGRES_URL").ok())
-        .filter(|u| !u.is_empty());
-    rows.push(match postgres {
+    rows.push(match postgres_url(&args) {
         Some(url) => {
             let pg = shared_ledger(
                 &client,
@@ -449,15 +495,7 @@ async fn main() -> anyhow::Result<()> {
                 },
             )
             .await?;
-            targets::Row {
-                what: "PostgreSQL, 1 instance / SQLite, effectful".into(),
-                measured: format!(
-                    "{:.3}× ({:.2}–{:.2}; medians of {PAIRED_CYCLES} alternating cycles)",
-                    pg.ratio, pg.lowest, pg.highest
-                ),
-                aim: "≥ 0.5×",
-                met: Some(pg.ratio >= 0.5),
-            }
+            postgres_row(&pg)
         }
         None => {
             println!("PostgreSQL scenarios skipped: pass --postgres URL or set BENCH_POSTGRES_URL");
