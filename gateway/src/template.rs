@@ -354,10 +354,19 @@ pub fn render_form(v: &Value) -> Vec<u8> {
     out.finish().into_bytes()
 }
 
+/// Most levels a form field's name may nest (`a[b][c]` is three): the
+/// depth `serde_json` allows a JSON body, which is read with its default
+/// limit (128) and is `Null` past it.
+pub const MAX_FORM_DEPTH: usize = 128;
+
 /// A stored body as JSON for `{body:/…}` and `{response:/…}`: JSON as it
-/// is; a form (`application/x-www-form-urlencoded`) in bracket syntax as
-/// nested objects of strings (`a[b]=1` → `{"a": {"b": "1"}}`; `l[]=x` and
-/// `l[0]=x` → `{"l": ["x"]}`); anything else `Null`.
+/// is (`Null` past 128 levels of nesting, `serde_json`'s limit); a form
+/// (`application/x-www-form-urlencoded`) in bracket syntax as nested
+/// objects of strings (`a[b]=1` → `{"a": {"b": "1"}}`; `l[]=x` and `l[0]=x`
+/// → `{"l": ["x"]}`), without the fields whose names nest deeper than
+/// [`MAX_FORM_DEPTH`] (a value that deep would be dropped, and walked, by
+/// recursion: a caller's body must not exhaust the stack); anything else
+/// `Null`.
 pub fn body_value(content_type: Option<&str>, bytes: &[u8]) -> Value {
     let form = content_type.is_some_and(|c| {
         c.split(';').next().is_some_and(|m| {
@@ -379,6 +388,12 @@ pub fn body_value(content_type: Option<&str>, bytes: &[u8]) -> Value {
             let Some(end) = inner.find(']') else { break };
             path.push(inner[..end].to_owned());
             rest = &inner[end + 1..];
+            if path.len() > MAX_FORM_DEPTH {
+                break;
+            }
+        }
+        if path.len() > MAX_FORM_DEPTH {
+            continue;
         }
         let mut node = &mut root;
         for (i, seg) in path.iter().enumerate() {
@@ -569,5 +584,26 @@ mod tests {
         for odd in ["a[b]]=1", "a[=1", "]=1", "[]=1", "a[0][=1", "a[99999999]=1"] {
             let _ = body_value(Some("application/x-www-form-urlencoded"), odd.as_bytes());
         }
+    }
+
+    /// A caller's form field nested 20,000 levels deep (60 KB) is left
+    /// out; the rest of the body is read, and nothing recurses that deep
+    /// (dropping such a value used to overflow the stack and abort the
+    /// gateway, in the reconciler's read-back and in a compensation).
+    /// [`MAX_FORM_DEPTH`] levels are kept; one more is not.
+    #[test]
+    fn a_form_field_nested_past_the_limit_is_left_out() {
+        let form = Some("application/x-www-form-urlencoded");
+        let deep = format!("client_ref=r1&amount=5&a{}=1", "[a]".repeat(20_000));
+        assert_eq!(
+            body_value(form, deep.as_bytes()),
+            json!({"client_ref": "r1", "amount": "5"})
+        );
+        let at_limit = format!("k{}=v", "[k]".repeat(MAX_FORM_DEPTH - 1));
+        let v = body_value(form, at_limit.as_bytes());
+        let pointer = format!("/k{}", "/k".repeat(MAX_FORM_DEPTH - 1));
+        assert_eq!(v.pointer(&pointer), Some(&json!("v")));
+        let past = format!("k{}=v", "[k]".repeat(MAX_FORM_DEPTH));
+        assert_eq!(body_value(form, past.as_bytes()), json!({}));
     }
 }
