@@ -669,6 +669,101 @@ async fn a_response_over_the_stored_limit_reaches_the_caller_but_is_not_stored()
     assert_eq!(app.mock.provider.effects(), 1);
 }
 
+/// A 2xx whose body breaks off (the provider sends 10 bytes of a longer
+/// `Content-Length`, then closes) reaches the caller broken as well: the
+/// status and what arrived, then no end to the body, never a shorter body
+/// that looks whole. The effect happened: COMPLETED, the body recorded as
+/// lost; a duplicate gets the status with `effectgate-stored-body: omitted`
+/// and the provider is not called again.
+#[tokio::test]
+async fn a_success_whose_body_breaks_off_reaches_the_caller_broken() {
+    let app = spawn_app().await;
+    let r = app
+        .http
+        .post(app.proxy("/pay/v1/charges"))
+        .bearer_auth(KEY_A)
+        .header("Idempotency-Key", "cut")
+        .header("Content-Type", "application/json")
+        .header("X-Mock-Fault", "cut-body-after-effect")
+        .body(BODY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body = r.bytes().await;
+    assert!(body.is_err(), "the caller must see the break: {body:?}");
+    let op = app.op_json("cut").await;
+    assert_eq!(op["state"], "COMPLETED", "{op}");
+    assert_eq!(op["error_kind"], "response-body-lost", "{op}");
+    assert_eq!(op["response_body_omitted"], true, "{op}");
+    let dup = app.charge("cut", BODY).await;
+    assert_eq!(dup.status(), 200);
+    assert_eq!(dup.headers()["idempotent-replayed"], "true");
+    assert!(
+        dup.headers()["effectgate-stored-body"]
+            .to_str()
+            .unwrap()
+            .starts_with("omitted"),
+        "{:?}",
+        dup.headers()
+    );
+    assert_eq!(app.mock.provider.effects(), 1);
+    assert_eq!(app.mock.provider.requests().len(), 1);
+}
+
+/// A provider that answers `101 Switching Protocols` to a request that
+/// asked for no upgrade has broken HTTP after the request reached it: the
+/// outcome is unknown (502 to the caller, UNKNOWN in the ledger), never a
+/// stored 101 replayed to every duplicate on a connection that then dies.
+#[tokio::test]
+async fn a_101_the_gateway_never_asked_for_leaves_the_outcome_unknown() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 101 Switching Protocols\r\ncontent-length: 2\r\n\r\nok")
+                    .await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    let app = spawn_with(Opts {
+        more: format!(
+            "[[routes]]\nname = \"odd\"\nprefix = \"/odd/\"\nupstream = \"http://{addr}\"\n"
+        ),
+        ..Default::default()
+    })
+    .await;
+    let r = app
+        .http
+        .post(app.proxy("/odd/v1/charges"))
+        .bearer_auth(KEY_A)
+        .header("Idempotency-Key", "switch")
+        .header("Content-Type", "application/json")
+        .body(BODY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 502);
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(
+        p["type"], "urn:effectgate:problem:operation-outcome-unknown",
+        "{p}"
+    );
+    let op = app.op_json("switch").await;
+    assert_eq!(op["state"], "UNKNOWN", "{op}");
+    assert_eq!(op["error_kind"], "provider-protocol", "{op}");
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
 #[tokio::test]
 async fn connect_refused_is_retried_then_failed_without_an_effect() {
     let more = r#"

@@ -123,6 +123,7 @@ async fn create_charge(State(p): State<Provider>, req: Request) -> Response {
     }
 
     let mut drop_after = fault == "drop-after-effect";
+    let cut_body = fault == "cut-body-after-effect";
     let delay_reply = fault
         .strip_prefix("delay-reply:")
         .and_then(|d| d.parse::<u64>().ok());
@@ -198,7 +199,33 @@ async fn create_charge(State(p): State<Provider>, req: Request) -> Response {
         kill.0.notify_one();
         std::future::pending::<()>().await;
     }
+    if cut_body {
+        return cut_short(response).await;
+    }
     response
+}
+
+/// `response` with its whole body's `Content-Length`, of which only the
+/// first 10 bytes are sent before the body fails and the connection
+/// closes (the failure waits one turn of the runtime, in which the server
+/// writes out the head and those bytes: a failure it meets at once drops
+/// what it has not written).
+async fn cut_short(response: Response) -> Response {
+    use futures_util::StreamExt as _;
+    let (mut parts, body) = response.into_parts();
+    let whole = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .unwrap_or_default();
+    parts
+        .headers
+        .insert(axum::http::header::CONTENT_LENGTH, whole.len().into());
+    let prefix = whole.slice(..whole.len().min(10));
+    let chunks =
+        futures_util::stream::iter([Ok(prefix)]).chain(futures_util::stream::once(async {
+            tokio::task::yield_now().await;
+            Err(std::io::Error::other("cut-body-after-effect"))
+        }));
+    Response::from_parts(parts, axum::body::Body::from_stream(chunks))
 }
 
 async fn create_refund(State(p): State<Provider>, req: Request) -> Response {
@@ -389,7 +416,9 @@ async fn get_charge(State(p): State<Provider>, Path(id): Path<String>) -> Respon
 
 /// A form body in Stripe's bracket syntax as JSON: `a[b]=1&a[c]=x&l[]=y`
 /// → `{"a": {"b": 1, "c": "x"}, "l": ["y"]}`. Values are strings, except
-/// `amount`, which becomes a number when it is one.
+/// `amount`, which becomes a number when it is one. A field whose name
+/// nests deeper than 128 levels (the depth `serde_json` allows JSON) is
+/// left out: a value that deep is dropped by recursion.
 pub fn form_to_json(body: &[u8]) -> Value {
     let mut root = json!({});
     for (k, v) in form_urlencoded::parse(body) {
@@ -404,6 +433,12 @@ pub fn form_to_json(body: &[u8]) -> Value {
             let Some(end) = inner.find(']') else { break };
             path.push(&inner[..end]);
             rest = &inner[end + 1..];
+            if path.len() > 128 {
+                break;
+            }
+        }
+        if path.len() > 128 {
+            continue;
         }
         let value = match (path.as_slice(), v.parse::<i64>()) {
             (["amount"], Ok(n)) => json!(n),
@@ -461,5 +496,13 @@ mod tests {
         ] {
             let _ = form_to_json(odd.as_bytes());
         }
+    }
+
+    /// A field nested 100,000 levels deep is left out, and the rest read:
+    /// such a value used to overflow the stack when dropped.
+    #[test]
+    fn a_form_field_nested_too_deep_is_left_out() {
+        let deep = format!("amount=5&a{}=1", "[a]".repeat(100_000));
+        assert_eq!(form_to_json(deep.as_bytes()), json!({"amount": 5}));
     }
 }

@@ -35,7 +35,10 @@
 //! - `X-Mock-Fault: fail-503:N`: the first N requests with this request's
 //!   `Idempotency-Key` (or `client_ref`) get 503 without an effect;
 //! - `X-Mock-Fault: status:CODE`: answer CODE without an effect;
-//! - `X-Mock-Fault: delay-reply:MS`: apply the effect, then wait MS before answering.
+//! - `X-Mock-Fault: delay-reply:MS`: apply the effect, then wait MS before answering;
+//! - `X-Mock-Fault: cut-body-after-effect`: apply the effect, then answer
+//!   200 with the whole body's `Content-Length` and send only its first 10
+//!   bytes before closing the connection.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -38,6 +38,20 @@ pub fn reply_response(r: Reply) -> Response {
                     .chain(rest),
             ))
         }
+        // The break waits one turn of the runtime, in which the server
+        // writes out the head and the prefix: one it meets at once drops
+        // what it has not written, and the caller would see no answer.
+        ReplyBody::CutShort(prefix, why) => {
+            let broken = futures_util::stream::once(async move {
+                tokio::task::yield_now().await;
+                Err(std::io::Error::other(format!(
+                    "the provider's response body broke off: {why}"
+                )))
+            });
+            Response::new(Body::from_stream(
+                futures_util::stream::iter([Ok(prefix)]).chain(broken),
+            ))
+        }
         ReplyBody::Problem(e) => e.into_response(),
     };
     if !problem {

@@ -12,6 +12,11 @@ pub enum ReplyBody {
     /// A provider answer larger than the stored limit: the prefix read so
     /// far, then the rest of the provider's body, streamed unread.
     Streamed(Bytes, Box<crate::forward::ResponseBody>),
+    /// A provider answer whose body broke off (cut short, a malformed
+    /// chunk, stalled past `response_timeout_ms`): what arrived, then the
+    /// same break for the caller (the response ends without its framing's
+    /// end), never a complete-looking body. The text says why it broke.
+    CutShort(Bytes, String),
     /// A problem document for this error (RFC 9457), rendered by the HTTP
     /// surface; the reply's headers are added to it.
     Problem(Box<crate::ops::OpError>),

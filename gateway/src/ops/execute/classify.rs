@@ -270,9 +270,12 @@ impl Schedule {
     }
 }
 
-/// The outcome a provider's status means: 2xx COMPLETED; a transient one
-/// past the budget FAILED (dead letter); a classifier's `permanent` FAILED;
-/// other 5xx but 501/505 UNKNOWN; the rest FAILED (permanent).
+/// The outcome a provider's status means: 2xx COMPLETED; a 1xx as the
+/// final answer UNKNOWN (only `101 Switching Protocols` can end an
+/// exchange, RFC 9110 §15.2, and the gateway never asks to upgrade: the
+/// provider broke the protocol after the request reached it); a transient
+/// one past the budget FAILED (dead letter); a classifier's `permanent`
+/// FAILED; other 5xx but 501/505 UNKNOWN; the rest FAILED (permanent).
 fn by_status(
     code: u16,
     stopped: Option<Stopped>,
@@ -283,6 +286,18 @@ fn by_status(
 ) -> Outcome {
     match (code, stopped) {
         (200..=299, _) => Outcome::new(OpState::Completed, "provider applied the effect"),
+        (100..=199, _) => {
+            let mut o = Outcome::new(
+                OpState::Unknown,
+                format!(
+                    "provider answered {code} to a request that asked for no upgrade; the effect may have been applied"
+                ),
+            );
+            o.error_kind = Some("provider-protocol".into());
+            o.error_detail = Some(answered(code));
+            when.unknown(&mut o);
+            o
+        }
         (_, Some(stopped)) => {
             let mut o = stopped_outcome(
                 stopped,
@@ -346,7 +361,8 @@ fn content_length(headers: &http::HeaderMap) -> Option<i64> {
 /// Stores what was read of the body in `o` and returns the caller's body:
 /// the whole body, or the prefix and the rest streamed (not stored, its
 /// size recorded as the provider's `content_length` when it sent one), or
-/// the prefix of a body that broke off.
+/// the prefix of a body that broke off, followed by the same break (the
+/// caller must not take a cut-off body for a whole one).
 fn store_body(o: &mut Outcome, body: ReadBody, content_length: Option<i64>) -> ReplyBody {
     match body {
         ReadBody::Whole(b) => {
@@ -365,7 +381,7 @@ fn store_body(o: &mut Outcome, body: ReadBody, content_length: Option<i64>) -> R
             if o.state == OpState::Completed {
                 o.error_kind = Some("response-body-lost".into());
             }
-            ReplyBody::Full(prefix)
+            ReplyBody::CutShort(prefix, err)
         }
     }
 }

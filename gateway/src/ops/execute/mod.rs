@@ -10,8 +10,9 @@
 //! | connect refused / connect timeout (nothing written) | transient |
 //! | 429, 503 | transient (retried; `Retry-After` honoured) |
 //! | 500, 502, 504 and other 5xx but 501/505 | UNKNOWN |
+//! | a 1xx as the final answer (a `101` to a request that asked for no upgrade) | UNKNOWN |
 //! | timeout or connection lost after the request was sent | UNKNOWN |
-//! | any other status (1xx, 3xx, 4xx, 501, 505) | FAILED (permanent) |
+//! | any other status (3xx, 4xx, 501, 505) | FAILED (permanent) |
 //!
 //! Transient failures past the route's retry budget end FAILED on the
 //! terminal route (dead letter, reason `retries-exhausted`); so does one
