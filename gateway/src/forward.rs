@@ -56,13 +56,27 @@ pub fn is_hop_by_hop(name: &HeaderName, connection_listed: &[String]) -> bool {
     HOP_BY_HOP.contains(&name.as_str()) || connection_listed.iter().any(|c| c == name.as_str())
 }
 
+/// Fields a `Connection` option never removes: those that describe the
+/// content for every recipient (RFC 9110 §7.6.1 forbids a sender to name
+/// them: removed, the provider would read another request than the one
+/// the ledger fingerprinted), and the `X-Request-Id` the gateway stamps on
+/// every request it forwards.
+const NOT_CONNECTION_OPTIONS: &[&str] = &[
+    "content-type",
+    "content-encoding",
+    "content-length",
+    "x-request-id",
+];
+
+/// The field names `Connection` lists (lower case), but for
+/// [`NOT_CONNECTION_OPTIONS`].
 fn connection_listed(headers: &HeaderMap) -> Vec<String> {
     headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(',').map(|s| s.trim().to_ascii_lowercase()))
-        .filter(|s| !s.is_empty())
+        .filter(|s| !s.is_empty() && !NOT_CONNECTION_OPTIONS.contains(&s.as_str()))
         .collect()
 }
 
@@ -419,8 +433,17 @@ pub const CREDENTIAL_HEADERS: &[&str] = &[
 
 /// Whether header `name` (lower case) carries a credential: one of
 /// [`CREDENTIAL_HEADERS`], or a name with `secret`, `token`, `password`,
-/// `api-key` or `apikey` in it.
+/// `api-key` or `apikey` in it, `_` read as `-` (`api_key`, `X_Auth_Token`:
+/// names with underscores are valid fields, RFC 9110 §5.1, and servers
+/// often read them as the hyphenated ones).
 pub fn is_credential(name: &str) -> bool {
+    let hyphenated;
+    let name = if name.contains('_') {
+        hyphenated = name.replace('_', "-");
+        hyphenated.as_str()
+    } else {
+        name
+    };
     CREDENTIAL_HEADERS.contains(&name)
         || ["secret", "token", "password", "api-key", "apikey"]
             .iter()
@@ -503,7 +526,8 @@ mod tests {
     }
 
     /// Filtered in place, a caller's headers lose every hop-by-hop name
-    /// (also those its `Connection` lists), `Host`, `Authorization`, its
+    /// (also those its `Connection` lists, but for the content's own fields
+    /// and `X-Request-Id`), `Host`, `Authorization`, its
     /// idempotency key, the route's credential and key headers, its
     /// forwarding claims and (unless kept) its trace context, with all
     /// their values, however many names go; the rest stay as sent, and the
@@ -521,8 +545,13 @@ mod tests {
         for (n, v) in [
             ("host", "gw.example"),
             ("authorization", "Bearer client"),
-            ("connection", "keep-alive, x-drop-me"),
+            (
+                "connection",
+                "keep-alive, x-drop-me, Content-Type, x-request-id",
+            ),
             ("x-drop-me", "1"),
+            ("content-type", "application/json"),
+            ("x-request-id", "req-1"),
             ("keep-alive", "timeout=5"),
             ("te", "trailers"),
             ("proxy-authorization", "Basic a"),
@@ -553,6 +582,10 @@ mod tests {
             got.sort();
             let mut want = vec![
                 ("accept".to_owned(), "application/json".to_owned()),
+                // Named in `Connection`, yet kept: the content's type and
+                // the gateway's request id are never connection options.
+                ("content-type".into(), "application/json".into()),
+                ("x-request-id".into(), "req-1".into()),
                 ("x-caller".into(), "one".into()),
                 ("x-caller".into(), "two".into()),
                 ("x-forwarded-for".into(), "192.0.2.7".into()),
@@ -666,6 +699,33 @@ mod tests {
         assert!(stamp_tenant(None, b"[1]", "/metadata/tenant", "a").is_err());
         assert!(stamp_tenant(None, br#"{"metadata":3}"#, "/metadata/tenant", "a").is_err());
         assert!(stamp_tenant(None, b"not json", "/t", "a").is_err());
+    }
+
+    /// Credential names are recognised with `_` for `-` too; other names
+    /// are shown.
+    #[test]
+    fn credential_headers_are_redacted_whatever_their_separator() {
+        let pairs = |names: &[&str]| {
+            names
+                .iter()
+                .map(|n| ((*n).to_owned(), "s3cret".to_owned()))
+                .collect::<Vec<_>>()
+        };
+        for name in [
+            "api_key",
+            "Api_Key",
+            "x_api_key",
+            "X-Api-Key",
+            "apikey",
+            "x_auth_token",
+            "client_secret",
+            "Proxy_Authorization",
+        ] {
+            assert_eq!(redacted(pairs(&[name]))[0].1, "[redacted]", "{name}");
+        }
+        for name in ["content_type", "x-request-id", "idempotency_key"] {
+            assert_eq!(redacted(pairs(&[name]))[0].1, "s3cret", "{name}");
+        }
     }
 
     #[test]
