@@ -84,9 +84,15 @@ pub async fn decide_as(
             Some(now) => now.status,
             None => a.status,
         };
-        return Err(OpError::Conflict(format!(
-            "approval {id:?} is {status} and can't be decided again"
-        )));
+        // Still pending to a read: the winning decision is not committed
+        // yet (it shares its batch's commit).
+        return Err(OpError::Conflict(if status == "pending" {
+            format!(
+                "approval {id:?} is being decided by another request and can't be decided again"
+            )
+        } else {
+            format!("approval {id:?} is {status} and can't be decided again")
+        }));
     };
     if decision == ApprovalDecision::Approve {
         after_approval(app, &decided).await?;
