@@ -162,6 +162,21 @@ async fn nginx_cycles(
     .await
 }
 
+/// (c): `n` effectful calls to `pay`, `c` at a time, each with a key of
+/// its own.
+async fn effectful_unique_keys(client: &HttpClient, pay: &str, n: usize, c: usize) -> Stats {
+    run(
+        "(c) effectgate, effectful, unique keys",
+        client,
+        pay.to_owned(),
+        n,
+        c,
+        |i| Some(format!("k-{i}")),
+        true,
+    )
+    .await
+}
+
 /// The PostgreSQL URL: `--postgres`, else `$BENCH_POSTGRES_URL`.
 fn postgres_url(args: &Args) -> Option<String> {
     args.postgres
@@ -268,16 +283,7 @@ async fn main() -> anyhow::Result<()> {
             anyhow::bail!("--only-postgres: pass --postgres URL or set BENCH_POSTGRES_URL");
         };
         let a = run("(a) direct", &client, direct, n, c, |_| None, false).await;
-        let cc = run(
-            "(c) effectgate, effectful, unique keys",
-            &client,
-            pay.clone(),
-            n,
-            c,
-            |i| Some(format!("k-{i}")),
-            true,
-        )
-        .await;
+        let cc = effectful_unique_keys(&client, &pay, n, c).await;
         let base = SqliteBaseline {
             direct: &a,
             sqlite: &cc,
@@ -321,16 +327,7 @@ async fn main() -> anyhow::Result<()> {
         None => None,
     };
     let batches = targets::batch_totals();
-    let cc = run(
-        "(c) effectgate, effectful, unique keys",
-        &client,
-        pay.clone(),
-        n,
-        c,
-        |i| Some(format!("k-{i}")),
-        true,
-    )
-    .await;
+    let cc = effectful_unique_keys(&client, &pay, n, c).await;
     let batch = targets::average_batch(batches, targets::batch_totals());
     let d = run(
         "(d) effectgate, duplicates of one key",
