@@ -711,6 +711,46 @@ async fn a_success_whose_body_breaks_off_reaches_the_caller_broken() {
     assert_eq!(app.mock.provider.requests().len(), 1);
 }
 
+/// A 2xx whose body stalls past the route's response timeout reaches the
+/// caller with the bytes that arrived before the stall, then the break:
+/// they are not dropped with the read that timed out.
+#[tokio::test]
+async fn a_success_whose_body_stalls_reaches_the_caller_with_what_arrived() {
+    let app = spawn_with(Opts {
+        more: "[[routes]]\nname = \"slow\"\nprefix = \"/slow/\"\nupstream = \"$MOCK_URL\"\n\
+               response_timeout_ms = 500\n"
+            .into(),
+        ..Default::default()
+    })
+    .await;
+    let mut r = app
+        .http
+        .post(app.proxy("/slow/v1/charges"))
+        .bearer_auth(KEY_A)
+        .header("Idempotency-Key", "stall")
+        .header("Content-Type", "application/json")
+        .header("X-Mock-Fault", "stall-body-after-effect")
+        .body(BODY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut got = Vec::new();
+    let end = loop {
+        match r.chunk().await {
+            Ok(Some(c)) => got.extend_from_slice(&c),
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    assert!(end.is_err(), "the caller must see the break");
+    assert_eq!(got, br#"{"id":"ch_"#, "what arrived before the stall");
+    let op = app.op_json("stall").await;
+    assert_eq!(op["state"], "COMPLETED", "{op}");
+    assert_eq!(op["error_kind"], "response-body-lost", "{op}");
+    assert_eq!(app.mock.provider.effects(), 1);
+}
+
 /// A provider that answers `101 Switching Protocols` to a request that
 /// asked for no upgrade has broken HTTP after the request reached it: the
 /// outcome is unknown (502 to the caller, UNKNOWN in the ledger), never a

@@ -124,6 +124,7 @@ async fn create_charge(State(p): State<Provider>, req: Request) -> Response {
 
     let mut drop_after = fault == "drop-after-effect";
     let cut_body = fault == "cut-body-after-effect";
+    let stall_body = fault == "stall-body-after-effect";
     let delay_reply = fault
         .strip_prefix("delay-reply:")
         .and_then(|d| d.parse::<u64>().ok());
@@ -199,8 +200,8 @@ async fn create_charge(State(p): State<Provider>, req: Request) -> Response {
         kill.0.notify_one();
         std::future::pending::<()>().await;
     }
-    if cut_body {
-        return cut_short(response).await;
+    if cut_body || stall_body {
+        return cut_short(response, stall_body).await;
     }
     response
 }
@@ -209,8 +210,9 @@ async fn create_charge(State(p): State<Provider>, req: Request) -> Response {
 /// first 10 bytes are sent before the body fails and the connection
 /// closes (the failure waits one turn of the runtime, in which the server
 /// writes out the head and those bytes: a failure it meets at once drops
-/// what it has not written).
-async fn cut_short(response: Response) -> Response {
+/// what it has not written); with `stall`, the body never goes on and
+/// never fails.
+async fn cut_short(response: Response, stall: bool) -> Response {
     use futures_util::StreamExt as _;
     let (mut parts, body) = response.into_parts();
     let whole = axum::body::to_bytes(body, usize::MAX)
@@ -221,8 +223,11 @@ async fn cut_short(response: Response) -> Response {
         .insert(axum::http::header::CONTENT_LENGTH, whole.len().into());
     let prefix = whole.slice(..whole.len().min(10));
     let chunks =
-        futures_util::stream::iter([Ok(prefix)]).chain(futures_util::stream::once(async {
+        futures_util::stream::iter([Ok(prefix)]).chain(futures_util::stream::once(async move {
             tokio::task::yield_now().await;
+            if stall {
+                std::future::pending::<()>().await;
+            }
             Err(std::io::Error::other("cut-body-after-effect"))
         }));
     Response::from_parts(parts, axum::body::Body::from_stream(chunks))

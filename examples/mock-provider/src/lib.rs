@@ -38,7 +38,9 @@
 //! - `X-Mock-Fault: delay-reply:MS`: apply the effect, then wait MS before answering;
 //! - `X-Mock-Fault: cut-body-after-effect`: apply the effect, then answer
 //!   200 with the whole body's `Content-Length` and send only its first 10
-//!   bytes before closing the connection.
+//!   bytes before closing the connection;
+//! - `X-Mock-Fault: stall-body-after-effect`: the same, but the body then
+//!   stalls (the connection stays open, nothing more is sent).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

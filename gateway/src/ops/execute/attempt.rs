@@ -151,37 +151,28 @@ pub(super) async fn attempt(
             Ok(Ok(r)) => r,
         };
         let (head, body) = resp.into_parts();
-        let body = match tokio::time::timeout_at(
+        // An MCP answer is read and stored whole (up to 16 MiB, or the
+        // route's limit if larger): the tool's outcome is inside it, and
+        // a replay must be the whole result.
+        let body = read_bounded(
+            body,
+            if route.mcp.is_some() {
+                route.max_stored_response_bytes.max(16 << 20)
+            } else {
+                route.max_stored_response_bytes
+            },
+            // An MCP answer streamed as SSE ends with its result
+            // message, whether or not the server closes the stream.
+            (route.mcp.is_some()
+                && head
+                    .headers
+                    .get(header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(crate::ops::mcp::is_event_stream))
+            .then_some(&head.headers),
             deadline,
-            // An MCP answer is read and stored whole (up to 16 MiB, or the
-            // route's limit if larger): the tool's outcome is inside it, and
-            // a replay must be the whole result.
-            read_bounded(
-                body,
-                if route.mcp.is_some() {
-                    route.max_stored_response_bytes.max(16 << 20)
-                } else {
-                    route.max_stored_response_bytes
-                },
-                // An MCP answer streamed as SSE ends with its result
-                // message, whether or not the server closes the stream.
-                (route.mcp.is_some()
-                    && head
-                        .headers
-                        .get(header::CONTENT_TYPE)
-                        .and_then(|v| v.to_str().ok())
-                        .is_some_and(crate::ops::mcp::is_event_stream))
-                .then_some(&head.headers),
-            ),
         )
-        .await
-        {
-            Ok(b) => b,
-            Err(_) => ReadBody::Broken(
-                Bytes::new(),
-                "response body not complete within the response timeout".into(),
-            ),
-        };
+        .await;
         Attempt::Response { head, body }
     };
     tokio::pin!(call);
@@ -203,21 +194,31 @@ pub(super) async fn attempt(
     result
 }
 
-/// Reads a response body up to `limit` bytes. With `sse_result` (an MCP
-/// answer's headers, when it is an event stream), reading stops at the
-/// first complete event that holds the JSON-RPC result: that message
-/// decides the outcome, and the stream is closed after it.
+/// Reads a response body up to `limit` bytes, until `deadline` (the
+/// route's `response_timeout_ms` from the request's start): a body not
+/// whole by then is [`ReadBody::Broken`] with what arrived. With
+/// `sse_result` (an MCP answer's headers, when it is an event stream),
+/// reading stops at the first complete event that holds the JSON-RPC
+/// result: that message decides the outcome, and the stream is closed
+/// after it.
 async fn read_bounded(
     mut body: ResponseBody,
     limit: usize,
     sse_result: Option<&HeaderMap>,
+    deadline: tokio::time::Instant,
 ) -> ReadBody {
     let mut buf = BytesMut::new();
     // The end of the events already looked at: each frame's new complete
     // events are parsed once.
     let mut events_end = 0;
     loop {
-        match body.frame().await {
+        let Ok(frame) = tokio::time::timeout_at(deadline, body.frame()).await else {
+            return ReadBody::Broken(
+                buf.freeze(),
+                "response body not complete within the response timeout".into(),
+            );
+        };
+        match frame {
             None => return ReadBody::Whole(buf.freeze()),
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
