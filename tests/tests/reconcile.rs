@@ -71,6 +71,45 @@ async fn reply_lost_after_commit_is_reconciled_to_completed() {
     assert_eq!(charge["id"], "ch_1");
 }
 
+/// A read-back whose template names a field the stored request lacks is
+/// never sent with an empty value (a lookup by an empty filter may match
+/// another operation's charge): the step is a read-back error, the
+/// provider sees no lookup, and the operation stays UNKNOWN, saying why.
+#[tokio::test]
+async fn a_read_back_naming_a_field_the_request_lacks_is_not_sent() {
+    let clock = ManualClock::new(1_000_000_000);
+    let app = spawn_with(Opts {
+        route_extra: READ_BACK.replace(
+            "idempotency_key={provider_key}",
+            "client_ref={body:/client_ref}",
+        ),
+        more: MANUAL.into(),
+        clock: Some(clock.clone()),
+        ..Default::default()
+    })
+    .await;
+    let r = app
+        .charge_with(
+            "nofield",
+            r#"{"amount":100,"currency":"eur"}"#,
+            &[("X-Mock-Fault", "drop-after-effect")],
+        )
+        .await;
+    assert_eq!(r.status(), 502);
+    let steps = app.tick().await;
+    assert_eq!(steps_for(&steps, "nofield"), vec![&Step::ReadBackError]);
+    assert_eq!(app.mock.provider.readbacks(), 0, "no lookup was sent");
+    let op = app.op_json("nofield").await;
+    assert_eq!(op["state"], "UNKNOWN", "{op}");
+    assert!(
+        op["error_detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("read-back can't be built from {body:/client_ref}")),
+        "{op}"
+    );
+    assert_eq!(app.mock.provider.effects(), 1);
+}
+
 #[tokio::test]
 async fn a_duplicate_of_an_unknown_operation_reconciles_at_once() {
     let (app, _clock) = app_with_read_back().await;

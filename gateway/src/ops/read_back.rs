@@ -94,6 +94,17 @@ pub async fn read_back(
     result
 }
 
+/// A read-back that can't be built: a placeholder of its request has no
+/// value (a field the stored request lacks, no reference recorded). An
+/// error, so the operation stays unresolved, never "absent" or "found"
+/// by a lookup with an empty value.
+pub(crate) fn unresolved(u: &crate::template::Unresolved) -> ReadBackResult {
+    ReadBackResult::Error(format!(
+        "read-back can't be built from {{{}}}: {}",
+        u.placeholder, u.reason
+    ))
+}
+
 async fn http_read_back(
     route: &Route,
     rb: &ReadBack,
@@ -110,7 +121,12 @@ async fn http_read_back(
         reference,
         response: &Value::Null,
     };
-    let path_and_query = rb.path.render(&vars, url_encode);
+    // A placeholder without a value is never sent as an empty one: a
+    // lookup by an empty filter may find another operation's resource.
+    let path_and_query = match rb.path.render_strict(&vars, url_encode) {
+        Ok(p) => p,
+        Err(u) => return unresolved(&u),
+    };
     let base = route.upstream.as_str().trim_end_matches('/');
     let uri: http::Uri = match format!("{base}{path_and_query}").parse() {
         Ok(u) => u,
@@ -118,7 +134,11 @@ async fn http_read_back(
     };
     let mut headers = http::HeaderMap::new();
     for (name, tpl) in &rb.headers {
-        if let Ok(v) = HeaderValue::from_str(&tpl.render(&vars, |s| s.to_owned())) {
+        let value = match tpl.render_strict(&vars, |s| s.to_owned()) {
+            Ok(v) => v,
+            Err(u) => return unresolved(&u),
+        };
+        if let Ok(v) = HeaderValue::from_str(&value) {
             headers.insert(name.clone(), v);
         }
     }

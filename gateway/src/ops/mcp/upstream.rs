@@ -90,12 +90,17 @@ pub async fn read_back(
         reference,
         response: &Value::Null,
     };
-    let path = rb.path.render(&vars, crate::template::url_encode);
-    let args: serde_json::Map<String, Value> = rb
-        .tool_arguments
-        .iter()
-        .map(|(k, t)| (k.clone(), Value::String(t.render(&vars, |s| s.to_owned()))))
-        .collect();
+    let path = match rb.path.render_strict(&vars, crate::template::url_encode) {
+        Ok(p) => p,
+        Err(u) => return crate::ops::read_back::unresolved(&u),
+    };
+    let mut args = serde_json::Map::new();
+    for (k, t) in &rb.tool_arguments {
+        match t.render_strict(&vars, |s| s.to_owned()) {
+            Ok(v) => args.insert(k.clone(), Value::String(v)),
+            Err(u) => return crate::ops::read_back::unresolved(&u),
+        };
+    }
     let expected = crate::ops::read_back::expected(rb, &vars);
     let work = async {
         let session = open_session(route, &path).await?;
