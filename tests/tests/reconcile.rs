@@ -81,7 +81,7 @@ async fn a_read_back_naming_a_field_the_request_lacks_is_not_sent() {
     let app = spawn_with(Opts {
         route_extra: READ_BACK.replace(
             "idempotency_key={provider_key}",
-            "client_ref={body:/client_ref}",
+            "idempotency_key={provider_key}&client_ref={body:/client_ref}",
         ),
         more: MANUAL.into(),
         clock: Some(clock.clone()),
