@@ -679,16 +679,8 @@ async fn a_response_over_the_stored_limit_reaches_the_caller_but_is_not_stored()
 async fn a_success_whose_body_breaks_off_reaches_the_caller_broken() {
     let app = spawn_app().await;
     let r = app
-        .http
-        .post(app.proxy("/pay/v1/charges"))
-        .bearer_auth(KEY_A)
-        .header("Idempotency-Key", "cut")
-        .header("Content-Type", "application/json")
-        .header("X-Mock-Fault", "cut-body-after-effect")
-        .body(BODY)
-        .send()
-        .await
-        .unwrap();
+        .charge_with("cut", BODY, &[("X-Mock-Fault", "cut-body-after-effect")])
+        .await;
     assert_eq!(r.status(), 200);
     let body = r.bytes().await;
     assert!(body.is_err(), "the caller must see the break: {body:?}");
