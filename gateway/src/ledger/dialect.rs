@@ -71,6 +71,14 @@ pub(super) trait Dialect: Clone + fmt::Debug + Send + Sync + 'static {
     /// for its commit are told so ([`crate::ledger::LedgerError::BatchUndone`])
     /// and run again.
     const SAVEPOINT_EACH_WRITE: bool;
+    /// Whether reservations with a claim, and outcomes, that queue up for
+    /// the writer while one is written are written together, one
+    /// statement for each kind in one write of a batch
+    /// (`store/grouped.rs`): PostgreSQL, where a statement's own cost on
+    /// the server (its start-up, its protocol messages) is most of such a
+    /// write's. SQLite: `false` (its statements run in the process and cost
+    /// little each).
+    const GROUPS_WRITES: bool;
     /// Follows `FROM operations` in the retention sweep's scan so that it
     /// reads the partial index of terminal rows by last change
     /// (`operations_terminal_by_change`), not every row of a state.

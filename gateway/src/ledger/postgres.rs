@@ -58,6 +58,7 @@ impl Dialect for PgDialect {
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
     const BEGIN: &'static str = "BEGIN";
     const SAVEPOINT_EACH_WRITE: bool = false;
+    const GROUPS_WRITES: bool = true;
     const TERMINAL_BY_CHANGE: &'static str = "";
 
     const TRANSITION_ROW_NAMES: bool = false;

@@ -443,6 +443,77 @@ pub(crate) async fn reserve_claimed<D: Dialect>(
     })
 }
 
+/// [`reserve_claimed`] for several new operations in one statement (see
+/// [`statements::insert_claimed_rows`]): each `(new, lease)` reserved and
+/// claimed from RESERVED at version 1 by its lease, the claims' transition
+/// reason `reason`. `rows` must not name one key twice.
+///
+/// Returns `(tenant_id, operation_id, applied)` of each operation created;
+/// a key that was taken is left out (nothing written for it).
+///
+/// Errors: the database's (the statement failed: nothing of it kept).
+pub(crate) async fn reserve_claimed_rows<D: Dialect>(
+    conn: &mut Conn<D>,
+    rows: &[(&NewOperation, Lease<'_>)],
+    reason: &str,
+    now: i64,
+) -> Result<Vec<(String, String, Applied)>, LedgerError> {
+    if let Some((new, lease)) = rows.first() {
+        // The same two commands as `reserve_claimed`'s, for the state
+        // machine's check (every row makes the same moves).
+        check(&Reserve { new })?;
+        check(&ClaimLease {
+            op: OpRef::new(&new.tenant_id, &new.operation_id),
+            from: State::Reserved,
+            version: 1,
+            lease: *lease,
+            reason,
+        })?;
+    } else {
+        return Ok(Vec::new());
+    }
+    statements::insert_claimed_rows::<D>(conn, rows, reason, now)
+        .await?
+        .iter()
+        .map(|row| {
+            Ok((
+                super::dialect::LedgerRow::text(row, "tenant_id")?,
+                super::dialect::LedgerRow::text(row, "operation_id")?,
+                applied(row)?,
+            ))
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(LedgerError::from)
+}
+
+/// [`apply_returning_with_attempt`] for several outcomes in one statement
+/// (see [`statements::update_outcome_rows`]): `outcomes[i]` logged as
+/// `attempts[i]`. `outcomes` must not name one operation twice.
+///
+/// Returns the applied rows, with `columns`, and their [`Applied`]; an
+/// outcome whose fencing token was not current is left out (nothing
+/// written for it).
+///
+/// Errors: [`LedgerError::IllegalTransition`] before any write, or the
+/// database's (nothing of the statement kept).
+pub(crate) async fn record_outcome_rows<D: Dialect>(
+    conn: &mut Conn<D>,
+    outcomes: &[&RecordOutcome<'_>],
+    attempts: &[AttemptLog<'_>],
+    now: i64,
+    columns: &str,
+) -> Result<Vec<(Applied, D::Row)>, LedgerError> {
+    for cmd in outcomes {
+        check(*cmd)?;
+    }
+    statements::update_outcome_rows::<D>(conn, outcomes, attempts, now, columns)
+        .await?
+        .into_iter()
+        .map(|row| Ok((applied(&row)?, row)))
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(LedgerError::from)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

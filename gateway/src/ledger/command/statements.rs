@@ -3,7 +3,7 @@
 //! the reservation's `INSERT`, and the transition and attempts-log rows
 //! that ride in the same statement text.
 
-use super::{Applied, AttemptLog, Command, Guard, Lease, LeaseCheck, OpRef, Record};
+use super::{Applied, AttemptLog, Command, Guard, Lease, LeaseCheck, OpRef, Record, RecordOutcome};
 use crate::ledger::dialect::{Arg, Conn, Dialect, LedgerRow, Stmt, sql};
 use crate::ledger::{NewOperation, State};
 
@@ -141,46 +141,196 @@ pub(super) async fn insert<D: Dialect>(
     columns: &str,
 ) -> Result<Option<D::Row>, sqlx::Error> {
     let text = format!(
-        "INSERT INTO operations (tenant_id, operation_id, route, method, path, query, fingerprint, provider_key, \
-         effect_class, state, version, attempts, fence, lease_owner, lease_expires_at, request_content_type, \
-         request_body, principal, created_at, updated_at, expires_at, request_headers, retention_ms, trace_context) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+        "INSERT INTO operations ({INSERT_COLUMNS}) VALUES {INSERT_ROW} \
          ON CONFLICT (tenant_id, operation_id) DO NOTHING \
          RETURNING {columns}"
     );
+    let stmt = match transitions.len() {
+        0 => sql::<D>(&text),
+        n => sql::<D>(&D::with_transitions(&text, columns, n)),
+    };
+    let stmt = bind_new(stmt, new, claim, now);
+    run_cas::<D>(stmt, transitions, conn, None).await
+}
+
+/// The columns of an `operations` row a reservation inserts, in the
+/// order [`insert`] and [`insert_claimed_rows`] bind them.
+const INSERT_COLUMNS: &str = "tenant_id, operation_id, route, method, path, query, fingerprint, provider_key, \
+     effect_class, state, version, attempts, fence, lease_owner, lease_expires_at, request_content_type, \
+     request_body, principal, created_at, updated_at, expires_at, request_headers, retention_ms, trace_context";
+
+/// Placeholders for one row of [`INSERT_COLUMNS`].
+const INSERT_ROW: &str = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+
+/// Binds one reservation's row of [`INSERT_COLUMNS`]: RESERVED at
+/// version 1, or, with `claim`, EXECUTING as claimed by it at `now`.
+fn bind_new<'a, D: Dialect>(
+    stmt: Stmt<D>,
+    new: &'a NewOperation,
+    claim: Option<Lease<'a>>,
+    now: i64,
+) -> Stmt<D> {
     let (state, version, attempts, fence) = match claim {
         None => (State::Reserved, 1_i64, 0_i64, 0_i64),
         Some(_) => (State::Executing, 2, 1, 1),
     };
-    let stmt = match transitions.len() {
-        0 => sql::<D>(&text),
-        n => sql::<D>(&D::with_transitions(&text, columns, n)),
+    stmt.bind(&new.tenant_id)
+        .bind(&new.operation_id)
+        .bind(&new.route)
+        .bind(&new.method)
+        .bind(&new.path)
+        .bind(&new.query)
+        .bind(&new.fingerprint)
+        .bind(&new.provider_key)
+        .bind(&new.effect_class)
+        .bind(state)
+        .bind(version)
+        .bind(attempts)
+        .bind(fence)
+        .bind(claim.map(|l| l.owner))
+        .bind(claim.map(|l| l.expires_at(now)))
+        .bind(&new.request_content_type)
+        .bind(&new.request_body)
+        .bind(&new.principal)
+        .bind(now)
+        .bind(now)
+        .bind(now.saturating_add(new.retention_ms))
+        .bind(serde_json::to_string(&new.request_headers).unwrap_or_else(|_| "[]".into()))
+        .bind(new.retention_ms)
+        .bind(&new.trace_context)
+}
+
+/// Reservations of several new operations, each claimed by its lease at
+/// `now`, in one statement (PostgreSQL's data-modifying `WITH`): the rows
+/// of [`insert`] with a claim, `ON CONFLICT DO NOTHING`, and for each row
+/// inserted its two transitions (the reservation's, actor its principal,
+/// then the claim's, actor its lease owner, reason `claim_reason`), as
+/// [`insert`] appends them. `rows` must not name one key twice. Returns
+/// the `(tenant_id, operation_id, version, fence, attempts)` of each row
+/// inserted; a key that was taken returns nothing.
+pub(super) async fn insert_claimed_rows<D: Dialect>(
+    conn: &mut Conn<D>,
+    rows: &[(&NewOperation, Lease<'_>)],
+    claim_reason: &str,
+    now: i64,
+) -> Result<Vec<D::Row>, sqlx::Error> {
+    let values = vec![INSERT_ROW; rows.len()].join(", ");
+    let text = format!(
+        "WITH applied AS (INSERT INTO operations ({INSERT_COLUMNS}) VALUES {values} \
+         ON CONFLICT (tenant_id, operation_id) DO NOTHING \
+         RETURNING tenant_id, operation_id, principal, lease_owner, created_at, version, fence, attempts), \
+         appended AS (INSERT INTO transitions ({}) \
+         SELECT tenant_id, operation_id, ?, ?, {}, principal, ?, created_at FROM applied UNION ALL \
+         SELECT tenant_id, operation_id, ?, ?, {}, lease_owner, ?, created_at FROM applied) \
+         SELECT tenant_id, operation_id, version, fence, attempts FROM applied",
+        crate::ledger::dialect::TRANSITION_COLUMNS,
+        D::transition_version(1),
+        D::transition_version(0),
+    );
+    let mut stmt = sql::<D>(&text);
+    for (new, lease) in rows {
+        stmt = bind_new(stmt, new, Some(*lease), now);
     }
-    .bind(&new.tenant_id)
-    .bind(&new.operation_id)
-    .bind(&new.route)
-    .bind(&new.method)
-    .bind(&new.path)
-    .bind(&new.query)
-    .bind(&new.fingerprint)
-    .bind(&new.provider_key)
-    .bind(&new.effect_class)
-    .bind(state)
-    .bind(version)
-    .bind(attempts)
-    .bind(fence)
-    .bind(claim.map(|l| l.owner))
-    .bind(claim.map(|l| l.expires_at(now)))
-    .bind(&new.request_content_type)
-    .bind(&new.request_body)
-    .bind(&new.principal)
-    .bind(now)
-    .bind(now)
-    .bind(now.saturating_add(new.retention_ms))
-    .bind(serde_json::to_string(&new.request_headers).unwrap_or_else(|_| "[]".into()))
-    .bind(new.retention_ms)
-    .bind(&new.trace_context);
-    run_cas::<D>(stmt, transitions, conn, None).await
+    stmt.bind(None::<State>)
+        .bind(State::Reserved)
+        .bind("reserved")
+        .bind(Some(State::Reserved))
+        .bind(State::Executing)
+        .bind(crate::ledger::dialect::clean(claim_reason))
+        .fetch_all(conn)
+        .await
+}
+
+/// Outcomes of several operations, each under its fencing token, in one
+/// statement (PostgreSQL's data-modifying `WITH`): each row's
+/// compare-and-swap as [`update`] runs it for one ([`RecordOutcome`]'s
+/// guard and columns, its values read from a `VALUES` row of its own),
+/// and for each row that applied its transition and its attempts-log row
+/// (`attempts[i]` for `outcomes[i]`), at `now`. `outcomes` must not name
+/// one operation twice. Returns the rows that applied, with `columns` (a
+/// column list of `operations` naming `tenant_id`, `operation_id`,
+/// `state`, `version`, `fence` and `attempts`); a fencing token that was
+/// not current returns nothing.
+pub(super) async fn update_outcome_rows<D: Dialect>(
+    conn: &mut Conn<D>,
+    outcomes: &[&RecordOutcome<'_>],
+    attempts: &[AttemptLog<'_>],
+    now: i64,
+    columns: &str,
+) -> Result<Vec<D::Row>, sqlx::Error> {
+    let Some(first) = outcomes.first() else {
+        return Ok(Vec::new());
+    };
+    // The one-row statement's columns, each `?` read from the row's own
+    // value `v.sN` instead.
+    let one = first.set(now);
+    let mut set = String::with_capacity(one.sql.len() * 2);
+    let mut values = 0;
+    for c in one.sql.chars() {
+        if c == '?' {
+            set.push_str(&format!("v.s{values}"));
+            values += 1;
+        } else {
+            set.push(c);
+        }
+    }
+    let names: Vec<String> = ["v_tenant", "v_op", "v_from", "v_to", "v_fence"]
+        .into_iter()
+        .map(str::to_owned)
+        .chain((0..values).map(|n| format!("s{n}")))
+        .chain(
+            [
+                "v_actor",
+                "v_reason",
+                "a_status",
+                "a_outcome",
+                "a_detail",
+                "a_request_id",
+            ]
+            .into_iter()
+            .map(str::to_owned),
+        )
+        .collect();
+    let row = format!("({})", vec!["?"; names.len()].join(", "));
+    let text = format!(
+        "WITH v ({}) AS (VALUES {}), \
+         applied AS (UPDATE operations SET state = v.v_to, version = version + 1, {set} FROM v \
+         WHERE tenant_id = v.v_tenant AND operation_id = v.v_op AND state = v.v_from AND fence = v.v_fence \
+         RETURNING {columns}, v.v_from, v.v_actor, v.v_reason, v.v_fence, v.a_status, v.a_outcome, \
+         v.a_detail, v.a_request_id), \
+         appended AS (INSERT INTO transitions ({}) \
+         SELECT tenant_id, operation_id, v_from, state, version, fence, v_actor, v_reason, ? FROM applied), \
+         attempted AS (INSERT INTO attempts ({}) \
+         SELECT tenant_id, operation_id, attempts, v_fence, a_status, a_outcome, a_detail, ?, a_request_id \
+         FROM applied ON CONFLICT DO NOTHING) \
+         SELECT {columns} FROM applied",
+        names.join(", "),
+        vec![row; outcomes.len()].join(", "),
+        crate::ledger::dialect::TRANSITION_COLUMNS,
+        crate::ledger::dialect::ATTEMPT_COLUMNS,
+    );
+    let mut stmt = sql::<D>(&text);
+    for (cmd, attempt) in outcomes.iter().zip(attempts) {
+        let op = cmd.op();
+        let record = cmd.record();
+        let (actor, reason) = record
+            .as_ref()
+            .map_or(("", ""), |r| (r.actor, r.reason.as_ref()));
+        stmt = stmt
+            .bind(op.tenant)
+            .bind(op.operation_id)
+            .bind(cmd.source())
+            .bind(cmd.target())
+            .bind(cmd.fence)
+            .bind_all(cmd.set(now).args)
+            .bind(crate::ledger::dialect::clean(actor))
+            .bind(crate::ledger::dialect::clean(reason))
+            .bind(attempt.status)
+            .bind(crate::ledger::dialect::clean(attempt.outcome))
+            .bind(attempt.detail.map(crate::ledger::dialect::clean))
+            .bind(attempt.request_id);
+    }
+    stmt.bind(now).bind(now).fetch_all(conn).await
 }
 
 /// The version, fencing token and attempts of a row a compare-and-swap

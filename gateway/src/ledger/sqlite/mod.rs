@@ -63,6 +63,7 @@ impl Dialect for SqliteDialect {
     /// for `busy_timeout_ms`), so no statement of the batch has to upgrade.
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
     const SAVEPOINT_EACH_WRITE: bool = true;
+    const GROUPS_WRITES: bool = false;
     const TERMINAL_BY_CHANGE: &'static str = " INDEXED BY operations_terminal_by_change";
 
     const TRANSITION_ROW_NAMES: bool = true;

@@ -6,6 +6,7 @@
 mod approvals;
 mod compensation;
 mod events;
+mod grouped;
 mod inbox;
 mod outbox;
 #[cfg(test)]
@@ -50,6 +51,8 @@ pub(super) struct Store<D: Dialect> {
     stale_fence_rejections: Arc<AtomicU64>,
     /// Operation events each tenant receives (set from the config).
     subscriptions: Arc<arc_swap::ArcSwap<Subscriptions>>,
+    /// Writes waiting to be made in a group ([`Dialect::GROUPS_WRITES`]).
+    groups: Arc<grouped::Queues>,
 }
 
 impl<D: Dialect> Clone for Store<D> {
@@ -62,6 +65,7 @@ impl<D: Dialect> Clone for Store<D> {
             clock: self.clock.clone(),
             stale_fence_rejections: self.stale_fence_rejections.clone(),
             subscriptions: self.subscriptions.clone(),
+            groups: self.groups.clone(),
         }
     }
 }
@@ -99,6 +103,7 @@ impl<D: Dialect> Store<D> {
             clock,
             stale_fence_rejections: Arc::new(AtomicU64::new(0)),
             subscriptions: Arc::default(),
+            groups: Arc::default(),
         }
     }
 

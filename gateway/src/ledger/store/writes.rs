@@ -21,6 +21,19 @@ impl<D: Dialect> Store<D> {
         new: &NewOperation,
         claim: Option<(Lease<'_>, &str)>,
     ) -> Result<(Reservation, Option<Claim>), LedgerError> {
+        if D::GROUPS_WRITES
+            && !new.awaiting_approval
+            && let Some((lease, reason)) = claim
+        {
+            match self.reserve_grouped(new, lease, reason).await {
+                super::grouped::Grouped::Done((now, applied)) => {
+                    let claimed = applied.claim(lease.expires_at(now));
+                    return Ok((Reservation::Created(as_reserved(new, now)), Some(claimed)));
+                }
+                super::grouped::Grouped::Failed(e) => return Err(e),
+                super::grouped::Grouped::Alone => {}
+            }
+        }
         // The existing row can vanish between the insert that found it and
         // the read of it (the retention sweeper deleted it, expired): then
         // the key is free and the next try creates the operation.
@@ -148,6 +161,17 @@ impl<D: Dialect> Store<D> {
         &self,
         cmd: &RecordOutcome<'_>,
     ) -> Result<Option<Operation>, LedgerError> {
+        if D::GROUPS_WRITES
+            && cmd.outcome.attempt_outcome.is_some()
+            && crate::config::compensated_id(cmd.op.operation_id).is_none()
+        {
+            command::check(cmd)?;
+            match self.record_grouped(cmd).await {
+                super::grouped::Grouped::Done(op) => return Ok(Some(op)),
+                super::grouped::Grouped::Failed(e) => return Err(e),
+                super::grouped::Grouped::Alone => {}
+            }
+        }
         let (mut tx, now) = self.begin_for(cmd).await?;
         tx.add_bytes(cmd.outcome.response_body.as_ref().map_or(0, Vec::len));
         if crate::config::compensated_id(cmd.op.operation_id).is_some() {
@@ -328,12 +352,8 @@ pub(super) async fn record_outcome_on<D: Dialect>(
     let applied = match &outcome.attempt_outcome {
         Some(attempt_outcome) => {
             let attempt = command::AttemptLog {
-                fence: cmd.fence,
-                status: outcome.response_status.map(i64::from),
                 outcome: attempt_outcome,
-                detail: outcome.error_detail.as_deref(),
-                at: now,
-                request_id: outcome.request_id.as_deref(),
+                ..super::grouped::attempt_log(cmd.fence, outcome, now)
             };
             command::apply_returning_with_attempt::<D, _>(
                 &mut *conn,

@@ -116,7 +116,7 @@ pub(in crate::ledger) struct BatchLimits {
 
 /// `f`, given up after `limit` (none: waited for however long it takes).
 /// `Err(None)`: it did not finish in time.
-async fn within<T>(
+pub(in crate::ledger) async fn within<T>(
     limit: Option<std::time::Duration>,
     f: impl std::future::Future<Output = Result<T, sqlx::Error>>,
 ) -> Result<T, Option<sqlx::Error>> {
@@ -144,6 +144,33 @@ struct Joined {
     now: std::sync::atomic::AtomicBool,
     /// Notified when [`Joined::now`] is cleared.
     left: Notify,
+}
+
+/// A write of the call [`bounded`] runs that another task makes for it
+/// (a grouped reservation, `store/grouped.rs`): from [`Joining::now`] on,
+/// the call waits for that write's end past its limit, as for a write of
+/// its own that joined a batch, until [`Joining::leave`] says nothing of
+/// it was kept. Outside [`bounded`], both do nothing.
+pub(in crate::ledger) struct Joining(Option<Arc<Joined>>);
+
+impl Joining {
+    /// Says the current call's write is being made now.
+    pub(in crate::ledger) fn now() -> Self {
+        let joined = JOINED.try_with(Arc::clone).ok();
+        if let Some(j) = &joined {
+            j.now.store(true, Ordering::Release);
+        }
+        Self(joined)
+    }
+
+    /// Says the write ended with nothing kept: past its limit, the call is
+    /// dropped at its next wait.
+    pub(in crate::ledger) fn leave(&self) {
+        if let Some(j) = &self.0 {
+            j.now.store(false, Ordering::Release);
+            j.left.notify_waiters();
+        }
+    }
 }
 
 /// Runs `call` (one ledger call) within `limit`; `None` when it did not
@@ -337,6 +364,11 @@ impl<D: Dialect> Writer<D> {
             terminal_epoch,
             clock_epoch,
         }
+    }
+
+    /// The batching limits (those of one write connection).
+    pub(in crate::ledger) fn limits(&self) -> BatchLimits {
+        self.lanes[0].limits
     }
 
     /// How many commits so far changed or deleted a COMPLETED or FAILED
