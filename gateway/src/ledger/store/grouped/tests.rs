@@ -186,7 +186,6 @@ async fn reservations_queued_together_are_written_as_one_group() {
         })
         .collect();
     assert_eq!(history, expected);
-    assert!(PgDialect::GROUPS_WRITES);
 }
 
 /// An outcome for `id` under `fence`: COMPLETED with a 201 and its body,
