@@ -283,8 +283,11 @@ async fn outcomes_queued_together_are_written_as_one_group() {
     assert_eq!(ops, expected);
     let history = rows(
         &store,
-        "SELECT operation_id, from_state, to_state, version, fence, actor, reason FROM transitions \
-         WHERE to_state = 'COMPLETED' ORDER BY operation_id",
+        &format!(
+            "SELECT operation_id, from_state, to_state, version, fence, actor, reason FROM transitions \
+             WHERE to_state = '{}' ORDER BY operation_id",
+            State::Completed.as_str()
+        ),
         &[
             "operation_id",
             "from_state",
