@@ -26,6 +26,11 @@ use super::{LedgerClock, LedgerError};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
 
+/// Prepared statements each connection keeps (sqlx's default is 100): the
+/// ledger's own, and up to 128 of the grouped writes (a text for each
+/// group size of each kind, `store/grouped.rs`).
+const STATEMENT_CACHE: usize = 512;
+
 /// `stmt` as sqlx runs it.
 fn query(stmt: Stmt<PgDialect>) -> Query<PgDialect> {
     let mut query = sqlx::query(stmt.text);
@@ -307,7 +312,13 @@ impl Store<PgDialect> {
                 format!("\"{}\"", schema.replace('"', "\"\"")),
             ));
         }
-        let opts = base.options(options);
+        // The ledger's own statements, and the grouped writes' texts (one
+        // for each group size and kind: `store/grouped.rs`), stay prepared
+        // on each connection: sqlx keeps 100 by default, and a statement
+        // evicted is prepared again on its next use.
+        let opts = base
+            .options(options)
+            .statement_cache_capacity(STATEMENT_CACHE);
         let pool = PgPoolOptions::new()
             .max_connections(s.max_connections)
             .min_connections(s.min_connections)

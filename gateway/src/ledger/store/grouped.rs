@@ -32,13 +32,19 @@
 //!   outcome that logs no attempt, a compensation's outcome.
 //! - A batch whose `COMMIT` fails fails every call of the group, as it
 //!   fails every write of the batch.
+//! - A group is one write of its batch: `storage.write_batch_max` bounds
+//!   the writes a batch holds and the rows a group holds, so a batch may
+//!   hold more rows than that, in groups.
 //!
-//! A queued call is waited for past its time limit (`storage.call_timeout_ms`,
-//! [`super::bounded`]) as a write that joined a batch is: it may be in a
-//! statement that then commits, and its caller must not be told "timed
-//! out" about a claim or an outcome that commits. The wait is bounded: by the writer's
-//! stall limit on the group's statement, and by the turn's holder's own
-//! limit.
+//! Time limits (`storage.call_timeout_ms`, [`super::bounded`]): a call
+//! waiting in the queue is dropped at its limit like a call waiting for
+//! its turn on the connection, and its write is not made (the leader
+//! takes each write from the queue in one atomic step with the call's
+//! mark: [`Joining::take`]). Once taken, it is waited for past its limit,
+//! as a write that joined a batch is: it may be in a statement that then
+//! commits, and its caller must not be told "timed out" about a claim or
+//! an outcome that commits. Then the wait is bounded by the writer's
+//! stall limit on the group's statement and on its `COMMIT`.
 
 use std::future::Future;
 use std::sync::Mutex;
@@ -78,6 +84,10 @@ trait Waiting: Sized + Send + Sync + 'static {
     fn joins(&self, first: &Self) -> bool;
     /// Whether its caller gave up.
     fn closed(&self) -> bool;
+    /// Its call.
+    fn joining(&self) -> &Joining;
+    /// Answers the call with [`Grouped::Alone`].
+    fn alone(self);
 }
 
 /// A kind of write that is made in groups on backend `D`.
@@ -97,8 +107,9 @@ trait Member<D: Dialect>: Waiting {
     fn wrote(written: &Self::Written) -> bool;
     /// Answers the call, once its batch's commit ended as `committed`.
     fn answer(self, committed: &Result<usize, LedgerError>, written: &Self::Written, now: i64);
-    /// Answers the call with [`Grouped::Alone`].
-    fn alone(self);
+    /// Marks `tx` for the failure injections that name this write's
+    /// operation, where its one-row write does.
+    fn inject(&self, _tx: &mut BatchTx<D>) {}
 }
 
 /// A queue of writes of one kind, and whether its leader is running.
@@ -151,8 +162,12 @@ impl<T> Groups<T> {
 
     /// The next group: queued writes that join the first, no operation
     /// twice, at most `rows` of them, and none more once `bytes` of
-    /// bodies are taken (the first is always taken). Writes whose callers
-    /// gave up are dropped.
+    /// bodies are taken (the first is always taken), in the order of
+    /// their keys (two instances' groups lock the rows they share in one
+    /// order, so they don't deadlock on them). Each write taken is
+    /// [`Joining::take`]n: its call waits for it from here on. Writes whose
+    /// calls gave up (dropped, or past their time limit) are dropped.
+    /// Empty when every write queued was of a call that gave up.
     fn take(&self, rows: usize, bytes: usize) -> Vec<T>
     where
         T: Waiting,
@@ -171,29 +186,32 @@ impl<T> Groups<T> {
                     && p.joins(first)
                     && !group.iter().any(|g| g.key() == p.key())
             });
-            if fits {
+            if !fits {
+                rest.push(p);
+            } else if p.joining().take() {
                 size = size.saturating_add(p.bytes());
                 group.push(p);
-            } else {
-                rest.push(p);
             }
         }
         q.items = rest;
         if group.len() > 1 {
             self.shared.fetch_add(group.len() as u64, Ordering::Relaxed);
         }
+        group.sort_by(|a, b| a.key().cmp(&b.key()));
         group
     }
 }
 
-/// Queues `item` (answered on `heard`), starting its queue's leader if
-/// none runs, and waits for its answer.
+/// Queues `item` (answered on `heard`; its call's [`Joining`] is
+/// `joining`), starting its queue's leader if none runs, and waits for its
+/// answer. Until the leader takes it, the call may be dropped at its time
+/// limit; after, it waits for the answer.
 async fn queued<D: Dialect, M: Member<D>, T>(
     store: &Store<D>,
     item: M,
+    joining: Joining,
     heard: oneshot::Receiver<Grouped<T>>,
 ) -> Grouped<T> {
-    let joining = Joining::now();
     if M::queue(store).push(item) {
         tokio::spawn(lead::<D, M>(store.clone()));
     }
@@ -205,8 +223,36 @@ async fn queued<D: Dialect, M: Member<D>, T>(
     heard
 }
 
+/// Stops a leader that ends otherwise than by finding its queue empty (a
+/// panic, the runtime shutting down): its queue gets no leader and every
+/// write queued in it is answered [`Grouped::Alone`], so that the next
+/// write queued starts another leader and none waits for ever.
+struct Stop<'a, D: Dialect, M: Member<D>> {
+    store: &'a Store<D>,
+    armed: bool,
+    kind: std::marker::PhantomData<M>,
+}
+
+impl<D: Dialect, M: Member<D>> Drop for Stop<'_, D, M> {
+    fn drop(&mut self) {
+        if self.armed {
+            let items = {
+                let mut q = M::queue(self.store).lock();
+                q.leading = false;
+                std::mem::take(&mut q.items)
+            };
+            items.into_iter().for_each(M::alone);
+        }
+    }
+}
+
 /// The leader of `M`'s queue: writes groups until the queue is empty.
 async fn lead<D: Dialect, M: Member<D>>(store: Store<D>) {
+    let mut stop = Stop::<D, M> {
+        store: &store,
+        armed: true,
+        kind: std::marker::PhantomData,
+    };
     let limits = store.writer.limits();
     let rows = limits.max_writes.clamp(1, MAX_ROWS);
     while M::queue(&store).go_on() {
@@ -221,9 +267,14 @@ async fn lead<D: Dialect, M: Member<D>>(store: Store<D>) {
                 continue;
             }
         };
+        if group.is_empty() {
+            // Every call queued gave up while the leader waited.
+            tx.unchanged();
+            continue;
+        }
         for p in &group {
             tx.add_bytes(p.bytes());
-            tx.inject(p.key().1);
+            p.inject(&mut tx);
         }
         let written = within(limits.stall, async {
             M::write(&store, &mut tx, &group, now)
@@ -255,6 +306,8 @@ async fn lead<D: Dialect, M: Member<D>>(store: Store<D>) {
             }
         }
     }
+    // The queue was found empty, and its leader marked gone, in one lock.
+    stop.armed = false;
 }
 
 /// What a call whose row its group wrote hears, once the batch's commit
@@ -274,6 +327,7 @@ fn heard<T>(committed: &Result<usize, LedgerError>, done: Option<T>) -> Grouped<
 
 /// A reservation with its claim.
 struct Reserving {
+    joining: Joining,
     new: NewOperation,
     owner: String,
     lease_ms: i64,
@@ -293,6 +347,12 @@ impl Waiting for Reserving {
     }
     fn closed(&self) -> bool {
         self.answer.is_closed()
+    }
+    fn joining(&self) -> &Joining {
+        &self.joining
+    }
+    fn alone(self) {
+        let _ = self.answer.send(Grouped::Alone);
     }
 }
 
@@ -342,8 +402,8 @@ impl<D: Dialect> Member<D> for Reserving {
         let done = find(written, self.key()).map(|a| (now, a));
         let _ = self.answer.send(heard(committed, done));
     }
-    fn alone(self) {
-        let _ = self.answer.send(Grouped::Alone);
+    fn inject(&self, tx: &mut BatchTx<D>) {
+        tx.inject(&self.new.operation_id);
     }
 }
 
@@ -357,6 +417,7 @@ fn find<T: Clone>(written: &[(String, String, T)], key: (&str, &str)) -> Option<
 
 /// An outcome that logs its attempt.
 struct Recording {
+    joining: Joining,
     tenant: String,
     operation_id: String,
     from: State,
@@ -390,6 +451,12 @@ impl Waiting for Recording {
     }
     fn closed(&self) -> bool {
         self.answer.is_closed()
+    }
+    fn joining(&self) -> &Joining {
+        &self.joining
+    }
+    fn alone(self) {
+        let _ = self.answer.send(Grouped::Alone);
     }
 }
 
@@ -449,9 +516,6 @@ impl<D: Dialect> Member<D> for Recording {
         let done = find(written, self.key());
         let _ = self.answer.send(heard(committed, done));
     }
-    fn alone(self) {
-        let _ = self.answer.send(Grouped::Alone);
-    }
 }
 
 /// The attempts-log row of an attempt that ended with `outcome` under
@@ -510,14 +574,16 @@ impl<D: Dialect> Store<D> {
         reason: &str,
     ) -> Grouped<(i64, Applied)> {
         let (answer, heard) = oneshot::channel();
+        let joining = Joining::current();
         let item = Reserving {
+            joining: joining.clone(),
             new: new.clone(),
             owner: lease.owner.to_owned(),
             lease_ms: lease.ms,
             reason: reason.to_owned(),
             answer,
         };
-        queued::<D, _, _>(self, item, heard).await
+        queued::<D, _, _>(self, item, joining, heard).await
     }
 
     /// Records `cmd` (an outcome that logs an attempt, not a
@@ -525,7 +591,9 @@ impl<D: Dialect> Store<D> {
     /// as committed.
     pub(super) async fn record_grouped(&self, cmd: &RecordOutcome<'_>) -> Grouped<Operation> {
         let (answer, heard) = oneshot::channel();
+        let joining = Joining::current();
         let item = Recording {
+            joining: joining.clone(),
             tenant: cmd.op.tenant.to_owned(),
             operation_id: cmd.op.operation_id.to_owned(),
             from: cmd.from,
@@ -534,6 +602,6 @@ impl<D: Dialect> Store<D> {
             outcome: cmd.outcome.clone(),
             answer,
         };
-        queued::<D, _, _>(self, item, heard).await
+        queued::<D, _, _>(self, item, joining, heard).await
     }
 }

@@ -387,3 +387,75 @@ async fn a_row_the_database_refuses_fails_alone() {
         ]
     );
 }
+
+/// A call that gives up while its reservation waits in the queue (its
+/// task dropped, as a cancelled request drops it) has nothing written,
+/// and the leader, finding only that write queued when its turn came,
+/// goes on: the next reservation is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_dropped_in_the_queue_is_not_written_and_the_queue_goes_on() {
+    let Some(store) = pg_store().await else {
+        return;
+    };
+    let held = store.writer.begin(0).await.unwrap();
+    let s = store.clone();
+    let gone = tokio::spawn(async move {
+        s.reserve(&new_op("gone"), Some((LEASE, "lease claimed for attempt")))
+            .await
+    });
+    until_waiting(&store, 1, 0).await;
+    gone.abort();
+    assert!(gone.await.unwrap_err().is_cancelled());
+    held.unchanged();
+    let (r, claim) = tokio::time::timeout(
+        Duration::from_secs(10),
+        store.reserve(&new_op("next"), Some((LEASE, "lease claimed for attempt"))),
+    )
+    .await
+    .expect("the next reservation is written")
+    .unwrap();
+    assert!(matches!(r, Reservation::Created(_)) && claim.is_some());
+    let ops = rows(
+        &store,
+        "SELECT operation_id, state FROM operations ORDER BY operation_id",
+        &["operation_id", "state"],
+    )
+    .await;
+    assert_eq!(ops, ["next|EXECUTING"]);
+}
+
+/// A call past its time limit while its reservation waits in the queue
+/// is dropped ([`crate::ledger::store::bounded`] gives `None`), and its
+/// reservation is not made: nobody would send the call it claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_timed_out_in_the_queue_is_not_written() {
+    let Some(store) = pg_store().await else {
+        return;
+    };
+    let held = store.writer.begin(0).await.unwrap();
+    // The turn is held until the call has given up: it can't be written
+    // before its limit.
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        crate::ledger::store::bounded(
+            Duration::from_millis(50),
+            store.reserve(&new_op("late"), Some((LEASE, "lease claimed for attempt"))),
+        ),
+    )
+    .await
+    .expect("the call gives up at its limit");
+    assert!(r.is_none(), "dropped at its limit");
+    held.unchanged();
+    let (r, _) = store
+        .reserve(&new_op("next"), Some((LEASE, "lease claimed for attempt")))
+        .await
+        .unwrap();
+    assert!(matches!(r, Reservation::Created(_)));
+    let ops = rows(
+        &store,
+        "SELECT operation_id, state FROM operations ORDER BY operation_id",
+        &["operation_id", "state"],
+    )
+    .await;
+    assert_eq!(ops, ["next|EXECUTING"]);
+}

@@ -139,35 +139,53 @@ tokio::task_local! {
 /// `COMMIT` now.
 #[derive(Debug, Default)]
 struct Joined {
-    /// Set when the write joins a batch; cleared when the batch was undone
-    /// without it ([`LedgerError::BatchUndone`](crate::ledger::LedgerError::BatchUndone): nothing of it was kept).
-    now: std::sync::atomic::AtomicBool,
+    /// [`IN`] when the write joins a batch; [`OUT`] again when the batch
+    /// was undone without it ([`LedgerError::BatchUndone`](crate::ledger::LedgerError::BatchUndone): nothing of it was kept);
+    /// [`GONE`] once [`bounded`] dropped the call past its limit (a write
+    /// another task would make for it then is not made: [`Joining::take`]).
+    now: std::sync::atomic::AtomicU8,
     /// Notified when [`Joined::now`] is cleared.
     left: Notify,
 }
 
-/// A write of the call [`bounded`] runs that another task makes for it
-/// (a grouped reservation, `store/grouped.rs`): from [`Joining::now`] on,
-/// the call waits for that write's end past its limit, as for a write of
-/// its own that joined a batch, until [`Joining::leave`] says nothing of
-/// it was kept. Outside [`bounded`], both do nothing.
+/// [`Joined::now`]: the call's write is not in a batch.
+const OUT: u8 = 0;
+/// [`Joined::now`]: the call's write is in a batch, or being made.
+const IN: u8 = 1;
+/// [`Joined::now`]: the call was dropped past its limit.
+const GONE: u8 = 2;
+
+/// The call [`bounded`] runs, for a write of it that another task makes
+/// (a grouped write, `store/grouped.rs`). Taken with [`Joining::current`]
+/// in the call; outside [`bounded`], it holds nothing and its methods say
+/// yes and do nothing.
+#[derive(Clone)]
 pub(in crate::ledger) struct Joining(Option<Arc<Joined>>);
 
 impl Joining {
-    /// Says the current call's write is being made now.
-    pub(in crate::ledger) fn now() -> Self {
-        let joined = JOINED.try_with(Arc::clone).ok();
-        if let Some(j) = &joined {
-            j.now.store(true, Ordering::Release);
-        }
-        Self(joined)
+    /// The current call's.
+    pub(in crate::ledger) fn current() -> Self {
+        Self(JOINED.try_with(Arc::clone).ok())
+    }
+
+    /// Called by the task that is about to make the write: `true` (the
+    /// call now waits for the write's end past its limit, as for a write
+    /// of its own that joined a batch), or `false` when [`bounded`] has
+    /// dropped the call already (the write must not be made). One atomic
+    /// step, so the two can't both go ahead.
+    pub(in crate::ledger) fn take(&self) -> bool {
+        self.0.as_ref().is_none_or(|j| {
+            j.now
+                .compare_exchange(OUT, IN, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        })
     }
 
     /// Says the write ended with nothing kept: past its limit, the call is
     /// dropped at its next wait.
     pub(in crate::ledger) fn leave(&self) {
         if let Some(j) = &self.0 {
-            j.now.store(false, Ordering::Release);
+            j.now.store(OUT, Ordering::Release);
             j.left.notify_waiters();
         }
     }
@@ -199,7 +217,13 @@ pub(in crate::ledger) async fn bounded<T>(
         let left = joined.left.notified();
         tokio::pin!(left);
         left.as_mut().enable();
-        if !joined.now.load(Ordering::Acquire) {
+        // Not joined: dropped, and marked so in the same step (a write
+        // another task makes for it checks the mark: [`Joining::take`]).
+        if joined
+            .now
+            .compare_exchange(OUT, GONE, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
             return None;
         }
         tokio::select! {

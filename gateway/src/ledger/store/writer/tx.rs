@@ -104,7 +104,7 @@ impl<D: Dialect> BatchTx<D> {
         let (tx, rx) = oneshot::channel();
         b.waiting.push(tx);
         b.bytes = b.bytes.saturating_add(self.bytes);
-        let _ = JOINED.try_with(|j| j.now.store(true, Ordering::Release));
+        let _ = JOINED.try_with(|j| j.now.store(super::IN, Ordering::Release));
         let limits = self.shared.limits;
         let Some(mut b) = commit_alone(&self.shared, b) else {
             return answer(rx).await;
@@ -139,7 +139,7 @@ async fn answer(rx: oneshot::Receiver<Answer>) -> Result<usize, LedgerError> {
             // Out of the batch, nothing kept: the call's time limit holds
             // again ([`bounded`]).
             let _ = JOINED.try_with(|j| {
-                j.now.store(false, Ordering::Release);
+                j.now.store(super::OUT, Ordering::Release);
                 j.left.notify_waiters();
             });
             Err(LedgerError::BatchUndone(why.to_string()))
