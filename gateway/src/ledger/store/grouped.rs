@@ -82,12 +82,27 @@ trait Waiting: Sized + Send + Sync + 'static {
     fn bytes(&self) -> usize;
     /// Whether it can be written with `first`, the group's first.
     fn joins(&self, first: &Self) -> bool;
-    /// Whether its caller gave up.
-    fn closed(&self) -> bool;
+    /// What its call hears when it is written.
+    type Done: Send + 'static;
     /// Its call.
-    fn joining(&self) -> &Joining;
+    fn call(&self) -> &Call<Self::Done>;
+    /// Its call, taken to be answered.
+    fn into_call(self) -> Call<Self::Done>;
+    /// Whether its call gave up.
+    fn closed(&self) -> bool {
+        self.call().answer.is_closed()
+    }
     /// Answers the call with [`Grouped::Alone`].
-    fn alone(self);
+    fn alone(self) {
+        let _ = self.into_call().answer.send(Grouped::Alone);
+    }
+}
+
+/// The call a queued write is made for: its [`Joining`], and where its
+/// answer goes.
+struct Call<T> {
+    joining: Joining,
+    answer: oneshot::Sender<Grouped<T>>,
 }
 
 /// A kind of write that is made in groups on backend `D`.
@@ -188,7 +203,7 @@ impl<T> Groups<T> {
             });
             if !fits {
                 rest.push(p);
-            } else if p.joining().take() {
+            } else if p.call().joining.take() {
                 size = size.saturating_add(p.bytes());
                 group.push(p);
             }
@@ -327,12 +342,11 @@ fn heard<T>(committed: &Result<usize, LedgerError>, done: Option<T>) -> Grouped<
 
 /// A reservation with its claim.
 struct Reserving {
-    joining: Joining,
+    call: Call<(i64, Applied)>,
     new: NewOperation,
     owner: String,
     lease_ms: i64,
     reason: String,
-    answer: oneshot::Sender<Grouped<(i64, Applied)>>,
 }
 
 impl Waiting for Reserving {
@@ -345,14 +359,12 @@ impl Waiting for Reserving {
     fn joins(&self, first: &Self) -> bool {
         self.reason == first.reason
     }
-    fn closed(&self) -> bool {
-        self.answer.is_closed()
+    type Done = (i64, Applied);
+    fn call(&self) -> &Call<Self::Done> {
+        &self.call
     }
-    fn joining(&self) -> &Joining {
-        &self.joining
-    }
-    fn alone(self) {
-        let _ = self.answer.send(Grouped::Alone);
+    fn into_call(self) -> Call<Self::Done> {
+        self.call
     }
 }
 
@@ -400,7 +412,7 @@ impl<D: Dialect> Member<D> for Reserving {
     }
     fn answer(self, committed: &Result<usize, LedgerError>, written: &Self::Written, now: i64) {
         let done = find(written, self.key()).map(|a| (now, a));
-        let _ = self.answer.send(heard(committed, done));
+        let _ = self.call.answer.send(heard(committed, done));
     }
     fn inject(&self, tx: &mut BatchTx<D>) {
         tx.inject(&self.new.operation_id);
@@ -417,14 +429,13 @@ fn find<T: Clone>(written: &[(String, String, T)], key: (&str, &str)) -> Option<
 
 /// An outcome that logs its attempt.
 struct Recording {
-    joining: Joining,
+    call: Call<Operation>,
     tenant: String,
     operation_id: String,
     from: State,
     fence: i64,
     actor: String,
     outcome: Outcome,
-    answer: oneshot::Sender<Grouped<Operation>>,
 }
 
 impl Recording {
@@ -449,14 +460,12 @@ impl Waiting for Recording {
     fn joins(&self, _first: &Self) -> bool {
         true
     }
-    fn closed(&self) -> bool {
-        self.answer.is_closed()
+    type Done = Operation;
+    fn call(&self) -> &Call<Self::Done> {
+        &self.call
     }
-    fn joining(&self) -> &Joining {
-        &self.joining
-    }
-    fn alone(self) {
-        let _ = self.answer.send(Grouped::Alone);
+    fn into_call(self) -> Call<Self::Done> {
+        self.call
     }
 }
 
@@ -514,7 +523,7 @@ impl<D: Dialect> Member<D> for Recording {
     }
     fn answer(self, committed: &Result<usize, LedgerError>, written: &Self::Written, _now: i64) {
         let done = find(written, self.key());
-        let _ = self.answer.send(heard(committed, done));
+        let _ = self.call.answer.send(heard(committed, done));
     }
 }
 
@@ -576,12 +585,14 @@ impl<D: Dialect> Store<D> {
         let (answer, heard) = oneshot::channel();
         let joining = Joining::current();
         let item = Reserving {
-            joining: joining.clone(),
+            call: Call {
+                joining: joining.clone(),
+                answer,
+            },
             new: new.clone(),
             owner: lease.owner.to_owned(),
             lease_ms: lease.ms,
             reason: reason.to_owned(),
-            answer,
         };
         queued::<D, _, _>(self, item, joining, heard).await
     }
@@ -593,14 +604,16 @@ impl<D: Dialect> Store<D> {
         let (answer, heard) = oneshot::channel();
         let joining = Joining::current();
         let item = Recording {
-            joining: joining.clone(),
+            call: Call {
+                joining: joining.clone(),
+                answer,
+            },
             tenant: cmd.op.tenant.to_owned(),
             operation_id: cmd.op.operation_id.to_owned(),
             from: cmd.from,
             fence: cmd.fence,
             actor: cmd.actor.to_owned(),
             outcome: cmd.outcome.clone(),
-            answer,
         };
         queued::<D, _, _>(self, item, joining, heard).await
     }
