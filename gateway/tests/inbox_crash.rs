@@ -435,8 +435,13 @@ async fn a_transition_killed_before_its_commit_announces_nothing(backend: Backen
             .map(|(_, t)| t)
             .collect::<Vec<_>>()
     };
+    // Operation events carry no ordering key: the two may arrive in
+    // either order, so both are waited for.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !types().contains(&"operation.reconciled".to_owned()) {
+    while !["operation.reconciled", "operation.unknown"]
+        .iter()
+        .all(|t| types().contains(&(*t).to_owned()))
+    {
         assert!(Instant::now() < deadline, "never reconciled: {:?}", types());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
