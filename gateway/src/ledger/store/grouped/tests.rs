@@ -70,10 +70,11 @@ async fn until_waiting(store: &Store<PgDialect>, n: usize, m: usize) {
     }
 }
 
-/// One query's rows as text, one line a row, columns `|`-separated.
-async fn rows(store: &Store<PgDialect>, query: &str, columns: &[&str]) -> Vec<String> {
+/// The rows of `SELECT columns FROM rest` as text, one line a row,
+/// columns `|`-separated, NULL as `NULL`.
+async fn rows(store: &Store<PgDialect>, columns: &[&str], rest: &str) -> Vec<String> {
     let mut conn = PgDialect::acquire(&store.read).await.unwrap();
-    sql::<PgDialect>(query)
+    sql::<PgDialect>(&format!("SELECT {} FROM {rest}", columns.join(", ")))
         .fetch_all(&mut conn)
         .await
         .unwrap()
@@ -153,9 +154,16 @@ async fn reservations_queued_together_are_written_as_one_group() {
     assert_eq!(store.groups.shared(), (10, 0), "the ten were one group");
     let ops = rows(
         &store,
-        "SELECT operation_id, state, version, fence, attempts, lease_owner, principal FROM operations \
-         ORDER BY operation_id",
-        &["operation_id", "state", "version", "fence", "attempts", "lease_owner", "principal"],
+        &[
+            "operation_id",
+            "state",
+            "version",
+            "fence",
+            "attempts",
+            "lease_owner",
+            "principal",
+        ],
+        "operations ORDER BY operation_id",
     )
     .await;
     let expected: Vec<String> = (0..10)
@@ -164,8 +172,6 @@ async fn reservations_queued_together_are_written_as_one_group() {
     assert_eq!(ops, expected);
     let history = rows(
         &store,
-        "SELECT operation_id, from_state, to_state, version, fence, actor, reason FROM transitions \
-         ORDER BY operation_id, seq",
         &[
             "operation_id",
             "from_state",
@@ -175,6 +181,7 @@ async fn reservations_queued_together_are_written_as_one_group() {
             "actor",
             "reason",
         ],
+        "transitions ORDER BY operation_id, seq",
     )
     .await;
     let expected: Vec<String> = (0..10)
@@ -267,9 +274,17 @@ async fn outcomes_queued_together_are_written_as_one_group() {
     assert_eq!(store.stale_fence_rejections(), rejected + 1);
     let ops = rows(
         &store,
-        "SELECT operation_id, state, version, fence, response_status, response_headers, provider_reference, \
-         lease_owner FROM operations ORDER BY operation_id",
-        &["operation_id", "state", "version", "fence", "response_status", "response_headers", "provider_reference", "lease_owner"],
+        &[
+            "operation_id",
+            "state",
+            "version",
+            "fence",
+            "response_status",
+            "response_headers",
+            "provider_reference",
+            "lease_owner",
+        ],
+        "operations ORDER BY operation_id",
     )
     .await;
     let mut expected: Vec<String> = (0..8)
@@ -283,11 +298,6 @@ async fn outcomes_queued_together_are_written_as_one_group() {
     assert_eq!(ops, expected);
     let history = rows(
         &store,
-        &format!(
-            "SELECT operation_id, from_state, to_state, version, fence, actor, reason FROM transitions \
-             WHERE to_state = '{}' ORDER BY operation_id",
-            State::Completed.as_str()
-        ),
         &[
             "operation_id",
             "from_state",
@@ -297,6 +307,10 @@ async fn outcomes_queued_together_are_written_as_one_group() {
             "actor",
             "reason",
         ],
+        &format!(
+            "transitions WHERE to_state = '{}' ORDER BY operation_id",
+            State::Completed.as_str()
+        ),
     )
     .await;
     let expected: Vec<String> = (0..8)
@@ -305,8 +319,6 @@ async fn outcomes_queued_together_are_written_as_one_group() {
     assert_eq!(history, expected);
     let attempts = rows(
         &store,
-        "SELECT operation_id, attempt, fence, status, outcome, detail, request_id FROM attempts \
-         ORDER BY operation_id",
         &[
             "operation_id",
             "attempt",
@@ -316,6 +328,7 @@ async fn outcomes_queued_together_are_written_as_one_group() {
             "detail",
             "request_id",
         ],
+        "attempts ORDER BY operation_id",
     )
     .await;
     let expected: Vec<String> = (0..8)
@@ -373,8 +386,8 @@ async fn a_row_the_database_refuses_fails_alone() {
     assert!(store.groups.shared().0 >= 5, "{:?}", store.groups.shared());
     let ops = rows(
         &store,
-        "SELECT operation_id, state FROM operations ORDER BY operation_id",
         &["operation_id", "state"],
+        "operations ORDER BY operation_id",
     )
     .await;
     assert_eq!(
@@ -417,8 +430,8 @@ async fn a_call_dropped_in_the_queue_is_not_written_and_the_queue_goes_on() {
     assert!(matches!(r, Reservation::Created(_)) && claim.is_some());
     let ops = rows(
         &store,
-        "SELECT operation_id, state FROM operations ORDER BY operation_id",
         &["operation_id", "state"],
+        "operations ORDER BY operation_id",
     )
     .await;
     assert_eq!(ops, ["next|EXECUTING"]);
@@ -453,8 +466,8 @@ async fn a_call_timed_out_in_the_queue_is_not_written() {
     assert!(matches!(r, Reservation::Created(_)));
     let ops = rows(
         &store,
-        "SELECT operation_id, state FROM operations ORDER BY operation_id",
         &["operation_id", "state"],
+        "operations ORDER BY operation_id",
     )
     .await;
     assert_eq!(ops, ["next|EXECUTING"]);
