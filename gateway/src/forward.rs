@@ -431,11 +431,28 @@ pub const CREDENTIAL_HEADERS: &[&str] = &[
     "x-csrf-token",
 ];
 
+/// Words that make a header name a credential's wherever they stand in it
+/// (`X-Client-Secret`, `X-Hub-Signature-256`, `X-Session-Id`): a header the
+/// gateway can't tell apart is shown as `[redacted]` rather than shown.
+pub const CREDENTIAL_WORDS: &[&str] = &[
+    "secret",
+    "token",
+    "password",
+    "api-key",
+    "apikey",
+    "private-key",
+    "privatekey",
+    "credential",
+    "signature",
+    "session",
+    "auth",
+];
+
 /// Whether header `name` (lower case) carries a credential: one of
-/// [`CREDENTIAL_HEADERS`], or a name with `secret`, `token`, `password`,
-/// `api-key` or `apikey` in it, `_` read as `-` (`api_key`, `X_Auth_Token`:
-/// names with underscores are valid fields, RFC 9110 §5.1, and servers
-/// often read them as the hyphenated ones).
+/// [`CREDENTIAL_HEADERS`], or a name with one of [`CREDENTIAL_WORDS`] in
+/// it, `_` read as `-` (`api_key`, `X_Auth_Token`, `private_key`: names
+/// with underscores are valid fields, RFC 9110 §5.1, and servers often
+/// read them as the hyphenated ones).
 pub fn is_credential(name: &str) -> bool {
     let hyphenated;
     let name = if name.contains('_') {
@@ -444,10 +461,7 @@ pub fn is_credential(name: &str) -> bool {
     } else {
         name
     };
-    CREDENTIAL_HEADERS.contains(&name)
-        || ["secret", "token", "password", "api-key", "apikey"]
-            .iter()
-            .any(|w| name.contains(w))
+    CREDENTIAL_HEADERS.contains(&name) || CREDENTIAL_WORDS.iter().any(|w| name.contains(w))
 }
 
 /// `pairs` with the values of credential headers ([`is_credential`])
@@ -720,10 +734,24 @@ mod tests {
             "x_auth_token",
             "client_secret",
             "Proxy_Authorization",
+            "private_key",
+            "X-Signature",
+            "Stripe-Signature",
+            "X-Hub-Signature-256",
+            "X-Client-Credential",
+            "X-Session-Id",
+            "X-Auth-User",
         ] {
             assert_eq!(redacted(pairs(&[name]))[0].1, "[redacted]", "{name}");
         }
-        for name in ["content_type", "x-request-id", "idempotency_key"] {
+        for name in [
+            "content_type",
+            "x-request-id",
+            "idempotency_key",
+            "traceparent",
+            "x-forwarded-for",
+            "user-agent",
+        ] {
             assert_eq!(redacted(pairs(&[name]))[0].1, "s3cret", "{name}");
         }
     }
