@@ -98,7 +98,10 @@ fn default_method() -> String {
 }
 
 /// `success` as written: `"2xx"` or a pointer and the value expected there.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// Read by hand, not as an untagged enum, so that a table with a field
+/// other than `pointer` and `equals` is refused naming that field (as every
+/// other table of the file is), not taken with the field ignored.
+#[derive(Debug, Clone, Serialize)]
 #[serde(untagged)]
 pub enum SuccessSpec {
     /// `"2xx"`.
@@ -110,6 +113,51 @@ pub enum SuccessSpec {
         /// The value that means success (compared as text).
         equals: serde_json::Value,
     },
+}
+
+impl<'de> Deserialize<'de> for SuccessSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(SuccessVisitor)
+    }
+}
+
+/// Reads [`SuccessSpec`]: a string, or a table of exactly `pointer` and
+/// `equals`.
+struct SuccessVisitor;
+
+impl<'de> serde::de::Visitor<'de> for SuccessVisitor {
+    type Value = SuccessSpec;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(r#""2xx" or { pointer = "/json/pointer", equals = value }"#)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<SuccessSpec, E> {
+        Ok(SuccessSpec::Status(v.to_owned()))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<SuccessSpec, A::Error> {
+        const FIELDS: &[&str] = &["pointer", "equals"];
+        let (mut pointer, mut equals) = (None, None);
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "pointer" if pointer.is_none() => pointer = Some(map.next_value::<String>()?),
+                "equals" if equals.is_none() => {
+                    equals = Some(map.next_value::<serde_json::Value>()?);
+                }
+                "pointer" | "equals" => {
+                    return Err(serde::de::Error::duplicate_field(
+                        FIELDS[usize::from(key == "equals")],
+                    ));
+                }
+                other => return Err(serde::de::Error::unknown_field(other, FIELDS)),
+            }
+        }
+        Ok(SuccessSpec::Pointer {
+            pointer: pointer.ok_or_else(|| serde::de::Error::missing_field("pointer"))?,
+            equals: equals.ok_or_else(|| serde::de::Error::missing_field("equals"))?,
+        })
+    }
 }
 
 /// When a 2xx answer counts as applied.

@@ -41,7 +41,7 @@ impl ConfigFile {
             ));
         }
         self.check_pools_and_limits()?;
-        let (tenants, keys) = self.tenants_and_keys()?;
+        let (tenants, keys) = self.tenants_and_keys(&base_dir)?;
         let mut routes = Vec::new();
         let mut names = BTreeSet::new();
         let lease_ms = self.reconcile.lease_ms;
@@ -282,8 +282,12 @@ impl ConfigFile {
         Ok(storage)
     }
 
-    /// The tenants' ids and every key's digest with its principal.
-    fn tenants_and_keys(&self) -> Result<(BTreeSet<String>, KeyTable), ConfigError> {
+    /// The tenants' ids and every key's digest with its principal; a key's
+    /// `file` is relative to `base_dir` (the config file's folder).
+    fn tenants_and_keys(
+        &self,
+        base_dir: &Path,
+    ) -> Result<(BTreeSet<String>, KeyTable), ConfigError> {
         let mut tenants = BTreeSet::new();
         let mut keys = HashMap::new();
         for (ti, t) in self.tenants.iter().enumerate() {
@@ -333,7 +337,8 @@ impl ConfigFile {
                         key_digest(&v)
                     }
                     (None, None, Some(file)) => {
-                        let v = std::fs::read_to_string(file).map_err(|e| {
+                        let file = base_dir.join(file);
+                        let v = std::fs::read_to_string(&file).map_err(|e| {
                             ConfigError::new(
                                 format!("{kp}.file"),
                                 format!("cannot read {}: {e}", file.display()),

@@ -447,6 +447,9 @@ pub fn load_file(path: Option<&Path>) -> Result<ConfigFile, ConfigError> {
         };
         fig = fig.merge(Serialized::defaults(table));
     }
+    if let Some(e) = list_from_env(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok())) {
+        return Err(e);
+    }
     fig = fig.merge(
         Env::prefixed(ENV_PREFIX)
             .ignore(&["config", "log_format"])
@@ -491,6 +494,33 @@ fn field_path(parts: &[String]) -> String {
 
 /// The prefix of the environment variables that override config fields.
 const ENV_PREFIX: &str = "EFFECTGATE_";
+
+/// The top-level lists of the file: an `EFFECTGATE_*` variable can't set
+/// an element of one (`EFFECTGATE_ROUTES__0__UPSTREAM` would replace the
+/// whole list with a table).
+const LISTS: &[&str] = &["routes", "tenants", "inbox"];
+
+/// The error for the first of `names` (environment variable names) that
+/// sets one of the [`LISTS`] or a field in it, naming the variable; `None`
+/// when none does.
+fn list_from_env(names: impl Iterator<Item = String>) -> Option<ConfigError> {
+    names.into_iter().find_map(|name| {
+        let rest = name
+            .get(..ENV_PREFIX.len())
+            .filter(|p| p.eq_ignore_ascii_case(ENV_PREFIX))
+            .map(|_| name[ENV_PREFIX.len()..].to_ascii_lowercase())?;
+        let top = rest.split("__").next().unwrap_or_default();
+        LISTS.contains(&top).then(|| {
+            ConfigError::new(
+                top,
+                format!(
+                    "a list: no environment variable can set it or a field in it \
+                     ({name} is set); write it in the config file"
+                ),
+            )
+        })
+    })
+}
 
 /// A deserialisation error in words, with each alternative quoted once.
 fn describe(kind: &figment::error::Kind) -> String {

@@ -514,7 +514,8 @@ pub struct KeySpec {
     /// Name of an environment variable holding the key.
     #[serde(default)]
     pub env: Option<String>,
-    /// Path of a file holding the key (surrounding whitespace trimmed).
+    /// Path of a file holding the key (surrounding whitespace trimmed);
+    /// relative to the config file's folder.
     #[serde(default)]
     pub file: Option<PathBuf>,
 }

@@ -331,3 +331,80 @@ fn database_int_timeouts_are_bounded_by_name() {
         parse(&format!("[storage]\n{field} = 2147483647\n")).unwrap();
     }
 }
+
+/// A variable naming one of the lists, or a field in one, is refused
+/// naming the variable; others (a section's field, a longer name, another
+/// prefix) are not.
+#[test]
+fn a_list_is_not_set_from_the_environment() {
+    let names = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    for (name, list) in [
+        ("EFFECTGATE_ROUTES__0__UPSTREAM", "routes"),
+        ("effectgate_tenants", "tenants"),
+        ("EFFECTGATE_INBOX__0__NAME", "inbox"),
+    ] {
+        let e = list_from_env(names(&["HOME", "EFFECTGATE_STORAGE__PATH", name]).into_iter())
+            .expect(name);
+        assert_eq!(e.path, list);
+        assert!(e.message.contains(name), "{e}");
+    }
+    assert!(
+        list_from_env(
+            names(&[
+                "EFFECTGATE_STORAGE__PATH",
+                "EFFECTGATE_ROUTESX",
+                "OTHER_ROUTES__0__UPSTREAM",
+                "EFFECTGATE_CONFIG",
+            ])
+            .into_iter()
+        )
+        .is_none()
+    );
+}
+
+/// A key's `file` is read from the config file's folder, wherever the
+/// process runs.
+#[test]
+fn a_key_file_is_relative_to_the_config_file() {
+    let dir = tempfile_dir();
+    std::fs::write(dir.join("client.key"), "k-123\n").unwrap();
+    let p = dir.join("c.toml");
+    std::fs::write(
+        &p,
+        "[[tenants]]\nid = \"t\"\nkeys = [{ role = \"client\", file = \"client.key\" }]\n",
+    )
+    .unwrap();
+    let s = load(Some(&p)).unwrap();
+    let by_key = s
+        .keys
+        .get(&key_digest("k-123"))
+        .expect("the key from the file");
+    assert_eq!(by_key.tenant, "t");
+}
+
+/// `success` as a table takes exactly `pointer` and `equals`: another
+/// field is named, not ignored.
+#[test]
+fn a_compensation_success_rule_refuses_other_fields() {
+    let route = |success: &str| {
+        format!(
+            "[[routes]]\nname = \"pay\"\nprefix = \"/pay/\"\nupstream = \"http://x\"\n\
+             [routes.compensation]\npath = \"/refunds\"\nsuccess = {success}\n"
+        )
+    };
+    let s = parse(&route(r#"{ pointer = "/status", equals = "succeeded" }"#)).unwrap();
+    assert!(
+        format!("{:?}", s.routes[0].compensation).contains("succeeded"),
+        "{:?}",
+        s.routes[0].compensation
+    );
+    let e = parse(&route(
+        r#"{ pointer = "/status", equals = "ok", typo = 1 }"#,
+    ))
+    .unwrap_err();
+    assert_eq!(e.path, "routes[0].compensation.success");
+    assert!(e.message.contains("`typo`"), "{e}");
+    let e = parse(&route(r#"{ pointer = "/status" }"#)).unwrap_err();
+    assert!(e.message.contains("equals"), "{e}");
+    parse(&route(r#""2xx""#)).unwrap();
+}
