@@ -202,7 +202,7 @@ fn decimal(number: &str) -> Option<(bool, String, i64)> {
         Some(at) => (&rest[..at], rest[at + 1..].parse::<i64>().ok()?),
         None => (rest, 0),
     };
-    if exponent.abs() > 1_000_000_000_000_000 {
+    if exponent.unsigned_abs() > 1_000_000_000_000_000 {
         return None;
     }
     let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
@@ -484,6 +484,9 @@ mod tests {
         assert_eq!(decimal("0.000"), Some((false, String::new(), 0)));
         assert_eq!(decimal("-0"), decimal("0"));
         assert_eq!(decimal("1e99999999999999999999"), None);
+        // The one exponent whose absolute value doesn't fit an i64.
+        assert_eq!(decimal("1e-9223372036854775808"), None);
+        assert_eq!(decimal("0e-9223372036854775808"), None);
     }
 
     #[test]
