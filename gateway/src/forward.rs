@@ -417,6 +417,41 @@ pub fn visible_pairs(h: &HeaderMap) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Why [`read_whole`] returned no body.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadWholeError {
+    /// The body was longer than the limit (declared or read), bytes.
+    #[error("the answer was larger than {0} bytes")]
+    TooLarge(usize),
+    /// The body did not end within the time given.
+    #[error("the answer did not complete in time")]
+    Timeout,
+    /// The body broke off (the connection's error).
+    #[error("the answer broke off: {0}")]
+    Broken(String),
+}
+
+/// Reads a provider's body whole, at most `limit` bytes and within
+/// `timeout`, for answers the gateway reads itself (MCP): a larger or
+/// slower body is an error, never read on without bound.
+///
+/// Errors: [`ReadWholeError`].
+pub async fn read_whole(
+    body: ResponseBody,
+    limit: usize,
+    timeout: std::time::Duration,
+) -> Result<bytes::Bytes, ReadWholeError> {
+    use http_body_util::BodyExt;
+    match tokio::time::timeout(timeout, http_body_util::Limited::new(body, limit).collect()).await {
+        Err(_) => Err(ReadWholeError::Timeout),
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(ReadWholeError::TooLarge(limit))
+        }
+        Ok(Err(e)) => Err(ReadWholeError::Broken(e.to_string())),
+    }
+}
+
 /// Header names whose values are credentials: shown as `[redacted]` in the
 /// admin API and the console (stored as sent: a new attempt needs them).
 pub const CREDENTIAL_HEADERS: &[&str] = &[

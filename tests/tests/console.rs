@@ -883,3 +883,39 @@ reference_pointer = "/id"
     assert_eq!(app.mock.provider.effects(), 1);
     assert_eq!(app.provider_calls().0, 1, "nothing sent again");
 }
+
+/// A key keeps `limits.console_sessions_per_key` sessions at most: a login
+/// past it ends that key's session nearest its end, and no other key's.
+#[tokio::test]
+async fn a_key_keeps_a_bounded_number_of_console_sessions() {
+    let clock = effectgate::ledger::ManualClock::new(1_000_000_000);
+    let app = spawn_with(Opts {
+        more: "[reconcile]\nenabled = false\n[limits]\nconsole_sessions_per_key = 2\n".into(),
+        clock: Some(clock.clone()),
+        ..Default::default()
+    })
+    .await;
+    let works = |session: String| {
+        let url = app.admin("/console/approvals");
+        async move {
+            no_redirects()
+                .get(url)
+                .header("cookie", session)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                == 200
+        }
+    };
+    let other = cookie_of(login(&app, OPERATOR_A).await);
+    let mut sessions = Vec::new();
+    for _ in 0..3 {
+        sessions.push(cookie_of(login(&app, APPROVER_A).await));
+        clock.advance(1_000);
+    }
+    assert!(!works(sessions[0].clone()).await, "the first ended");
+    assert!(works(sessions[1].clone()).await);
+    assert!(works(sessions[2].clone()).await);
+    assert!(works(other).await, "another key's session stays");
+}

@@ -551,6 +551,142 @@ async fn an_sse_tool_result_decides_even_when_the_stream_stays_open() {
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
+/// An MCP server that never ends its answers, or never answers its
+/// `initialize`: the gateway reads at most the route's MCP answer limit
+/// (16 MiB) of any answer it reads itself, and waits for its own session
+/// at most `response_timeout_ms`. Each caller gets an answer saying so,
+/// long before any of those answers would end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_server_that_never_ends_its_answers_is_read_within_bounds() {
+    use axum::response::IntoResponse;
+    use futures_util::StreamExt as _;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    // A JSON head, then spaces without end.
+    fn endless(head: String) -> axum::body::Body {
+        let spaces = axum::body::Bytes::from(vec![b' '; 64 << 10]);
+        axum::body::Body::from_stream(
+            futures_util::stream::once(async move { Ok::<_, std::io::Error>(head.into()) }).chain(
+                futures_util::stream::repeat_with(move || Ok(spaces.clone())),
+            ),
+        )
+    }
+    let sends = std::sync::Arc::new(AtomicUsize::new(0));
+    let inits = std::sync::Arc::new(AtomicUsize::new(0));
+    let (s, i) = (sends.clone(), inits.clone());
+    let server = axum::Router::new().route(
+        "/mcp",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let (s, i) = (s.clone(), i.clone());
+            async move {
+                let msg: Value = serde_json::from_slice(&body).unwrap();
+                let id = msg["id"].clone();
+                match (msg["method"].as_str(), msg["params"]["name"].as_str()) {
+                    (Some("tools/list"), _) => (
+                        [("content-type", "application/json")],
+                        endless(format!(
+                            r#"{{"jsonrpc":"2.0","id":{id},"result":{{"tools":["#
+                        )),
+                    )
+                        .into_response(),
+                    (Some("tools/call"), Some("refuse")) => (
+                        axum::http::StatusCode::BAD_REQUEST,
+                        endless("not json ".into()),
+                    )
+                        .into_response(),
+                    // The caller's session is gone (404), once; the
+                    // gateway's own session then never opens.
+                    (Some("tools/call"), Some("send")) if s.fetch_add(1, SeqCst) == 0 => {
+                        axum::http::StatusCode::NOT_FOUND.into_response()
+                    }
+                    (Some("tools/call"), _) => {
+                        axum::Json(serde_json::json!({"jsonrpc":"2.0","id":id,
+                        "result":{"content":[{"type":"text","text":"sent"}],"isError":false}}))
+                        .into_response()
+                    }
+                    (Some("initialize"), _) => {
+                        i.fetch_add(1, SeqCst);
+                        std::future::pending::<axum::response::Response>().await
+                    }
+                    _ => axum::Json(serde_json::json!({"jsonrpc":"2.0","id":id,"result":{}}))
+                        .into_response(),
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, server).await.unwrap() });
+    let app = spawn_with(Opts {
+        more: format!(
+            "[[routes]]\nname = \"tools\"\nprefix = \"/tools/\"\nupstream = \"http://{addr}\"\n\
+             mode = \"mcp\"\neffect_class = \"notification\"\nresponse_timeout_ms = 2000\n\
+             retry = {{ max_attempts = 3, base_delay_ms = 1, max_delay_ms = 1 }}\n\
+             [reconcile]\nenabled = false\n"
+        ),
+        ..Default::default()
+    })
+    .await;
+    let call = |body: String| {
+        app.http
+            .post(app.proxy("/tools/mcp"))
+            .bearer_auth(KEY_A)
+            .header("Accept", "application/json, text/event-stream")
+            .header("Content-Type", "application/json")
+            .body(body)
+            .timeout(Duration::from_secs(30))
+            .send()
+    };
+    let tool_call = |name: &str, intent: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"{name}","arguments":{{"to":"x"}},"_meta":{{"effectgate/operation-id":"{intent}"}}}}}}"#
+        )
+    };
+
+    // tools/list: read up to the limit, then refused.
+    let started = Instant::now();
+    let r = call(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#.into())
+        .await
+        .unwrap();
+    let (status, text) = (r.status(), r.text().await.unwrap());
+    assert!(
+        text.contains("larger than 16777216 bytes"),
+        "{status}: {text}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // A refused tool call whose error body never ends: FAILED, and the
+    // caller's JSON-RPC error says how much was read.
+    let r = call(tool_call("refuse", "refuse-1")).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("400 Bad Request") && message.contains("bytes read, the rest dropped"),
+        "{v}"
+    );
+    assert_eq!(app.op_json("refuse-1").await["state"], "FAILED");
+
+    // A lost session (404), then an `initialize` that never answers: the
+    // new attempt goes out without a session after `response_timeout_ms`.
+    let started = Instant::now();
+    let r = call(tool_call("send", "send-1")).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["result"]["content"][0]["text"], "sent", "{v}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(inits.load(SeqCst), 1);
+    assert_eq!(sends.load(SeqCst), 2);
+    assert_eq!(app.op_json("send-1").await["state"], "COMPLETED");
+}
+
 /// A refused call's policy decisions never show up in the history of an
 /// operation that later uses the same key, and the sweeper removes them.
 #[tokio::test]

@@ -87,6 +87,17 @@ impl ConfigFile {
                 "must be at least 1",
             ));
         }
+        for (field, value) in [
+            (
+                "limits.console_sessions_per_key",
+                self.limits.console_sessions_per_key,
+            ),
+            ("limits.mcp_tool_endpoints", self.limits.mcp_tool_endpoints),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::new(field, "must be at least 1"));
+            }
+        }
 
         Ok(())
     }

@@ -109,9 +109,9 @@ pub struct LimitsSpec {
     #[serde(default = "default_idle_timeout_ms")]
     pub idle_timeout_ms: u64,
     /// Open connections on the proxy listener at most. Default: half of
-    /// the process's descriptor limit (raised to its hard limit at start)
-    /// less 256, at least 64; the other half is left for upstream
-    /// connections. At the cap the oldest connection without a complete
+    /// what is left of the process's descriptor limit (raised to its hard
+    /// limit at start) after 256, at least 64 and at most 10000; the other
+    /// half is left for upstream connections. At the cap the oldest connection without a complete
     /// request head is closed first.
     #[serde(default)]
     pub max_connections: Option<usize>,
@@ -134,6 +134,24 @@ pub struct LimitsSpec {
     /// Default 28800000 (8 hours).
     #[serde(default = "default_console_session_ms")]
     pub console_session_ms: u64,
+    /// Console sessions one key may have open at once; a login past it
+    /// ends that key's session nearest its end. At least 1. Default 16.
+    #[serde(default = "default_console_sessions_per_key")]
+    pub console_sessions_per_key: usize,
+    /// MCP endpoints (a route and the path a `tools/list` went to) whose
+    /// tools' annotations are kept at most; past it the endpoint listed
+    /// longest ago is forgotten, and its tools count as world-changing
+    /// until listed again. At least 1. Default 1024.
+    #[serde(default = "default_mcp_tool_endpoints")]
+    pub mcp_tool_endpoints: usize,
+}
+
+fn default_console_sessions_per_key() -> usize {
+    16
+}
+
+fn default_mcp_tool_endpoints() -> usize {
+    1024
 }
 
 fn default_console_session_ms() -> u64 {
@@ -184,6 +202,8 @@ impl Default for LimitsSpec {
             max_admin_body_bytes: default_max_admin_body_bytes(),
             max_reason_chars: default_max_reason_chars(),
             console_session_ms: default_console_session_ms(),
+            console_sessions_per_key: default_console_sessions_per_key(),
+            mcp_tool_endpoints: default_mcp_tool_endpoints(),
         }
     }
 }

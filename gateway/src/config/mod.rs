@@ -342,6 +342,14 @@ impl UpstreamBase {
 }
 
 impl Route {
+    /// The most of an MCP server's answer the gateway reads into memory,
+    /// bytes: `max_stored_response_bytes`, at least 16 MiB (a tool's
+    /// outcome is inside the answer, so it is read whole, and a replay
+    /// must be the whole result). A larger answer is not read further.
+    pub fn mcp_answer_bytes(&self) -> usize {
+        self.max_stored_response_bytes.max(MCP_ANSWER_MIN_BYTES)
+    }
+
     /// Whether `method` on this route goes through the effect ledger.
     pub fn is_effectful(&self, method: &Method) -> bool {
         self.mode == RouteMode::Effectful
@@ -491,6 +499,9 @@ fn field_path(parts: &[String]) -> String {
     }
     path
 }
+
+/// The least [`Route::mcp_answer_bytes`] is: 16 MiB.
+pub const MCP_ANSWER_MIN_BYTES: usize = 16 << 20;
 
 /// The prefix of the environment variables that override config fields.
 const ENV_PREFIX: &str = "EFFECTGATE_";

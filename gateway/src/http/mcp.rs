@@ -10,6 +10,10 @@ use crate::http::error::Problem;
 use crate::http::reply_response;
 use crate::ops::Answer;
 use crate::ops::mcp::{json_response, rpc_error};
+use crate::ops::reply::ReplyBody;
+
+/// The most of a non-JSON answer body an MCP error quotes, bytes.
+pub const QUOTED_BYTES: usize = 1024;
 
 /// A gateway error as a JSON-RPC error's message, in the agent's terms: a
 /// reused operation id is the tool call's intent id (or the identity the
@@ -44,12 +48,23 @@ fn data(e: &crate::ops::OpError) -> Value {
 /// becomes a tool result with `isError: true` and `structuredContent`
 /// naming it; any gateway error becomes a JSON-RPC error (HTTP 200, so the
 /// agent's loop keeps working).
+///
+/// The answer's body is read whole only when it is in memory already (at
+/// most the MCP answer limit, [`crate::config::Route::mcp_answer_bytes`]):
+/// the rest of a larger provider body is dropped unread, and the error
+/// says how much was read. An error quotes at most [`QUOTED_BYTES`] of a
+/// body that isn't JSON.
 pub async fn readdress(result: Answer, rpc_id: &Value) -> Response {
-    let resp = match result {
-        Ok(r) => reply_response(r),
+    let mut reply = match result {
+        Ok(r) => r,
         Err(e) => return reply_response(rpc_error(rpc_id, -32000, &message(&e), data(&e))),
     };
-    let (parts, body) = resp.into_parts();
+    let mut cut = None;
+    if let ReplyBody::Streamed(prefix, _) = &reply.body {
+        cut = Some(prefix.len());
+        reply.body = ReplyBody::Full(bytes::Bytes::new());
+    }
+    let (parts, body) = reply_response(reply).into_parts();
     let replayed = parts
         .headers
         .get(crate::idempotency::IDEMPOTENT_REPLAYED)
@@ -92,13 +107,21 @@ pub async fn readdress(result: Answer, rpc_id: &Value) -> Response {
             &json!({"jsonrpc": "2.0", "id": rpc_id, "result": result}),
         )
     } else {
-        let detail = v["detail"].as_str().map(str::to_owned).unwrap_or_else(|| {
-            format!(
-                "the gateway answered {}: {}",
-                parts.status,
-                String::from_utf8_lossy(&bytes)
-            )
-        });
+        let detail = v["detail"]
+            .as_str()
+            .map(str::to_owned)
+            .unwrap_or_else(|| match cut {
+                Some(read) => format!(
+                    "the gateway answered {}: the provider's body was larger than the gateway \
+                 reads ({read} bytes read, the rest dropped)",
+                    parts.status
+                ),
+                None => format!(
+                    "the gateway answered {}: {}",
+                    parts.status,
+                    String::from_utf8_lossy(&bytes[..bytes.len().min(QUOTED_BYTES)])
+                ),
+            });
         rpc_error(rpc_id, -32000, &detail, v)
     };
     let mut out = reply_response(out);

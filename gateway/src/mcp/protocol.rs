@@ -13,9 +13,19 @@ use crate::ledger::State as OpState;
 /// The MCP protocol revision the gateway speaks to servers.
 pub const PROTOCOL_VERSION: &str = "2025-06-18";
 
-/// Tool annotations seen in `tools/list` answers, per route and tool.
+/// Tool annotations seen in `tools/list` answers, per endpoint (a route
+/// and a path) and tool, for a bounded number of endpoints (see
+/// [`ToolCache::store`]).
 #[derive(Debug, Default, Clone)]
-pub struct ToolCache(Arc<Mutex<HashMap<String, HashMap<String, Value>>>>);
+pub struct ToolCache(Arc<Mutex<Endpoints>>);
+
+/// Each endpoint's tools, with the number of the `store` that last listed
+/// it.
+#[derive(Debug, Default)]
+struct Endpoints {
+    tools: HashMap<String, (u64, HashMap<String, Value>)>,
+    stores: u64,
+}
 
 impl ToolCache {
     /// The annotations of `tool` on the route cached under `route`
@@ -24,15 +34,40 @@ impl ToolCache {
         self.0
             .lock()
             .unwrap()
+            .tools
             .get(route)
-            .and_then(|m| m.get(tool))
+            .and_then(|(_, m)| m.get(tool))
             .cloned()
             .unwrap_or(Value::Null)
     }
-    /// Merges a page of tools (pages of a paginated list add up).
-    pub fn store(&self, route: &str, tools: &[Value]) {
+
+    /// Merges a page of tools (pages of a paginated list add up). At most
+    /// `max_endpoints` endpoints are kept (`limits.mcp_tool_endpoints`): a
+    /// new one past it makes room by forgetting the one listed longest ago
+    /// (its tools then count as world-changing, the safe reading, until
+    /// listed again). An empty page keeps nothing.
+    pub fn store(&self, route: &str, tools: &[Value], max_endpoints: usize) {
+        if tools.is_empty() {
+            return;
+        }
         let mut all = self.0.lock().unwrap();
-        let map = all.entry(route.to_owned()).or_default();
+        all.stores += 1;
+        let stamp = all.stores;
+        if !all.tools.contains_key(route) {
+            while all.tools.len() >= max_endpoints.max(1) {
+                let Some(oldest) = all
+                    .tools
+                    .iter()
+                    .min_by_key(|(_, (at, _))| *at)
+                    .map(|(k, _)| k.clone())
+                else {
+                    break;
+                };
+                all.tools.remove(&oldest);
+            }
+        }
+        let (at, map) = all.tools.entry(route.to_owned()).or_default();
+        *at = stamp;
         for t in tools {
             if let Some(name) = t["name"].as_str() {
                 map.insert(
@@ -97,5 +132,36 @@ pub fn tool_outcome(msg: &Value) -> (OpState, Option<&'static str>) {
         (OpState::Failed, Some("tool-error"))
     } else {
         (OpState::Completed, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// At most `max_endpoints` endpoints are kept; the one listed longest
+    /// ago goes first (listing again refreshes it), an empty page keeps
+    /// nothing, and a forgotten tool reads as never listed.
+    #[test]
+    fn the_tool_cache_keeps_a_bounded_number_of_endpoints() {
+        let cache = ToolCache::default();
+        let page = |tool: &str| {
+            vec![serde_json::json!({"name": tool, "annotations": {"readOnlyHint": true}})]
+        };
+        cache.store("r/a", &page("x"), 2);
+        cache.store("r/b", &page("y"), 2);
+        cache.store("r/a", &page("x2"), 2);
+        cache.store("r/c", &page("z"), 2);
+        assert_eq!(
+            cache.annotations("r/b", "y"),
+            Value::Null,
+            "listed longest ago"
+        );
+        assert_eq!(cache.annotations("r/a", "x")["readOnlyHint"], true);
+        assert_eq!(cache.annotations("r/a", "x2")["readOnlyHint"], true);
+        assert_eq!(cache.annotations("r/c", "z")["readOnlyHint"], true);
+        cache.store("r/d", &[], 2);
+        assert_eq!(cache.0.lock().unwrap().tools.len(), 2);
+        assert_eq!(cache.annotations("r/a", "x")["readOnlyHint"], true);
     }
 }

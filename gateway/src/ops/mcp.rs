@@ -24,7 +24,6 @@
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
-use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -359,7 +358,8 @@ impl Post<'_> {
             return Ok(Prepared::Respond(raw(status, head, bytes)));
         };
         if let Some(tools) = answer["result"]["tools"].as_array().cloned() {
-            self.app.mcp_tools.store(&self.cache_key(), &tools);
+            let max = self.app.settings().limits.mcp_tool_endpoints;
+            self.app.mcp_tools.store(&self.cache_key(), &tools, max);
             let mut kept = Vec::new();
             for t in tools {
                 let name = t["name"].as_str().unwrap_or_default().to_owned();
@@ -559,7 +559,12 @@ fn raw(status: StatusCode, head: HeaderMap, bytes: Bytes) -> Reply {
     r
 }
 
-/// Sends an (already read) MCP request upstream as is and reads the answer.
+/// Sends an (already read) MCP request upstream as is and reads the answer
+/// ([`crate::forward::read_whole`]: at most the route's
+/// [`Route::mcp_answer_bytes`], within its `response_timeout_ms`).
+///
+/// Errors: [`OpError::ProviderUnreachable`] when no answer came, or it was
+/// larger, slower or broken off.
 pub async fn forward_buffered(
     route: &Route,
     headers: &HeaderMap,
@@ -582,11 +587,9 @@ pub async fn forward_buffered(
         .await
         .map_err(OpError::ProviderUnreachable)?;
     let (mut parts, body) = resp.into_parts();
-    let bytes = tokio::time::timeout(timeout, body.collect())
+    let bytes = crate::forward::read_whole(body, route.mcp_answer_bytes(), timeout)
         .await
-        .map_err(|_| OpError::ProviderUnreachable("the answer did not complete in time".into()))?
-        .map_err(|e| OpError::ProviderUnreachable(e.to_string()))?
-        .to_bytes();
+        .map_err(|e| OpError::ProviderUnreachable(e.to_string()))?;
     parts.headers.remove(header::CONTENT_LENGTH);
     Ok((parts.status, parts.headers, bytes))
 }

@@ -108,10 +108,35 @@ pub(super) async fn login(
     };
     let id = hex::encode(rand::random::<[u8; 32]>());
     let csrf = hex::encode(rand::random::<[u8; 24]>());
-    let session_ms = i64::try_from(app.settings().limits.console_session_ms).unwrap_or(i64::MAX);
-    let expires_at = app.ledger.clock().now_ms().saturating_add(session_ms);
+    let (session_ms, per_key) = {
+        let s = app.settings();
+        (
+            s.limits.console_session_ms,
+            s.limits.console_sessions_per_key,
+        )
+    };
+    let session_ms = i64::try_from(session_ms).unwrap_or(i64::MAX);
+    let now = app.ledger.clock().now_ms();
+    let expires_at = now.saturating_add(session_ms);
     let key_digest = crate::config::key_digest(f.key.trim());
-    app.sessions.0.lock().unwrap().insert(
+    let mut sessions = app.sessions.0.lock().unwrap();
+    sessions.retain(|_, s| s.expires_at > now);
+    // A key keeps `limits.console_sessions_per_key` sessions at most: the
+    // one nearest its end makes room.
+    loop {
+        let of_key = sessions
+            .iter()
+            .filter(|(_, s)| s.key_digest == key_digest)
+            .map(|(id, s)| (s.expires_at, id));
+        if of_key.clone().count() < per_key.max(1) {
+            break;
+        }
+        let Some(oldest) = of_key.min().map(|(_, id)| id.clone()) else {
+            break;
+        };
+        sessions.remove(&oldest);
+    }
+    sessions.insert(
         id.clone(),
         Session {
             principal,
@@ -120,6 +145,7 @@ pub(super) async fn login(
             expires_at,
         },
     );
+    drop(sessions);
     let mut r = Redirect::to("/console").into_response();
     let cookie = format!(
         "{COOKIE}={id}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={}",

@@ -151,13 +151,13 @@ pub(super) async fn attempt(
             Ok(Ok(r)) => r,
         };
         let (head, body) = resp.into_parts();
-        // An MCP answer is read and stored whole (up to 16 MiB, or the
-        // route's limit if larger): the tool's outcome is inside it, and
+        // An MCP answer is read and stored whole (up to
+        // `Route::mcp_answer_bytes`): the tool's outcome is inside it, and
         // a replay must be the whole result.
         let body = read_bounded(
             body,
             if route.mcp.is_some() {
-                route.max_stored_response_bytes.max(16 << 20)
+                route.mcp_answer_bytes()
             } else {
                 route.max_stored_response_bytes
             },

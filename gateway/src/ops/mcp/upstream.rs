@@ -4,13 +4,31 @@
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
-use http_body_util::BodyExt;
 use serde_json::{Value, json};
 
 use crate::config::Route;
 use crate::mcp::protocol::rpc_message;
 
+/// Posts one JSON-RPC message of the gateway's own and reads the answer:
+/// the whole exchange within the route's `response_timeout_ms`, the body at
+/// most [`Route::mcp_answer_bytes`].
+///
+/// Errors: the message says what failed (the URL, the connection, the
+/// time limit, a body too large or broken off).
 async fn post_rpc(
+    route: &Route,
+    path: &str,
+    session: Option<&str>,
+    msg: &Value,
+) -> Result<(StatusCode, HeaderMap, Bytes), String> {
+    let timeout = std::time::Duration::from_millis(route.response_timeout_ms);
+    tokio::time::timeout(timeout, exchange(route, path, session, msg))
+        .await
+        .map_err(|_| format!("no answer within {} ms", route.response_timeout_ms))?
+}
+
+/// [`post_rpc`] without its time limit.
+async fn exchange(
     route: &Route,
     path: &str,
     session: Option<&str>,
@@ -44,7 +62,11 @@ async fn post_rpc(
     );
     let resp = route.client.request(req).await.map_err(|e| e.to_string())?;
     let (parts, body) = resp.into_parts();
-    let bytes = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+    // The outer limit ends the wait; this one only has to be as long.
+    let timeout = std::time::Duration::from_millis(route.response_timeout_ms);
+    let bytes = crate::forward::read_whole(body, route.mcp_answer_bytes(), timeout)
+        .await
+        .map_err(|e| e.to_string())?;
     Ok((parts.status, parts.headers, bytes))
 }
 
