@@ -420,7 +420,8 @@ pub fn visible_pairs(h: &HeaderMap) -> Vec<(String, String)> {
 /// Why [`read_whole`] returned no body.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadWholeError {
-    /// The body was longer than the limit (declared or read), bytes.
+    /// More than the limit was read, bytes (a declared `Content-Length` is
+    /// not trusted either way).
     #[error("the answer was larger than {0} bytes")]
     TooLarge(usize),
     /// The body did not end within the time given.

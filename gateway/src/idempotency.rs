@@ -192,7 +192,7 @@ fn json_numbers(body: &[u8]) -> impl Iterator<Item = &str> {
 /// A JSON number's exact value as (negative, significant digits without
 /// leading or trailing zeros, power of ten): `-12.50` and `-1.25e1` are
 /// both `(true, "125", -1)`; zero is `(false, "", 0)` whatever its sign.
-/// `None` for an exponent past ±10^15 (no double comes near).
+/// `None` for an exponent past ±10^18 (no double comes near).
 fn decimal(number: &str) -> Option<(bool, String, i64)> {
     let (negative, rest) = match number.strip_prefix('-') {
         Some(r) => (true, r),

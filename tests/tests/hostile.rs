@@ -619,7 +619,7 @@ async fn an_mcp_server_that_never_ends_its_answers_is_read_within_bounds() {
     let app = spawn_with(Opts {
         more: format!(
             "[[routes]]\nname = \"tools\"\nprefix = \"/tools/\"\nupstream = \"http://{addr}\"\n\
-             mode = \"mcp\"\neffect_class = \"notification\"\nresponse_timeout_ms = 2000\n\
+             mode = \"mcp\"\neffect_class = \"notification\"\nresponse_timeout_ms = 5000\n\
              retry = {{ max_attempts = 3, base_delay_ms = 1, max_delay_ms = 1 }}\n\
              [reconcile]\nenabled = false\n"
         ),
@@ -649,7 +649,7 @@ async fn an_mcp_server_that_never_ends_its_answers_is_read_within_bounds() {
         .unwrap();
     let (status, text) = (r.status(), r.text().await.unwrap());
     assert!(
-        text.contains("larger than 16777216 bytes"),
+        text.contains("larger than 16777216 bytes") && text.contains("provider-answer-unreadable"),
         "{status}: {text}"
     );
     assert!(

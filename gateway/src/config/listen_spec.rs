@@ -138,10 +138,10 @@ pub struct LimitsSpec {
     /// ends that key's session nearest its end. At least 1. Default 16.
     #[serde(default = "default_console_sessions_per_key")]
     pub console_sessions_per_key: usize,
-    /// MCP endpoints (a route and the path a `tools/list` went to) whose
-    /// tools' annotations are kept at most; past it the endpoint listed
-    /// longest ago is forgotten, and its tools count as world-changing
-    /// until listed again. At least 1. Default 1024.
+    /// MCP endpoints (paths a `tools/list` went to) of one route whose
+    /// tools' annotations are kept at most; past it that route's endpoint
+    /// listed longest ago is forgotten, and its tools count as
+    /// world-changing until listed again. At least 1. Default 1024.
     #[serde(default = "default_mcp_tool_endpoints")]
     pub mcp_tool_endpoints: usize,
 }

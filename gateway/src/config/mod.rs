@@ -506,27 +506,35 @@ pub const MCP_ANSWER_MIN_BYTES: usize = 16 << 20;
 /// The prefix of the environment variables that override config fields.
 const ENV_PREFIX: &str = "EFFECTGATE_";
 
-/// The top-level lists of the file: an `EFFECTGATE_*` variable can't set
-/// an element of one (`EFFECTGATE_ROUTES__0__UPSTREAM` would replace the
-/// whole list with a table).
+/// The top-level lists of the file: an `EFFECTGATE_*` variable can set a
+/// whole one (as an inline array), but not a field of one element
+/// (`EFFECTGATE_ROUTES__0__UPSTREAM` would replace the whole list with a
+/// table).
 const LISTS: &[&str] = &["routes", "tenants", "inbox"];
 
 /// The error for the first of `names` (environment variable names) that
-/// sets one of the [`LISTS`] or a field in it, naming the variable; `None`
-/// when none does.
+/// names a field inside one of the [`LISTS`], naming the variable; `None`
+/// when none does. Names are read as the environment layer reads them:
+/// the prefix in any case, trimmed, `__` and `.` separating the segments,
+/// and a name with an empty segment ignored.
 fn list_from_env(names: impl Iterator<Item = String>) -> Option<ConfigError> {
     names.into_iter().find_map(|name| {
         let rest = name
             .get(..ENV_PREFIX.len())
             .filter(|p| p.eq_ignore_ascii_case(ENV_PREFIX))
-            .map(|_| name[ENV_PREFIX.len()..].to_ascii_lowercase())?;
-        let top = rest.split("__").next().unwrap_or_default();
-        LISTS.contains(&top).then(|| {
+            .map(|_| name[ENV_PREFIX.len()..].trim().to_ascii_lowercase())?;
+        let rest = rest.replace("__", ".");
+        let segments: Vec<&str> = rest.split('.').collect();
+        if segments.iter().any(|s| s.is_empty()) {
+            return None;
+        }
+        let top = segments[0];
+        (segments.len() > 1 && LISTS.contains(&top)).then(|| {
             ConfigError::new(
                 top,
                 format!(
-                    "a list: no environment variable can set it or a field in it \
-                     ({name} is set); write it in the config file"
+                    "a list: an environment variable can't set a field of one element \
+                     ({name} is set); write the list in the config file, or set it whole"
                 ),
             )
         })

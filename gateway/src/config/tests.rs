@@ -332,16 +332,16 @@ fn database_int_timeouts_are_bounded_by_name() {
     }
 }
 
-/// A variable naming one of the lists, or a field in one, is refused
-/// naming the variable; others (a section's field, a longer name, another
-/// prefix) are not.
+/// A variable naming a field inside one of the lists is refused naming
+/// the variable; others (a whole list, a section's field, a longer name,
+/// another prefix, a name the environment layer ignores) are not.
 #[test]
 fn a_list_is_not_set_from_the_environment() {
     let names = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     for (name, list) in [
         ("EFFECTGATE_ROUTES__0__UPSTREAM", "routes"),
-        ("effectgate_tenants", "tenants"),
-        ("EFFECTGATE_INBOX__0__NAME", "inbox"),
+        ("effectgate_tenants__1__id", "tenants"),
+        ("EFFECTGATE_INBOX.0.NAME", "inbox"),
     ] {
         let e = list_from_env(names(&["HOME", "EFFECTGATE_STORAGE__PATH", name]).into_iter())
             .expect(name);
@@ -352,7 +352,9 @@ fn a_list_is_not_set_from_the_environment() {
         list_from_env(
             names(&[
                 "EFFECTGATE_STORAGE__PATH",
-                "EFFECTGATE_ROUTESX",
+                "EFFECTGATE_ROUTES",
+                "EFFECTGATE_ROUTES__",
+                "EFFECTGATE_ROUTESX__0",
                 "OTHER_ROUTES__0__UPSTREAM",
                 "EFFECTGATE_CONFIG",
             ])

@@ -57,7 +57,9 @@ impl Problem for OpError {
                 StatusCode::REQUEST_TIMEOUT
             }
             OpError::InboxRejected { .. } => StatusCode::BAD_REQUEST,
-            OpError::ProviderUnreachable(_) => StatusCode::BAD_GATEWAY,
+            OpError::ProviderUnreachable(_) | OpError::ProviderAnswerUnreadable(_) => {
+                StatusCode::BAD_GATEWAY
+            }
             OpError::LedgerUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             OpError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }

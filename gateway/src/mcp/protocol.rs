@@ -13,64 +13,83 @@ use crate::ledger::State as OpState;
 /// The MCP protocol revision the gateway speaks to servers.
 pub const PROTOCOL_VERSION: &str = "2025-06-18";
 
-/// Tool annotations seen in `tools/list` answers, per endpoint (a route
-/// and a path) and tool, for a bounded number of endpoints (see
-/// [`ToolCache::store`]).
+/// Tool annotations seen in `tools/list` answers, per route, endpoint (the
+/// path the list went to) and tool, for a bounded number of endpoints of
+/// each route (see [`ToolCache::store`]).
 #[derive(Debug, Default, Clone)]
-pub struct ToolCache(Arc<Mutex<Endpoints>>);
+pub struct ToolCache(Arc<Mutex<Routes>>);
 
-/// Each endpoint's tools, with the number of the `store` that last listed
-/// it.
+/// Each route's endpoints.
 #[derive(Debug, Default)]
-struct Endpoints {
-    tools: HashMap<String, (u64, HashMap<String, Value>)>,
+struct Routes {
+    routes: HashMap<String, HashMap<String, Listed>>,
+    /// `store` calls so far: the stamp of the next.
     stores: u64,
 }
 
+/// One endpoint's tools, with the stamp of the `store` that last listed it.
+#[derive(Debug, Default)]
+struct Listed {
+    at: u64,
+    tools: HashMap<String, Value>,
+}
+
 impl ToolCache {
-    /// The annotations of `tool` on the route cached under `route`
-    /// (`null` when never listed).
-    pub fn annotations(&self, route: &str, tool: &str) -> Value {
+    /// The annotations of `tool` at `endpoint` (route name, path); `null`
+    /// when never listed there (or forgotten).
+    pub fn annotations(&self, (route, path): (&str, &str), tool: &str) -> Value {
         self.0
             .lock()
             .unwrap()
-            .tools
+            .routes
             .get(route)
-            .and_then(|(_, m)| m.get(tool))
+            .and_then(|r| r.get(path))
+            .and_then(|l| l.tools.get(tool))
             .cloned()
             .unwrap_or(Value::Null)
     }
 
-    /// Merges a page of tools (pages of a paginated list add up). At most
-    /// `max_endpoints` endpoints are kept (`limits.mcp_tool_endpoints`): a
-    /// new one past it makes room by forgetting the one listed longest ago
-    /// (its tools then count as world-changing, the safe reading, until
-    /// listed again). An empty page keeps nothing.
-    pub fn store(&self, route: &str, tools: &[Value], max_endpoints: usize) {
+    /// Keeps a page of `tools` listed at `endpoint` (route name, path).
+    /// A `fresh` page (a list without a cursor) replaces what the endpoint
+    /// had; a cursor's page adds to it. A route keeps at most
+    /// `max_endpoints` endpoints (`limits.mcp_tool_endpoints`): a new one
+    /// past it makes room by forgetting that route's endpoint listed
+    /// longest ago, whose tools then count as world-changing (the safe
+    /// reading) until listed again. An empty page keeps nothing new.
+    pub fn store(
+        &self,
+        (route, path): (&str, &str),
+        tools: &[Value],
+        fresh: bool,
+        max_endpoints: usize,
+    ) {
+        let mut all = self.0.lock().unwrap();
+        all.stores += 1;
+        let at = all.stores;
+        let endpoints = all.routes.entry(route.to_owned()).or_default();
+        if fresh && let Some(l) = endpoints.get_mut(path) {
+            l.tools.clear();
+        }
         if tools.is_empty() {
             return;
         }
-        let mut all = self.0.lock().unwrap();
-        all.stores += 1;
-        let stamp = all.stores;
-        if !all.tools.contains_key(route) {
-            while all.tools.len() >= max_endpoints.max(1) {
-                let Some(oldest) = all
-                    .tools
+        if !endpoints.contains_key(path) {
+            while endpoints.len() >= max_endpoints.max(1) {
+                let Some(oldest) = endpoints
                     .iter()
-                    .min_by_key(|(_, (at, _))| *at)
+                    .min_by_key(|(_, l)| l.at)
                     .map(|(k, _)| k.clone())
                 else {
                     break;
                 };
-                all.tools.remove(&oldest);
+                endpoints.remove(&oldest);
             }
         }
-        let (at, map) = all.tools.entry(route.to_owned()).or_default();
-        *at = stamp;
+        let listed = endpoints.entry(path.to_owned()).or_default();
+        listed.at = at;
         for t in tools {
             if let Some(name) = t["name"].as_str() {
-                map.insert(
+                listed.tools.insert(
                     name.to_owned(),
                     t.get("annotations").cloned().unwrap_or(Value::Null),
                 );
@@ -148,20 +167,27 @@ mod tests {
         let page = |tool: &str| {
             vec![serde_json::json!({"name": tool, "annotations": {"readOnlyHint": true}})]
         };
-        cache.store("r/a", &page("x"), 2);
-        cache.store("r/b", &page("y"), 2);
-        cache.store("r/a", &page("x2"), 2);
-        cache.store("r/c", &page("z"), 2);
+        let ro = |route, path, tool| cache.annotations((route, path), tool)["readOnlyHint"] == true;
+        cache.store(("r", "/a"), &page("x"), true, 2);
+        cache.store(("r", "/b"), &page("y"), true, 2);
+        // Another route's endpoints count apart.
+        cache.store(("s", "/a"), &page("w"), true, 1);
+        // A cursor's page adds to /a, and lists it again.
+        cache.store(("r", "/a"), &page("x2"), false, 2);
+        cache.store(("r", "/c"), &page("z"), true, 2);
         assert_eq!(
-            cache.annotations("r/b", "y"),
+            cache.annotations(("r", "/b"), "y"),
             Value::Null,
             "listed longest ago"
         );
-        assert_eq!(cache.annotations("r/a", "x")["readOnlyHint"], true);
-        assert_eq!(cache.annotations("r/a", "x2")["readOnlyHint"], true);
-        assert_eq!(cache.annotations("r/c", "z")["readOnlyHint"], true);
-        cache.store("r/d", &[], 2);
-        assert_eq!(cache.0.lock().unwrap().tools.len(), 2);
-        assert_eq!(cache.annotations("r/a", "x")["readOnlyHint"], true);
+        assert!(ro("r", "/a", "x") && ro("r", "/a", "x2") && ro("r", "/c", "z"));
+        assert!(ro("s", "/a", "w"));
+        // A list that starts over forgets the tools no longer listed.
+        cache.store(("r", "/a"), &page("x3"), true, 2);
+        assert!(ro("r", "/a", "x3") && !ro("r", "/a", "x") && !ro("r", "/a", "x2"));
+        // An empty page adds no endpoint.
+        cache.store(("r", "/d"), &[], true, 2);
+        assert_eq!(cache.0.lock().unwrap().routes["r"].len(), 2);
+        assert!(ro("r", "/c", "z"));
     }
 }

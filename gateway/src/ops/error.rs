@@ -215,6 +215,13 @@ pub enum OpError {
     /// 502: the provider could not be reached and nothing was sent.
     #[error("the provider could not be reached: {0}")]
     ProviderUnreachable(String),
+    /// 502: a call the gateway forwards outside the effect ledger (an MCP
+    /// `tools/list`, a read-only tool call, `initialize`) was sent and
+    /// answered, but the answer could not be read: larger than the route's
+    /// MCP answer limit, not complete within `response_timeout_ms`, or
+    /// broken off.
+    #[error("the provider's answer could not be read: {0}")]
+    ProviderAnswerUnreadable(String),
     /// 503: the effect ledger is not available, so the request was not
     /// forwarded. A ledger write that timed out may still have committed
     /// (the operation is then reserved and the reconciler finishes it), so
@@ -257,6 +264,7 @@ impl OpError {
             OpError::InboxRejected { check, .. } => check,
             OpError::CompensationUnresolved { .. } => "compensation-unresolved",
             OpError::ProviderUnreachable(_) => "provider-unreachable",
+            OpError::ProviderAnswerUnreadable(_) => "provider-answer-unreadable",
             OpError::LedgerUnavailable(_) => "ledger-unavailable",
             OpError::Internal(_) => "internal",
         }

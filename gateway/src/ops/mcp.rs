@@ -80,11 +80,11 @@ pub fn json_response(status: StatusCode, body: &Value) -> Reply {
 fn effective(
     route: &Route,
     app: &AppState,
-    cache_key: &str,
+    endpoint: (&str, &str),
     tenant: &str,
     tool: &str,
 ) -> (Value, bool, Option<EffectClass>) {
-    let mut ann = app.mcp_tools.annotations(cache_key, tool);
+    let mut ann = app.mcp_tools.annotations(endpoint, tool);
     let rt = app.settings();
     // The server's hints, then the route's overrides, then the tenant's.
     let overrides = [
@@ -183,15 +183,17 @@ impl Post<'_> {
             Err(prepared) => return Ok(*prepared),
         };
         match method.as_str() {
-            "tools/list" => self.list_tools().await,
+            // A list without a cursor starts over; a cursor's page adds to it.
+            "tools/list" => self.list_tools(msg["params"]["cursor"].is_null()).await,
             "tools/call" => self.call_tool(&msg, id).await,
             _ => Ok(Prepared::Forward),
         }
     }
 
-    /// Annotations are cached per route and upstream endpoint.
-    fn cache_key(&self) -> String {
-        format!("{}{}", self.route.name, self.uri.path())
+    /// Annotations are cached per route and upstream endpoint (the
+    /// path the list went to).
+    fn endpoint(&self) -> (&str, &str) {
+        (&self.route.name, self.uri.path())
     }
 }
 
@@ -345,7 +347,7 @@ impl Post<'_> {
 
     /// `tools/list`: the server's answer, its tools' annotations cached,
     /// and only the tools this tenant's policies would let run offered.
-    async fn list_tools(&self) -> Result<Prepared, OpError> {
+    async fn list_tools(&self, fresh: bool) -> Result<Prepared, OpError> {
         let (status, head, bytes) = forward_buffered(
             self.route,
             self.headers,
@@ -359,7 +361,9 @@ impl Post<'_> {
         };
         if let Some(tools) = answer["result"]["tools"].as_array().cloned() {
             let max = self.app.settings().limits.mcp_tool_endpoints;
-            self.app.mcp_tools.store(&self.cache_key(), &tools, max);
+            self.app
+                .mcp_tools
+                .store(self.endpoint(), &tools, fresh, max);
             let mut kept = Vec::new();
             for t in tools {
                 let name = t["name"].as_str().unwrap_or_default().to_owned();
@@ -367,7 +371,7 @@ impl Post<'_> {
                 let (ann, _, _) = effective(
                     self.route,
                     self.app,
-                    &self.cache_key(),
+                    self.endpoint(),
                     &self.principal.tenant,
                     &name,
                 );
@@ -400,7 +404,7 @@ impl Post<'_> {
         let (annotations, read_only, class) = effective(
             self.route,
             self.app,
-            &self.cache_key(),
+            self.endpoint(),
             &self.principal.tenant,
             &tool,
         );
@@ -563,8 +567,9 @@ fn raw(status: StatusCode, head: HeaderMap, bytes: Bytes) -> Reply {
 /// ([`crate::forward::read_whole`]: at most the route's
 /// [`Route::mcp_answer_bytes`], within its `response_timeout_ms`).
 ///
-/// Errors: [`OpError::ProviderUnreachable`] when no answer came, or it was
-/// larger, slower or broken off.
+/// Errors: [`OpError::ProviderUnreachable`] when no answer came,
+/// [`OpError::ProviderAnswerUnreadable`] when it was larger, slower or
+/// broken off.
 pub async fn forward_buffered(
     route: &Route,
     headers: &HeaderMap,
@@ -589,7 +594,7 @@ pub async fn forward_buffered(
     let (mut parts, body) = resp.into_parts();
     let bytes = crate::forward::read_whole(body, route.mcp_answer_bytes(), timeout)
         .await
-        .map_err(|e| OpError::ProviderUnreachable(e.to_string()))?;
+        .map_err(|e| OpError::ProviderAnswerUnreadable(e.to_string()))?;
     parts.headers.remove(header::CONTENT_LENGTH);
     Ok((parts.status, parts.headers, bytes))
 }

@@ -395,6 +395,11 @@ impl ExportClient {
     }
 }
 
+/// The most of an OTLP collector's answer to an export that is read,
+/// bytes (1 MiB; the answer is a short status message): a larger one
+/// fails the export.
+const EXPORT_ANSWER_MAX_BYTES: usize = 1 << 20;
+
 #[async_trait::async_trait]
 impl opentelemetry_http::HttpClient for ExportClient {
     async fn send_bytes(
@@ -412,7 +417,10 @@ impl opentelemetry_http::HttpClient for ExportClient {
                 tokio::time::timeout(timeout, async move {
                     let response = client.request(request).await?;
                     let (parts, body) = response.into_parts();
-                    let body = body.collect().await?.to_bytes();
+                    let body = http_body_util::Limited::new(body, EXPORT_ANSWER_MAX_BYTES)
+                        .collect()
+                        .await?
+                        .to_bytes();
                     Ok::<_, opentelemetry_http::HttpError>(http::Response::from_parts(parts, body))
                 })
                 .await

@@ -71,8 +71,19 @@ async fn exchange(
 }
 
 /// Opens an MCP session of the gateway's own (initialize + initialized)
-/// and returns its id, if the server uses sessions.
+/// and returns its id, if the server uses sessions; both messages within
+/// the route's `response_timeout_ms` in all.
+///
+/// Errors: the message says which step failed, or that the time ran out.
 pub async fn open_session(route: &Route, path: &str) -> Result<Option<String>, String> {
+    let timeout = std::time::Duration::from_millis(route.response_timeout_ms);
+    tokio::time::timeout(timeout, open(route, path))
+        .await
+        .map_err(|_| format!("no session within {} ms", route.response_timeout_ms))?
+}
+
+/// [`open_session`] without its overall time limit.
+async fn open(route: &Route, path: &str) -> Result<Option<String>, String> {
     let init = json!({"jsonrpc": "2.0", "id": "effectgate-init", "method": "initialize", "params": {
         "protocolVersion": crate::mcp::protocol::PROTOCOL_VERSION, "capabilities": {},
         "clientInfo": {"name": "effectgate", "version": env!("CARGO_PKG_VERSION")}}});
