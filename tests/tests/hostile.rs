@@ -1405,3 +1405,105 @@ async fn second_outsider_findings() {
         "only the bare-LF call reached the provider"
     );
 }
+
+/// Operators' and callers' input mistakes on the admin API and the proxy's
+/// own routes: each is a problem+json naming its field, asked in the
+/// right order (who, then what), and changes nothing.
+#[tokio::test]
+async fn admin_and_own_route_mistakes_are_named_and_change_nothing() {
+    let app = spawn_with(Opts {
+        more: "[reconcile]\nenabled = false\n".into(),
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(
+        app.charge("k", r#"{"amount":100,"currency":"eur"}"#)
+            .await
+            .status(),
+        200
+    );
+    let before = app.op_json("k").await;
+    let problem = |r: reqwest::Response| async move {
+        let status = r.status().as_u16();
+        let ct = r.headers()["content-type"].to_str().unwrap().to_owned();
+        assert!(ct.starts_with("application/problem+json"), "{status} {ct}");
+        let v: Value = r.json().await.unwrap();
+        (status, v["field"].as_str().unwrap_or_default().to_owned())
+    };
+
+    // A requeue carrying a resolution's fields is refused by name.
+    let r = app
+        .admin_post(
+            OPERATOR_A,
+            "/admin/tenants/a/operations/k/requeue",
+            r#"{"outcome":"completed","provider_reference":"ch_1"}"#,
+        )
+        .await;
+    assert_eq!(problem(r).await, (400, "body.outcome".to_owned()));
+    let after = app.op_json("k").await;
+    assert_eq!(
+        (&after["state"], &after["version"]),
+        (&before["state"], &before["version"])
+    );
+    assert_eq!(app.mock.provider.effects(), 1);
+
+    // No key and a bad body: 401 first, on every action.
+    for path in [
+        "/admin/tenants/a/approvals/x/approve",
+        "/admin/tenants/a/approvals/x/reject",
+        "/admin/tenants/a/operations/k/replay",
+        "/admin/tenants/a/operations/k/compensate",
+        "/admin/tenants/a/operations/k/requeue",
+    ] {
+        let r = app
+            .http
+            .post(app.admin(path))
+            .body("[1]")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(problem(r).await.0, 401, "{path}");
+    }
+
+    // The proxy's own routes name a path segment that is no UTF-8.
+    let r = app
+        .http
+        .get(app.proxy("/approvals/%FF"))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(problem(r).await, (400, "path:id".to_owned()));
+    let r = app
+        .http
+        .post(app.proxy("/inbox/%FF"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(problem(r).await, (400, "path:name".to_owned()));
+
+    // The approvals list checks its parameters like every other list.
+    for (query, field) in [
+        ("limit=abc", "query:limit"),
+        ("limit=0", "query:limit"),
+        ("stauts=pending", "query:stauts"),
+    ] {
+        let r = app
+            .http
+            .get(app.admin(&format!("/admin/tenants/a/approvals?{query}")))
+            .bearer_auth(ADMIN_A)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(problem(r).await, (400, field.to_owned()), "{query}");
+    }
+    let r = app
+        .http
+        .get(app.admin("/admin/tenants/a/approvals?status=pending&limit=5"))
+        .bearer_auth(ADMIN_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}

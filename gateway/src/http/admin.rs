@@ -119,7 +119,7 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn(refuse_nul))
         .layer(axum::middleware::from_fn(refuse_repeated_parameters))
         .layer(axum::middleware::map_response(move |resp: Response| {
-            as_problem(resp, max_body)
+            as_problem(resp, Some(max_body))
         }))
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
         .with_state(state)
@@ -216,11 +216,12 @@ async fn read_body_first(
 
 /// Turns the framework's plain-text rejections (a malformed path segment,
 /// a body over `limits.max_admin_body_bytes`, a bad form) into RFC 9457
-/// problem+json, so every admin error has the same shape: kind
-/// `payload-too-large` for a 413 (with `field: "body"` and `limit_bytes`,
-/// `max_body`), `method-not-allowed` for a 405, else `bad-request`.
+/// problem+json, so every admin error, and every error of the proxy
+/// listener's own routes, has the same shape: kind `payload-too-large`
+/// for a 413 (with `field: "body"`, and `limit_bytes` when `max_body`
+/// is given), `method-not-allowed` for a 405, else `bad-request`.
 /// Console pages (HTML) pass unchanged.
-async fn as_problem(resp: Response, max_body: usize) -> Response {
+pub(crate) async fn as_problem(resp: Response, max_body: Option<usize>) -> Response {
     let status = resp.status();
     let ct = resp
         .headers()
@@ -253,7 +254,9 @@ async fn as_problem(resp: Response, max_body: usize) -> Response {
     });
     if status == StatusCode::PAYLOAD_TOO_LARGE {
         problem["field"] = json!("body");
-        problem["limit_bytes"] = json!(max_body);
+        if let Some(max) = max_body {
+            problem["limit_bytes"] = json!(max);
+        }
     } else if let Some(name) = path_parameter(&detail) {
         problem["field"] = json!(format!("path:{name}"));
     }
@@ -357,10 +360,26 @@ async fn get_operation(
     Ok((StatusCode::OK, axum::Json(operation_json(&app, &op).await?)).into_response())
 }
 
+/// A list's `?limit=` (default 100) after checking that every query
+/// parameter is one of `allowed`; see [`list_limit`].
 fn limit_param(
     app: &AppState,
     q: &HashMap<String, String>,
     allowed: &[&str],
+) -> Result<u32, OpError> {
+    list_limit(app, q, allowed, 100)
+}
+
+/// [`limit_param`] with `default` (at most `limits.max_list_limit`) when
+/// `?limit=` is not given.
+///
+/// Errors: 400 naming `query:<name>` for a parameter not in `allowed`,
+/// `query:limit` for a limit out of 1..=`limits.max_list_limit`.
+pub(crate) fn list_limit(
+    app: &AppState,
+    q: &HashMap<String, String>,
+    allowed: &[&str],
+    default: u32,
 ) -> Result<u32, OpError> {
     for k in q.keys() {
         if !allowed.contains(&k.as_str()) {
@@ -372,7 +391,7 @@ fn limit_param(
     }
     let max = app.settings().limits.max_list_limit;
     match q.get("limit") {
-        None => Ok(100.min(max)),
+        None => Ok(default.min(max)),
         Some(l) => l
             .parse::<u32>()
             .ok()
@@ -567,7 +586,7 @@ async fn requeue(
     body: axum::body::Bytes,
 ) -> Result<Response, OpError> {
     let principal = app.authorize_admin(&headers, &tenant, OPERATORS)?;
-    let action: operator::Resolution = parse(&body)?;
+    let action: operator::Requeue = parse(&body)?;
     let op = operator::requeue(&app, &principal, &operation_id, action.reason.as_deref()).await?;
     Ok((StatusCode::ACCEPTED, axum::Json(op)).into_response())
 }
@@ -596,7 +615,7 @@ mod tests {
             "Invalid URL: Invalid UTF-8 in `operation_id`",
         )
             .into_response();
-        let resp = as_problem(resp, 1024).await;
+        let resp = as_problem(resp, Some(1024)).await;
         assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
         let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
             .await

@@ -69,7 +69,11 @@ pub(crate) fn parse<T: for<'de> Deserialize<'de> + Default>(body: &[u8]) -> Resu
     Ok(parsed)
 }
 
-/// Lists approvals of a tenant (`?status=pending|approved|rejected|expired|used`).
+/// Lists approvals of a tenant (`?status=pending|approved|rejected|expired|used`,
+/// `?limit=N`: 1..=`limits.max_list_limit`, which is also the default).
+///
+/// Errors: 400 naming `query:status`, `query:limit` or an unknown
+/// parameter.
 pub async fn list(
     State(app): State<AppState>,
     Path(tenant): Path<String>,
@@ -77,6 +81,8 @@ pub async fn list(
     headers: HeaderMap,
 ) -> Result<Response, OpError> {
     app.authorize_admin(&headers, &tenant, VIEWERS)?;
+    let max = app.settings().limits.max_list_limit;
+    let limit = crate::http::admin::list_limit(&app, &q, &["status", "limit"], max)?;
     let status = q.get("status").map(String::as_str);
     if let Some(s) = status
         && !["pending", "approved", "rejected", "expired", "used"].contains(&s)
@@ -86,10 +92,7 @@ pub async fn list(
             message: format!("unknown approval status {s:?}"),
         });
     }
-    let items = app
-        .ledger
-        .approvals(&tenant, status, app.settings().limits.max_list_limit)
-        .await?;
+    let items = app.ledger.approvals(&tenant, status, limit).await?;
     let mut body = json!({ "approvals": items });
     crate::times::annotate(&mut body);
     Ok(axum::Json(body).into_response())
@@ -126,6 +129,9 @@ pub async fn approve(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, OpError> {
+    // Who asks comes first: a caller without a key gets 401, not a
+    // complaint about its body (the role is checked in `decide`).
+    app.authenticate(&headers)?;
     let b: DecisionBody = parse(&body)?;
     Ok(axum::Json(
         decide(
@@ -148,6 +154,9 @@ pub async fn reject(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, OpError> {
+    // Who asks comes first: a caller without a key gets 401, not a
+    // complaint about its body (the role is checked in `decide`).
+    app.authenticate(&headers)?;
     let b: DecisionBody = parse(&body)?;
     Ok(axum::Json(
         decide(

@@ -53,6 +53,12 @@ pub fn service(
                 OpError::MethodNotAllowed("only POST on /inbox/{name}".into())
             }),
         )
+        // The framework's own rejections on these two routes (a path
+        // segment that is no valid UTF-8) as problem+json naming the
+        // parameter, as on the admin listener; never on the proxy path.
+        .route_layer(axum::middleware::map_response(|resp: Response| {
+            crate::http::admin::as_problem(resp, None)
+        }))
         .fallback(handle)
         .with_state(state.clone());
     let app = state.clone();

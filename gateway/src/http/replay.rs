@@ -33,9 +33,11 @@ pub async fn replay(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, OpError> {
+    // Who asks comes first: a caller without a key gets 401, not a
+    // complaint about its body.
+    let p = app.authorize_admin(&headers, &tenant, &[Role::Operator])?;
     let b: ReplayBody = parse(&body)?;
-    let (status, v) =
-        replay_operation(&app, &headers, &tenant, &operation_id, b.force, b.reason).await?;
+    let (status, v) = replay_as(&app, &p, &tenant, &operation_id, b.force, b.reason).await?;
     Ok((status, axum::Json(v)).into_response())
 }
 
@@ -73,8 +75,8 @@ pub async fn compensate(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, OpError> {
-    let b: CompensateBody = parse(&body)?;
     let p = app.authorize_admin(&headers, &tenant, &[Role::Operator])?;
+    let b: CompensateBody = parse(&body)?;
     let wait = std::time::Duration::from_millis(app.settings().reconcile.duplicate_wait_ms);
     let (status, v) =
         crate::ops::compensate::compensate_as(&app, &p, &tenant, &operation_id, b.reason, wait)

@@ -51,8 +51,19 @@ pub fn check_reason(app: &AppState, field: &str, text: Option<&str>) -> Result<(
     }
 }
 
+/// The body of `POST …/requeue`: a reason only. A resolution's fields
+/// (`outcome`, `provider_reference`) are refused by name: a requeue runs
+/// the operation again, whatever an operator meant to say about it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Requeue {
+    /// Why, for the transition row.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
 /// An operator's resolution of an UNKNOWN operation (the body of
-/// `POST …/resolve`; `reason` also serves requeue).
+/// `POST …/resolve`).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Resolution {
