@@ -1447,6 +1447,34 @@ async fn admin_and_own_route_mistakes_are_named_and_change_nothing() {
     );
     assert_eq!(app.mock.provider.effects(), 1);
 
+    // A resolution's reference longer than the limit (255 bytes) is
+    // refused before anything is looked up or leased.
+    let long = "r".repeat(256);
+    let r = app
+        .admin_post(
+            OPERATOR_A,
+            "/admin/tenants/a/operations/k/resolve",
+            &format!(r#"{{"outcome":"completed","provider_reference":"{long}"}}"#),
+        )
+        .await;
+    assert_eq!(
+        problem(r).await,
+        (400, "body.provider_reference".to_owned())
+    );
+    let r = app
+        .admin_post(
+            OPERATOR_A,
+            "/admin/tenants/a/operations/k/resolve",
+            &format!(
+                r#"{{"outcome":"completed","provider_reference":"{}"}}"#,
+                &long[1..]
+            ),
+        )
+        .await;
+    assert_eq!(r.status(), 409, "255 bytes pass, to the state check");
+    let after = app.op_json("k").await;
+    assert_eq!(after["version"], before["version"]);
+
     // No key and a bad body: 401 first, on every action.
     for path in [
         "/admin/tenants/a/approvals/x/approve",

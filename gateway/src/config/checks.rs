@@ -87,6 +87,12 @@ impl ConfigFile {
                 "must be at least 1",
             ));
         }
+        if !(1..=2048).contains(&self.limits.max_provider_reference_bytes) {
+            return Err(ConfigError::new(
+                "limits.max_provider_reference_bytes",
+                "must be in 1..=2048 (the reference is indexed)",
+            ));
+        }
         for (field, value) in [
             (
                 "limits.console_sessions_per_key",

@@ -144,6 +144,16 @@ pub struct LimitsSpec {
     /// world-changing until listed again. At least 1. Default 1024.
     #[serde(default = "default_mcp_tool_endpoints")]
     pub mcp_tool_endpoints: usize,
+    /// Longest `provider_reference` an operator's resolution may give, in
+    /// bytes; longer is refused with 400 naming `body.provider_reference`.
+    /// 1..=2048 (the reference is indexed, and PostgreSQL refuses an index
+    /// entry much longer). Default 255.
+    #[serde(default = "default_max_provider_reference_bytes")]
+    pub max_provider_reference_bytes: usize,
+}
+
+fn default_max_provider_reference_bytes() -> usize {
+    255
 }
 
 fn default_console_sessions_per_key() -> usize {
@@ -204,6 +214,7 @@ impl Default for LimitsSpec {
             console_session_ms: default_console_session_ms(),
             console_sessions_per_key: default_console_sessions_per_key(),
             mcp_tool_endpoints: default_mcp_tool_endpoints(),
+            max_provider_reference_bytes: default_max_provider_reference_bytes(),
         }
     }
 }

@@ -410,3 +410,15 @@ fn a_compensation_success_rule_refuses_other_fields() {
     assert!(e.message.contains("equals"), "{e}");
     parse(&route(r#""2xx""#)).unwrap();
 }
+
+/// The operator's reference limit stays where PostgreSQL can index it.
+#[test]
+fn the_provider_reference_limit_is_bounded() {
+    for bad in [0, 2049] {
+        let e = parse(&format!("[limits]\nmax_provider_reference_bytes = {bad}\n")).unwrap_err();
+        assert_eq!(e.path, "limits.max_provider_reference_bytes", "{bad}");
+    }
+    let s = parse("[limits]\nmax_provider_reference_bytes = 2048\n").unwrap();
+    assert_eq!(s.limits.max_provider_reference_bytes, 2048);
+    assert_eq!(parse("").unwrap().limits.max_provider_reference_bytes, 255);
+}

@@ -328,6 +328,18 @@ pub async fn resolve(
 ) -> Result<serde_json::Value, OpError> {
     may_settle(principal, "resolve operations")?;
     check_reason(app, "body.reason", action.reason.as_deref())?;
+    let max = app.settings().limits.max_provider_reference_bytes;
+    if let Some(r) = &action.provider_reference
+        && r.len() > max
+    {
+        return Err(OpError::BadRequest {
+            field: "body.provider_reference".into(),
+            message: format!(
+                "provider_reference is {} bytes; at most {max} (limits.max_provider_reference_bytes)",
+                r.len()
+            ),
+        });
+    }
     let tenant = principal.tenant.as_str();
     let outcome = action
         .outcome
