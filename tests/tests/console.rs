@@ -19,6 +19,18 @@ async fn console_app() -> TestApp {
     .await
 }
 
+/// The status of the approvals page asked for with the `session` cookie
+/// (200 with a live session, a redirect to the login page without).
+async fn approvals_page(app: &TestApp, session: String) -> reqwest::StatusCode {
+    no_redirects()
+        .get(app.admin("/console/approvals"))
+        .header("cookie", session)
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
 fn no_redirects() -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -514,18 +526,7 @@ async fn a_console_session_ends_after_its_configured_lifetime() {
     let cookie = r.headers()["set-cookie"].to_str().unwrap().to_owned();
     assert!(cookie.contains("Max-Age=60"), "{cookie}");
     let session = cookie.split(';').next().unwrap().to_owned();
-    let page = |session: String| {
-        let url = app.admin("/console/approvals");
-        async move {
-            no_redirects()
-                .get(url)
-                .header("cookie", session)
-                .send()
-                .await
-                .unwrap()
-                .status()
-        }
-    };
+    let page = |session: String| approvals_page(&app, session);
     assert_eq!(page(session.clone()).await, 200);
     clock.advance(59_999);
     assert_eq!(
@@ -896,17 +897,8 @@ async fn a_key_keeps_a_bounded_number_of_console_sessions() {
     })
     .await;
     let works = |session: String| {
-        let url = app.admin("/console/approvals");
-        async move {
-            no_redirects()
-                .get(url)
-                .header("cookie", session)
-                .send()
-                .await
-                .unwrap()
-                .status()
-                == 200
-        }
+        let page = approvals_page(&app, session);
+        async move { page.await == 200 }
     };
     let other = cookie_of(login(&app, OPERATOR_A).await);
     let mut sessions = Vec::new();
