@@ -471,6 +471,24 @@ async fn read_backs_continue_during_the_settle_window() {
     assert_eq!(app.mock.provider.effects(), 1);
 }
 
+/// A gateway whose route `tools` (`/tools/`, MCP, effect class
+/// `notification`, plus `route_extra`) goes to `server`, served on a port
+/// of its own; reconciliation off.
+async fn mcp_gateway(server: axum::Router, route_extra: &str) -> TestApp {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, server).await.unwrap() });
+    spawn_with(Opts {
+        more: format!(
+            "[[routes]]\nname = \"tools\"\nprefix = \"/tools/\"\nupstream = \"http://{addr}\"\n\
+             mode = \"mcp\"\neffect_class = \"notification\"\n{route_extra}\n\
+             [reconcile]\nenabled = false\n"
+        ),
+        ..Default::default()
+    })
+    .await
+}
+
 /// An MCP server that streams its tool result as SSE and then leaves the
 /// stream open: the result message decides (COMPLETED, stored whole), and
 /// the gateway closes the stream after it instead of waiting it out.
@@ -514,18 +532,7 @@ async fn an_sse_tool_result_decides_even_when_the_stream_stays_open() {
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, server).await.unwrap() });
-    let app = spawn_with(Opts {
-        more: format!(
-            "[[routes]]\nname = \"tools\"\nprefix = \"/tools/\"\nupstream = \"http://{addr}\"\n\
-             mode = \"mcp\"\neffect_class = \"notification\"\nresponse_timeout_ms = 20000\n\
-             [reconcile]\nenabled = false\n"
-        ),
-        ..Default::default()
-    })
-    .await;
+    let app = mcp_gateway(server, "response_timeout_ms = 20000").await;
     let started = Instant::now();
     let r = app
         .http
@@ -613,18 +620,11 @@ async fn an_mcp_server_that_never_ends_its_answers_is_read_within_bounds() {
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, server).await.unwrap() });
-    let app = spawn_with(Opts {
-        more: format!(
-            "[[routes]]\nname = \"tools\"\nprefix = \"/tools/\"\nupstream = \"http://{addr}\"\n\
-             mode = \"mcp\"\neffect_class = \"notification\"\nresponse_timeout_ms = 5000\n\
-             retry = {{ max_attempts = 3, base_delay_ms = 1, max_delay_ms = 1 }}\n\
-             [reconcile]\nenabled = false\n"
-        ),
-        ..Default::default()
-    })
+    let app = mcp_gateway(
+        server,
+        "response_timeout_ms = 5000\n\
+         retry = { max_attempts = 3, base_delay_ms = 1, max_delay_ms = 1 }",
+    )
     .await;
     let call = |body: String| {
         app.http
