@@ -119,10 +119,10 @@ async fn a_running_gateways_ledger_clock_steps_forward_and_back_on_sqlite() {
     assert_eq!(status, 403, "{p}");
     // Bad bodies name the field.
     for (body, field) in [
-        (r#"{"ms": "soon"}"#, "ms"),
-        ("", "ms"),
-        (r#"{"ms": 1.5}"#, "ms"),
-        (r#"{"ms": 1, "by": 2}"#, "by"),
+        (r#"{"ms": "soon"}"#, "body.ms"),
+        ("", "body.ms"),
+        (r#"{"ms": 1.5}"#, "body.ms"),
+        (r#"{"ms": 1, "by": 2}"#, "body.by"),
         ("{", "body"),
     ] {
         let (status, p) = step(&gw, Some(ADMIN_KEY), body).await;

@@ -198,6 +198,36 @@ async fn sessions_are_httponly_cookies_and_posts_need_the_csrf_token() {
         .await
         .unwrap();
     assert_eq!(r.status(), 403);
+
+    // A form without its decision, or a body that is no form, is a 400
+    // naming what is wrong, and changes nothing either.
+    let decide = app.admin(&format!("/console/approvals/{id}/decide"));
+    let r = no_redirects()
+        .post(&decide)
+        .header("cookie", &session)
+        .form(&[("csrf", "forged")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/problem+json")
+    );
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["field"], "form:decision", "{v}");
+    let r = no_redirects()
+        .post(&decide)
+        .header("cookie", &session)
+        .json(&serde_json::json!({"decision": "approve", "csrf": "forged"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["field"], "header:content-type", "{v}");
     let a: Value = app
         .http
         .get(app.admin(&format!("/admin/tenants/a/approvals/{id}")))

@@ -542,7 +542,8 @@ async fn reload(State(app): State<AppState>, headers: HeaderMap) -> Result<Respo
 /// tenant; only in builds with the `failpoints` feature): steps the
 /// ledger's clock by `ms`, negative back. See [`operator::step_clock`].
 ///
-/// Errors: 400 naming `ms` when it is missing or not an integer; 409 on
+/// Errors: 400 naming `body.ms` when it is missing or not an integer (or
+/// `body.<name>` for another member); 409 on
 /// PostgreSQL.
 #[cfg(feature = "failpoints")]
 async fn step_clock(
@@ -562,7 +563,7 @@ async fn step_clock(
         .get("ms")
         .and_then(serde_json::Value::as_i64)
         .ok_or_else(|| OpError::BadRequest {
-            field: "ms".into(),
+            field: "body.ms".into(),
             message: "ms must be an integer: the step in milliseconds, negative to step back"
                 .into(),
         })?;
@@ -571,7 +572,7 @@ async fn step_clock(
         .and_then(|o| o.keys().find(|k| k.as_str() != "ms"))
     {
         return Err(OpError::BadRequest {
-            field: k.clone(),
+            field: format!("body.{k}"),
             message: format!("unknown field {k:?}; the body is {{\"ms\": <integer>}}"),
         });
     }

@@ -1,13 +1,13 @@
 //! The console's approvals: the pending list with each exact request, and
 //! an approver's decision.
 
-use axum::Form;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use http::HeaderMap;
 use minijinja::context;
 use serde::Deserialize;
 
+use super::form::ConsoleForm;
 use super::session::{form_session, login_redirect, session};
 use super::{merge, page_ctx, render};
 use crate::config::Role;
@@ -63,7 +63,7 @@ pub(super) async fn decide(
     State(app): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Form(f): Form<DecideForm>,
+    ConsoleForm(f): ConsoleForm<DecideForm>,
 ) -> Response {
     let s = match form_session(&app, &headers, &f.csrf) {
         Ok(s) => s,

@@ -3,12 +3,12 @@
 
 use std::collections::HashMap;
 
-use axum::Form;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use http::HeaderMap;
 use minijinja::context;
 
+use super::form::ConsoleForm;
 use super::session::{form_session, login_redirect, session};
 use super::{merge, page_ctx, render};
 use crate::ops::OpError;
@@ -77,7 +77,7 @@ pub(super) async fn decide_inbox(
     State(app): State<AppState>,
     headers: HeaderMap,
     Path((source, event_id)): Path<(String, String)>,
-    Form(f): Form<InboxForm>,
+    ConsoleForm(f): ConsoleForm<InboxForm>,
 ) -> Response {
     let s = match form_session(&app, &headers, &f.csrf) {
         Ok(s) => s,

@@ -29,6 +29,7 @@ use crate::ops::OpError;
 use crate::state::{AppState, Session};
 
 mod approvals;
+mod form;
 mod inbox;
 mod operations;
 mod session;

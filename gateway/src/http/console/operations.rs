@@ -4,13 +4,13 @@
 
 use std::collections::HashMap;
 
-use axum::Form;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use http::HeaderMap;
 use minijinja::context;
 use serde::Deserialize;
 
+use super::form::ConsoleForm;
 use super::session::{form_session, login_redirect, session};
 use super::{given, merge, page_ctx, render};
 use crate::config::Role;
@@ -102,7 +102,7 @@ pub(super) async fn replay(
     State(app): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Form(f): Form<ReplayForm>,
+    ConsoleForm(f): ConsoleForm<ReplayForm>,
 ) -> Response {
     let s = match form_session(&app, &headers, &f.csrf) {
         Ok(s) => s,
@@ -164,7 +164,7 @@ pub(super) async fn resolve(
     State(app): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Form(f): Form<ResolveForm>,
+    ConsoleForm(f): ConsoleForm<ResolveForm>,
 ) -> Response {
     let s = match form_session(&app, &headers, &f.csrf) {
         Ok(s) => s,
@@ -187,7 +187,7 @@ pub(super) async fn requeue(
     State(app): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Form(f): Form<CompensateForm>,
+    ConsoleForm(f): ConsoleForm<CompensateForm>,
 ) -> Response {
     let s = match form_session(&app, &headers, &f.csrf) {
         Ok(s) => s,
@@ -214,7 +214,7 @@ pub(super) async fn compensate(
     State(app): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Form(f): Form<CompensateForm>,
+    ConsoleForm(f): ConsoleForm<CompensateForm>,
 ) -> Response {
     let s = match form_session(&app, &headers, &f.csrf) {
         Ok(s) => s,

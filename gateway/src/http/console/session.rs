@@ -2,13 +2,13 @@
 //! token), the `eg_session` cookie, each posted form's CSRF check, and
 //! logging out.
 
-use axum::Form;
 use axum::extract::State;
 use axum::response::{IntoResponse, Redirect, Response};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use minijinja::context;
 use serde::Deserialize;
 
+use super::form::ConsoleForm;
 use super::render;
 use crate::config::Role;
 use crate::http::auth::Authenticate;
@@ -81,7 +81,7 @@ pub(super) struct LoginForm {
 pub(super) async fn login(
     State(app): State<AppState>,
     headers: HeaderMap,
-    Form(f): Form<LoginForm>,
+    ConsoleForm(f): ConsoleForm<LoginForm>,
 ) -> Response {
     let form_ok = cookie(&headers, LOGIN_COOKIE).is_some_and(|c| {
         !f.csrf.is_empty() && crate::http::same_bytes(c.as_bytes(), f.csrf.as_bytes())
@@ -194,7 +194,7 @@ pub(super) fn form_session(
 pub(super) async fn logout(
     State(app): State<AppState>,
     headers: HeaderMap,
-    Form(f): Form<CsrfForm>,
+    ConsoleForm(f): ConsoleForm<CsrfForm>,
 ) -> Response {
     let s = match form_session(&app, &headers, &f.csrf) {
         Ok(s) => s,
