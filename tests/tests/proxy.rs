@@ -1210,3 +1210,93 @@ async fn a_connection_that_changes_keys_or_outlives_a_revocation_is_judged_afres
     assert_eq!(r.status(), 200);
     assert_eq!(app.mock.provider.effects(), 3);
 }
+
+/// A pass-through body of a declared length reaches the provider whole,
+/// in one request with its head; one whose bytes don't come within the
+/// route's `response_timeout_ms` is a 408 naming `body` with the limit,
+/// the connection closed, and nothing sent to the provider.
+#[tokio::test]
+async fn a_pass_through_body_is_forwarded_whole_and_a_stalled_one_is_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = spawn_with(Opts {
+        more: "[[routes]]\nname = \"direct\"\nprefix = \"/direct/\"\nupstream = \"$MOCK_URL\"\n\
+               effectful_methods = []\nresponse_timeout_ms = 300\n\
+               inject_headers = [{ name = \"Authorization\", value_env = \"MOCK_PROVIDER_SECRET\", prefix = \"Bearer \" }]\n"
+            .into(),
+        ..Default::default()
+    })
+    .await;
+    let r = app
+        .http
+        .post(app.proxy("/direct/v1/charges"))
+        .bearer_auth(KEY_A)
+        .header("content-type", "application/json")
+        .body(r#"{"amount":7,"currency":"eur"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let charges = app.mock.provider.charges();
+    assert_eq!(charges.len(), 1);
+    assert_eq!(charges[0].amount, 7);
+    assert_eq!(app.mock.provider.requests().len(), 1);
+
+    // A body sent in two parts reaches the provider whole.
+    let mut s = tokio::net::TcpStream::connect(app.gw.proxy_addr)
+        .await
+        .unwrap();
+    let (first, rest) = (r#"{"amount":8,"#, r#""currency":"eur"}"#);
+    let head = format!(
+        "POST /direct/v1/charges HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{first}",
+        first.len() + rest.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.flush().await.unwrap();
+    s.write_all(rest.as_bytes()).await.unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).await.unwrap();
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    let charges = app.mock.provider.charges();
+    assert_eq!(charges.len(), 2);
+    assert_eq!(
+        (&charges[1].amount, &charges[1].currency),
+        (&8.into(), &"eur".into())
+    );
+    assert_eq!(app.mock.provider.requests().len(), 2);
+
+    let mut s = tokio::net::TcpStream::connect(app.gw.proxy_addr)
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /direct/v1/charges HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\n\
+         Content-Type: application/json\r\nContent-Length: 30\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut resp = String::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        s.read_to_string(&mut resp),
+    )
+    .await
+    .expect("the gateway answers and closes")
+    .unwrap();
+    assert!(resp.starts_with("HTTP/1.1 408"), "{resp}");
+    assert!(
+        resp.to_ascii_lowercase().contains("connection: close"),
+        "{resp}"
+    );
+    let body = resp.split("\r\n\r\n").nth(1).unwrap();
+    let p: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(
+        (&p["field"], &p["limit_ms"]),
+        (&"body".into(), &300.into()),
+        "{p}"
+    );
+    assert_eq!(
+        app.mock.provider.requests().len(),
+        2,
+        "nothing more was sent"
+    );
+    assert_eq!(app.mock.provider.charges().len(), 2);
+}

@@ -112,6 +112,20 @@ pub async fn send(
     req: http::Request<OutboundBody>,
 ) -> Result<http::Response<ResponseBody>, String> {
     let timeout = std::time::Duration::from_millis(route.response_timeout_ms);
+    send_within(route, req, timeout).await
+}
+
+/// [`send`], waiting at most `timeout` for the response head: what is left
+/// of the route's `response_timeout_ms` when part of it went before the
+/// send (a pass-through body's first bytes). The error names the route's
+/// whole limit.
+///
+/// Errors: as [`send`].
+pub async fn send_within(
+    route: &Route,
+    req: http::Request<OutboundBody>,
+    timeout: std::time::Duration,
+) -> Result<http::Response<ResponseBody>, String> {
     match tokio::time::timeout(timeout, route.client.request(req)).await {
         Err(_) => Err(format!(
             "no response head within {} ms",

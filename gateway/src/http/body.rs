@@ -6,6 +6,7 @@
 use axum::body::Body;
 use bytes::Bytes;
 use http::header;
+use http_body::Frame;
 
 use crate::ops::OpError;
 
@@ -151,9 +152,209 @@ fn exceeds_limit(e: &axum::Error) -> bool {
     false
 }
 
+/// The largest declared pass-through body whose first frame
+/// [`with_first_frame`] reads before the request goes out: 64 KiB.
+pub(crate) const LEAD_MAX_BYTES: u64 = 64 * 1024;
+
+/// A pass-through request body of a declared length (`Content-Length`)
+/// from 1 byte to [`LEAD_MAX_BYTES`], with its first frame read here, in
+/// the caller's connection task, before the provider's connection task
+/// takes the request. Such a body usually arrived with its head, and is
+/// then whole in that one frame: the provider's connection writes head and
+/// body at once, with no hand-off back to the caller's task to fetch the
+/// body. Anything else (a longer body, a chunked one, none) is returned as
+/// it came; the rest of a longer first frame streams as before.
+///
+/// Errors: 408 `request-timeout` naming `body` when no byte of it arrives
+/// within `timeout_ms` (the route's `response_timeout_ms`, which bounds a
+/// pass-through body's wait in all); 400 `bad-request` naming `body` when
+/// it can't be read (the connection closed before its declared length,
+/// RFC 9112 §6.3). Nothing has been sent to the provider either way.
+pub(crate) async fn with_first_frame(mut body: Body, timeout_ms: u64) -> Result<Body, OpError> {
+    use http_body::Body as _;
+    use http_body_util::BodyExt as _;
+    if !matches!(body.size_hint().exact(), Some(n) if n > 0 && n <= LEAD_MAX_BYTES) {
+        return Ok(body);
+    }
+    let first = tokio::time::timeout(std::time::Duration::from_millis(timeout_ms), body.frame())
+        .await
+        .map_err(|_| OpError::RequestTimeout {
+            limit_ms: timeout_ms,
+        })?;
+    match first {
+        None => Ok(body),
+        Some(Err(e)) => Err(OpError::BadRequest {
+            field: "body".into(),
+            message: format!("the request body could not be read: {e}"),
+        }),
+        Some(Ok(frame)) => Ok(match frame.into_data() {
+            Ok(data) if body.is_end_stream() => Body::from(data),
+            Ok(data) => Body::new(Lead {
+                first: Some(Frame::data(data)),
+                rest: body,
+            }),
+            Err(frame) => Body::new(Lead {
+                first: Some(frame),
+                rest: body,
+            }),
+        }),
+    }
+}
+
+/// A body whose first frame was read ahead ([`with_first_frame`]),
+/// followed by the rest as it streams.
+struct Lead {
+    first: Option<Frame<Bytes>>,
+    rest: Body,
+}
+
+impl http_body::Body for Lead {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        if let Some(frame) = self.first.take() {
+            return std::task::Poll::Ready(Some(Ok(frame)));
+        }
+        std::pin::Pin::new(&mut self.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none() && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        let mut hint = self.rest.size_hint();
+        if let Some(data) = self.first.as_ref().and_then(Frame::data_ref) {
+            let n = data.len() as u64;
+            // The upper bound first: a lower one above it would panic.
+            if let Some(upper) = hint.upper() {
+                hint.set_upper(upper + n);
+            }
+            hint.set_lower(hint.lower() + n);
+        }
+        hint
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body::Body as _;
+    use http_body_util::BodyExt as _;
+    use std::collections::VecDeque;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A body of `frames` with an exact size hint (what is left of the
+    /// data), as a declared `Content-Length` gives; counts its polls, and
+    /// stays pending for ever once its frames are gone unless it `ends`.
+    struct Frames {
+        frames: VecDeque<Frame<Bytes>>,
+        left: u64,
+        ends: bool,
+        polls: Arc<AtomicUsize>,
+    }
+
+    impl Frames {
+        fn new(frames: Vec<Frame<Bytes>>, ends: bool) -> (Self, Arc<AtomicUsize>) {
+            let left = frames
+                .iter()
+                .filter_map(|f| f.data_ref().map(|d| d.len() as u64))
+                .sum();
+            let polls = Arc::new(AtomicUsize::new(0));
+            let body = Frames {
+                frames: frames.into(),
+                left,
+                ends,
+                polls: polls.clone(),
+            };
+            (body, polls)
+        }
+    }
+
+    impl http_body::Body for Frames {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            self.polls.fetch_add(1, Ordering::Relaxed);
+            match self.frames.pop_front() {
+                Some(f) => {
+                    if let Some(d) = f.data_ref() {
+                        self.left -= d.len() as u64;
+                    }
+                    std::task::Poll::Ready(Some(Ok(f)))
+                }
+                None if self.ends => std::task::Poll::Ready(None),
+                None => std::task::Poll::Pending,
+            }
+        }
+
+        fn is_end_stream(&self) -> bool {
+            self.ends && self.frames.is_empty()
+        }
+
+        fn size_hint(&self) -> http_body::SizeHint {
+            http_body::SizeHint::with_exact(self.left)
+        }
+    }
+
+    fn data(s: &str) -> Frame<Bytes> {
+        Frame::data(Bytes::copy_from_slice(s.as_bytes()))
+    }
+
+    /// A small body read ahead keeps its exact length, every byte in
+    /// order, and its trailers; a whole one becomes one buffer; a longer
+    /// body is not touched.
+    #[tokio::test]
+    async fn a_small_body_is_read_ahead_whole_and_in_order() {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("x-sum", http::HeaderValue::from_static("10"));
+        let (parts, polls) = Frames::new(
+            vec![data("abcd"), data("efghij"), Frame::trailers(trailers)],
+            true,
+        );
+        let body = with_first_frame(Body::new(parts), 1000).await.unwrap();
+        assert_eq!(polls.load(Ordering::Relaxed), 1, "only the first frame");
+        assert_eq!(body.size_hint().exact(), Some(10));
+        let all = body.collect().await.unwrap();
+        assert_eq!(all.trailers().and_then(|t| t.get("x-sum")).unwrap(), "10");
+        assert_eq!(all.to_bytes(), "abcdefghij");
+
+        // Whole in its first frame: one buffer, and the caller's body is
+        // not polled again.
+        let (whole, polls) = Frames::new(vec![data("0123456789")], true);
+        let body = with_first_frame(Body::new(whole), 1000).await.unwrap();
+        assert_eq!(body.size_hint().exact(), Some(10));
+        assert_eq!(body.collect().await.unwrap().to_bytes(), "0123456789");
+        assert_eq!(polls.load(Ordering::Relaxed), 1);
+
+        let big = "x".repeat(64 * 1024 + 1);
+        let (long, polls) = Frames::new(vec![data(&big)], true);
+        let body = with_first_frame(Body::new(long), 1000).await.unwrap();
+        assert_eq!(polls.load(Ordering::Relaxed), 0, "not read ahead");
+        assert_eq!(body.collect().await.unwrap().to_bytes().len(), big.len());
+    }
+
+    /// A small body whose first bytes don't come within the limit is a 408
+    /// naming the limit.
+    #[tokio::test(start_paused = true)]
+    async fn a_small_body_that_never_starts_is_a_408() {
+        let (stalled, _) = Frames::new(vec![], false);
+        let mut stalled = stalled;
+        stalled.left = 10;
+        match with_first_frame(Body::new(stalled), 50).await {
+            Err(OpError::RequestTimeout { limit_ms: 50 }) => {}
+            other => panic!("expected a 408, got {other:?}"),
+        }
+    }
 
     /// Over the limit is a 413; a body whose stream fails is a 400 naming
     /// `body`.

@@ -15,7 +15,7 @@ use http::header;
 use crate::config::{Principal, Role, Route};
 use crate::forward::{Inbound, build_request, upstream_uri};
 use crate::http::auth::{Authenticate, ConnAuth};
-use crate::http::body::{ROUTE_BODY_LIMIT, decode_body, read_body};
+use crate::http::body::{ROUTE_BODY_LIMIT, decode_body, read_body, with_first_frame};
 use crate::http::guards;
 use crate::http::{answer_response, reply_response};
 use crate::idempotency::{fingerprint, parse_key};
@@ -519,7 +519,9 @@ async fn pass_through_policies(
     }
 }
 
-/// Streams a non-effectful request through without buffering either body.
+/// Streams a non-effectful request through without buffering either body
+/// (of a small one, the first frame is read before the request goes out:
+/// [`with_first_frame`]), all within the route's `response_timeout_ms`.
 async fn pass_through(
     route: &Route,
     peer: SocketAddr,
@@ -529,8 +531,13 @@ async fn pass_through(
     let (mut parts, body) = req.into_parts();
     let proto = Inbound::scheme_of(&parts.extensions);
     crate::forward::pass_through_headers(route, &mut parts.headers, peer, proto);
+    // One limit for the body's first bytes and the response head together.
+    let started = std::time::Instant::now();
+    let body = with_first_frame(body, route.response_timeout_ms).await?;
+    let left = std::time::Duration::from_millis(route.response_timeout_ms)
+        .saturating_sub(started.elapsed());
     let out = build_request(parts.method, uri, parts.headers, body);
-    let resp = crate::forward::send(route, out)
+    let resp = crate::forward::send_within(route, out, left)
         .await
         .map_err(OpError::ProviderUnreachable)?;
     Ok(resp.map(Body::new))
