@@ -650,6 +650,9 @@ async fn bad_input_is_refused_counted_and_not_stored(storage: Option<StorageSpec
             "{what}"
         );
         assert_eq!(p["status"], *status, "{what}");
+        if *check == "body-too-large" {
+            assert_eq!(p["limit_bytes"], 4096, "{what}: {p}");
+        }
     }
     // A rotated secret verifies too.
     let rotated = charge_event("evt_rotated", "charge.succeeded", json!({"id": "ch_1"}));
@@ -766,6 +769,7 @@ async fn a_webhook_body_is_bounded_in_time_and_a_cut_off_one_is_400() {
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(text.contains("\"check\":\"body-timeout\""), "{text}");
     assert!(text.contains("limits.body_read_timeout_ms"), "{text}");
+    assert!(text.contains("\"limit_ms\":800"), "{text}");
     assert!(
         text.to_ascii_lowercase().contains("connection: close"),
         "{text}"

@@ -93,6 +93,12 @@ impl ConfigFile {
                 "must be in 1..=2048 (the reference is indexed)",
             ));
         }
+        if !(1..=2048).contains(&self.limits.max_inbox_id_bytes) {
+            return Err(ConfigError::new(
+                "limits.max_inbox_id_bytes",
+                "must be in 1..=2048 (event ids and sequence keys are indexed)",
+            ));
+        }
         for (field, value) in [
             (
                 "limits.console_sessions_per_key",

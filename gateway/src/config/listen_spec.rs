@@ -150,6 +150,17 @@ pub struct LimitsSpec {
     /// entry much longer). Default 255.
     #[serde(default = "default_max_provider_reference_bytes")]
     pub max_provider_reference_bytes: usize,
+    /// Longest event id, and sequence key, an inbox source accepts from a
+    /// verified webhook, in bytes; a longer one is refused with 400
+    /// (`event-id-missing`, `sequence-missing`) and nothing is stored.
+    /// 1..=2048 (both are keys of the inbox's tables, and PostgreSQL
+    /// refuses an index entry much longer). Default 255.
+    #[serde(default = "default_max_inbox_id_bytes")]
+    pub max_inbox_id_bytes: usize,
+}
+
+fn default_max_inbox_id_bytes() -> usize {
+    255
 }
 
 fn default_max_provider_reference_bytes() -> usize {
@@ -215,6 +226,7 @@ impl Default for LimitsSpec {
             console_sessions_per_key: default_console_sessions_per_key(),
             mcp_tool_endpoints: default_mcp_tool_endpoints(),
             max_provider_reference_bytes: default_max_provider_reference_bytes(),
+            max_inbox_id_bytes: default_max_inbox_id_bytes(),
         }
     }
 }

@@ -421,4 +421,9 @@ fn the_provider_reference_limit_is_bounded() {
     let s = parse("[limits]\nmax_provider_reference_bytes = 2048\n").unwrap();
     assert_eq!(s.limits.max_provider_reference_bytes, 2048);
     assert_eq!(parse("").unwrap().limits.max_provider_reference_bytes, 255);
+    for bad in [0, 2049] {
+        let e = parse(&format!("[limits]\nmax_inbox_id_bytes = {bad}\n")).unwrap_err();
+        assert_eq!(e.path, "limits.max_inbox_id_bytes", "{bad}");
+    }
+    assert_eq!(parse("").unwrap().limits.max_inbox_id_bytes, 255);
 }

@@ -215,7 +215,7 @@ async fn read_body_first(
 }
 
 /// Turns the framework's plain-text rejections (a malformed path segment,
-/// a body over `limits.max_admin_body_bytes`, a bad form) into RFC 9457
+/// a body over `limits.max_admin_body_bytes`) into RFC 9457
 /// problem+json, so every admin error, and every error of the proxy
 /// listener's own routes, has the same shape: kind `payload-too-large`
 /// for a 413 (with `field: "body"`, and `limit_bytes` when `max_body`

@@ -160,9 +160,21 @@ impl Problem for OpError {
             OpError::BadRequest { field, .. } => {
                 body.insert("field".into(), json!(field));
             }
-            OpError::InboxRejected { check, field, .. } => {
+            OpError::InboxRejected {
+                check,
+                field,
+                limit_bytes,
+                limit_ms,
+                ..
+            } => {
                 body.insert("check".into(), json!(check));
                 body.insert("field".into(), json!(field));
+                if let Some(limit) = limit_bytes {
+                    body.insert("limit_bytes".into(), json!(limit));
+                }
+                if let Some(limit) = limit_ms {
+                    body.insert("limit_ms".into(), json!(limit));
+                }
             }
             OpError::CompensationUnresolved { placeholder, .. } => {
                 body.insert("field".into(), json!(format!("{{{placeholder}}}")));

@@ -16,8 +16,9 @@ use crate::state::AppState;
 /// `event-id-missing`, `sequence-missing`, `text-invalid` or
 /// `body-unreadable` (shorter than its `Content-Length`, a malformed or
 /// cut-off chunk: RFC 9112 §6.3, §7.1); 413 `body-too-large` past the
-/// source's `max_body_bytes`; 408 `body-timeout` when the body doesn't
-/// arrive whole within `limits.body_read_timeout_ms` (the source's
+/// source's `max_body_bytes` (named as `limit_bytes`); 408 `body-timeout`
+/// when the body doesn't arrive whole within `limits.body_read_timeout_ms`
+/// (named as `limit_ms`; the source's
 /// signature is checked only on a whole body, so a sender without one
 /// can't hold a connection longer than that); 404 for an unknown source.
 pub async fn receive(
@@ -43,27 +44,33 @@ pub async fn receive(
     let bytes = match read {
         Ok(b) => b,
         Err(e) => {
-            let (check, message) = match e {
+            let (check, message, limit_bytes, limit_ms) = match e {
                 OpError::PayloadTooLarge { .. } => (
                     "body-too-large",
                     format!(
                         "the body is larger than the source's max_body_bytes ({})",
                         src.max_body_bytes
                     ),
+                    Some(src.max_body_bytes),
+                    None,
                 ),
                 OpError::RequestTimeout { limit_ms } => (
                     "body-timeout",
                     format!(
                         "the body did not arrive whole within {limit_ms} ms (limits.body_read_timeout_ms)"
                     ),
+                    None,
+                    Some(limit_ms),
                 ),
-                other => ("body-unreadable", other.to_string()),
+                other => ("body-unreadable", other.to_string(), None, None),
             };
             crate::metrics::inbox_rejected(&src.name, check);
             return OpError::InboxRejected {
                 check,
                 field: "body".into(),
                 message,
+                limit_bytes,
+                limit_ms,
             }
             .into_response();
         }

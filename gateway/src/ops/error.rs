@@ -150,8 +150,10 @@ pub enum OpError {
         /// The coding, lowercased.
         coding: String,
     },
-    /// 408: the request body did not arrive within
-    /// `limits.body_read_timeout_ms`; nothing was reserved or sent.
+    /// 408: the request body did not arrive within `limit_ms`
+    /// (`limits.body_read_timeout_ms` for an effectful call's body; the
+    /// route's `response_timeout_ms` for the first bytes of a small
+    /// pass-through body); nothing was reserved or sent.
     #[error("the request body did not arrive within {limit_ms} ms; nothing was recorded or sent")]
     RequestTimeout {
         /// The limit in ms.
@@ -211,6 +213,12 @@ pub enum OpError {
         field: String,
         /// What is wrong.
         message: String,
+        /// The limit a `body-too-large` passed, bytes (the source's
+        /// `max_body_bytes`); shown as `limit_bytes`.
+        limit_bytes: Option<usize>,
+        /// The limit a `body-timeout` passed, ms
+        /// (`limits.body_read_timeout_ms`); shown as `limit_ms`.
+        limit_ms: Option<u64>,
     },
     /// 502: the provider could not be reached and nothing was sent.
     #[error("the provider could not be reached: {0}")]

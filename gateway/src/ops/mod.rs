@@ -40,6 +40,31 @@ pub fn route_of(settings: &Settings, op: &Operation) -> Result<Route, OpError> {
         .ok_or_else(|| OpError::Conflict(format!("route {:?} is no longer configured", op.route)))
 }
 
+/// A provider reference read from a provider's answer (a read-back, an
+/// inbox event) as the ledger may keep it: `None` when it is longer than
+/// `max_bytes` (`limits.max_provider_reference_bytes`) or holds U+0000.
+/// The reference is indexed, and on PostgreSQL an entry much longer than
+/// 2 KB fails the write, and with it the outcome it belongs to; dropped,
+/// the outcome is kept without it, and a warning names `about` (the
+/// operation, or the inbox event).
+pub fn bounded_reference(
+    reference: Option<String>,
+    max_bytes: usize,
+    about: &str,
+) -> Option<String> {
+    let r = reference?;
+    if r.len() > max_bytes || r.contains('\0') {
+        tracing::warn!(
+            about,
+            bytes = r.len(),
+            max_bytes,
+            "a provider reference longer than limits.max_provider_reference_bytes (or holding NUL) is not kept"
+        );
+        return None;
+    }
+    Some(r)
+}
+
 /// The effect class of `op`: the one stored with it at reservation, else
 /// its route's, else `irreversible` (the most careful class) when the
 /// route is gone.
@@ -49,4 +74,20 @@ pub fn effect_class(op: &Operation, route: Option<&Route>) -> EffectClass {
         .and_then(EffectClass::parse)
         .or(route.map(|r| r.effect_class))
         .unwrap_or(EffectClass::Irreversible)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reference up to the limit is kept; a longer one, or one holding
+    /// NUL, is dropped.
+    #[test]
+    fn a_provider_reference_is_kept_only_within_the_limit() {
+        let r = |s: &str| bounded_reference(Some(s.to_owned()), 4, "op");
+        assert_eq!(r("ch_1").as_deref(), Some("ch_1"));
+        assert_eq!(r("ch_12"), None);
+        assert_eq!(r("c\0"), None);
+        assert_eq!(bounded_reference(None, 4, "op"), None);
+    }
 }

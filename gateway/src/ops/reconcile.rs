@@ -384,7 +384,11 @@ impl ReadBackStep<'_> {
         o.response_headers = vec![("content-type".into(), "application/json".into())];
         o.response_body_bytes = Some(body.len() as i64);
         o.response_body = Some(body);
-        o.provider_reference = reference;
+        o.provider_reference = super::bounded_reference(
+            reference,
+            self.app.settings().limits.max_provider_reference_bytes,
+            &self.op.operation_id,
+        );
         o.count_read_back = true;
         let step = self.finish(o, Step::Found, "found").await?;
         if matches!(step, Step::Found) && self.op.state == State::Unknown {

@@ -1,6 +1,7 @@
 //! The console's form bodies (`application/x-www-form-urlencoded`, HTML
 //! §4.10.21.7), read into a type with every mistake named the way the
-//! console's own checks name theirs (`form:<field>`).
+//! console's own checks name theirs (`form:<field>`). Fields a form's type
+//! doesn't know are ignored (a browser may send its buttons' names).
 
 use axum::extract::{FromRequest, Request};
 use serde::de::DeserializeOwned;
@@ -16,8 +17,8 @@ const FORM: &str = "application/x-www-form-urlencoded";
 ///
 /// Rejections: 400 `bad-request` naming `header:content-type` when the
 /// body is not declared a form, `form:<field>` for a field that is
-/// missing, unknown or of the wrong shape, or `form` when the body can't
-/// be read as one.
+/// missing or of the wrong shape (or unknown, to a type that refuses
+/// unknown fields), or `form` when the body can't be read as one.
 pub(crate) struct ConsoleForm<T>(pub T);
 
 impl<T, S> FromRequest<S> for ConsoleForm<T>

@@ -67,6 +67,7 @@ async fn inbox_page(
 /// and `action` (`release` or `drop`).
 #[derive(Debug, serde::Deserialize)]
 pub(super) struct InboxForm {
+    #[serde(default)]
     csrf: String,
     action: String,
 }

@@ -8,9 +8,6 @@ use super::reject;
 use crate::config::{EventIdAt, InboxSource};
 use crate::ops::OpError;
 
-/// Longest event id accepted (bytes).
-pub const MAX_EVENT_ID_BYTES: usize = 255;
-
 /// The text at `ptr` in `v`: a string as it is, a number or boolean
 /// written out; `None` for anything else or nothing. What a resolution
 /// rule compares (`match`, `provider_key`, `reference`) and a success
@@ -70,11 +67,19 @@ pub struct Parsed {
     pub ordering: Option<(String, i64)>,
 }
 
-/// Reads the event id, type and sequence of a verified body.
+/// Reads the event id, type and sequence of a verified body; the event id
+/// and the sequence key are at most `max_id_bytes` long
+/// (`limits.max_inbox_id_bytes`).
 ///
 /// Errors: [`OpError::InboxRejected`] with check `body-not-json`,
-/// `event-id-missing`, `sequence-missing` or `text-invalid`.
-pub fn parse(src: &InboxSource, headers: &HeaderMap, body: &[u8]) -> Result<Parsed, OpError> {
+/// `event-id-missing` or `sequence-missing` (also for one longer than
+/// `max_id_bytes`), or `text-invalid`.
+pub fn parse(
+    src: &InboxSource,
+    headers: &HeaderMap,
+    body: &[u8],
+    max_id_bytes: usize,
+) -> Result<Parsed, OpError> {
     let json: Value = serde_json::from_slice(body)
         .ok()
         .filter(Value::is_object)
@@ -90,13 +95,13 @@ pub fn parse(src: &InboxSource, headers: &HeaderMap, body: &[u8]) -> Result<Pars
         ),
     };
     let event_id = event_id
-        .filter(|s| !s.is_empty() && s.len() <= MAX_EVENT_ID_BYTES)
+        .filter(|s| !s.is_empty() && s.len() <= max_id_bytes)
         .ok_or_else(|| {
             reject(
                 "event-id-missing",
                 field.clone(),
                 format!(
-                    "no event id (a string of 1..={MAX_EVENT_ID_BYTES} bytes, or an integer) there"
+                    "no event id (a string of 1..={max_id_bytes} bytes, limits.max_inbox_id_bytes, or an integer) there"
                 ),
             )
         })?;
@@ -118,12 +123,12 @@ pub fn parse(src: &InboxSource, headers: &HeaderMap, body: &[u8]) -> Result<Pars
             let key = identity_at(&json, kp)
                 .ok()
                 .flatten()
-                .filter(|k| !k.is_empty())
+                .filter(|k| !k.is_empty() && k.len() <= max_id_bytes)
                 .ok_or_else(|| {
                     reject(
                         "sequence-missing",
                         format!("body:{kp}"),
-                        "no sequence key (a string, or an integer) there",
+                        format!("no sequence key (a string of 1..={max_id_bytes} bytes, limits.max_inbox_id_bytes, or an integer) there"),
                     )
                 })?;
             let key = without_nul(key, format!("body:{kp}"), "sequence key")?;

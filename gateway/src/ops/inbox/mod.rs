@@ -27,7 +27,7 @@
 mod event;
 mod verify;
 
-pub use event::{MAX_EVENT_ID_BYTES, Parsed, parse, text_at};
+pub use event::{Parsed, parse, text_at};
 pub use verify::verify;
 
 use http::HeaderMap;
@@ -48,6 +48,8 @@ fn reject(check: &'static str, field: impl Into<String>, message: impl Into<Stri
         check,
         field: field.into(),
         message: message.into(),
+        limit_bytes: None,
+        limit_ms: None,
     }
 }
 
@@ -76,7 +78,10 @@ pub async fn receive(
     body: &[u8],
 ) -> Result<Receipt, OpError> {
     let now = app.ledger.clock().now_ms();
-    let parsed = match verify(src, headers, body, now).and_then(|()| parse(src, headers, body)) {
+    let max_id_bytes = app.settings().limits.max_inbox_id_bytes;
+    let parsed = match verify(src, headers, body, now)
+        .and_then(|()| parse(src, headers, body, max_id_bytes))
+    {
         Ok(p) => p,
         Err(e) => {
             if let OpError::InboxRejected { check, .. } = &e {
@@ -170,7 +175,8 @@ fn resolving<'a>(
     let mut rules = Vec::new();
     for rule in &src.resolves {
         let says = if rule.succeeded.iter().any(|t| t == ty) {
-            Says::Succeeded(Box::new(succeeded(src, rule, ev, ty)))
+            let max = app.settings().limits.max_provider_reference_bytes;
+            Says::Succeeded(Box::new(succeeded(src, rule, ev, ty, max)))
         } else if rule.failed.iter().any(|t| t == ty) {
             Says::Failed
         } else {
@@ -228,7 +234,13 @@ fn naming<'a>(rule: &'a Resolves, event: &'a Value) -> Option<Naming<'a>> {
 /// The outcome a success event records: COMPLETED, the value at the
 /// rule's `object` as the stored response, the reference at its
 /// `reference`.
-fn succeeded(src: &InboxSource, rule: &Resolves, ev: &Parsed, ty: &str) -> Outcome {
+fn succeeded(
+    src: &InboxSource,
+    rule: &Resolves,
+    ev: &Parsed,
+    ty: &str,
+    max_reference_bytes: usize,
+) -> Outcome {
     let object = ev.json.pointer(&rule.object).unwrap_or(&ev.json);
     let body = serde_json::to_vec(object).unwrap_or_default();
     let mut o = Outcome::new(
@@ -242,11 +254,11 @@ fn succeeded(src: &InboxSource, rule: &Resolves, ev: &Parsed, ty: &str) -> Outco
     o.response_headers = vec![("content-type".into(), "application/json".into())];
     o.response_body_bytes = Some(body.len() as i64);
     o.response_body = Some(body);
-    o.provider_reference = rule
-        .reference
-        .as_deref()
-        .and_then(|p| text_at(&ev.json, p))
-        .filter(|t| !t.contains('\0'));
+    o.provider_reference = crate::ops::bounded_reference(
+        rule.reference.as_deref().and_then(|p| text_at(&ev.json, p)),
+        max_reference_bytes,
+        &format!("inbox {} event {}", src.name, ev.event_id),
+    );
     o
 }
 
@@ -419,6 +431,7 @@ mod tests {
             &src,
             &h,
             br#"{"id":"e","type":"x","data":{"id":"k1","v":"7"}}"#,
+            255,
         )
         .unwrap();
         assert_eq!(
@@ -426,7 +439,7 @@ mod tests {
             ("e", Some("x"))
         );
         assert_eq!(p.ordering, Some(("k1".into(), 7)));
-        let refused = |b: &[u8]| match parse(&src, &h, b) {
+        let refused = |b: &[u8]| match parse(&src, &h, b, 4) {
             Err(OpError::InboxRejected { check, .. }) => check,
             other => panic!("{other:?}"),
         };
@@ -436,5 +449,15 @@ mod tests {
             refused(br#"{"id":"e","data":{"id":"k1"}}"#),
             "sequence-missing"
         );
+        // Past the limit (4 bytes here): refused as missing, by name.
+        assert_eq!(
+            refused(br#"{"id":"e1234","data":{"id":"k1","v":1}}"#),
+            "event-id-missing"
+        );
+        assert_eq!(
+            refused(br#"{"id":"e","data":{"id":"k1234","v":1}}"#),
+            "sequence-missing"
+        );
+        assert!(parse(&src, &h, br#"{"id":"e123","data":{"id":"k123","v":1}}"#, 4).is_ok());
     }
 }
