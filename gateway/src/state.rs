@@ -320,9 +320,19 @@ impl AppState {
     }
 }
 
+/// This host's name, as the first part of the instance id the ledger
+/// records as a lease's and a scan's owner (an indexed column): at most
+/// 253 characters (a DNS name's limit, RFC 1035 §2.3.4, RFC 1123 §2.1),
+/// without control characters; `effectgate` when there is none.
 fn hostname() -> String {
     std::fs::read_to_string("/etc/hostname")
-        .map(|s| s.trim().to_owned())
+        .map(|s| {
+            s.trim()
+                .chars()
+                .filter(|c| !c.is_control())
+                .take(253)
+                .collect::<String>()
+        })
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "effectgate".into())

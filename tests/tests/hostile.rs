@@ -1461,6 +1461,18 @@ async fn admin_and_own_route_mistakes_are_named_and_change_nothing() {
         problem(r).await,
         (400, "body.provider_reference".to_owned())
     );
+    // A NUL would be stored as three bytes (U+FFFD): refused too.
+    let r = app
+        .admin_post(
+            OPERATOR_A,
+            "/admin/tenants/a/operations/k/resolve",
+            r#"{"outcome":"completed","provider_reference":"ch\u0000_1"}"#,
+        )
+        .await;
+    assert_eq!(
+        problem(r).await,
+        (400, "body.provider_reference".to_owned())
+    );
     let r = app
         .admin_post(
             OPERATOR_A,
