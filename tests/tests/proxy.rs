@@ -1299,4 +1299,37 @@ async fn a_pass_through_body_is_forwarded_whole_and_a_stalled_one_is_refused() {
         "nothing more was sent"
     );
     assert_eq!(app.mock.provider.charges().len(), 2);
+
+    // A body that starts and then breaks off (the caller closes its side)
+    // is the caller's 400 naming body; one that starts and then stalls is
+    // its 408. Neither is a 502 naming the provider, and neither charges.
+    for (close, want) in [(true, "HTTP/1.1 400"), (false, "HTTP/1.1 408")] {
+        let mut s = tokio::net::TcpStream::connect(app.gw.proxy_addr)
+            .await
+            .unwrap();
+        let head = format!(
+            "POST /direct/v1/charges HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\n\
+             Content-Type: application/json\r\nContent-Length: 30\r\n\r\n{{\"amount\":9,"
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        if close {
+            s.shutdown().await.unwrap();
+        }
+        let mut resp = String::new();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(20),
+            s.read_to_string(&mut resp),
+        )
+        .await
+        .expect("the gateway answers and closes")
+        .unwrap();
+        assert!(resp.starts_with(want), "{resp}");
+        let body = resp.split("\r\n\r\n").nth(1).unwrap();
+        let p: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(p["field"], "body", "{p}");
+        if !close {
+            assert_eq!(p["limit_ms"], 300, "{p}");
+        }
+    }
+    assert_eq!(app.mock.provider.charges().len(), 2);
 }

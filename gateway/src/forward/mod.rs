@@ -112,7 +112,16 @@ pub async fn send(
     req: http::Request<OutboundBody>,
 ) -> Result<http::Response<ResponseBody>, String> {
     let timeout = std::time::Duration::from_millis(route.response_timeout_ms);
-    send_within(route, req, timeout).await
+    send_within(route, req, timeout).await.map_err(|e| e.detail)
+}
+
+/// Why [`send_within`] got no response head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendError {
+    /// What went wrong, for a problem's `detail` ([`error_detail`]).
+    pub detail: String,
+    /// The time given ran out (else the exchange failed).
+    pub timed_out: bool,
 }
 
 /// [`send`], waiting at most `timeout` for the response head: what is left
@@ -120,18 +129,21 @@ pub async fn send(
 /// send (a pass-through body's first bytes). The error names the route's
 /// whole limit.
 ///
-/// Errors: as [`send`].
+/// Errors: [`SendError`].
 pub async fn send_within(
     route: &Route,
     req: http::Request<OutboundBody>,
     timeout: std::time::Duration,
-) -> Result<http::Response<ResponseBody>, String> {
+) -> Result<http::Response<ResponseBody>, SendError> {
     match tokio::time::timeout(timeout, route.client.request(req)).await {
-        Err(_) => Err(format!(
-            "no response head within {} ms",
-            route.response_timeout_ms
-        )),
-        Ok(Err(e)) => Err(error_detail(&e)),
+        Err(_) => Err(SendError {
+            detail: format!("no response head within {} ms", route.response_timeout_ms),
+            timed_out: true,
+        }),
+        Ok(Err(e)) => Err(SendError {
+            detail: error_detail(&e),
+            timed_out: false,
+        }),
         Ok(Ok(r)) => {
             let (mut parts, body) = r.into_parts();
             strip_hop_by_hop(&mut parts.headers);

@@ -170,11 +170,17 @@ pub(crate) const LEAD_MAX_BYTES: u64 = 64 * 1024;
 /// pass-through body's wait in all); 400 `bad-request` naming `body` when
 /// it can't be read (the connection closed before its declared length,
 /// RFC 9112 §6.3). Nothing has been sent to the provider either way.
-pub(crate) async fn with_first_frame(mut body: Body, timeout_ms: u64) -> Result<Body, OpError> {
+///
+/// Returns the body, and whether it is whole in what was read (then it
+/// can't break off or stall any more).
+pub(crate) async fn with_first_frame(
+    mut body: Body,
+    timeout_ms: u64,
+) -> Result<(Body, bool), OpError> {
     use http_body::Body as _;
     use http_body_util::BodyExt as _;
     if !matches!(body.size_hint().exact(), Some(n) if n > 0 && n <= LEAD_MAX_BYTES) {
-        return Ok(body);
+        return Ok((body, false));
     }
     let first = tokio::time::timeout(std::time::Duration::from_millis(timeout_ms), body.frame())
         .await
@@ -182,22 +188,101 @@ pub(crate) async fn with_first_frame(mut body: Body, timeout_ms: u64) -> Result<
             limit_ms: timeout_ms,
         })?;
     match first {
-        None => Ok(body),
+        None => Ok((body, true)),
         Some(Err(e)) => Err(OpError::BadRequest {
             field: "body".into(),
             message: format!("the request body could not be read: {e}"),
         }),
         Some(Ok(frame)) => Ok(match frame.into_data() {
-            Ok(data) if body.is_end_stream() => Body::from(data),
-            Ok(data) => Body::new(Lead {
-                first: Some(Frame::data(data)),
-                rest: body,
-            }),
-            Err(frame) => Body::new(Lead {
-                first: Some(frame),
-                rest: body,
-            }),
+            Ok(data) if body.is_end_stream() => (Body::from(data), true),
+            Ok(data) => (
+                Body::new(Lead {
+                    first: Some(Frame::data(data)),
+                    rest: body,
+                }),
+                false,
+            ),
+            Err(frame) => (
+                Body::new(Lead {
+                    first: Some(frame),
+                    rest: body,
+                }),
+                false,
+            ),
         }),
+    }
+}
+
+/// How a caller's streamed body ended, as [`watched`] saw it: shared
+/// between the body (polled by the provider's connection) and the
+/// request's handler, which reads it when the send failed.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct BodyEnd(std::sync::Arc<std::sync::atomic::AtomicU8>);
+
+impl BodyEnd {
+    const WHOLE: u8 = 1;
+    const BROKEN: u8 = 2;
+
+    fn set(&self, to: u8) {
+        self.0.store(to, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The body was read to its end.
+    pub(crate) fn whole(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed) == Self::WHOLE
+    }
+
+    /// The body broke off: the caller closed the connection before its
+    /// declared length, or sent a malformed chunk (RFC 9112 §6.3, §7.1).
+    pub(crate) fn broken(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed) == Self::BROKEN
+    }
+}
+
+/// `body` as it streams on, with what tells how it ended: so that a failed
+/// send can tell the caller's fault (a body that broke off or stalled)
+/// from the provider's.
+pub(crate) fn watched(body: Body) -> (Body, BodyEnd) {
+    let end = BodyEnd::default();
+    let body = Body::new(Watched {
+        inner: body,
+        end: end.clone(),
+    });
+    (body, end)
+}
+
+/// A body that records its end in a [`BodyEnd`].
+struct Watched {
+    inner: Body,
+    end: BodyEnd,
+}
+
+impl http_body::Body for Watched {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            std::task::Poll::Ready(None) => self.end.set(BodyEnd::WHOLE),
+            std::task::Poll::Ready(Some(Err(_))) => self.end.set(BodyEnd::BROKEN),
+            std::task::Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => {
+                self.end.set(BodyEnd::WHOLE);
+            }
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -321,7 +406,8 @@ mod tests {
             vec![data("abcd"), data("efghij"), Frame::trailers(trailers)],
             true,
         );
-        let body = with_first_frame(Body::new(parts), 1000).await.unwrap();
+        let (body, whole) = with_first_frame(Body::new(parts), 1000).await.unwrap();
+        assert!(!whole);
         assert_eq!(polls.load(Ordering::Relaxed), 1, "only the first frame");
         assert_eq!(body.size_hint().exact(), Some(10));
         let all = body.collect().await.unwrap();
@@ -331,14 +417,16 @@ mod tests {
         // Whole in its first frame: one buffer, and the caller's body is
         // not polled again.
         let (whole, polls) = Frames::new(vec![data("0123456789")], true);
-        let body = with_first_frame(Body::new(whole), 1000).await.unwrap();
+        let (body, whole) = with_first_frame(Body::new(whole), 1000).await.unwrap();
+        assert!(whole);
         assert_eq!(body.size_hint().exact(), Some(10));
         assert_eq!(body.collect().await.unwrap().to_bytes(), "0123456789");
         assert_eq!(polls.load(Ordering::Relaxed), 1);
 
         let big = "x".repeat(64 * 1024 + 1);
         let (long, polls) = Frames::new(vec![data(&big)], true);
-        let body = with_first_frame(Body::new(long), 1000).await.unwrap();
+        let (body, whole) = with_first_frame(Body::new(long), 1000).await.unwrap();
+        assert!(!whole);
         assert_eq!(polls.load(Ordering::Relaxed), 0, "not read ahead");
         assert_eq!(body.collect().await.unwrap().to_bytes().len(), big.len());
     }

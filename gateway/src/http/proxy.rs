@@ -15,7 +15,7 @@ use http::header;
 use crate::config::{Principal, Role, Route};
 use crate::forward::{Inbound, build_request, upstream_uri};
 use crate::http::auth::{Authenticate, ConnAuth};
-use crate::http::body::{ROUTE_BODY_LIMIT, decode_body, read_body, with_first_frame};
+use crate::http::body::{ROUTE_BODY_LIMIT, decode_body, read_body, watched, with_first_frame};
 use crate::http::guards;
 use crate::http::{answer_response, reply_response};
 use crate::idempotency::{fingerprint, parse_key};
@@ -533,12 +533,31 @@ async fn pass_through(
     crate::forward::pass_through_headers(route, &mut parts.headers, peer, proto);
     // One limit for the body's first bytes and the response head together.
     let started = std::time::Instant::now();
-    let body = with_first_frame(body, route.response_timeout_ms).await?;
+    let (body, whole) = with_first_frame(body, route.response_timeout_ms).await?;
     let left = std::time::Duration::from_millis(route.response_timeout_ms)
         .saturating_sub(started.elapsed());
+    // A body still streaming is watched: when the send fails, its end says
+    // whose fault it was.
+    let (body, end) = if whole || http_body::Body::is_end_stream(&body) {
+        (body, None)
+    } else {
+        let (body, end) = watched(body);
+        (body, Some(end))
+    };
     let out = build_request(parts.method, uri, parts.headers, body);
-    let resp = crate::forward::send_within(route, out, left)
-        .await
-        .map_err(OpError::ProviderUnreachable)?;
-    Ok(resp.map(Body::new))
+    match crate::forward::send_within(route, out, left).await {
+        Ok(resp) => Ok(resp.map(Body::new)),
+        Err(e) => Err(match end {
+            Some(end) if end.broken() => OpError::BadRequest {
+                field: "body".into(),
+                message: "the request body broke off before its end (RFC 9112 §6.3); \
+                          the provider got part of it, and no answer"
+                    .into(),
+            },
+            Some(end) if e.timed_out && !end.whole() => OpError::RequestTimeout {
+                limit_ms: route.response_timeout_ms,
+            },
+            _ => OpError::ProviderUnreachable(e.detail),
+        }),
+    }
 }
