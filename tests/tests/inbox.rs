@@ -1862,6 +1862,21 @@ async fn the_console_lists_inbox_events_and_an_operator_releases_a_quarantined_o
         .await
         .unwrap();
     assert_eq!(forged.status(), 403);
+    // Another action is named as the form's field, quoted in part.
+    let odd = no_redirects()
+        .post(app.admin(&action))
+        .header("cookie", &operator)
+        .form(&[
+            ("action", "burn".repeat(100).as_str()),
+            ("csrf", csrf_of(&html).as_str()),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(odd.status(), 400);
+    let p: Value = odd.json().await.unwrap();
+    assert_eq!(p["field"], "form:action", "{p}");
+    assert!(p["detail"].as_str().unwrap().len() < 200, "{p}");
     let done = no_redirects()
         .post(app.admin(&action))
         .header("cookie", &operator)

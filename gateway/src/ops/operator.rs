@@ -142,7 +142,11 @@ pub async fn decide_inbox(
         other => {
             return Err(OpError::BadRequest {
                 field: "path:action".into(),
-                message: format!("unknown action {other:?}; expected release or drop"),
+                // At most 64 characters of it: the value is the caller's.
+                message: format!(
+                    "unknown action {:?}; expected release or drop",
+                    other.chars().take(64).collect::<String>()
+                ),
             });
         }
     };

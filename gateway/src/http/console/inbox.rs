@@ -91,6 +91,14 @@ pub(super) async fn decide_inbox(
             let msg = format!("{}: {}", f.action, changed.join(", "));
             inbox_page(&app, &s, None, Some(msg)).await
         }
+        // The action is the form's field here, not the path's.
+        Err(OpError::BadRequest { field, message }) if field == "path:action" => {
+            OpError::BadRequest {
+                field: "form:action".into(),
+                message,
+            }
+            .into_response()
+        }
         Err(e) => e.into_response(),
     }
 }
