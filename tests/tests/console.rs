@@ -508,7 +508,7 @@ async fn operators_replay_a_completed_operation_from_its_page() {
         &[("csrf", approver_csrf.as_str()), ("reason", "try")],
     )
     .await;
-    assert_eq!(status, 200);
+    assert_eq!(status, 403, "the page has the refusal's status");
     assert!(page.contains("urn:effectgate:problem:forbidden"), "{page}");
     let (status, page) = post_form(
         &app,
@@ -604,8 +604,8 @@ async fn post_form(
 }
 
 /// The Resolve form: shown to operators on UNKNOWN operations only,
-/// refused without the CSRF token, an unknown outcome answered with the
-/// problem naming `body.outcome`; "completed" ends the operation
+/// refused without the CSRF token, an unknown outcome answered (400) with
+/// the problem naming `form:outcome`; "completed" ends the operation
 /// COMPLETED with the reference given, by the operator, and nothing is
 /// sent to the provider again.
 #[tokio::test]
@@ -645,7 +645,7 @@ async fn operators_resolve_an_unknown_operation_from_its_page() {
         ],
     )
     .await;
-    assert_eq!(status, 200);
+    assert_eq!(status, 403, "the page has the refusal's status");
     assert!(page.contains("urn:effectgate:problem:forbidden"), "{page}");
     assert_eq!(app.op_json("u1").await["state"], "UNKNOWN");
     let operator = cookie_of(login(&app, OPERATOR_A).await);
@@ -675,8 +675,8 @@ async fn operators_resolve_an_unknown_operation_from_its_page() {
         &[("outcome", "maybe"), ("reason", "x"), ("csrf", &csrf)],
     )
     .await;
-    assert_eq!(status, 200);
-    assert!(page.contains("body.outcome"), "{page}");
+    assert_eq!(status, 400);
+    assert!(page.contains("form:outcome"), "{page}");
     assert_eq!(app.op_json("u1").await["state"], "UNKNOWN");
     let (status, page) = post_form(
         &app,
@@ -788,7 +788,7 @@ reference_pointer = "/id"
         ],
     )
     .await;
-    assert_eq!(status, 200);
+    assert_eq!(status, 403, "the page has the refusal's status");
     assert!(page.contains("urn:effectgate:problem:forbidden"), "{page}");
     let op = app.op_json("d1").await;
     assert_eq!(

@@ -55,7 +55,12 @@ pub(super) async fn operations(
     }
 }
 
-async fn operation_page(app: &AppState, s: &Session, id: &str, result: Option<String>) -> Response {
+/// The operation's page, with the result of an action on it when there is
+/// one: answered with that action's status (200, or the status of the
+/// problem that refused it).
+async fn operation_page(app: &AppState, s: &Session, id: &str, result: Option<Shown>) -> Response {
+    let status = result.as_ref().map_or(http::StatusCode::OK, |r| r.status);
+    let result = result.map(|r| r.text);
     let tenant = s.principal.tenant.clone();
     let op = match app.ledger.get(&tenant, id).await {
         Ok(Some(op)) => op,
@@ -63,13 +68,19 @@ async fn operation_page(app: &AppState, s: &Session, id: &str, result: Option<St
         Err(e) => return OpError::from(e).into_response(),
     };
     match crate::ops::operator::operation_json(app, &op).await {
-        Ok(v) => render(
-            "operation.html",
-            merge(
-                page_ctx(s),
-                context! { op => minijinja::Value::from_serialize(&v), can_replay => s.principal.role == Role::Operator, can_settle => crate::ops::operator::SETTLERS.contains(&s.principal.role), result => result },
-            ),
-        ),
+        Ok(v) => {
+            let mut page = render(
+                "operation.html",
+                merge(
+                    page_ctx(s),
+                    context! { op => minijinja::Value::from_serialize(&v), can_replay => s.principal.role == Role::Operator, can_settle => crate::ops::operator::SETTLERS.contains(&s.principal.role), result => result },
+                ),
+            );
+            if page.status() == http::StatusCode::OK {
+                *page.status_mut() = status;
+            }
+            page
+        }
         Err(e) => e.into_response(),
     }
 }
@@ -136,19 +147,39 @@ pub(super) struct ResolveForm {
     reason: String,
 }
 
+/// An action's result as the page shows it, and the status the page is
+/// answered with.
+struct Shown {
+    text: String,
+    status: http::StatusCode,
+}
+
 /// What replay and compensate show on the page: the use case's report,
-/// or the problem (RFC 9457) that refused it, as pretty JSON.
-fn report<T>(done: Result<(T, serde_json::Value), OpError>) -> String {
-    let v = match done {
-        Ok((_, v)) => v,
-        Err(e) => serde_json::json!(crate::http::error::Problem::problem(&e)),
+/// or the problem (RFC 9457) that refused it, as pretty JSON, with that
+/// problem's status. A field of the admin API's body (`body.outcome`) is
+/// named as the form's (`form:outcome`): the forms' fields have the same
+/// names.
+fn report<T>(done: Result<(T, serde_json::Value), OpError>) -> Shown {
+    use crate::http::error::Problem as _;
+    let (v, status) = match done {
+        Ok((_, v)) => (v, http::StatusCode::OK),
+        Err(e) => {
+            let mut p = e.problem();
+            if let Some(f) = p["field"].as_str().and_then(|f| f.strip_prefix("body.")) {
+                p["field"] = serde_json::json!(format!("form:{f}"));
+            }
+            (p, e.status())
+        }
     };
-    serde_json::to_string_pretty(&v).unwrap_or_default()
+    Shown {
+        text: serde_json::to_string_pretty(&v).unwrap_or_default(),
+        status,
+    }
 }
 
 /// What an operator's action shows on the page: the operation's id and
 /// state after it, or the problem (RFC 9457) that refused it.
-fn action_result(id: &str, done: Result<serde_json::Value, OpError>) -> String {
+fn action_result(id: &str, done: Result<serde_json::Value, OpError>) -> Shown {
     report(done.map(|op| {
         (
             (),
