@@ -1211,13 +1211,63 @@ async fn a_connection_that_changes_keys_or_outlives_a_revocation_is_judged_afres
     assert_eq!(app.mock.provider.effects(), 3);
 }
 
+/// Sends a POST of `len` declared bytes to `path` on `app`'s proxy as
+/// raw bytes: the head (with `Connection: close` when `ask_close`), then
+/// each of `parts` in its own write; with `close` the sending side is shut
+/// after them. Returns the status line's
+/// text, the answer's headers (lower case) and its body as JSON (`Null`
+/// when it isn't), read until the gateway closes (at most 20 s).
+async fn raw_post(
+    app: &TestApp,
+    path: &str,
+    len: usize,
+    parts: &[&str],
+    (ask_close, close): (bool, bool),
+) -> (String, String, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(app.gw.proxy_addr)
+        .await
+        .unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\n\
+         Content-Type: application/json\r\nContent-Length: {len}\r\n{}\r\n",
+        if ask_close {
+            "Connection: close\r\n"
+        } else {
+            ""
+        }
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    for part in parts {
+        s.write_all(part.as_bytes()).await.unwrap();
+        s.flush().await.unwrap();
+    }
+    if close {
+        s.shutdown().await.unwrap();
+    }
+    let mut resp = String::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        s.read_to_string(&mut resp),
+    )
+    .await
+    .expect("the gateway answers and closes")
+    .unwrap();
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+    let status = head.lines().next().unwrap_or_default().to_owned();
+    let json = serde_json::from_str(body).unwrap_or(Value::Null);
+    (status, head.to_ascii_lowercase(), json)
+}
+
 /// A pass-through body of a declared length reaches the provider whole,
-/// in one request with its head; one whose bytes don't come within the
-/// route's `response_timeout_ms` is a 408 naming `body` with the limit,
-/// the connection closed, and nothing sent to the provider.
+/// in one request with its head or in parts; one whose bytes don't come
+/// within the route's `response_timeout_ms` is a 408 naming `body` with
+/// the limit, the connection closed, and nothing sent to the provider;
+/// one that starts and then stalls is the same 408, and one that breaks
+/// off a 400 naming `body`: the caller's doing, never a 502 naming the
+/// provider.
 #[tokio::test]
 async fn a_pass_through_body_is_forwarded_whole_and_a_stalled_one_is_refused() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let app = spawn_with(Opts {
         more: "[[routes]]\nname = \"direct\"\nprefix = \"/direct/\"\nupstream = \"$MOCK_URL\"\n\
                effectful_methods = []\nresponse_timeout_ms = 300\n\
@@ -1226,9 +1276,10 @@ async fn a_pass_through_body_is_forwarded_whole_and_a_stalled_one_is_refused() {
         ..Default::default()
     })
     .await;
+    let path = "/direct/v1/charges";
     let r = app
         .http
-        .post(app.proxy("/direct/v1/charges"))
+        .post(app.proxy(path))
         .bearer_auth(KEY_A)
         .header("content-type", "application/json")
         .body(r#"{"amount":7,"currency":"eur"}"#)
@@ -1242,21 +1293,16 @@ async fn a_pass_through_body_is_forwarded_whole_and_a_stalled_one_is_refused() {
     assert_eq!(app.mock.provider.requests().len(), 1);
 
     // A body sent in two parts reaches the provider whole.
-    let mut s = tokio::net::TcpStream::connect(app.gw.proxy_addr)
-        .await
-        .unwrap();
     let (first, rest) = (r#"{"amount":8,"#, r#""currency":"eur"}"#);
-    let head = format!(
-        "POST /direct/v1/charges HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{first}",
-        first.len() + rest.len()
-    );
-    s.write_all(head.as_bytes()).await.unwrap();
-    s.flush().await.unwrap();
-    s.write_all(rest.as_bytes()).await.unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).await.unwrap();
-    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    let (status, _, _) = raw_post(
+        &app,
+        path,
+        first.len() + rest.len(),
+        &[first, rest],
+        (true, false),
+    )
+    .await;
+    assert_eq!(status, "HTTP/1.1 200 OK");
     let charges = app.mock.provider.charges();
     assert_eq!(charges.len(), 2);
     assert_eq!(
@@ -1265,29 +1311,10 @@ async fn a_pass_through_body_is_forwarded_whole_and_a_stalled_one_is_refused() {
     );
     assert_eq!(app.mock.provider.requests().len(), 2);
 
-    let mut s = tokio::net::TcpStream::connect(app.gw.proxy_addr)
-        .await
-        .unwrap();
-    let head = format!(
-        "POST /direct/v1/charges HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\n\
-         Content-Type: application/json\r\nContent-Length: 30\r\n\r\n"
-    );
-    s.write_all(head.as_bytes()).await.unwrap();
-    let mut resp = String::new();
-    tokio::time::timeout(
-        std::time::Duration::from_secs(20),
-        s.read_to_string(&mut resp),
-    )
-    .await
-    .expect("the gateway answers and closes")
-    .unwrap();
-    assert!(resp.starts_with("HTTP/1.1 408"), "{resp}");
-    assert!(
-        resp.to_ascii_lowercase().contains("connection: close"),
-        "{resp}"
-    );
-    let body = resp.split("\r\n\r\n").nth(1).unwrap();
-    let p: Value = serde_json::from_str(body).unwrap();
+    // No byte of the body: 408, and nothing sent.
+    let (status, head, p) = raw_post(&app, path, 30, &[], (false, false)).await;
+    assert!(status.starts_with("HTTP/1.1 408"), "{status}");
+    assert!(head.contains("connection: close"), "{head}");
     assert_eq!(
         (&p["field"], &p["limit_ms"]),
         (&"body".into(), &300.into()),
@@ -1298,34 +1325,13 @@ async fn a_pass_through_body_is_forwarded_whole_and_a_stalled_one_is_refused() {
         2,
         "nothing more was sent"
     );
-    assert_eq!(app.mock.provider.charges().len(), 2);
 
     // A body that starts and then breaks off (the caller closes its side)
     // is the caller's 400 naming body; one that starts and then stalls is
     // its 408. Neither is a 502 naming the provider, and neither charges.
     for (close, want) in [(true, "HTTP/1.1 400"), (false, "HTTP/1.1 408")] {
-        let mut s = tokio::net::TcpStream::connect(app.gw.proxy_addr)
-            .await
-            .unwrap();
-        let head = format!(
-            "POST /direct/v1/charges HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\n\
-             Content-Type: application/json\r\nContent-Length: 30\r\n\r\n{{\"amount\":9,"
-        );
-        s.write_all(head.as_bytes()).await.unwrap();
-        if close {
-            s.shutdown().await.unwrap();
-        }
-        let mut resp = String::new();
-        tokio::time::timeout(
-            std::time::Duration::from_secs(20),
-            s.read_to_string(&mut resp),
-        )
-        .await
-        .expect("the gateway answers and closes")
-        .unwrap();
-        assert!(resp.starts_with(want), "{resp}");
-        let body = resp.split("\r\n\r\n").nth(1).unwrap();
-        let p: Value = serde_json::from_str(body).unwrap();
+        let (status, _, p) = raw_post(&app, path, 30, &[r#"{"amount":9,"#], (false, close)).await;
+        assert!(status.starts_with(want), "{status} {p}");
         assert_eq!(p["field"], "body", "{p}");
         if !close {
             assert_eq!(p["limit_ms"], 300, "{p}");
