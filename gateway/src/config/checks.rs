@@ -87,17 +87,25 @@ impl ConfigFile {
                 "must be at least 1",
             ));
         }
-        if !(1..=2048).contains(&self.limits.max_provider_reference_bytes) {
-            return Err(ConfigError::new(
+        // Indexed columns: PostgreSQL refuses an index entry much longer.
+        for (field, value, what) in [
+            (
                 "limits.max_provider_reference_bytes",
-                "must be in 1..=2048 (the reference is indexed)",
-            ));
-        }
-        if !(1..=2048).contains(&self.limits.max_inbox_id_bytes) {
-            return Err(ConfigError::new(
+                self.limits.max_provider_reference_bytes,
+                "the reference is indexed",
+            ),
+            (
                 "limits.max_inbox_id_bytes",
-                "must be in 1..=2048 (event ids and sequence keys are indexed)",
-            ));
+                self.limits.max_inbox_id_bytes,
+                "event ids and sequence keys are indexed",
+            ),
+        ] {
+            if !(1..=2048).contains(&value) {
+                return Err(ConfigError::new(
+                    field,
+                    format!("must be in 1..=2048 ({what})"),
+                ));
+            }
         }
         for (field, value) in [
             (

@@ -53,16 +53,29 @@ pub fn bounded_reference(
     about: &str,
 ) -> Option<String> {
     let r = reference?;
-    if r.len() > max_bytes || r.contains('\0') {
-        tracing::warn!(
-            about,
-            bytes = r.len(),
-            max_bytes,
-            "a provider reference longer than limits.max_provider_reference_bytes (or holding NUL) is not kept"
-        );
+    if let Some(fault) = reference_fault(&r, max_bytes) {
+        tracing::warn!(about, %fault, "a provider reference is not kept");
         return None;
     }
     Some(r)
+}
+
+/// What keeps `reference` out of the ledger, if anything: more than
+/// `max_bytes` (`limits.max_provider_reference_bytes`), or a NUL (the
+/// ledger stores none: each would be U+FFFD, three bytes, past the limit,
+/// and two references would read as one). Shared by the operator's
+/// resolution, which refuses such a reference, and [`bounded_reference`],
+/// which drops it.
+pub fn reference_fault(reference: &str, max_bytes: usize) -> Option<String> {
+    if reference.len() > max_bytes {
+        return Some(format!(
+            "provider_reference is {} bytes; at most {max_bytes} (limits.max_provider_reference_bytes)",
+            reference.len()
+        ));
+    }
+    reference
+        .contains('\0')
+        .then(|| "provider_reference holds U+0000 (NUL), which the ledger does not store".into())
 }
 
 /// The effect class of `op`: the one stored with it at reservation, else

@@ -333,25 +333,15 @@ pub async fn resolve(
     may_settle(principal, "resolve operations")?;
     check_reason(app, "body.reason", action.reason.as_deref())?;
     let max = app.settings().limits.max_provider_reference_bytes;
-    if let Some(r) = &action.provider_reference {
-        if r.len() > max {
-            return Err(OpError::BadRequest {
-                field: "body.provider_reference".into(),
-                message: format!(
-                    "provider_reference is {} bytes; at most {max} (limits.max_provider_reference_bytes)",
-                    r.len()
-                ),
-            });
-        }
-        // The ledger keeps no NUL: each would be stored as U+FFFD, three
-        // bytes, past the limit just checked (and two references one).
-        if r.contains('\0') {
-            return Err(OpError::BadRequest {
-                field: "body.provider_reference".into(),
-                message: "provider_reference holds U+0000 (NUL), which the ledger does not store"
-                    .into(),
-            });
-        }
+    if let Some(fault) = action
+        .provider_reference
+        .as_deref()
+        .and_then(|r| super::reference_fault(r, max))
+    {
+        return Err(OpError::BadRequest {
+            field: "body.provider_reference".into(),
+            message: fault,
+        });
     }
     let tenant = principal.tenant.as_str();
     let outcome = action
