@@ -77,6 +77,9 @@ impl ConfigFile {
                 ));
                 src.deliver = false;
             }
+            if let Some(w) = super::inbox::unsigned_event_id(i, &src) {
+                warnings.push(w);
+            }
             if inbox.contains_key(&src.name) {
                 return Err(ConfigError::new(
                     format!("inbox[{i}].name"),

@@ -166,6 +166,27 @@ pub enum SignatureScheme {
     HmacSha256,
 }
 
+/// The warning for source `i` when its event id is read from a header its
+/// scheme does not sign: every scheme but `standard-webhooks`, whose
+/// signature covers `webhook-id` (and no other header). A resend of a
+/// signed event under another id in that header verifies, and is stored
+/// and delivered as a new event; with an id from the (signed) body it is
+/// a duplicate. Some providers give the id only in a header (GitHub's
+/// `X-GitHub-Delivery`), so the setting is allowed, with this warning.
+pub fn unsigned_event_id(i: usize, src: &InboxSource) -> Option<String> {
+    let EventIdAt::Header(h) = &src.event_id else {
+        return None;
+    };
+    if src.scheme == SignatureScheme::StandardWebhooks && h == "webhook-id" {
+        return None;
+    }
+    Some(format!(
+        "inbox[{i}].event_id: the {} signature of {:?} does not cover the header {h}, so a resend of a signed event under another id there is taken as a new event (stored, delivered); use a JSON pointer into the body when the provider puts the id there",
+        src.scheme.as_str(),
+        src.name
+    ))
+}
+
 impl SignatureScheme {
     /// The name in the config file.
     pub fn as_str(self) -> &'static str {

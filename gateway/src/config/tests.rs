@@ -287,6 +287,50 @@ fn an_inbox_source_is_checked_field_by_field() {
     assert_eq!(e.path, "inbox[0].tenant", "{e}");
 }
 
+/// An event id from a header the scheme doesn't sign is allowed (some
+/// providers send it only there) with a warning naming the setting; the
+/// `webhook-id` of `standard-webhooks`, which its signature covers, and
+/// an id in the body get none.
+#[test]
+fn an_event_id_outside_the_signature_is_warned_of() {
+    // Kept in the inbox on purpose: the tenant's missing webhook is no
+    // warning.
+    let kept = |extra: &str| inbox_config(&format!("deliver = false\n{extra}"));
+    let s = parse(&kept("event_id = \"header:X-Delivery\"\n")).unwrap();
+    assert_eq!(
+        s.inbox["stripe"].event_id,
+        EventIdAt::Header(http::HeaderName::from_static("x-delivery"))
+    );
+    assert_eq!(s.warnings.len(), 1, "{:?}", s.warnings);
+    assert!(
+        s.warnings[0].starts_with("inbox[0].event_id: the stripe signature of \"stripe\" does not cover the header x-delivery"),
+        "{:?}",
+        s.warnings
+    );
+    // A standard-webhooks secret is base64 after `whsec_`.
+    let dir = tempfile_dir();
+    std::fs::write(dir.join("sw"), "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+    let sw = |extra: &str| {
+        let config = kept(extra).replace("scheme = \"stripe\"", "scheme = \"standard-webhooks\"");
+        let (head, rest) = config.split_once("secrets = [").unwrap();
+        let (_, tail) = rest.split_once("]\n").unwrap();
+        format!(
+            "{head}secrets = [{{ file = \"{}\" }}]\n{tail}",
+            dir.join("sw").display()
+        )
+    };
+    for (config, warned) in [
+        (kept(""), false),
+        (sw(""), false),
+        (sw("event_id = \"header:webhook-id\"\n"), false),
+        (sw("event_id = \"header:x-id\"\n"), true),
+        (sw("event_id = \"/id\"\n"), false),
+    ] {
+        let s = parse(&config).unwrap();
+        assert_eq!(!s.warnings.is_empty(), warned, "{config}: {:?}", s.warnings);
+    }
+}
+
 #[test]
 fn a_match_rule_must_be_tied_to_the_tenant() {
     // `{body:…}` alone could match another tenant's operation: refused.
