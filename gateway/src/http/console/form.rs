@@ -18,7 +18,8 @@ const FORM: &str = "application/x-www-form-urlencoded";
 /// Rejections: 400 `bad-request` naming `header:content-type` when the
 /// body is not declared a form, `form:<field>` for a field that is
 /// missing or of the wrong shape (or unknown, to a type that refuses
-/// unknown fields), or `form` when the body can't be read as one.
+/// unknown fields) or not well formed ([`well_formed`]), or `form` when
+/// the body can't be read as one.
 pub(crate) struct ConsoleForm<T>(pub T);
 
 impl<T, S> FromRequest<S> for ConsoleForm<T>
@@ -57,6 +58,7 @@ where
 /// message names in backticks: ``missing field `decision` ``), else
 /// `form`.
 fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, OpError> {
+    well_formed(body)?;
     let de = serde_urlencoded::Deserializer::new(form_urlencoded::parse(body));
     serde_path_to_error::deserialize(de).map_err(|e| {
         let at = e.path().to_string();
@@ -75,6 +77,56 @@ fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, OpError> {
             message: format!("invalid form: {message}"),
         }
     })
+}
+
+/// Refuses a form a browser would not send: a `%` not followed by two hex
+/// digits (RFC 3986 §2.1), or a name or value whose decoded bytes are not
+/// UTF-8. `form_urlencoded` reads the first as literal text and puts
+/// U+FFFD in place of the second's bytes, so either would be taken as
+/// another value without a word.
+///
+/// Errors: 400 naming `form:<name>` (at most 64 characters of it), or
+/// `form` when the name itself is not well formed.
+fn well_formed(body: &[u8]) -> Result<(), OpError> {
+    for pair in body.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
+        let (name, value) = match pair.iter().position(|&b| b == b'=') {
+            Some(i) => (&pair[..i], &pair[i + 1..]),
+            None => (pair, &[][..]),
+        };
+        let name = decoded(name);
+        if name.is_some() && decoded(value).is_some() {
+            continue;
+        }
+        return Err(OpError::BadRequest {
+            field: name.map_or_else(
+                || "form".into(),
+                |n| format!("form:{}", n.chars().take(64).collect::<String>()),
+            ),
+            message: "the form holds a % not followed by two hex digits, or bytes that are not UTF-8 once decoded".into(),
+        });
+    }
+    Ok(())
+}
+
+/// One name or value of a form, decoded (`+` is a space), if it is well
+/// formed.
+fn decoded(part: &[u8]) -> Option<String> {
+    let mut out = Vec::with_capacity(part.len());
+    let mut rest = part;
+    while let Some((&b, tail)) = rest.split_first() {
+        rest = tail;
+        out.push(match b {
+            b'%' => {
+                let (hex, tail) = rest.split_first_chunk::<2>()?;
+                rest = tail;
+                let digit = |h: u8| (h as char).to_digit(16);
+                (digit(hex[0])? * 16 + digit(hex[1])?) as u8
+            }
+            b'+' => b' ',
+            b => b,
+        });
+    }
+    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]
@@ -112,5 +164,35 @@ mod tests {
         assert_eq!(field_of("csrf=a"), "form:decision");
         assert_eq!(field_of("csrf=a&decision=x&extra=1"), "form:extra");
         assert_eq!(field_of("csrf=a&decision=x&limit=many"), "form:limit");
+    }
+
+    /// A `%` without two hex digits after it, or bytes that are not UTF-8
+    /// once decoded, are refused naming their field; well-formed escapes,
+    /// `+` and multibyte text read as written.
+    #[test]
+    fn malformed_escapes_are_refused() {
+        assert_eq!(
+            parse::<Decide>(b"csrf=a%2Bb&decision=tr%C3%A8s+bien").unwrap(),
+            Decide {
+                csrf: "a+b".into(),
+                decision: "très bien".into(),
+                limit: None
+            }
+        );
+        for (body, field) in [
+            ("csrf=a&decision=%ZZ", "form:decision"),
+            ("csrf=a&decision=50%", "form:decision"),
+            ("csrf=a&decision=%4", "form:decision"),
+            ("csrf=%+1&decision=x", "form:csrf"),
+            ("csrf=a&decision=%FF%FE", "form:decision"),
+            ("csrf=a&%ZZ=1&decision=x", "form"),
+        ] {
+            assert_eq!(field_of(body), field, "{body}");
+        }
+        // Raw bytes that are not UTF-8, unescaped.
+        match parse::<Decide>(b"csrf=a&decision=\xff") {
+            Err(OpError::BadRequest { field, .. }) => assert_eq!(field, "form:decision"),
+            other => panic!("{other:?}"),
+        }
     }
 }
