@@ -999,7 +999,7 @@ async fn a_reload_that_adds_the_tenants_webhook_delivers_from_then_on() {
     let warnings = app.gw.state.settings().warnings.clone();
     // The GitHub-like source also reads its event id from a header its
     // signature doesn't cover.
-    let unsigned_id = "inbox[2].event_id: the hmac-sha256 signature of \"gh\" does not cover the header x-github-delivery";
+    let unsigned_id = "inbox[2].event_id: the header x-github-delivery is not an event id the hmac-sha256 signature of \"gh\" covers";
     assert_eq!(warnings.len(), 2, "{warnings:?}");
     assert!(
         warnings[0].contains("tenant \"b\" has no webhook") && warnings[0].contains("\"gh\""),

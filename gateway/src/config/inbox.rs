@@ -166,9 +166,11 @@ pub enum SignatureScheme {
     HmacSha256,
 }
 
-/// The warning for source `i` when its event id is read from a header its
-/// scheme does not sign: every scheme but `standard-webhooks`, whose
-/// signature covers `webhook-id` (and no other header). A resend of a
+/// The warning for source `i` when its event id is read from a header that
+/// is not an id its scheme signs: any header but the `webhook-id` of
+/// `standard-webhooks` (whose signature also covers `webhook-timestamp`,
+/// which names no event; `stripe` signs the `t` inside its own header, and
+/// `hmac-sha256` the body alone). A resend of a
 /// signed event under another id in that header verifies, and is stored
 /// and delivered as a new event; with an id from the (signed) body it is
 /// a duplicate. Some providers give the id only in a header (GitHub's
@@ -181,7 +183,7 @@ pub fn unsigned_event_id(i: usize, src: &InboxSource) -> Option<String> {
         return None;
     }
     Some(format!(
-        "inbox[{i}].event_id: the {} signature of {:?} does not cover the header {h}, so a resend of a signed event under another id there is taken as a new event (stored, delivered); use a JSON pointer into the body when the provider puts the id there",
+        "inbox[{i}].event_id: the header {h} is not an event id the {} signature of {:?} covers, so a resend of a signed event under another id there is taken as a new event (stored, delivered); use a JSON pointer into the body when the provider puts the id there",
         src.scheme.as_str(),
         src.name
     ))

@@ -303,7 +303,7 @@ fn an_event_id_outside_the_signature_is_warned_of() {
     );
     assert_eq!(s.warnings.len(), 1, "{:?}", s.warnings);
     assert!(
-        s.warnings[0].starts_with("inbox[0].event_id: the stripe signature of \"stripe\" does not cover the header x-delivery"),
+        s.warnings[0].starts_with("inbox[0].event_id: the header x-delivery is not an event id the stripe signature of \"stripe\" covers"),
         "{:?}",
         s.warnings
     );
@@ -323,6 +323,9 @@ fn an_event_id_outside_the_signature_is_warned_of() {
         (kept(""), false),
         (sw(""), false),
         (sw("event_id = \"header:webhook-id\"\n"), false),
+        // Header names are read in lowercase.
+        (sw("event_id = \"header:Webhook-ID\"\n"), false),
+        (sw("event_id = \"header:webhook-timestamp\"\n"), true),
         (sw("event_id = \"header:x-id\"\n"), true),
         (sw("event_id = \"/id\"\n"), false),
     ] {

@@ -93,40 +93,43 @@ fn well_formed(body: &[u8]) -> Result<(), OpError> {
             Some(i) => (&pair[..i], &pair[i + 1..]),
             None => (pair, &[][..]),
         };
-        let name = decoded(name);
-        if name.is_some() && decoded(value).is_some() {
-            continue;
-        }
-        return Err(OpError::BadRequest {
-            field: name.map_or_else(
-                || "form".into(),
-                |n| format!("form:{}", n.chars().take(64).collect::<String>()),
+        let (field, fault) = match (decoded(name), decoded(value)) {
+            (Ok(_), Ok(_)) => continue,
+            (Err(fault), _) => ("form".to_owned(), fault),
+            (Ok(n), Err(fault)) => (
+                format!("form:{}", n.chars().take(64).collect::<String>()),
+                fault,
             ),
-            message: "the form holds a % not followed by two hex digits, or bytes that are not UTF-8 once decoded".into(),
+        };
+        return Err(OpError::BadRequest {
+            field,
+            message: format!("the form holds {fault}"),
         });
     }
     Ok(())
 }
 
-/// One name or value of a form, decoded (`+` is a space), if it is well
-/// formed.
-fn decoded(part: &[u8]) -> Option<String> {
+/// One name or value of a form, decoded (`+` is a space).
+///
+/// Errors: what is wrong with it, as the end of a sentence.
+fn decoded(part: &[u8]) -> Result<String, &'static str> {
+    const BAD_ESCAPE: &str = "a % not followed by two hex digits (RFC 3986 §2.1)";
     let mut out = Vec::with_capacity(part.len());
     let mut rest = part;
     while let Some((&b, tail)) = rest.split_first() {
         rest = tail;
         out.push(match b {
             b'%' => {
-                let (hex, tail) = rest.split_first_chunk::<2>()?;
+                let (hex, tail) = rest.split_first_chunk::<2>().ok_or(BAD_ESCAPE)?;
                 rest = tail;
-                let digit = |h: u8| (h as char).to_digit(16);
+                let digit = |h: u8| (h as char).to_digit(16).ok_or(BAD_ESCAPE);
                 (digit(hex[0])? * 16 + digit(hex[1])?) as u8
             }
             b'+' => b' ',
             b => b,
         });
     }
-    String::from_utf8(out).ok()
+    String::from_utf8(out).map_err(|_| "bytes that are not UTF-8 once decoded")
 }
 
 #[cfg(test)]
@@ -189,6 +192,20 @@ mod tests {
         ] {
             assert_eq!(field_of(body), field, "{body}");
         }
+        for (body, says) in [
+            ("csrf=a&decision=%ZZ", "two hex digits"),
+            ("csrf=a&decision=%FF%FE", "not UTF-8"),
+        ] {
+            match parse::<Decide>(body.as_bytes()) {
+                Err(OpError::BadRequest { message, .. }) => {
+                    assert!(message.contains(says), "{message}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // Empty pairs, an empty name, a value holding `=`, a name alone,
+        // either case of hex, and a trailing `&` are all well formed.
+        assert!(well_formed(b"&&=&a=b=c&x&k=%c3%a8+%C3%A8&").is_ok());
         // Raw bytes that are not UTF-8, unescaped.
         match parse::<Decide>(b"csrf=a&decision=\xff") {
             Err(OpError::BadRequest { field, .. }) => assert_eq!(field, "form:decision"),
