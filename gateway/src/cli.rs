@@ -52,8 +52,8 @@ enum Command {
     Serve(ConfigArg),
     /// Validate a config file; print the bad field's path on error.
     CheckConfig {
-        /// TOML config file to check.
-        #[arg(long, short)]
+        /// TOML config file to check (else `EFFECTGATE_CONFIG`).
+        #[arg(long, short, env = "EFFECTGATE_CONFIG")]
         config: PathBuf,
     },
     /// Create the ledger file if needed and apply the embedded migrations.

@@ -70,6 +70,16 @@ fn check_config_names_the_bad_field() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("routes[0].response_timeout_ms"), "{err}");
+    // Without --config, EFFECTGATE_CONFIG names the file, as for the other
+    // commands.
+    let out = effectgate()
+        .arg("check-config")
+        .env("EFFECTGATE_CONFIG", &bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("routes[0].response_timeout_ms"), "{err}");
 
     // The quickstart config binds the amount-threshold policy: fine once
     // it is built (the quickstart builds it), else the error says where it
