@@ -86,13 +86,31 @@ pub fn parse(
         .ok_or_else(|| reject("body-not-json", "body", "the body is not a JSON object"))?;
     let (event_id, field) = match &src.event_id {
         EventIdAt::Pointer(p) => (identity_at(&json, p).ok().flatten(), format!("body:{p}")),
-        EventIdAt::Header(h) => (
-            headers
-                .get(h)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned),
-            format!("header:{h}"),
-        ),
+        EventIdAt::Header(h) => {
+            let field = format!("header:{h}");
+            let mut values = headers.get_all(h).iter();
+            let first = values.next();
+            // Two ids name no one event; a byte outside visible ASCII
+            // (RFC 9110 §5.5 obs-text) is no id a provider sends.
+            let fault = if values.next().is_some() {
+                Some("appears more than once")
+            } else if first.is_some_and(|v| v.to_str().is_err()) {
+                Some("is not visible ASCII")
+            } else {
+                None
+            };
+            if let Some(fault) = fault {
+                return Err(reject(
+                    "event-id-missing",
+                    field,
+                    format!("the {h} header {fault}; it names one event id"),
+                ));
+            }
+            (
+                first.and_then(|v| v.to_str().ok()).map(str::to_owned),
+                field,
+            )
+        }
     };
     let event_id = event_id
         .filter(|s| !s.is_empty() && s.len() <= max_id_bytes)

@@ -459,5 +459,38 @@ mod tests {
             "sequence-missing"
         );
         assert!(parse(&src, &h, br#"{"id":"e123","data":{"id":"k123","v":1}}"#, 4).is_ok());
+
+        // An id from a header: one value of visible ASCII.
+        let mut src = source(SignatureScheme::HmacSha256, &[b"k"]);
+        src.event_id = EventIdAt::Header(http::HeaderName::from_static("x-delivery"));
+        let with = |values: &[&[u8]]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append("x-delivery", http::HeaderValue::from_bytes(v).unwrap());
+            }
+            parse(&src, &h, br#"{"action":"opened"}"#, 255)
+        };
+        assert_eq!(with(&[b"d-1"]).unwrap().event_id, "d-1");
+        for (values, says) in [
+            (&[&b"d-1"[..], b"d-2"][..], "appears more than once"),
+            (&[&b"d-\xe9"[..]][..], "is not visible ASCII"),
+            (&[][..], "no event id"),
+        ] {
+            match with(values) {
+                Err(OpError::InboxRejected {
+                    check,
+                    field,
+                    message,
+                    ..
+                }) => {
+                    assert_eq!(
+                        (check, field.as_str()),
+                        ("event-id-missing", "header:x-delivery")
+                    );
+                    assert!(message.contains(says), "{message}");
+                }
+                other => panic!("{values:?}: {other:?}"),
+            }
+        }
     }
 }
