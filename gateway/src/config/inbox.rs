@@ -170,11 +170,11 @@ pub enum SignatureScheme {
 /// is not an id its scheme signs: any header but the `webhook-id` of
 /// `standard-webhooks` (whose signature also covers `webhook-timestamp`,
 /// which names no event; `stripe` signs the `t` inside its own header, and
-/// `hmac-sha256` the body alone). A resend of a
-/// signed event under another id in that header verifies, and is stored
-/// and delivered as a new event; with an id from the (signed) body it is
-/// a duplicate. Some providers give the id only in a header (GitHub's
-/// `X-GitHub-Delivery`), so the setting is allowed, with this warning.
+/// `hmac-sha256` the body alone). A resend of a signed event under another
+/// id in that header verifies, and is stored and delivered as a new event;
+/// with an id from the (signed) body it is a duplicate. Some providers give
+/// the id only in a header (GitHub's `X-GitHub-Delivery`), so the setting
+/// is allowed, with this warning.
 pub fn unsigned_event_id(i: usize, src: &InboxSource) -> Option<String> {
     let EventIdAt::Header(h) = &src.event_id else {
         return None;

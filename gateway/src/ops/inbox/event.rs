@@ -89,27 +89,24 @@ pub fn parse(
         EventIdAt::Header(h) => {
             let field = format!("header:{h}");
             let mut values = headers.get_all(h).iter();
-            let first = values.next();
             // Two ids name no one event; a byte outside visible ASCII
             // (RFC 9110 §5.5 obs-text) is no id a provider sends.
-            let fault = if values.next().is_some() {
-                Some("appears more than once")
-            } else if first.is_some_and(|v| v.to_str().is_err()) {
-                Some("is not visible ASCII")
-            } else {
-                None
+            let id = match (values.next(), values.next()) {
+                (None, _) => Ok(None),
+                (Some(_), Some(_)) => Err("appears more than once"),
+                (Some(v), None) => v
+                    .to_str()
+                    .map(|s| Some(s.to_owned()))
+                    .map_err(|_| "is not visible ASCII"),
             };
-            if let Some(fault) = fault {
-                return Err(reject(
+            let id = id.map_err(|fault| {
+                reject(
                     "event-id-missing",
-                    field,
+                    field.clone(),
                     format!("the {h} header {fault}; it names one event id"),
-                ));
-            }
-            (
-                first.and_then(|v| v.to_str().ok()).map(str::to_owned),
-                field,
-            )
+                )
+            })?;
+            (id, field)
         }
     };
     let event_id = event_id
