@@ -86,7 +86,7 @@ fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, OpError> {
 /// another value without a word.
 ///
 /// Errors: 400 naming `form:<name>` (at most 64 characters of it), or
-/// `form` when the name itself is not well formed.
+/// `form` when the name itself is not well formed or is empty.
 fn well_formed(body: &[u8]) -> Result<(), OpError> {
     for pair in body.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
         let (name, value) = match pair.iter().position(|&b| b == b'=') {
@@ -96,6 +96,7 @@ fn well_formed(body: &[u8]) -> Result<(), OpError> {
         let (field, fault) = match (decoded(name), decoded(value)) {
             (Ok(_), Ok(_)) => continue,
             (Err(fault), _) => ("form".to_owned(), fault),
+            (Ok(n), Err(fault)) if n.is_empty() => ("form".to_owned(), fault),
             (Ok(n), Err(fault)) => (
                 format!("form:{}", n.chars().take(64).collect::<String>()),
                 fault,
@@ -189,6 +190,7 @@ mod tests {
             ("csrf=%+1&decision=x", "form:csrf"),
             ("csrf=a&decision=%FF%FE", "form:decision"),
             ("csrf=a&%ZZ=1&decision=x", "form"),
+            ("csrf=a&=%ZZ&decision=x", "form"),
         ] {
             assert_eq!(field_of(body), field, "{body}");
         }
