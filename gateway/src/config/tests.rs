@@ -292,6 +292,18 @@ fn an_inbox_source_is_checked_field_by_field() {
 /// `webhook-id` of `standard-webhooks`, which its signature covers, and
 /// an id in the body get none.
 #[test]
+fn the_gateways_request_id_is_no_event_id() {
+    let config = inbox_config("deliver = false\nevent_id = \"header:X-Request-Id\"\n");
+    let e = parse(&config).unwrap_err();
+    assert_eq!(e.path, "inbox[0].event_id", "{e}");
+    assert!(
+        e.message
+            .contains("x-request-id is the gateway's own request id"),
+        "{e}"
+    );
+}
+
+#[test]
 fn an_event_id_outside_the_signature_is_warned_of() {
     // Kept in the inbox on purpose: the tenant's missing webhook is no
     // warning.

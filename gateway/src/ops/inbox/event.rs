@@ -90,14 +90,20 @@ pub fn parse(
             let field = format!("header:{h}");
             let mut values = headers.get_all(h).iter();
             // Two ids name no one event; a byte outside visible ASCII
-            // (RFC 9110 §5.5 obs-text) is no id a provider sends.
+            // (RFC 9110 §5.5 obs-text, and the space and tab a field value
+            // may hold inside it) is no id a provider sends. The value's
+            // leading and trailing whitespace is not part of it (§5.5).
             let id = match (values.next(), values.next()) {
                 (None, _) => Ok(None),
                 (Some(_), Some(_)) => Err("appears more than once"),
-                (Some(v), None) => v
-                    .to_str()
-                    .map(|s| Some(s.to_owned()))
-                    .map_err(|_| "is not visible ASCII"),
+                (Some(v), None) => {
+                    let text = v.as_bytes().trim_ascii();
+                    if text.iter().all(u8::is_ascii_graphic) {
+                        Ok(Some(String::from_utf8_lossy(text).into_owned()))
+                    } else {
+                        Err("is not visible ASCII")
+                    }
+                }
             };
             let id = id.map_err(|fault| {
                 reject(
