@@ -91,19 +91,18 @@ pub fn parse(
             let mut values = headers.get_all(h).iter();
             // Two ids name no one event; a byte outside visible ASCII
             // (RFC 9110 §5.5 obs-text, and the space and tab a field value
-            // may hold inside it) is no id a provider sends. The value's
-            // leading and trailing whitespace is not part of it (§5.5).
+            // may hold inside it) is no id a provider sends. HTTP/1.1's
+            // parser drops the whitespace around a value (§5.5); over
+            // HTTP/2 a value with it is malformed (RFC 9113 §8.2.1) and
+            // refused here too, so an id is the very bytes a signature
+            // over the header covered, over either protocol.
             let id = match (values.next(), values.next()) {
                 (None, _) => Ok(None),
                 (Some(_), Some(_)) => Err("appears more than once"),
-                (Some(v), None) => {
-                    let text = v.as_bytes().trim_ascii();
-                    if text.iter().all(u8::is_ascii_graphic) {
-                        Ok(Some(String::from_utf8_lossy(text).into_owned()))
-                    } else {
-                        Err("is not visible ASCII")
-                    }
+                (Some(v), None) if v.as_bytes().iter().all(u8::is_ascii_graphic) => {
+                    Ok(Some(String::from_utf8_lossy(v.as_bytes()).into_owned()))
                 }
+                (Some(_), None) => Err("is not visible ASCII"),
             };
             let id = id.map_err(|fault| {
                 reject(
