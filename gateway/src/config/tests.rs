@@ -287,10 +287,9 @@ fn an_inbox_source_is_checked_field_by_field() {
     assert_eq!(e.path, "inbox[0].tenant", "{e}");
 }
 
-/// An event id from a header the scheme doesn't sign is allowed (some
-/// providers send it only there) with a warning naming the setting; the
-/// `webhook-id` of `standard-webhooks`, which its signature covers, and
-/// an id in the body get none.
+/// `x-request-id`, which the gateway sets itself on a request without a
+/// valid one, is refused as an event id: every resend would be a new
+/// event.
 #[test]
 fn the_gateways_request_id_is_no_event_id() {
     let config = inbox_config("deliver = false\nevent_id = \"header:X-Request-Id\"\n");
@@ -303,6 +302,10 @@ fn the_gateways_request_id_is_no_event_id() {
     );
 }
 
+/// An event id from a header the scheme doesn't sign is allowed (some
+/// providers send it only there) with a warning naming the setting; the
+/// `webhook-id` of `standard-webhooks`, which its signature covers, and
+/// an id in the body get none.
 #[test]
 fn an_event_id_outside_the_signature_is_warned_of() {
     // Kept in the inbox on purpose: the tenant's missing webhook is no
