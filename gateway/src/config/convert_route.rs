@@ -11,7 +11,7 @@ use super::*;
 /// forwarding, W3C Trace Context). Nor may it be one of the route's
 /// `inject_headers`.
 const NOT_FOR_A_KEY: &[&str] = &[
-    "x-request-id",
+    super::REQUEST_ID_HEADER,
     "x-forwarded-for",
     "x-forwarded-host",
     "x-forwarded-proto",

@@ -166,11 +166,6 @@ pub enum SignatureScheme {
     HmacSha256,
 }
 
-/// The request id header the gateway reads and, when a request has none
-/// or a malformed one, sets before any handler runs (`x-request-id`):
-/// no inbox event id can be read from it.
-const GATEWAY_REQUEST_ID: &str = "x-request-id";
-
 /// The warning for source `i` when its event id is read from a header that
 /// is not an id its scheme signs: any header but the `webhook-id` of
 /// `standard-webhooks` (whose signature also covers `webhook-timestamp`,
@@ -469,7 +464,9 @@ pub(super) fn inbox_source(
                     format!("not a header name: {name:?}"),
                 )
             })?;
-            if name.as_str() == GATEWAY_REQUEST_ID {
+            // The gateway's own ([`super::REQUEST_ID_HEADER`]): no event id
+            // can be read from it.
+            if name.as_str() == super::REQUEST_ID_HEADER {
                 return Err(ConfigError::new(
                     format!("{p}.event_id"),
                     "x-request-id is the gateway's own request id: a request without one, or with one sent twice or malformed, is given a fresh id before the inbox reads it, so every resend would be a new event; point at the provider's delivery id header or a body field",

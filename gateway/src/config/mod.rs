@@ -22,6 +22,11 @@ use http::{HeaderName, HeaderValue, Method};
 
 use sha2::{Digest, Sha256};
 
+/// The request id header (lower case) the gateway reads from each call
+/// and, when a call has none or a malformed one, sets to a fresh id before
+/// any handler runs; it is forwarded and echoed in the answer.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
 /// Default stored-response header allow-list (lower-case names).
 pub const DEFAULT_STORED_HEADERS: &[&str] = &[
     "content-type",

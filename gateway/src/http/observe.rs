@@ -27,7 +27,7 @@ use tower_http::trace::TraceLayer;
 /// Longest `x-request-id` kept from a caller, in bytes.
 pub const MAX_REQUEST_ID_BYTES: usize = 128;
 
-static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+static X_REQUEST_ID: HeaderName = HeaderName::from_static(crate::config::REQUEST_ID_HEADER);
 
 /// Wraps `inner` (the service of the `listener` named `proxy` or
 /// `admin`) in the layers of the module docs. The answer's body is the

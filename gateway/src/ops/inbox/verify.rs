@@ -40,7 +40,7 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<&'a str, OpError> {
         reject(
             "signature-malformed",
             field,
-            format!("the {name} header is not visible ASCII"),
+            format!("the {name} header holds a byte outside ASCII"),
         )
     })
 }
