@@ -99,10 +99,12 @@ pub fn parse(
             let id = match (values.next(), values.next()) {
                 (None, _) => Ok(None),
                 (Some(_), Some(_)) => Err("appears more than once"),
-                (Some(v), None) if v.as_bytes().iter().all(u8::is_ascii_graphic) => {
-                    Ok(Some(String::from_utf8_lossy(v.as_bytes()).into_owned()))
-                }
-                (Some(_), None) => Err("is not visible ASCII"),
+                (Some(v), None) => v
+                    .to_str()
+                    .ok()
+                    .filter(|s| s.bytes().all(|b| b.is_ascii_graphic()))
+                    .map(|s| Some(s.to_owned()))
+                    .ok_or("is not visible ASCII"),
             };
             let id = id.map_err(|fault| {
                 reject(
