@@ -4,13 +4,27 @@
 //! - An HTTP/1.1 connection carries one exchange at a time. It is checked
 //!   out for a request and comes back to its list when the response body
 //!   has been read to its end ([`ResponseBody`]); a body dropped before its
-//!   end takes the connection with it (hyper closes it).
+//!   end takes the connection with it (it is closed).
+//! - An HTTP/1.1 connection has no task of its own: the request's task
+//!   polls it (hyper's `Connection`, the [`Driver`]) while it waits for
+//!   the response head, and the response body polls it while it is read.
+//!   A call through the gateway then runs on one task from the caller's
+//!   socket to the provider's and back, with no wake-up of another task
+//!   (and thread) on each way, as a proxy's event loop does it. Idle
+//!   connections are polled, without a waker, by the reaper (at least once
+//!   a second): one the provider closed is found so and dropped. A call
+//!   that takes one the provider closed since reads the close before it
+//!   writes anything, and goes out on another connection. A connection
+//!   whose request body is still being sent when its response has been
+//!   read (the provider answered early) is finished by a task of its own
+//!   and closed, not pooled.
 //! - An HTTP/2 connection (ALPN `h2`) is shared by every request to its
-//!   destination until it closes.
+//!   destination until it closes, and is driven by a task of its own.
 //! - Idle HTTP/1.1 connections are reused most recent first and closed
 //!   after the idle timeout (a route's `idle_connection_timeout_ms`, 30 s
 //!   by default): at checkout, and by a reaper task that runs once per
-//!   timeout while the client lives.
+//!   timeout, or once a second if that is shorter, while the client
+//!   lives.
 //! - A request that a reused connection closed under before sending any of
 //!   it goes out again on another connection, as hyper's own pool does; a
 //!   request on a new connection is never sent twice.
@@ -36,6 +50,7 @@ use hyper::client::conn::{http1, http2};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::Connection as _;
 use hyper_util::rt::TokioExecutor;
+use sync_wrapper::SyncWrapper;
 use tower::ServiceExt as _;
 
 use super::{BoxError, Egress, OutboundBody};
@@ -70,7 +85,40 @@ struct Destination {
 
 struct Idle {
     tx: http1::SendRequest<OutboundBody>,
+    driver: Driver,
     since: Instant,
+}
+
+/// An HTTP/1.1 connection's own future (hyper's `Connection`): each poll
+/// writes what the request has ready and reads what the provider sent;
+/// it ends when the connection closes. Boxed once per connection; `Sync`
+/// (a response body must be) because it is only ever polled through
+/// `&mut`.
+struct Driver(SyncWrapper<ConnFuture>);
+
+/// hyper's `Connection` future, boxed.
+type ConnFuture = Pin<Box<dyn Future<Output = Result<(), hyper::Error>> + Send>>;
+
+impl Driver {
+    fn new<F>(conn: F) -> Self
+    where
+        F: Future<Output = Result<(), hyper::Error>> + Send + 'static,
+    {
+        Self(SyncWrapper::new(Box::pin(conn)))
+    }
+
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), hyper::Error>> {
+        self.0.get_mut().as_mut().poll(cx)
+    }
+
+    /// Polls an idle connection once with a waker that does nothing
+    /// (whoever uses the connection next polls it with its own before it
+    /// waits): whether it has ended (the provider closed it, or it
+    /// failed).
+    fn ended_while_idle(&mut self) -> bool {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        self.poll(&mut cx).is_ready()
+    }
 }
 
 #[derive(Clone)]
@@ -88,7 +136,7 @@ impl PartialEq for Key {
 }
 
 enum Checked {
-    H1(http1::SendRequest<OutboundBody>),
+    H1(http1::SendRequest<OutboundBody>, Driver),
     H2(http2::SendRequest<OutboundBody>),
 }
 
@@ -178,28 +226,34 @@ impl HttpClient {
         let key = Key::of(req.uri())?;
         let uri = req.uri().clone();
         loop {
-            // A new connection comes with the receiver of its own error,
-            // for a request it closed under before sending any of it.
-            let (conn, fresh, host) = match self.inner.checkout(&key, Instant::now()) {
-                Some((c, host)) => (c, None, host),
+            // A new HTTP/2 connection comes with the receiver of its own
+            // error, for a request it closed under before sending any of
+            // it (an HTTP/1.1 connection's error comes from its driver).
+            let (conn, fresh, h2_ended, host) = match self.inner.checkout(&key, Instant::now()) {
+                Some((c, host)) => (c, false, None, host),
                 None => {
                     let connect = self.boxed_connect(&key, &uri);
                     let (c, ended) = connect.await?;
-                    (c, Some(ended), None)
+                    (c, true, ended, None)
                 }
             };
-            let (result, h2) = match conn {
+            let (result, h2, h1_ended) = match conn {
                 Checked::H2(mut tx) => {
                     *req.uri_mut() = uri.clone();
                     let r = tx.try_send_request(req).await;
-                    (r.map(|r| r.map(ResponseBody::unpooled)), true)
+                    (r.map(|r| r.map(ResponseBody::unpooled)), true, None)
                 }
-                Checked::H1(mut tx) => {
+                Checked::H1(mut tx, driver) => {
                     // A pooled connection is ready (checkout takes no
                     // other); a new one takes its first request at once.
                     to_origin_form(&mut req, host.or_else(|| host_value(&key)));
-                    let r = tx.try_send_request(req).await;
-                    (r.map(|r| self.pooled(key.clone(), tx, r)), false)
+                    let send = tx.try_send_request(req);
+                    let (r, driver, ended) = exchange(send, driver).await;
+                    (
+                        r.map(|r| self.pooled(key.clone(), tx, driver, r)),
+                        false,
+                        ended,
+                    )
                 }
             };
             let mut e = match result {
@@ -211,30 +265,37 @@ impl HttpClient {
                 self.inner.unshare(&key);
             }
             match (e.take_message(), fresh) {
-                (Some(r), None) => {
+                (Some(r), false) => {
                     req = r;
                     *req.uri_mut() = uri.clone();
                 }
-                (Some(_), Some(ended)) => {
-                    return Err(closed_before_send(e.into_error(), ended).await);
+                (Some(_), true) => {
+                    return Err(match (h1_ended, h2_ended) {
+                        (Some(cause), _) => Error::ClosedBeforeSend(cause),
+                        (None, Some(ended)) => closed_before_send(e.into_error(), ended).await,
+                        (None, None) => Error::ClosedBeforeSend(e.into_error()),
+                    });
                 }
                 (None, _) => return Err(Error::Exchange(e.into_error())),
             }
         }
     }
 
-    /// The response of an HTTP/1.1 exchange on `tx`, whose connection goes
-    /// back to the pool when its body ends.
+    /// The response of an HTTP/1.1 exchange on `tx`, whose connection
+    /// (`driver`, `None` when it ended with the exchange) goes back to the
+    /// pool when its body ends.
     fn pooled(
         &self,
         key: Key,
         tx: http1::SendRequest<OutboundBody>,
+        driver: Option<Driver>,
         r: Response<Incoming>,
     ) -> Response<ResponseBody> {
-        let back = Some(GiveBack {
+        let back = driver.map(|driver| GiveBack {
             pool: Arc::downgrade(&self.inner),
             key,
             tx,
+            driver,
         });
         let (parts, body) = r.into_parts();
         let mut body = ResponseBody { body, back };
@@ -251,13 +312,14 @@ impl HttpClient {
         &'a self,
         key: &'a Key,
         uri: &'a Uri,
-    ) -> futures_util::future::BoxFuture<'a, Result<(Checked, Ended), Error>> {
+    ) -> futures_util::future::BoxFuture<'a, Result<(Checked, Option<Ended>), Error>> {
         Box::pin(self.connect(key, uri))
     }
 
-    /// Opens a connection to `key` (HTTP/2 when the provider chose `h2` in
-    /// ALPN) and drives it in a task of its own.
-    async fn connect(&self, key: &Key, uri: &Uri) -> Result<(Checked, Ended), Error> {
+    /// Opens a connection to `key`: HTTP/2 when the provider chose `h2` in
+    /// ALPN, driven by a task of its own (with the receiver of the error it
+    /// ends with); else HTTP/1.1, with its [`Driver`].
+    async fn connect(&self, key: &Key, uri: &Uri) -> Result<(Checked, Option<Ended>), Error> {
         let io = self
             .inner
             .connector
@@ -273,26 +335,31 @@ impl HttpClient {
                 .map_err(Error::Handshake)?;
             let ended = drive(conn, "HTTP/2");
             self.inner.share(key, tx.clone());
-            Ok((Checked::H2(tx), ended))
+            Ok((Checked::H2(tx), Some(ended)))
         } else {
             let (tx, conn) = http1::Builder::new()
                 .handshake(io)
                 .await
                 .map_err(Error::Handshake)?;
-            let ended = drive(conn, "HTTP/1.1");
-            Ok((Checked::H1(tx), ended))
+            Ok((Checked::H1(tx, Driver::new(conn)), None))
         }
     }
 
-    /// Starts the task that closes expired idle connections, once per
-    /// client; it ends when the last clone of the client is dropped.
+    /// Starts the task that closes expired idle connections and drops
+    /// those the provider closed, once per client; it ends when the last
+    /// clone of the client is dropped.
     fn start_reaper(&self) {
         if self.inner.reaper_started.swap(true, Ordering::Relaxed) {
             return;
         }
         let pool = Arc::downgrade(&self.inner);
-        // At most ten runs a second, however short the timeout.
-        let every = self.inner.idle_timeout.max(Duration::from_millis(100));
+        // Once a second at least, so that a connection the provider
+        // closed is not kept half-closed for a whole timeout; at most ten
+        // runs a second, however short the timeout.
+        let every = self
+            .inner
+            .idle_timeout
+            .clamp(Duration::from_millis(100), Duration::from_secs(1));
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
@@ -320,6 +387,36 @@ impl HttpClient {
 
 /// The error a connection ended with, if it ended with one.
 type Ended = tokio::sync::oneshot::Receiver<hyper::Error>;
+
+/// Awaits `send` (an HTTP/1.1 request's response head) while polling the
+/// connection's `driver`, which writes the request and reads the head,
+/// on the caller's task. Returns the outcome, the driver unless the
+/// connection ended meanwhile, and the error it ended with, if any (when
+/// it ended, hyper answers `send` with an error: the request back if none
+/// of it was written).
+async fn exchange<F: Future>(
+    send: F,
+    driver: Driver,
+) -> (F::Output, Option<Driver>, Option<hyper::Error>) {
+    let mut send = std::pin::pin!(send);
+    let mut driver = Some(driver);
+    let mut ended = None;
+    let out = std::future::poll_fn(|cx| {
+        if let Some(d) = driver.as_mut()
+            && let Poll::Ready(r) = d.poll(cx)
+        {
+            // Dropped at once: hyper then fails whatever is pending.
+            driver = None;
+            ended = r.err();
+        }
+        send.as_mut().poll(cx)
+    })
+    .await;
+    if let Some(e) = &ended {
+        tracing::debug!(error = %e, version = "HTTP/1.1", "provider connection ended");
+    }
+    (out, driver, ended)
+}
 
 /// Drives a provider connection (`version`, for the log) in a task of its
 /// own until it closes; its error, if any, goes to the receiver.
@@ -369,17 +466,14 @@ impl Inner {
             }
             d.shared = None;
         }
-        // Most recent first. A connection still sending the body of its
-        // last request (the provider answered before reading it all) is
-        // not ready: it is left for later, not waited for.
-        let mut i = d.idle.len();
-        while i > 0 {
-            i -= 1;
-            let idle = &d.idle[i];
-            if idle.tx.is_closed() || now.duration_since(idle.since) >= self.idle_timeout {
-                d.idle.remove(i);
-            } else if idle.tx.is_ready() {
-                return Some((Checked::H1(d.idle.remove(i).tx), d.host.clone()));
+        // Most recent first. One the provider closed since the reaper last
+        // looked is not polled here (a poll per call, in vain nearly
+        // always): the request's first poll of it reads the close before
+        // it takes the request, which hyper then gives back unsent, and
+        // the request goes out on another connection.
+        while let Some(idle) = d.idle.pop() {
+            if now.duration_since(idle.since) < self.idle_timeout && idle.tx.is_ready() {
+                return Some((Checked::H1(idle.tx, idle.driver), d.host.clone()));
             }
         }
         None
@@ -413,13 +507,26 @@ impl Inner {
         }
     }
 
-    fn put_back(&self, key: &Key, tx: http1::SendRequest<OutboundBody>) {
-        if tx.is_closed() {
-            return;
+    /// Pools a connection whose response was read to its end. Usually
+    /// the poll that read the end also readied it for the next request;
+    /// else it is polled once more. One still not ready (its request body
+    /// is still being sent) is finished by a task of its own and then
+    /// closed; one that ended is dropped.
+    fn put_back(&self, key: &Key, tx: http1::SendRequest<OutboundBody>, mut driver: Driver) {
+        if !tx.is_ready() {
+            if driver.ended_while_idle() {
+                return;
+            }
+            if !tx.is_ready() {
+                drop(tx);
+                drive(driver.0.into_inner(), "HTTP/1.1");
+                return;
+            }
         }
         let mut dests = self.lock();
         Self::destination(&mut dests, key).idle.push(Idle {
             tx,
+            driver,
             since: Instant::now(),
         });
     }
@@ -427,8 +534,9 @@ impl Inner {
     fn reap(&self, now: Instant) {
         let mut dests = self.lock();
         for d in dests.iter_mut() {
-            d.idle
-                .retain(|i| !i.tx.is_closed() && now.duration_since(i.since) < self.idle_timeout);
+            d.idle.retain_mut(|i| {
+                now.duration_since(i.since) < self.idle_timeout && !i.driver.ended_while_idle()
+            });
             if d.shared.as_ref().is_some_and(|(tx, used)| {
                 tx.is_closed() || now.duration_since(*used) >= self.idle_timeout
             }) {
@@ -494,6 +602,7 @@ struct GiveBack {
     pool: Weak<Inner>,
     key: Key,
     tx: http1::SendRequest<OutboundBody>,
+    driver: Driver,
 }
 
 impl ResponseBody {
@@ -505,7 +614,7 @@ impl ResponseBody {
         if let Some(b) = self.back.take()
             && let Some(pool) = b.pool.upgrade()
         {
-            pool.put_back(&b.key, b.tx);
+            pool.put_back(&b.key, b.tx, b.driver);
         }
     }
 }
@@ -528,6 +637,16 @@ impl Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
+        // The connection first: it moves what the provider sent into the
+        // body. If it ended, what it read is in the body already.
+        if let Some(b) = &mut this.back
+            && let Poll::Ready(r) = b.driver.poll(cx)
+        {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, version = "HTTP/1.1", "provider connection ended");
+            }
+            this.back = None;
+        }
         let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
         match &frame {
             None => this.give_back(),

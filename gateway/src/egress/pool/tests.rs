@@ -16,6 +16,8 @@ enum Answer {
     /// `200`, body `hello`, then the connection is closed (no
     /// `Connection: close`: a provider that drops idle connections).
     ThenClose,
+    /// `204`, no body, the connection kept.
+    Empty,
 }
 
 /// A provider on 127.0.0.1 speaking HTTP/1.1 by hand: it counts the
@@ -46,6 +48,8 @@ async fn provider(answer: Answer) -> (Uri, Arc<AtomicUsize>, mpsc::UnboundedRece
                         let half = matches!(answer, Answer::Half) && n == 0;
                         let reply: &[u8] = if half {
                             b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello"
+                        } else if matches!(answer, Answer::Empty) {
+                            b"HTTP/1.1 204 No Content\r\n\r\n"
                         } else {
                             b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello"
                         };
@@ -110,6 +114,111 @@ async fn a_connection_is_reused_once_its_body_is_read() {
         assert_eq!(c.idle_connections(&uri), 1);
     }
     assert_eq!(accepted.load(Ordering::SeqCst), 1);
+}
+
+/// A response without a body gives its connection back as its head
+/// arrives (nothing is left to read): the next calls reuse it.
+#[tokio::test]
+async fn an_answer_without_a_body_gives_its_connection_back_at_once() {
+    let (uri, accepted, _ended) = provider(Answer::Empty).await;
+    let c = client();
+    for _ in 0..3 {
+        let r = c.request(get(&uri)).await.unwrap();
+        assert_eq!(r.status(), 204);
+        assert_eq!(c.idle_connections(&uri), 1);
+        assert_eq!(body_of(r).await, "");
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+}
+
+/// A provider on 127.0.0.1 that answers `hello` on its first connection
+/// and closes it when told (the receiver hears once it has), then answers
+/// `new` on a second one.
+async fn provider_closing_when_told() -> (
+    Uri,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::sync::oneshot::Receiver<()>,
+    tokio::task::JoinHandle<tokio::net::TcpStream>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let uri: Uri = format!("http://{}/x", listener.local_addr().unwrap())
+        .parse()
+        .unwrap();
+    let (close_tx, close) = tokio::sync::oneshot::channel::<()>();
+    let (closed_tx, closed) = tokio::sync::oneshot::channel::<()>();
+    let provider = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = [0u8; 1024];
+        let mut seen = Vec::new();
+        while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+            let k = s.read(&mut buf).await.unwrap();
+            assert!(k > 0, "the request arrives");
+            seen.extend_from_slice(&buf[..k]);
+        }
+        s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello")
+            .await
+            .unwrap();
+        close.await.unwrap();
+        drop(s);
+        closed_tx.send(()).unwrap();
+        let (mut s, _) = listener.accept().await.unwrap();
+        let k = s.read(&mut buf).await.unwrap();
+        assert!(k > 0);
+        s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nnew")
+            .await
+            .unwrap();
+        s
+    });
+    (uri, close_tx, closed, provider)
+}
+
+/// An idle connection has no task of its own: one the provider closed
+/// while it sat in the pool is found ended by the reaper's poll and
+/// dropped, and the next call opens a new connection.
+#[tokio::test]
+async fn an_idle_connection_the_provider_closed_is_dropped_by_the_reaper() {
+    let (uri, close, _closed, provider) = provider_closing_when_told().await;
+    let c = client();
+    let r = c.request(get(&uri)).await.unwrap();
+    assert_eq!(body_of(r).await, "hello");
+    assert_eq!(c.idle_connections(&uri), 1);
+    close.send(()).unwrap();
+    // The end reaches the socket once the runtime has polled for events
+    // (each yield lets it); a reap before that finds the connection idle.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while c.idle_connections(&uri) > 0 {
+            tokio::task::yield_now().await;
+            c.inner.reap(Instant::now());
+        }
+    })
+    .await
+    .expect("the closed connection is dropped");
+    let r = c.request(get(&uri)).await.unwrap();
+    assert_eq!(body_of(r).await, "new");
+    drop(provider.await.unwrap());
+}
+
+/// A call that takes an idle connection the provider closed (and the
+/// reaper has not looked at since) reads the close before it writes
+/// anything, and goes out on a new connection: it succeeds.
+#[tokio::test]
+async fn a_call_that_takes_a_closed_idle_connection_goes_out_on_another() {
+    let (uri, close, closed, provider) = provider_closing_when_told().await;
+    let c = client();
+    let r = c.request(get(&uri)).await.unwrap();
+    assert_eq!(body_of(r).await, "hello");
+    close.send(()).unwrap();
+    closed.await.unwrap();
+    // The runtime polls for events at a yield: the close is then known
+    // to the socket, not yet to the pool.
+    for _ in 0..3 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(c.idle_connections(&uri), 1);
+    let r = c.request(get(&uri)).await.unwrap();
+    assert_eq!(body_of(r).await, "new");
+    assert_eq!(c.idle_connections(&uri), 1);
+    drop(provider.await.unwrap());
 }
 
 /// A body dropped before its end takes its connection with it: the
