@@ -13,8 +13,11 @@
 //!   (and thread) on each way, as a proxy's event loop does it. Idle
 //!   connections are polled, without a waker, by the reaper (at least once
 //!   a second): one the provider closed is found so and dropped. A call
-//!   that takes one the provider closed since reads the close before it
-//!   writes anything, and goes out on another connection. A connection
+//!   that takes one the provider closed since the reaper's last run reads
+//!   the close before it writes anything, and goes out on another
+//!   connection, once the runtime has seen the close on the socket (a
+//!   close still on its way as the request is written fails that call,
+//!   as it would with a connection in a task of its own). A connection
 //!   whose request body is still being sent when its response has been
 //!   read (the provider answered early) is finished by a task of its own
 //!   and closed, not pooled.
@@ -468,9 +471,10 @@ impl Inner {
         }
         // Most recent first. One the provider closed since the reaper last
         // looked is not polled here (a poll per call, in vain nearly
-        // always): the request's first poll of it reads the close before
-        // it takes the request, which hyper then gives back unsent, and
-        // the request goes out on another connection.
+        // always): the request's first poll of it reads a close the
+        // runtime has seen before it takes the request, which hyper then
+        // gives back unsent, and the request goes out on another
+        // connection.
         while let Some(idle) = d.idle.pop() {
             if now.duration_since(idle.since) < self.idle_timeout && idle.tx.is_ready() {
                 return Some((Checked::H1(idle.tx, idle.driver), d.host.clone()));

@@ -176,19 +176,34 @@ pub(super) async fn attempt(
         Attempt::Response { head, body }
     };
     tokio::pin!(call);
+    // The lease is extended every third of its length, beside the call,
+    // never instead of it: the call's provider connection is polled by
+    // the call itself, so the exchange goes on while an extension waits
+    // for the ledger. Once the lease is lost, extending stops.
     let period = Duration::from_millis((lease_ms / 3).max(1) as u64);
-    let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-    let result = loop {
-        tokio::select! {
-            r = &mut call => break r,
-            _ = heartbeat.tick() => {
-                match app.ledger.extend_lease(&op.tenant_id, &op.operation_id, fence, lease_ms).await {
-                    Ok(true) => {}
-                    Ok(false) => tracing::warn!(operation_id = %op.operation_id, "lease lost during the call; its outcome will be fenced off"),
-                    Err(e) => tracing::warn!(operation_id = %op.operation_id, error = %e, "lease extension failed"),
+    let heartbeat = std::pin::pin!(async {
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        loop {
+            ticks.tick().await;
+            match app
+                .ledger
+                .extend_lease(&op.tenant_id, &op.operation_id, fence, lease_ms)
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(operation_id = %op.operation_id, "lease lost during the call; its outcome will be fenced off");
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(operation_id = %op.operation_id, error = %e, "lease extension failed")
                 }
             }
         }
+    });
+    let result = match futures_util::future::select(call, heartbeat).await {
+        futures_util::future::Either::Left((r, _)) => r,
+        futures_util::future::Either::Right(((), call)) => call.await,
     };
     crate::metrics::upstream_latency(&route.name, started.elapsed());
     result
