@@ -523,7 +523,10 @@ impl Inner {
             }
             if !tx.is_ready() {
                 drop(tx);
-                drive(driver.0.into_inner(), "HTTP/1.1");
+                // A body dropped outside any runtime (at exit) closes it.
+                if tokio::runtime::Handle::try_current().is_ok() {
+                    drive(driver.0.into_inner(), "HTTP/1.1");
+                }
                 return;
             }
         }
