@@ -175,38 +175,57 @@ pub(super) async fn attempt(
         .await;
         Attempt::Response { head, body }
     };
-    tokio::pin!(call);
-    // The lease is extended every third of its length, beside the call,
-    // never instead of it: the call's provider connection is polled by
-    // the call itself, so the exchange goes on while an extension waits
-    // for the ledger. Once the lease is lost, extending stops.
     let period = Duration::from_millis((lease_ms / 3).max(1) as u64);
+    let result = beside_heartbeat(call, period, || async {
+        match app
+            .ledger
+            .extend_lease(&op.tenant_id, &op.operation_id, fence, lease_ms)
+            .await
+        {
+            Ok(true) => true,
+            Ok(false) => {
+                tracing::warn!(operation_id = %op.operation_id, "lease lost during the call; its outcome will be fenced off");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(operation_id = %op.operation_id, error = %e, "lease extension failed");
+                true
+            }
+        }
+    })
+    .await;
+    crate::metrics::upstream_latency(&route.name, started.elapsed());
+    result
+}
+
+/// Runs `call` to its end with `beat` (a lease extension) run every
+/// `period` beside it, never instead of it: the call is polled while an
+/// extension waits for the ledger, since the call's provider connection
+/// is polled by the call itself. `beat` answers whether to go on (no once
+/// the lease is lost).
+async fn beside_heartbeat<T, B, BF>(
+    call: impl Future<Output = T>,
+    period: Duration,
+    mut beat: B,
+) -> T
+where
+    B: FnMut() -> BF,
+    BF: Future<Output = bool>,
+{
+    let call = std::pin::pin!(call);
     let heartbeat = std::pin::pin!(async {
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         loop {
             ticks.tick().await;
-            match app
-                .ledger
-                .extend_lease(&op.tenant_id, &op.operation_id, fence, lease_ms)
-                .await
-            {
-                Ok(true) => {}
-                Ok(false) => {
-                    tracing::warn!(operation_id = %op.operation_id, "lease lost during the call; its outcome will be fenced off");
-                    break;
-                }
-                Err(e) => {
-                    tracing::warn!(operation_id = %op.operation_id, error = %e, "lease extension failed")
-                }
+            if !beat().await {
+                break;
             }
         }
     });
-    let result = match futures_util::future::select(call, heartbeat).await {
+    match futures_util::future::select(call, heartbeat).await {
         futures_util::future::Either::Left((r, _)) => r,
         futures_util::future::Either::Right(((), call)) => call.await,
-    };
-    crate::metrics::upstream_latency(&route.name, started.elapsed());
-    result
+    }
 }
 
 /// Reads a response body up to `limit` bytes, until `deadline` (the
@@ -289,4 +308,52 @@ pub(super) fn retry_after_ms(headers: &HeaderMap) -> Option<u64> {
         .parse::<u64>()
         .ok()
         .map(|s| s.saturating_mul(1000))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A call that spans several heartbeat periods ends while the first
+    /// lease extension is still waiting (here: for ever): the extension
+    /// runs beside the call, not instead of it. A heartbeat that awaited
+    /// each extension in place of the call would never let it end.
+    #[tokio::test(start_paused = true)]
+    async fn the_call_goes_on_while_a_lease_extension_waits() {
+        let period = Duration::from_millis(100);
+        let started = AtomicUsize::new(0);
+        let call = async {
+            for _ in 0..5 {
+                tokio::time::sleep(period).await;
+            }
+            "answered"
+        };
+        let r = tokio::time::timeout(
+            Duration::from_secs(60),
+            beside_heartbeat(call, period, || {
+                started.fetch_add(1, Ordering::SeqCst);
+                std::future::pending::<bool>()
+            }),
+        )
+        .await
+        .expect("the call ended while the extension waited");
+        assert_eq!(r, "answered");
+        assert_eq!(started.load(Ordering::SeqCst), 1, "one extension began");
+    }
+
+    /// Extensions run every period while the call lasts, and stop once
+    /// one answers that the lease is lost.
+    #[tokio::test(start_paused = true)]
+    async fn extensions_stop_once_the_lease_is_lost() {
+        let period = Duration::from_millis(100);
+        let beats = AtomicUsize::new(0);
+        let call = tokio::time::sleep(period * 10);
+        beside_heartbeat(call, period, || {
+            let n = beats.fetch_add(1, Ordering::SeqCst) + 1;
+            async move { n < 3 }
+        })
+        .await;
+        assert_eq!(beats.load(Ordering::SeqCst), 3);
+    }
 }
