@@ -110,8 +110,14 @@ impl Driver {
         Self(SyncWrapper::new(Box::pin(conn)))
     }
 
+    /// Polls the connection; an error it ends with is logged here, for
+    /// every caller.
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), hyper::Error>> {
-        self.0.get_mut().as_mut().poll(cx)
+        let r = ready!(self.0.get_mut().as_mut().poll(cx));
+        if let Err(e) = &r {
+            tracing::debug!(error = %e, version = "HTTP/1.1", "provider connection ended");
+        }
+        Poll::Ready(r)
     }
 
     /// Polls an idle connection once with a waker that does nothing
@@ -415,9 +421,6 @@ async fn exchange<F: Future>(
         send.as_mut().poll(cx)
     })
     .await;
-    if let Some(e) = &ended {
-        tracing::debug!(error = %e, version = "HTTP/1.1", "provider connection ended");
-    }
     (out, driver, ended)
 }
 
@@ -647,11 +650,8 @@ impl Body for ResponseBody {
         // The connection first: it moves what the provider sent into the
         // body. If it ended, what it read is in the body already.
         if let Some(b) = &mut this.back
-            && let Poll::Ready(r) = b.driver.poll(cx)
+            && b.driver.poll(cx).is_ready()
         {
-            if let Err(e) = r {
-                tracing::debug!(error = %e, version = "HTTP/1.1", "provider connection ended");
-            }
             this.back = None;
         }
         let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
