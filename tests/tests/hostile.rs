@@ -1252,6 +1252,7 @@ async fn outsider_findings_are_refused() {
         .header("Content-Type", "application/json")
         .header("Cookie", "session=s3cr3t")
         .header("X-Api-Key", "s3cr3t")
+        .header("Ocp-Apim-Subscription-Key", "s3cr3t")
         .body(body)
         .send()
         .await
@@ -1273,6 +1274,34 @@ async fn outsider_findings_are_refused() {
             .any(|h| h[0] == "cookie" && h[1] == "[redacted]"),
         "{headers:?}"
     );
+    // The list of operations shows the same row redacted too.
+    let r = app
+        .http
+        .get(app.admin("/admin/tenants/a/operations?limit=10"))
+        .bearer_auth(ADMIN_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let list: Value = r.json().await.unwrap();
+    let row = list["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["operation_id"] == "with-cookie")
+        .expect("the operation is listed");
+    let text = row.to_string();
+    assert!(!text.contains("s3cr3t"), "{text}");
+    let redacted: Vec<&str> = row["request_headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h[1] == "[redacted]")
+        .map(|h| h[0].as_str().unwrap())
+        .collect();
+    for name in ["cookie", "x-api-key", "ocp-apim-subscription-key"] {
+        assert!(redacted.contains(&name), "{name} in {redacted:?}");
+    }
 }
 
 /// A request head that never completes is answered 408 `request-timeout`

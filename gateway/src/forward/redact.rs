@@ -30,13 +30,20 @@ pub const CREDENTIAL_WORDS: &[&str] = &[
     "signature",
     "session",
     "auth",
+    "passwd",
+    "pwd",
+    "jwt",
+    "bearer",
 ];
 
 /// Whether header `name` (lower case) carries a credential: one of
-/// [`CREDENTIAL_HEADERS`], or a name with one of [`CREDENTIAL_WORDS`] in
-/// it, `_` read as `-` (`api_key`, `X_Auth_Token`, `private_key`: names
-/// with underscores are valid fields, RFC 9110 §5.1, and servers often
-/// read them as the hyphenated ones).
+/// [`CREDENTIAL_HEADERS`], a name with one of [`CREDENTIAL_WORDS`] in
+/// it, or a name ending in `-key` (`Ocp-Apim-Subscription-Key`,
+/// `X-Access-Key`) but an idempotency key's (`Idempotency-Key`, shown:
+/// it is the operation's id). `_` is read as `-` (`api_key`,
+/// `X_Auth_Token`, `private_key`: names with underscores are valid
+/// fields, RFC 9110 §5.1, and servers often read them as the hyphenated
+/// ones).
 pub fn is_credential(name: &str) -> bool {
     let hyphenated;
     let name = if name.contains('_') {
@@ -45,7 +52,9 @@ pub fn is_credential(name: &str) -> bool {
     } else {
         name
     };
-    CREDENTIAL_HEADERS.contains(&name) || CREDENTIAL_WORDS.iter().any(|w| name.contains(w))
+    CREDENTIAL_HEADERS.contains(&name)
+        || CREDENTIAL_WORDS.iter().any(|w| name.contains(w))
+        || (name.ends_with("-key") && !name.ends_with("idempotency-key"))
 }
 
 /// `pairs` with the values of credential headers ([`is_credential`])
@@ -89,6 +98,13 @@ mod tests {
             "X-Client-Credential",
             "X-Session-Id",
             "X-Auth-User",
+            "Ocp-Apim-Subscription-Key",
+            "X-Access-Key",
+            "x_access_key",
+            "X-Passwd",
+            "X-Pwd",
+            "X-Jwt",
+            "X-Bearer",
         ] {
             assert_eq!(redacted(pairs(&[name]))[0].1, "[redacted]", "{name}");
         }
@@ -96,6 +112,8 @@ mod tests {
             "content_type",
             "x-request-id",
             "idempotency_key",
+            "Idempotency-Key",
+            "X-Idempotency-Key",
             "traceparent",
             "x-forwarded-for",
             "user-agent",

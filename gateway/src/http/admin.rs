@@ -419,6 +419,10 @@ async fn list_operations(
         })?),
     };
     let ops = app.ledger.list(Some(&tenant), state, limit).await?;
+    let ops = ops
+        .iter()
+        .map(operator::operation_row)
+        .collect::<Result<Vec<_>, _>>()?;
     let mut body = json!({ "operations": ops });
     crate::times::annotate(&mut body);
     Ok(axum::Json(body).into_response())

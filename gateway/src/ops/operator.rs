@@ -78,16 +78,31 @@ pub struct Resolution {
     pub provider_reference: Option<String>,
 }
 
-/// The operation with its history, as the admin API and the CLI show it.
+/// The operation's ledger row as people read it (the admin API's list of
+/// operations, and the base of [`operation_json`]): its columns without
+/// the stored bodies, with the values of credential headers
+/// ([`crate::forward::is_credential`]) in `request_headers` and
+/// `response_headers` shown as `[redacted]`.
+///
+/// Errors: 500 if the row can't be written as JSON.
+pub fn operation_row(op: &Operation) -> Result<serde_json::Value, OpError> {
+    let mut row = serde_json::to_value(op).map_err(|e| OpError::Internal(e.to_string()))?;
+    row["request_headers"] = json!(crate::forward::redacted(op.request_headers.clone()));
+    row["response_headers"] = json!(crate::forward::redacted(op.response_headers.clone()));
+    Ok(row)
+}
+
+/// The operation with its history, as the admin API and the CLI show it:
+/// [`operation_row`] with the stored response body, transitions,
+/// attempts, policy decisions, compensation and inbox events.
 pub async fn operation_json(app: &AppState, op: &Operation) -> Result<serde_json::Value, OpError> {
     let transitions = app
         .ledger
         .transitions(&op.tenant_id, &op.operation_id)
         .await?;
     let attempts = app.ledger.attempts(&op.tenant_id, &op.operation_id).await?;
-    let mut body = serde_json::to_value(op).map_err(|e| OpError::Internal(e.to_string()))?;
+    let mut body = operation_row(op)?;
     body["response_body"] = json!(op.response_body.as_deref().map(String::from_utf8_lossy));
-    body["request_headers"] = json!(crate::forward::redacted(op.request_headers.clone()));
     body["transitions"] = json!(transitions);
     body["attempts_log"] = json!(attempts);
     body["policy_decisions"] = json!(
