@@ -399,6 +399,54 @@ async fn an_operator_resolves_an_unknown_operation_on_a_route_without_read_back(
     assert_eq!(app.mock.provider.effects(), 1);
 }
 
+/// An "absent" resolution refused because the operation's route is gone
+/// takes no lease and writes nothing: the next resolution ("completed")
+/// goes through at once.
+#[tokio::test]
+async fn a_resolution_refused_for_a_missing_route_leaves_no_lease_behind() {
+    let app = spawn_with(Opts {
+        route_extra: "effect_class = \"payment\"".into(),
+        more: MANUAL.into(),
+        ..Default::default()
+    })
+    .await;
+    let r = app
+        .charge_with("gone", BODY, &[("X-Mock-Fault", "drop-after-effect")])
+        .await;
+    assert_eq!(r.status(), 502);
+    let before = app.op_json("gone").await;
+    assert_eq!(before["state"], "UNKNOWN");
+    let path = app.gw.state.settings().source.clone().unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replace("name = \"payments\"", "name = \"payments-v2\""),
+    )
+    .unwrap();
+    app.gw.state.reload(None).await.unwrap();
+    let resolve = |body: &'static str| {
+        app.admin_post(ADMIN_A, "/admin/tenants/a/operations/gone/resolve", body)
+    };
+    let r = resolve(r#"{"outcome":"absent"}"#).await;
+    assert_eq!(r.status(), 409);
+    let p: Value = r.json().await.unwrap();
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("route \"payments\" is no longer configured"),
+        "{p}"
+    );
+    let after = app.op_json("gone").await;
+    assert_eq!(after["version"], before["version"], "nothing was written");
+    assert_eq!(after["lease_owner"], Value::Null);
+    let r = resolve(r#"{"outcome":"completed","provider_reference":"ch_1"}"#).await;
+    assert_eq!(r.status(), 200);
+    let op: Value = r.json().await.unwrap();
+    assert_eq!(op["state"], "COMPLETED");
+    assert_eq!(app.mock.provider.effects(), 1);
+}
+
 #[tokio::test]
 async fn background_retry_mode_answers_202_and_finishes_the_operation() {
     let app = spawn_with(Opts {

@@ -395,6 +395,13 @@ pub async fn resolve(
             )));
         }
     }
+    // A new attempt needs the operation's route: checked before anything
+    // is written (a dead letter taken up, the lease), so that a refusal
+    // leaves nothing behind to block the next resolution.
+    let route = match outcome {
+        "absent" => Some(route_of(&app.settings(), &op)?),
+        _ => None,
+    };
     if op.dead_letter && op.state == OpState::Failed {
         // A dead letter whose effect may exist (reconciliation out of
         // bounds) is resolved like an UNKNOWN operation: back to UNKNOWN
@@ -446,9 +453,9 @@ pub async fn resolve(
         ));
     };
     let ctx = (principal, operation_id, lease.fence);
-    match outcome {
-        "completed" => resolve_completed(app, ctx, action, &reason).await?,
-        _ => resolve_absent(app, ctx, &op, &reason).await?,
+    match route {
+        None => resolve_completed(app, ctx, action, &reason).await?,
+        Some(route) => resolve_absent(app, ctx, &route, &reason).await?,
     }
     let op = load(app, tenant, operation_id).await?;
     operation_json(app, &op).await
@@ -499,11 +506,10 @@ async fn resolve_completed(
 async fn resolve_absent(
     app: &AppState,
     (principal, operation_id, fence): (&Principal, &str, i64),
-    op: &Operation,
+    route: &crate::config::Route,
     reason: &str,
 ) -> Result<(), OpError> {
     let tenant = principal.tenant.as_str();
-    let route = route_of(&app.settings(), op)?;
     let lease_ms = crate::ops::execute::lease_ms(app);
     let Some(claim) = app
         .ledger
@@ -524,7 +530,7 @@ async fn resolve_absent(
     };
     let op = load(app, tenant, operation_id).await?;
     let wait = std::time::Duration::from_millis(app.settings().reconcile.duplicate_wait_ms);
-    crate::ops::execute::run_detached(app, &route, op, claim, wait).await;
+    crate::ops::execute::run_detached(app, route, op, claim, wait).await;
     Ok(())
 }
 
