@@ -233,6 +233,15 @@ async fn rejected_and_expired_approvals_fail_the_operation_for_good() {
 
     let expiring = pending(&app, "exp", BIG).await;
     clock.advance(60_000);
+    // Past its expiry, before the sweeper has marked it: refused as expired.
+    let r = decide(&app, APPROVER_A, "a", &expiring, "approve").await;
+    assert_eq!(r.status(), 409);
+    let p: Value = r.json().await.unwrap();
+    let detail = p["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("expired at 1970-01-12T13:47:40.000Z"),
+        "{p}"
+    );
     app.tick().await;
     let op = app.op_json("exp").await;
     assert_eq!(op["state"], "FAILED");

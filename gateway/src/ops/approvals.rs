@@ -84,6 +84,15 @@ pub async fn decide_as(
             Some(now) => now.status,
             None => a.status,
         };
+        // Pending past its expiry: no decision can be taken any more (the
+        // sweeper marks it expired on its next pass).
+        let now = app.ledger.clock().now_ms();
+        if status == "pending" && a.expires_at <= now {
+            return Err(OpError::Conflict(format!(
+                "approval {id:?} expired at {} and can't be decided any more",
+                crate::times::human(a.expires_at, now)
+            )));
+        }
         // Still pending to a read: the winning decision is not committed
         // yet (it shares its batch's commit).
         return Err(OpError::Conflict(if status == "pending" {
