@@ -516,6 +516,58 @@ async fn replay_manual_creates_an_approval() {
     );
 }
 
+/// A replay asked of an operation that has not run yet (AWAITING_APPROVAL)
+/// is refused before any replay approval is asked: the tenant's pending
+/// approvals stay the one of the request itself, which still executes the
+/// call once when approved.
+#[tokio::test]
+async fn a_replay_of_an_operation_awaiting_approval_is_refused_without_an_approval() {
+    let app = spawn_with(replay_app(
+        "irreversible",
+        threshold("{ threshold = 1000 }"),
+    ))
+    .await;
+    let request_approval = pending(&app, "wait", BIG).await;
+    let r = replay(&app, OPERATOR_A, "wait", "{}").await;
+    assert_eq!(r.status(), 409);
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["type"], "urn:effectgate:problem:conflict", "{p}");
+    assert!(
+        p["detail"].as_str().unwrap().contains("AWAITING_APPROVAL"),
+        "{p}"
+    );
+    let list: Value = app
+        .http
+        .get(app.admin("/admin/tenants/a/approvals?status=pending"))
+        .bearer_auth(APPROVER_A)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = list["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        [request_approval.as_str()],
+        "no replay approval was asked"
+    );
+    assert_eq!(app.provider_calls().0, 0);
+    assert_eq!(
+        decide(&app, APPROVER_A, "a", &request_approval, "approve")
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(app.charge("wait", BIG).await.status(), 200);
+    assert_eq!(app.mock.provider.charges().len(), 1);
+}
+
 #[tokio::test]
 async fn replay_deny_is_409_with_the_reason() {
     let matrix = format!(

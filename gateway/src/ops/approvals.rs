@@ -126,7 +126,7 @@ async fn after_approval(app: &AppState, a: &crate::ledger::Approval) -> Result<(
                     "replay approval spent without effect: the operation changed since it was requested");
                 return Ok(());
             }
-            let _ = crate::ops::replay::run_replay(
+            let ran = crate::ops::replay::run_replay(
                 app,
                 &route,
                 op,
@@ -134,7 +134,19 @@ async fn after_approval(app: &AppState, a: &crate::ledger::Approval) -> Result<(
                 false,
                 &a.decided_by.clone().unwrap_or_default(),
             )
-            .await?;
+            .await;
+            match ran {
+                // The decision is committed and the approval spent: an
+                // operation found in flight is logged, not answered as a
+                // conflict the approver could retry.
+                Err(OpError::InFlight { .. } | OpError::Conflict(_)) => {
+                    tracing::warn!(tenant = %a.tenant_id, operation_id = %a.operation_id, approval = %a.id,
+                        "replay approval spent without effect: the operation is in flight");
+                }
+                other => {
+                    other?;
+                }
+            }
         }
         return Ok(());
     }

@@ -18,7 +18,8 @@ use crate::state::AppState;
 ///
 /// Errors: 403 for roles other than operator (a client key can never
 /// replay), 404 for an unknown operation, 409 for a deny verdict or an
-/// operation in flight.
+/// operation with no outcome yet (RESERVED, AWAITING_APPROVAL,
+/// EXECUTING: refused before any approval is asked).
 pub async fn replay_as(
     app: &AppState,
     p: &crate::config::Principal,
@@ -42,6 +43,7 @@ pub async fn replay_as(
         .get(tenant, operation_id)
         .await?
         .ok_or_else(|| OpError::NotFound(format!("no operation {operation_id:?}")))?;
+    refuse_in_flight(&op)?;
     let route = crate::ops::route_of(&app.settings(), &op)?;
     let class = crate::ops::effect_class(&op, Some(&route));
     let verdict = replay_verdict_for(app, &op, class).await;
@@ -97,6 +99,29 @@ pub async fn replay_as(
             let (outcome, extra) = run_replay(app, &route, op, verdict, force, &p.name).await?;
             report(StatusCode::OK, &outcome, extra)
         }
+    }
+}
+
+/// A replay is asked of an operation with an outcome, or one the ledger
+/// can reconcile (COMPLETED, FAILED, UNKNOWN, COMPENSATED); one still on
+/// its way has nothing to replay yet, and is refused before any verdict,
+/// so that no replay approval is asked that could never run.
+///
+/// Errors: 409 `operation-in-flight` (retry after 1 s) for RESERVED or
+/// EXECUTING; 409 `conflict` naming the state for AWAITING_APPROVAL, which
+/// waits on a human, not on time.
+fn refuse_in_flight(op: &Operation) -> Result<(), OpError> {
+    match op.state {
+        OpState::Reserved | OpState::Executing => Err(OpError::InFlight {
+            operation_id: op.operation_id.clone(),
+            retry_after_s: 1,
+        }),
+        OpState::AwaitingApproval => Err(OpError::Conflict(format!(
+            "operation {:?} is AWAITING_APPROVAL: it has not run, so there is nothing to replay; \
+             decide its approval instead",
+            op.operation_id
+        ))),
+        OpState::Completed | OpState::Failed | OpState::Unknown | OpState::Compensated => Ok(()),
     }
 }
 
