@@ -1315,6 +1315,13 @@ async fn a_pass_through_body_is_forwarded_whole_and_a_stalled_one_is_refused() {
     let (status, head, p) = raw_post(&app, path, 30, &[], (false, false)).await;
     assert!(status.starts_with("HTTP/1.1 408"), "{status}");
     assert!(head.contains("connection: close"), "{head}");
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("nothing was recorded or sent"),
+        "{p}"
+    );
     assert_eq!(
         (&p["field"], &p["limit_ms"]),
         (&"body".into(), &300.into()),
@@ -1334,7 +1341,16 @@ async fn a_pass_through_body_is_forwarded_whole_and_a_stalled_one_is_refused() {
         assert!(status.starts_with(want), "{status} {p}");
         assert_eq!(p["field"], "body", "{p}");
         if !close {
+            // Its first part was forwarded: the detail says so.
             assert_eq!(p["limit_ms"], 300, "{p}");
+            assert_eq!(p["type"], "urn:effectgate:problem:request-timeout", "{p}");
+            assert!(
+                p["detail"]
+                    .as_str()
+                    .unwrap()
+                    .contains("the provider got part of it"),
+                "{p}"
+            );
         }
     }
     assert_eq!(app.mock.provider.charges().len(), 2);

@@ -44,7 +44,9 @@ impl Problem for OpError {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
             OpError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            OpError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            OpError::RequestTimeout { .. } | OpError::BodyStalled { .. } => {
+                StatusCode::REQUEST_TIMEOUT
+            }
             OpError::UnsupportedContentEncoding { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             OpError::TransferCodingNotImplemented { .. } => StatusCode::NOT_IMPLEMENTED,
             OpError::TenantLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -119,7 +121,7 @@ impl Problem for OpError {
                 body.insert("field".into(), json!("header:Transfer-Encoding"));
                 body.insert("coding".into(), json!(coding));
             }
-            OpError::RequestTimeout { limit_ms } => {
+            OpError::RequestTimeout { limit_ms } | OpError::BodyStalled { limit_ms } => {
                 body.insert("field".into(), json!("body"));
                 body.insert("limit_ms".into(), json!(limit_ms));
             }
@@ -215,8 +217,10 @@ impl IntoResponse for OpError {
         {
             h.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_s));
         }
-        if matches!(self, OpError::RequestTimeout { .. })
-            || matches!(&self, OpError::InboxRejected { check, .. } if *check == "body-timeout")
+        if matches!(
+            self,
+            OpError::RequestTimeout { .. } | OpError::BodyStalled { .. }
+        ) || matches!(&self, OpError::InboxRejected { check, .. } if *check == "body-timeout")
         {
             // The rest of the body may still come: the connection can't
             // carry another request (RFC 9110 §15.5.9).

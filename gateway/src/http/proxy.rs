@@ -554,7 +554,7 @@ async fn pass_through(
                           the provider got part of it, and no answer"
                     .into(),
             },
-            Some(end) if e.timed_out && !end.whole() => OpError::RequestTimeout {
+            Some(end) if e.timed_out && !end.whole() => OpError::BodyStalled {
                 limit_ms: route.response_timeout_ms,
             },
             _ => OpError::ProviderUnreachable(e.detail),

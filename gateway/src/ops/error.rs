@@ -159,6 +159,17 @@ pub enum OpError {
         /// The limit in ms.
         limit_ms: u64,
     },
+    /// 408: a pass-through request body stalled before its end while it
+    /// was being forwarded, and the route's `response_timeout_ms`
+    /// (`limit_ms`) ran out: the provider got part of the body, and no
+    /// answer came back. Kind `request-timeout`, as [`Self::RequestTimeout`].
+    #[error(
+        "the request body stalled before its end and the route's response timeout ({limit_ms} ms) ran out; the provider got part of it, and no answer"
+    )]
+    BodyStalled {
+        /// The route's `response_timeout_ms`.
+        limit_ms: u64,
+    },
     /// 429: the tenant's rate limit or in-flight limit refused the call
     /// (nothing was recorded or sent); retry after `retry_after_s`.
     #[error("the tenant's {limit} limit is reached; nothing was recorded or sent, retry later")]
@@ -263,7 +274,7 @@ impl OpError {
             OpError::ContractViolation { .. } => "contract-violation",
             OpError::Conflict(_) => "conflict",
             OpError::PayloadTooLarge { .. } => "payload-too-large",
-            OpError::RequestTimeout { .. } => "request-timeout",
+            OpError::RequestTimeout { .. } | OpError::BodyStalled { .. } => "request-timeout",
             OpError::UnsupportedContentEncoding { .. } => "unsupported-content-encoding",
             OpError::TransferCodingNotImplemented { .. } => "transfer-coding-not-implemented",
             OpError::TenantLimited { .. } => "tenant-limited",
