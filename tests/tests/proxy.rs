@@ -975,6 +975,22 @@ async fn dot_segments_and_forged_forwarding_headers_are_refused() {
         .await
         .unwrap();
     assert_eq!(r.status(), 431);
+    // The admin listener holds the same limit, with the same answer.
+    let r = app
+        .http
+        .get(app.admin("/healthz"))
+        .header("X-Big", "x".repeat(70_000))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 431);
+    assert_eq!(
+        r.headers()["content-type"],
+        "application/problem+json",
+        "admin 431"
+    );
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["type"], "urn:effectgate:problem:headers-too-large", "{p}");
 }
 
 #[tokio::test]

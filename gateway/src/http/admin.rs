@@ -122,6 +122,12 @@ pub fn router(state: AppState) -> Router {
             as_problem(resp, Some(max_body))
         }))
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
+        // Outermost: a head past `limits.max_header_bytes` is refused
+        // before anything else reads the request, as on the proxy listener.
+        .layer(crate::http::guards::refuse({
+            let app = state.clone();
+            move |req: &axum::extract::Request| crate::http::guards::limit_header_bytes(&app, req)
+        }))
         .with_state(state)
 }
 
