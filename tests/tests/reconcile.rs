@@ -125,6 +125,51 @@ async fn a_duplicate_of_an_unknown_operation_reconciles_at_once() {
     assert_eq!(app.mock.provider.effects(), 1);
 }
 
+/// Concurrent duplicates of an UNKNOWN operation share the read-back one
+/// of them runs: the others wait for it, then answer with its result (a
+/// 409 naming when the next read-back is due) instead of each reading
+/// back the provider in turn.
+#[tokio::test]
+async fn concurrent_duplicates_of_an_unknown_operation_share_one_read_back() {
+    let (app, _clock) = app_with_read_back().await;
+    app.mock.provider.set_faults(Faults {
+        readback_hidden: true,
+        readback_delay_ms: 300,
+        ..Default::default()
+    });
+    lose_reply(&app, "shared").await;
+    let answers = futures_util::future::join_all((0..8).map(|_| app.charge("shared", BODY))).await;
+    // The one that ran the read-back is told what it found; the others,
+    // which waited for it, when the next read-back is due.
+    let mut details = Vec::new();
+    for r in answers {
+        assert_eq!(r.status(), 409);
+        let p: Value = r.json().await.unwrap();
+        assert_eq!(
+            p["type"],
+            "urn:effectgate:problem:operation-outcome-unknown"
+        );
+        details.push(p["detail"].as_str().unwrap().to_owned());
+    }
+    let ran = "the read-back settle delay has not passed";
+    let waited = "the last read-back did not settle it, and the next is due at";
+    assert_eq!(
+        details.iter().filter(|d| d.contains(ran)).count(),
+        1,
+        "{details:#?}"
+    );
+    assert_eq!(
+        details.iter().filter(|d| d.contains(waited)).count(),
+        7,
+        "{details:#?}"
+    );
+    assert_eq!(app.mock.provider.readbacks(), 1, "one read-back for all");
+    let op = app.op_json("shared").await;
+    assert_eq!(op["state"], "UNKNOWN");
+    assert_eq!(op["dead_letter"], false);
+    assert_eq!(app.mock.provider.effects(), 1);
+}
+
 #[tokio::test]
 async fn read_back_lag_is_waited_out_not_retried() {
     let (app, clock) = app_with_read_back().await;

@@ -522,17 +522,26 @@ pub async fn for_duplicate(app: &AppState, op: Operation) -> Result<Operation, O
     let (tenant, id) = (op.tenant_id.clone(), op.operation_id.clone());
     let deadline = tokio::time::Instant::now() + wait;
     let mut current = op;
-    let now = app.ledger.clock().now_ms();
-    if current.state == State::Unknown && current.next_reconcile_at.is_some_and(|t| t > now) {
-        // Backing off after a failed read-back: a duplicate doesn't get to
-        // hammer the provider's read-back API, nor spend the read-back budget.
-        return Err(OpError::OutcomeUnknown {
-            operation_id: id,
-            detail: "the outcome is unknown; the last read-back failed and reconciliation is backing off".into(),
-            status: StatusCode::CONFLICT,
-        });
-    }
     loop {
+        // A read-back that ran (this caller's, or another's while this one
+        // waited) set when the next one is due: after a failed read-back,
+        // or one that found nothing within the settle delay. Until then a
+        // duplicate doesn't get to hammer the provider's read-back API, nor
+        // spend the read-back budget; concurrent duplicates share the one
+        // read-back that ran.
+        let now = app.ledger.clock().now_ms();
+        if current.state == State::Unknown
+            && let Some(due) = current.next_reconcile_at.filter(|t| *t > now)
+        {
+            return Err(OpError::OutcomeUnknown {
+                operation_id: id,
+                detail: format!(
+                    "the outcome is unknown; the last read-back did not settle it, and the next is due at {}",
+                    crate::times::human(due, now)
+                ),
+                status: StatusCode::CONFLICT,
+            });
+        }
         // In a task of its own: if this caller stops waiting, a new attempt
         // the reconciliation started still runs to its end.
         let task = {
