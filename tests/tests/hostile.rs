@@ -277,8 +277,9 @@ async fn a_body_that_stops_arriving_gets_408_and_nothing_is_reserved() {
 /// declared length over `limits.max_admin_body_bytes` is 413 at once, a
 /// body that stops arriving is 408 at `limits.body_read_timeout_ms` (it
 /// held the connection forever: enough of them locked out `/healthz`),
-/// and an endpoint that reads no body (`/admin/reload`, an inbox event's
-/// release) is held to the limit too.
+/// an endpoint that reads no body (`/admin/reload`, an inbox event's
+/// release) is held to the limit too, and a transfer coding other than
+/// chunked is 501.
 #[tokio::test]
 async fn the_admin_listener_bounds_every_body_in_size_and_time() {
     let app = spawn_with(Opts {
@@ -346,6 +347,21 @@ async fn the_admin_listener_bounds_every_body_in_size_and_time() {
         assert!(text.starts_with("HTTP/1.1 413"), "{path}: {text}");
         assert!(text.contains("\"field\":\"body\""), "{path}: {text}");
     }
+    // A transfer coding other than chunked: 501, as on the proxy listener
+    // (the parser would take `gzip, chunked` as chunked and hand on the
+    // gzip bytes as the JSON body).
+    let (text, _) = answer(format!(
+        "POST /admin/tenants/a/operations/x/requeue HTTP/1.1\r\nHost: admin\r\n\
+         Authorization: Bearer {ADMIN_A}\r\nTransfer-Encoding: gzip, chunked\r\n\r\n\
+         2\r\n{{}}\r\n0\r\n\r\n"
+    ))
+    .await;
+    assert!(text.starts_with("HTTP/1.1 501"), "{text}");
+    assert!(
+        text.contains("urn:effectgate:problem:transfer-coding-not-implemented"),
+        "{text}"
+    );
+    assert!(text.contains("\"coding\":\"gzip\""), "{text}");
     // Within the limit the listener answers as ever.
     let r = app.http.get(app.admin("/healthz")).send().await.unwrap();
     assert_eq!(r.status(), 200);

@@ -122,11 +122,15 @@ pub fn router(state: AppState) -> Router {
             as_problem(resp, Some(max_body))
         }))
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
-        // Outermost: a head past `limits.max_header_bytes` is refused
-        // before anything else reads the request, as on the proxy listener.
+        // Outermost: a head past `limits.max_header_bytes` (431), or with
+        // a transfer coding other than chunked (501), is refused before
+        // anything else reads the request, as on the proxy listener.
         .layer(crate::http::guards::refuse({
             let app = state.clone();
-            move |req: &axum::extract::Request| crate::http::guards::limit_header_bytes(&app, req)
+            move |req: &axum::extract::Request| {
+                crate::http::guards::limit_header_bytes(&app, req)
+                    .or_else(|| crate::http::guards::transfer_coding_refusal(req.headers()))
+            }
         }))
         .with_state(state)
 }
