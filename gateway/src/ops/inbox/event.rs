@@ -71,7 +71,8 @@ pub struct Parsed {
 /// and the sequence key are at most `max_id_bytes` long
 /// (`limits.max_inbox_id_bytes`).
 ///
-/// Errors: [`OpError::InboxRejected`] with check `body-not-json`,
+/// Errors: [`OpError::InboxRejected`] with check `body-not-json` (also
+/// for an object that repeats a key, at any depth: RFC 7493 §2.3),
 /// `event-id-missing` or `sequence-missing` (also for one longer than
 /// `max_id_bytes`), or `text-invalid`.
 pub fn parse(
@@ -84,6 +85,16 @@ pub fn parse(
         .ok()
         .filter(Value::is_object)
         .ok_or_else(|| reject("body-not-json", "body", "the body is not a JSON object"))?;
+    // Which of two `"id"` members names the event is the reader's guess:
+    // a consumer taking the first would dedupe on another id than the
+    // ledger's (the last), so a repeated key is no I-JSON object.
+    if crate::idempotency::has_duplicate_keys(body) {
+        return Err(reject(
+            "body-not-json",
+            "body",
+            "a JSON object in the body repeats a key (RFC 7493 §2.3)",
+        ));
+    }
     let (event_id, field) = match &src.event_id {
         EventIdAt::Pointer(p) => (identity_at(&json, p).ok().flatten(), format!("body:{p}")),
         EventIdAt::Header(h) => {

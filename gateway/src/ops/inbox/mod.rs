@@ -444,6 +444,11 @@ mod tests {
             other => panic!("{other:?}"),
         };
         assert_eq!(refused(b"[1]"), "body-not-json");
+        assert_eq!(refused(br#"{"id":"d1","id":"d2"}"#), "body-not-json");
+        assert_eq!(
+            refused(br#"{"id":"e","data":{"id":"k1","v":1,"v":2}}"#),
+            "body-not-json"
+        );
         assert_eq!(refused(br#"{"id":""}"#), "event-id-missing");
         assert_eq!(
             refused(br#"{"id":"e","data":{"id":"k1"}}"#),
