@@ -416,7 +416,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     eprintln!("error: no operation {operation_id:?} for tenant {tenant:?}");
                     return Ok(ExitCode::from(1));
                 };
-                let mut v = serde_json::to_value(&op)?;
+                // The row as the admin API lists it: credential headers
+                // shown as `[redacted]`.
+                let mut v =
+                    crate::ops::operator::operation_row(&op).map_err(|e| anyhow::anyhow!("{e}"))?;
                 v["transitions"] =
                     serde_json::to_value(ledger.transitions(&tenant, &operation_id).await?)?;
                 v["attempts_log"] =

@@ -65,6 +65,7 @@ fn charge(gw: &Gw, key: &str, fault: Option<&str>) -> reqwest::RequestBuilder {
         .bearer_auth(CLIENT_KEY)
         .header("Idempotency-Key", key)
         .header("Content-Type", "application/json")
+        .header("X-Api-Key", "stored-not-shown")
         .body(format!(
             r#"{{"amount":100,"currency":"eur","client_ref":"{key}"}}"#
         ));
@@ -184,7 +185,18 @@ async fn sigterm_lets_a_slow_call_finish_and_record_while_readyz_is_503() {
     let status = exited(&mut gw, Duration::from_secs(10)).await;
     assert!(status.success(), "{status:?}");
     // Recorded before exit: the ledger file says COMPLETED, one effect.
-    assert_eq!(ledger_state(&cfg, "slow")["state"], "COMPLETED");
+    let row = ledger_state(&cfg, "slow");
+    assert_eq!(row["state"], "COMPLETED");
+    // `ledger show` redacts credential headers as the admin API does.
+    assert!(!row.to_string().contains("stored-not-shown"), "{row}");
+    assert!(
+        row["request_headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h[0] == "x-api-key" && h[1] == "[redacted]"),
+        "{row}"
+    );
     assert_eq!(effects(&mock, "slow"), 1);
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(

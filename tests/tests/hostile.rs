@@ -1318,6 +1318,15 @@ async fn outsider_findings_are_refused() {
     for name in ["cookie", "x-api-key", "ocp-apim-subscription-key"] {
         assert!(redacted.contains(&name), "{name} in {redacted:?}");
     }
+    // Other headers are shown as sent.
+    assert!(
+        row["request_headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h[0] == "content-type" && h[1] == "application/json"),
+        "{row}"
+    );
 }
 
 /// A request head that never completes is answered 408 `request-timeout`

@@ -79,7 +79,8 @@ pub struct Resolution {
 }
 
 /// The operation's ledger row as people read it (the admin API's list of
-/// operations, and the base of [`operation_json`]): its columns without
+/// operations, the CLI's `ledger show`, and the base of
+/// [`operation_json`]): its columns without
 /// the stored bodies, with the values of credential headers
 /// ([`crate::forward::is_credential`]) in `request_headers` and
 /// `response_headers` shown as `[redacted]`.
@@ -92,7 +93,7 @@ pub fn operation_row(op: &Operation) -> Result<serde_json::Value, OpError> {
     Ok(row)
 }
 
-/// The operation with its history, as the admin API and the CLI show it:
+/// The operation with its history, as the admin API shows it:
 /// [`operation_row`] with the stored response body, transitions,
 /// attempts, policy decisions, compensation and inbox events.
 pub async fn operation_json(app: &AppState, op: &Operation) -> Result<serde_json::Value, OpError> {
@@ -338,7 +339,8 @@ pub async fn requeue(
 /// for a missing or unknown outcome; 404
 /// for an unknown operation; 409 when the operation isn't UNKNOWN (or a
 /// dead letter out of reconciliation bounds), is being reconciled, changed
-/// meanwhile, or its replay verdict forbids a new attempt.
+/// meanwhile, its replay verdict forbids a new attempt, or (`absent`) its
+/// route is no longer configured: checked before anything is written.
 pub async fn resolve(
     app: &AppState,
     principal: &Principal,
