@@ -233,7 +233,8 @@ async fn rejected_and_expired_approvals_fail_the_operation_for_good() {
 
     let expiring = pending(&app, "exp", BIG).await;
     clock.advance(60_000);
-    // Past its expiry, before the sweeper has marked it: refused as expired.
+    // Past its expiry, before the reconciler's scan has marked it: refused
+    // as expired.
     let r = decide(&app, APPROVER_A, "a", &expiring, "approve").await;
     assert_eq!(r.status(), 409);
     let p: Value = r.json().await.unwrap();

@@ -43,7 +43,8 @@ pub async fn approval_view(
 ///
 /// Errors: 403 unless `p` is an approver of `tenant`, or when it made the
 /// request itself (unless the tenant allows self-approval); 404 for an
-/// unknown approval; 409 when it is no longer pending.
+/// unknown approval; 409 when it is no longer pending, or past its
+/// expiry (the detail names the time) before it is marked expired.
 pub async fn decide_as(
     app: &AppState,
     p: &crate::config::Principal,
@@ -85,7 +86,7 @@ pub async fn decide_as(
             None => a.status,
         };
         // Pending past its expiry: no decision can be taken any more (the
-        // sweeper marks it expired on its next pass).
+        // reconciler's scan marks it expired on its next pass).
         let now = app.ledger.clock().now_ms();
         if status == "pending" && a.expires_at <= now {
             return Err(OpError::Conflict(format!(
@@ -137,11 +138,12 @@ async fn after_approval(app: &AppState, a: &crate::ledger::Approval) -> Result<(
             .await;
             match ran {
                 // The decision is committed and the approval spent: an
-                // operation found in flight is logged, not answered as a
-                // conflict the approver could retry.
-                Err(OpError::InFlight { .. } | OpError::Conflict(_)) => {
+                // operation found in flight, or changed meanwhile, is
+                // logged, not answered as a conflict the approver could
+                // retry.
+                Err(e @ (OpError::InFlight { .. } | OpError::Conflict(_))) => {
                     tracing::warn!(tenant = %a.tenant_id, operation_id = %a.operation_id, approval = %a.id,
-                        "replay approval spent without effect: the operation is in flight");
+                        error = %e, "replay approval spent without effect");
                 }
                 other => {
                     other?;

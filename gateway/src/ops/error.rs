@@ -159,12 +159,14 @@ pub enum OpError {
         /// The limit in ms.
         limit_ms: u64,
     },
-    /// 408: a pass-through request body stalled before its end while it
-    /// was being forwarded, and the route's `response_timeout_ms`
-    /// (`limit_ms`) ran out: the provider got part of the body, and no
-    /// answer came back. Kind `request-timeout`, as [`Self::RequestTimeout`].
+    /// 408: a pass-through request was being forwarded and its body had
+    /// not reached its end when the route's `response_timeout_ms`
+    /// (`limit_ms`) ran out, with no answer: the provider may have got
+    /// the head and part of the body (whether the caller stalled or the
+    /// provider stopped reading can't be told apart here). Kind
+    /// `request-timeout`, as [`Self::RequestTimeout`].
     #[error(
-        "the request body stalled before its end and the route's response timeout ({limit_ms} ms) ran out; the provider got part of it, and no answer"
+        "the request body had not reached its end when the route's response timeout ({limit_ms} ms) ran out; the provider may have got part of it, and gave no answer"
     )]
     BodyStalled {
         /// The route's `response_timeout_ms`.
