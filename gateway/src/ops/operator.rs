@@ -80,10 +80,9 @@ pub struct Resolution {
 
 /// The operation's ledger row as people read it (the admin API's list of
 /// operations, the CLI's `ledger show`, and the base of
-/// [`operation_json`]): its columns without
-/// the stored bodies, with the values of credential headers
-/// ([`crate::forward::is_credential`]) in `request_headers` and
-/// `response_headers` shown as `[redacted]`.
+/// [`operation_json`]): its columns without the stored bodies, with the
+/// values of credential headers ([`crate::forward::is_credential`]) in
+/// `request_headers` and `response_headers` shown as `[redacted]`.
 ///
 /// Errors: 500 if the row can't be written as JSON.
 pub fn operation_row(op: &Operation) -> Result<serde_json::Value, OpError> {
