@@ -144,6 +144,9 @@ async fn concurrent_duplicates_of_an_unknown_operation_share_one_read_back() {
     let mut details = Vec::new();
     for r in answers {
         assert_eq!(r.status(), 409);
+        // The next read-back is due 100 ms on (`backoff_base_ms`): retry
+        // after 1 s, not the default 5.
+        assert_eq!(r.headers()["retry-after"], "1");
         let p: Value = r.json().await.unwrap();
         assert_eq!(
             p["type"],

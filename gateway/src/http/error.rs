@@ -226,10 +226,14 @@ impl IntoResponse for OpError {
             // carry another request (RFC 9110 §15.5.9).
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
-        if let OpError::OutcomeUnknown { status, .. } = &self
+        if let OpError::OutcomeUnknown {
+            status,
+            retry_after_s,
+            ..
+        } = &self
             && *status == StatusCode::CONFLICT
         {
-            h.insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+            h.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_s));
         }
         if matches!(self, OpError::UnsupportedContentEncoding { .. }) {
             // The codings a request body may have (RFC 9110 §12.5.3).

@@ -8,6 +8,10 @@
 
 use http::StatusCode;
 
+/// Seconds a duplicate of an operation whose outcome is unknown is told
+/// to wait (`Retry-After` of its 409) when no read-back is scheduled.
+pub const UNKNOWN_RETRY_AFTER_S: u64 = 5;
+
 /// An error of a use case, answered to a caller by the HTTP surface.
 #[derive(Debug, thiserror::Error)]
 pub enum OpError {
@@ -63,6 +67,10 @@ pub enum OpError {
         detail: String,
         /// HTTP status to answer with.
         status: StatusCode,
+        /// With a 409: seconds for `Retry-After` (RFC 9110 §10.2.3), when
+        /// the next read-back is due if one is scheduled, else
+        /// [`UNKNOWN_RETRY_AFTER_S`].
+        retry_after_s: u64,
     },
     /// 409: the operation stopped running automatically (dead letter) and
     /// waits for an operator.

@@ -512,6 +512,17 @@ impl ReadBackStep<'_> {
     }
 }
 
+/// Seconds a duplicate is told to wait (`Retry-After`, RFC 9110 §10.2.3):
+/// the whole seconds until the next read-back is due (`next_ms`, the
+/// ledger clock's ms since the epoch), at least 1; without one in the
+/// future, [`crate::ops::error::UNKNOWN_RETRY_AFTER_S`].
+fn retry_after_s(next_ms: Option<i64>, now_ms: i64) -> u64 {
+    match next_ms.filter(|t| *t > now_ms) {
+        Some(t) => u64::try_from(t - now_ms).unwrap_or(0).div_ceil(1000).max(1),
+        None => crate::ops::error::UNKNOWN_RETRY_AFTER_S,
+    }
+}
+
 /// Answers a duplicate request for an operation that is UNKNOWN (or whose
 /// lease expired): reconciles it now, waiting at most
 /// `reconcile.duplicate_wait_ms`, then replays the result if it resolved.
@@ -540,6 +551,7 @@ pub async fn for_duplicate(app: &AppState, op: Operation) -> Result<Operation, O
                     crate::times::human(due, now)
                 ),
                 status: StatusCode::CONFLICT,
+                retry_after_s: retry_after_s(current.next_reconcile_at, now),
             });
         }
         // In a task of its own: if this caller stops waiting, a new attempt
@@ -566,10 +578,12 @@ pub async fn for_duplicate(app: &AppState, op: Operation) -> Result<Operation, O
         if current.state.is_terminal() {
             return Ok(current);
         }
+        let next = retry_after_s(current.next_reconcile_at, app.ledger.clock().now_ms());
         let unresolved = |detail: String| OpError::OutcomeUnknown {
             operation_id: id.clone(),
             detail,
             status: StatusCode::CONFLICT,
+            retry_after_s: next,
         };
         match step {
             Step::Skipped(why) => {

@@ -369,6 +369,7 @@ async fn forced_replay(
             "the forced replay reached the provider (it answered {status}) but the ledger could not record the answer ({e}); the audit record of the attempt is in the ledger"
         ),
         status: http::StatusCode::SERVICE_UNAVAILABLE,
+        retry_after_s: crate::ops::error::UNKNOWN_RETRY_AFTER_S,
     };
     let current = app
         .ledger

@@ -183,6 +183,7 @@ pub(super) fn classify(
                 operation_id: op.operation_id.clone(),
                 detail,
                 status,
+                retry_after_s: crate::ops::error::UNKNOWN_RETRY_AFTER_S,
             };
             (o, Err(e))
         }
@@ -201,6 +202,7 @@ pub(super) fn classify(
                     operation_id: op.operation_id.clone(),
                     detail: o.reason.clone(),
                     status: StatusCode::BAD_GATEWAY,
+                    retry_after_s: crate::ops::error::UNKNOWN_RETRY_AFTER_S,
                 };
                 return (o, Err(e));
             }
@@ -418,6 +420,7 @@ fn mcp_result(
             operation_id: op.operation_id.clone(),
             detail: u.reason.clone(),
             status: StatusCode::GATEWAY_TIMEOUT,
+            retry_after_s: crate::ops::error::UNKNOWN_RETRY_AFTER_S,
         };
         return (u, Err(e));
     };

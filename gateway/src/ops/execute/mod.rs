@@ -424,6 +424,7 @@ fn unrecorded(operation_id: &str, e: &crate::ledger::LedgerError) -> OpError {
                  it will be reconciled: retry with the same Idempotency-Key, never a new one"
             .into(),
         status: StatusCode::SERVICE_UNAVAILABLE,
+        retry_after_s: crate::ops::error::UNKNOWN_RETRY_AFTER_S,
     }
 }
 
@@ -434,6 +435,7 @@ fn fenced_off(operation_id: &str) -> OpError {
             "a newer claim took over this operation; its outcome will be recorded by that owner"
                 .into(),
         status: StatusCode::CONFLICT,
+        retry_after_s: crate::ops::error::UNKNOWN_RETRY_AFTER_S,
     }
 }
 
