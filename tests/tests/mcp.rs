@@ -601,6 +601,35 @@ async fn unreadable_or_malformed_calls_are_never_forwarded() {
         "{v}"
     );
     assert_eq!(up.count("refund"), 0);
+    // An intent id that is no string is refused as such, with or without
+    // the header, and on a route that derives ids too: never read as
+    // absent.
+    for (path, with_header) in [
+        ("/money/mcp", false),
+        ("/money/mcp", true),
+        ("/derived/mcp", false),
+    ] {
+        let mut b = app
+            .http
+            .post(app.proxy(path))
+            .bearer_auth(KEY_A)
+            .header("Accept", "application/json, text/event-stream")
+            .header("Content-Type", "application/json")
+            .body(r#"{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"refund","arguments":{"charge_id":"c","amount":5},"_meta":{"effectgate/operation-id":42}}}"#);
+        if with_header {
+            b = b.header("Idempotency-Key", "n3");
+        }
+        let v: Value = b.send().await.unwrap().json().await.unwrap();
+        assert_eq!(v["error"]["code"], -32602, "{path} {with_header}: {v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().starts_with(
+                "the intent id in _meta[\"effectgate/operation-id\"] must be a string"
+            ),
+            "{path} {with_header}: {v}"
+        );
+    }
+    assert_eq!(up.count("refund"), 0);
+    assert_eq!(app.operation(ADMIN_A, "a", "n3").await.status(), 404);
     // A stale session: the server refuses (404) before running; the gateway
     // retries in a session of its own, so the intent is not lost.
     let stale = r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"refund","arguments":{"charge_id":"c","amount":5},"_meta":{"effectgate/operation-id":"stale-1"}}}"#;

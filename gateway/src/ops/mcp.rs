@@ -487,6 +487,17 @@ impl Post<'_> {
     ) -> Result<Result<String, String>, OpError> {
         let max_len = self.rt.limits.max_idempotency_key_len;
         let spec = self.route.mcp.clone().unwrap_or_default();
+        // An intent id that is there but no string (`42`, `{}`) is the
+        // caller's mistake, never "no intent id": read as absent it would
+        // be ignored beside a header, or replaced by a derived id that two
+        // calls meant apart could share.
+        let meta = &msg["params"]["_meta"][spec.intent_meta_field.as_str()];
+        if !meta.is_null() && !meta.is_string() {
+            return Ok(Err(format!(
+                "the intent id in _meta[\"{}\"] must be a string of 1 to max_idempotency_key_len printable ASCII characters",
+                spec.intent_meta_field
+            )));
+        }
         if let Some(k) = crate::idempotency::parse_key(self.headers, max_len)? {
             // Two identities that disagree name two operations: which one
             // the caller meant is unknowable, so neither runs.
