@@ -1502,10 +1502,21 @@ async fn a_permanent_gap_is_quarantined_then_released_or_dropped(storage: Option
     let r = decide(OPERATOR_A, "e3", "release").await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.json::<Value>().await.unwrap()["changed"], json!(["e3"]));
-    assert_eq!(
-        decide(OPERATOR_A, "e3", "release").await.unwrap().status(),
-        409
+    // Decided already: 409 naming its state; no such event: 404.
+    let r = decide(OPERATOR_A, "e3", "release").await.unwrap();
+    assert_eq!(r.status(), 409);
+    let p: Value = r.json().await.unwrap();
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .ends_with("is accepted, not quarantined"),
+        "{p}"
     );
+    let r = decide(OPERATOR_A, "no-such-event", "drop").await.unwrap();
+    assert_eq!(r.status(), 404);
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["type"], "urn:effectgate:problem:not-found", "{p}");
     let r = decide(OPERATOR_A, "g2", "drop").await.unwrap();
     assert_eq!(r.status(), 200);
     let got = deliveries(&app, &rx, 2).await;

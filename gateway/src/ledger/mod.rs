@@ -67,7 +67,9 @@ pub use inbox::{
     Resolution, Resolve, Resolved, Resolving, Says, delivery_id,
 };
 pub use settle::{SettleVerdict, SettleWindows};
-pub use store::{QuarantineAction, Subscriptions, event_type as operation_event_type};
+pub use store::{
+    QuarantineAction, QuarantineDecision, Subscriptions, event_type as operation_event_type,
+};
 
 /// A source of time in ms since the Unix epoch. Injected so tests can
 /// drive lease expiry without sleeping.

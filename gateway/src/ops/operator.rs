@@ -142,8 +142,8 @@ pub async fn operation_json(app: &AppState, op: &Operation) -> Result<serde_json
 /// the row keeps who and when.
 ///
 /// Errors: 403 for a role not in [`SETTLERS`], 400 for another action,
-/// 404 for an unknown source of this
-/// tenant, 409 when the event is not quarantined.
+/// 404 for an unknown source of this tenant or an unknown event, 409
+/// naming the event's state when it is not quarantined.
 pub async fn decide_inbox(
     app: &AppState,
     principal: &Principal,
@@ -178,12 +178,20 @@ pub async fn decide_inbox(
             deliver,
             &principal.name,
         )
-        .await?
-        .ok_or_else(|| {
-            OpError::Conflict(format!(
-                "inbox event {event_id:?} of {source:?} is not quarantined"
-            ))
-        })?;
+        .await?;
+    let changed = match changed {
+        crate::ledger::QuarantineDecision::Decided(ids) => ids,
+        crate::ledger::QuarantineDecision::NotQuarantined(state) => {
+            return Err(OpError::Conflict(format!(
+                "inbox event {event_id:?} of {source:?} is {state}, not quarantined"
+            )));
+        }
+        crate::ledger::QuarantineDecision::Missing => {
+            return Err(OpError::NotFound(format!(
+                "no inbox event {event_id:?} of {source:?}"
+            )));
+        }
+    };
     tracing::warn!(tenant = %principal.tenant, source, event_id, action, actor = %principal.name,
         changed = ?changed, "inbox: quarantined event decided by an operator");
     Ok(changed)

@@ -2,7 +2,7 @@
 
 use super::super::LedgerError;
 use super::super::inbox::{InboxEvent, NewInboxEvent, Received};
-use super::super::store::QuarantineAction;
+use super::super::store::{QuarantineAction, QuarantineDecision};
 use super::{Db, Ledger};
 
 impl Ledger {
@@ -56,14 +56,15 @@ impl Ledger {
     /// event_id)`: release (accepted with the gap flag, delivered when
     /// `deliver`) or drop; either way its key goes on past it, releasing
     /// the held events behind it. The row keeps `actor` and the time.
-    /// Returns the event ids changed, or `None` if it is not quarantined.
+    /// Returns the event ids changed, or, with nothing changed, the state
+    /// the event is in, or that there is none ([`QuarantineDecision`]).
     pub async fn decide_quarantined(
         &self,
         id: (&str, &str, &str),
         action: QuarantineAction,
         deliver: bool,
         actor: &str,
-    ) -> Result<Option<Vec<String>>, LedgerError> {
+    ) -> Result<QuarantineDecision, LedgerError> {
         dispatch!(self, decide_quarantined(id, action, deliver, actor))
     }
 

@@ -398,6 +398,19 @@ pub enum QuarantineAction {
     Drop,
 }
 
+/// What an operator's decision on a quarantined event came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QuarantineDecision {
+    /// Decided: the event ids changed, the decided one first, then the
+    /// held events released behind it.
+    Decided(Vec<String>),
+    /// The event is in another state (`accepted`, `held`, `dropped`…),
+    /// named here; nothing changed.
+    NotQuarantined(String),
+    /// No such event; nothing changed.
+    Missing,
+}
+
 impl<D: Dialect> Store<D> {
     /// See [`crate::ledger::Ledger::receive_inbox`].
     pub(crate) async fn receive_inbox(
@@ -565,7 +578,7 @@ impl<D: Dialect> Store<D> {
         action: QuarantineAction,
         deliver: bool,
         actor: &str,
-    ) -> Result<Option<Vec<String>>, LedgerError> {
+    ) -> Result<QuarantineDecision, LedgerError> {
         let (mut tx, now) = self.begin().await?;
         let n = sql::<D>(
             "UPDATE inbox SET state = ?, gap = ?, decided_by = ?, decided_at = ? \
@@ -584,8 +597,12 @@ impl<D: Dialect> Store<D> {
         .execute(&mut *tx)
         .await?;
         if n != 1 {
+            let found = fetch_inbox::<D>(&mut tx, (tenant, source, event_id)).await?;
             tx.commit().await?;
-            return Ok(None);
+            return Ok(match found {
+                Some(ev) => QuarantineDecision::NotQuarantined(ev.state),
+                None => QuarantineDecision::Missing,
+            });
         }
         let ev = fetch_inbox::<D>(&mut tx, (tenant, source, event_id))
             .await?
@@ -609,7 +626,7 @@ impl<D: Dialect> Store<D> {
             done.extend(more);
         }
         tx.commit().await?;
-        Ok(Some(done))
+        Ok(QuarantineDecision::Decided(done))
     }
 
     /// See [`crate::ledger::Ledger::inbox_events`].

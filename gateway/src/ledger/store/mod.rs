@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use events::{Subscriptions, event_type};
-pub use inbox::QuarantineAction;
+pub use inbox::{QuarantineAction, QuarantineDecision};
 
 use super::command::{self, Command};
 use super::dialect::{Dialect, Pool};
