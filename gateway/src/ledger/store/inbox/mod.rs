@@ -1,16 +1,18 @@
 //! The inbox's statements: the deduplicating insert, the sequence
 //! decision and the delivery queued in the outbox, all in one transaction
-//! (see `ledger/inbox.rs` for the states).
+//! (see `ledger/inbox.rs` for the states). The resolving of operations
+//! from events is in `resolve`, the reads and sweeps in `reads`.
 
-use super::super::command::{self, Lease, LeaseForReconcile, OpRef, ReadBackNow, RecordOutcome};
+use super::super::LedgerError;
 use super::super::dialect::{Conn, Dialect, LedgerRow, clean, sql};
-use super::super::inbox::{
-    InboxEvent, Naming, NewInboxEvent, Ordering, Received, Resolution, Resolved, Resolving, Says,
-    delivery_id,
-};
-use super::super::{LedgerError, Operation, State};
+use super::super::inbox::{InboxEvent, NewInboxEvent, Ordering, Received, Resolved, delivery_id};
 use super::Store;
 use super::outbox::insert_event_as;
+
+mod reads;
+mod resolve;
+
+use resolve::resolve_on;
 
 const INBOX_COLUMNS: &str = "tenant_id, source, event_id, event_type, state, sequence_key, sequence, gap, \
      payload, received_at, held_until, outbox_event_id, operation_id, resolution, decided_by, decided_at";
@@ -252,143 +254,6 @@ async fn release_held<D: Dialect>(
     Ok((released, last))
 }
 
-/// The operation of `tenant` that `naming` finds, on `conn`. Only this
-/// tenant's operations are searched: another tenant's provider key or
-/// reference finds nothing.
-async fn find_named<D: Dialect>(
-    conn: &mut Conn<D>,
-    tenant: &str,
-    naming: &Naming<'_>,
-    max_candidates: u32,
-) -> Result<Option<Operation>, sqlx::Error> {
-    let cols = super::reads::OP_COLUMNS;
-    let rows = match naming {
-        Naming::ProviderKey(k) => {
-            sql::<D>(&format!(
-                "SELECT {cols} FROM operations WHERE tenant_id = ? AND provider_key = ? LIMIT 1"
-            ))
-            .bind(tenant)
-            .bind(k.as_str())
-            .fetch_all(&mut *conn)
-            .await?
-        }
-        Naming::Reference(r) => sql::<D>(&format!(
-            "SELECT {cols} FROM operations WHERE tenant_id = ? AND provider_reference = ? LIMIT 1"
-        ))
-        .bind(tenant)
-        .bind(r.as_str())
-        .fetch_all(&mut *conn)
-        .await?,
-        Naming::Match { route, .. } => {
-            sql::<D>(&format!(
-                "SELECT {cols} FROM operations WHERE tenant_id = ? AND state = ? AND route = ? \
-             ORDER BY updated_at DESC, operation_id LIMIT ?"
-            ))
-            .bind(tenant)
-            .bind(State::Unknown)
-            .bind(*route)
-            .bind(i64::from(max_candidates))
-            .fetch_all(&mut *conn)
-            .await?
-        }
-    };
-    for row in &rows {
-        let op = super::reads::op_from_row(row)?;
-        match naming {
-            Naming::Match { accepts, .. } if !accepts(&op) => continue,
-            _ => return Ok(Some(op)),
-        }
-    }
-    Ok(None)
-}
-
-/// Applies the first rule of `r` that names an operation of `tenant`, on
-/// `conn` (inside the event's transaction): a success for an UNKNOWN
-/// operation takes a reconciliation lease (new fencing token) and records
-/// the rule's outcome under it, the fenced write of a read-back "found"
-/// (with its operation event); a failure moves its next read-back to now;
-/// an operation in another state is left as it is. Returns what it did,
-/// or `None` when no rule names an operation.
-async fn resolve_on<D: Dialect>(
-    conn: &mut Conn<D>,
-    subs: &super::Subscriptions,
-    tenant: &str,
-    r: &Resolving<'_>,
-    now: i64,
-) -> Result<Option<Resolution>, LedgerError> {
-    for rule in &r.rules {
-        let Some(op) = find_named::<D>(&mut *conn, tenant, &rule.naming, r.max_candidates).await?
-        else {
-            continue;
-        };
-        let ty = r.event_type;
-        let opref = OpRef::new(&op.tenant_id, &op.operation_id);
-        let (resolved, note) = if op.state != State::Unknown {
-            let why = format!("the operation is {}", op.state);
-            (Resolved::Ignored(why.clone()), format!("ignored: {why}"))
-        } else {
-            match &rule.says {
-                Says::Failed => {
-                    let cmd = ReadBackNow {
-                        op: opref,
-                        version: op.version,
-                    };
-                    if command::apply::<D, _>(&mut *conn, &cmd, now)
-                        .await?
-                        .is_some()
-                    {
-                        (
-                            Resolved::ReadBack,
-                            format!("read-back: {ty} says it failed; read back now"),
-                        )
-                    } else {
-                        let why = "the operation moved on".to_owned();
-                        (Resolved::Ignored(why.clone()), format!("ignored: {why}"))
-                    }
-                }
-                Says::Succeeded(outcome) => {
-                    let lease = LeaseForReconcile {
-                        op: opref,
-                        version: op.version,
-                        lease: Lease {
-                            owner: r.lease_owner,
-                            ms: r.lease_ms,
-                        },
-                        reason: r.lease_reason,
-                    };
-                    let claimed = command::apply::<D, _>(&mut *conn, &lease, now).await?;
-                    let recorded = match claimed {
-                        None => None,
-                        Some(c) => {
-                            let cmd = RecordOutcome {
-                                op: opref,
-                                from: State::Unknown,
-                                fence: c.fence,
-                                actor: r.actor,
-                                outcome: outcome.as_ref(),
-                            };
-                            super::writes::record_outcome_on::<D>(&mut *conn, subs, &cmd, now)
-                                .await?
-                        }
-                    };
-                    if recorded.is_some() {
-                        (Resolved::Completed, format!("completed: {ty}"))
-                    } else {
-                        let why = "another owner holds the operation".to_owned();
-                        (Resolved::Ignored(why.clone()), format!("ignored: {why}"))
-                    }
-                }
-            }
-        };
-        return Ok(Some(Resolution {
-            operation_id: op.operation_id.clone(),
-            resolved,
-            note,
-        }));
-    }
-    Ok(None)
-}
-
 /// What an operator does with a quarantined event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuarantineAction {
@@ -627,134 +492,5 @@ impl<D: Dialect> Store<D> {
         }
         tx.commit().await?;
         Ok(QuarantineDecision::Decided(done))
-    }
-
-    /// See [`crate::ledger::Ledger::inbox_events`].
-    pub(crate) async fn inbox_events(
-        &self,
-        tenant: &str,
-        source: Option<&str>,
-        state: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<InboxEvent>, LedgerError> {
-        let mut conn = D::acquire(&self.read).await?;
-        let rows = sql::<D>(&format!(
-            "SELECT {INBOX_COLUMNS} FROM inbox WHERE tenant_id = ?1 AND (?2 IS NULL OR source = ?2) \
-             AND (?3 IS NULL OR state = ?3) ORDER BY received_at DESC, event_id DESC LIMIT ?4"
-        ))
-        .bind(tenant)
-        .bind(source)
-        .bind(state)
-        .bind(i64::from(limit))
-        .fetch_all(&mut conn)
-        .await?;
-        Ok(rows.iter().map(inbox_from_row).collect::<Result<_, _>>()?)
-    }
-
-    /// See [`crate::ledger::Ledger::inbox_for_operation`].
-    pub(crate) async fn inbox_for_operation(
-        &self,
-        tenant: &str,
-        operation_id: &str,
-    ) -> Result<Vec<InboxEvent>, LedgerError> {
-        let mut conn = D::acquire(&self.read).await?;
-        let rows = sql::<D>(&format!(
-            "SELECT {INBOX_COLUMNS} FROM inbox WHERE tenant_id = ? AND operation_id = ? ORDER BY received_at"
-        ))
-        .bind(tenant)
-        .bind(operation_id)
-        .fetch_all(&mut conn)
-        .await?;
-        Ok(rows.iter().map(inbox_from_row).collect::<Result<_, _>>()?)
-    }
-
-    /// See [`crate::ledger::Ledger::inbox_gauges`].
-    pub(crate) async fn inbox_gauges(
-        &self,
-    ) -> Result<Vec<(String, String, i64, Option<i64>)>, LedgerError> {
-        let mut conn = D::acquire(&self.read).await?;
-        let rows = sql::<D>(
-            "SELECT source, state, COUNT(*) AS n, MIN(received_at) AS oldest FROM inbox \
-             WHERE state IN ('held', 'quarantined') GROUP BY source, state",
-        )
-        .fetch_all(&mut conn)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok((
-                    r.get("source")?,
-                    r.get("state")?,
-                    r.get("n")?,
-                    r.get("oldest")?,
-                ))
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(Into::into)
-    }
-
-    /// See [`crate::ledger::Ledger::sweep_inbox`].
-    pub(crate) async fn sweep_inbox(
-        &self,
-        (tenant, source): (&str, &str),
-        window_ms: i64,
-        batch: u32,
-    ) -> Result<u64, LedgerError> {
-        let (mut tx, now) = self.begin().await?;
-        // Held and quarantined events wait for their gap or an operator.
-        let n = sql::<D>(
-            "DELETE FROM inbox WHERE (tenant_id, source, event_id) IN (SELECT tenant_id, source, event_id FROM inbox \
-             WHERE tenant_id = ? AND source = ? AND received_at <= ? AND state NOT IN ('held', 'quarantined') LIMIT ?)",
-        )
-        .bind(tenant)
-        .bind(source)
-        .bind(now.saturating_sub(window_ms.max(0)))
-        .bind(i64::from(batch))
-        .execute(&mut tx)
-        .await?;
-        tx.commit().await?;
-        Ok(n)
-    }
-
-    /// See [`crate::ledger::Ledger::sweep_inbox_sequences`].
-    pub(crate) async fn sweep_inbox_sequences(
-        &self,
-        (tenant, source): (&str, &str),
-        window_ms: i64,
-        batch: u32,
-    ) -> Result<u64, LedgerError> {
-        let (mut tx, now) = self.begin().await?;
-        // A key with a held or quarantined event still orders it.
-        let n = sql::<D>(
-            "DELETE FROM inbox_sequences WHERE (tenant_id, source, sequence_key) IN \
-             (SELECT s.tenant_id, s.source, s.sequence_key FROM inbox_sequences s \
-             WHERE s.tenant_id = ? AND s.source = ? AND s.updated_at <= ? AND NOT EXISTS \
-             (SELECT 1 FROM inbox i WHERE i.tenant_id = s.tenant_id AND i.source = s.source \
-             AND i.sequence_key = s.sequence_key AND i.state IN ('held', 'quarantined')) LIMIT ?)",
-        )
-        .bind(tenant)
-        .bind(source)
-        .bind(now.saturating_sub(window_ms.max(0)))
-        .bind(i64::from(batch))
-        .execute(&mut tx)
-        .await?;
-        tx.commit().await?;
-        Ok(n)
-    }
-
-    /// See [`crate::ledger::Ledger::inbox_sequence`].
-    pub(crate) async fn inbox_sequence(
-        &self,
-        (tenant, source, key): (&str, &str, &str),
-    ) -> Result<Option<i64>, LedgerError> {
-        let mut conn = D::acquire(&self.read).await?;
-        let row = sql::<D>(
-            "SELECT last_applied FROM inbox_sequences WHERE tenant_id = ? AND source = ? AND sequence_key = ?",
-        )
-        .bind(tenant)
-        .bind(source)
-        .bind(key)
-        .fetch_optional(&mut conn)
-        .await?;
-        Ok(row.map(|r| r.get("last_applied")).transpose()?)
     }
 }
