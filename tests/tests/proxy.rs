@@ -1371,3 +1371,98 @@ async fn a_pass_through_body_is_forwarded_whole_and_a_stalled_one_is_refused() {
     }
     assert_eq!(app.mock.provider.charges().len(), 2);
 }
+
+/// Full duplex through the gateway: a provider that answers at once,
+/// with more than the sockets hold, before it reads the upload; and a
+/// caller that sends its whole upload before it reads any of the answer
+/// (as most HTTP/1.1 clients do). The upload reaches the provider whole
+/// while the answer waits, and then the caller reads the whole answer.
+#[tokio::test]
+async fn a_pass_through_upload_goes_on_while_an_early_answer_waits() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const UPLOAD: usize = 16 * 1024 * 1024;
+    const ANSWER: usize = 16 * 1024 * 1024;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let provider = listener.local_addr().unwrap();
+    let (got_tx, got) = tokio::sync::oneshot::channel::<usize>();
+    tokio::spawn(async move {
+        let (s, _) = listener.accept().await.unwrap();
+        let (mut rd, mut wr) = s.into_split();
+        let mut buf = Vec::new();
+        let mut chunk = vec![0u8; 64 * 1024];
+        let head_end = loop {
+            let k = rd.read(&mut chunk).await.unwrap();
+            assert!(k > 0, "the request head came");
+            buf.extend_from_slice(&chunk[..k]);
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break end + 4;
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        assert!(
+            head.contains(&format!("content-length: {UPLOAD}")),
+            "{head}"
+        );
+        tokio::spawn(async move {
+            let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {ANSWER}\r\n\r\n");
+            wr.write_all(head.as_bytes()).await.unwrap();
+            wr.write_all(&vec![b'a'; ANSWER]).await.unwrap();
+            std::future::pending::<()>().await;
+        });
+        let mut body = buf.len() - head_end;
+        while body < UPLOAD {
+            let k = rd.read(&mut chunk).await.unwrap();
+            assert!(k > 0, "the upload broke off after {body} bytes");
+            body += k;
+        }
+        let _ = got_tx.send(body);
+    });
+    let app = spawn_with(Opts {
+        more: format!(
+            "[[routes]]\nname = \"upload\"\nprefix = \"/upload/\"\n\
+             upstream = \"http://{provider}\"\nmode = \"pass\"\n"
+        ),
+        ..Default::default()
+    })
+    .await;
+    let mut s = tokio::net::TcpStream::connect(app.gw.proxy_addr)
+        .await
+        .unwrap();
+    let exchange = async {
+        let head = format!(
+            "POST /upload/v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\n\
+             Content-Type: application/octet-stream\r\nContent-Length: {UPLOAD}\r\n\r\n"
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        let piece = vec![b'u'; 64 * 1024];
+        for _ in 0..UPLOAD / piece.len() {
+            s.write_all(&piece).await.unwrap();
+        }
+        let sent = got.await.expect("the provider counted the upload");
+        // Only now the answer: its head, then its body to the end.
+        let mut resp = Vec::new();
+        let mut chunk = vec![0u8; 64 * 1024];
+        let head_end = loop {
+            let k = s.read(&mut chunk).await.unwrap();
+            assert!(k > 0, "the answer's head came");
+            resp.extend_from_slice(&chunk[..k]);
+            if let Some(end) = resp.windows(4).position(|w| w == b"\r\n\r\n") {
+                break end + 4;
+            }
+        };
+        let head = String::from_utf8_lossy(&resp[..head_end]).to_string();
+        let mut body = resp.len() - head_end;
+        while body < ANSWER {
+            let k = s.read(&mut chunk).await.unwrap();
+            assert!(k > 0, "the answer broke off after {body} bytes");
+            body += k;
+        }
+        (sent, head, body)
+    };
+    let (sent, head, body) = tokio::time::timeout(std::time::Duration::from_secs(60), exchange)
+        .await
+        .expect("the upload went on while the answer waited");
+    assert_eq!(sent, UPLOAD);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(body, ANSWER);
+}

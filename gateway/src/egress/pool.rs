@@ -20,7 +20,13 @@
 //!   as it would with a connection in a task of its own). A connection
 //!   whose request body is still being sent when its response has been
 //!   read (the provider answered early) is finished by a task of its own
-//!   and closed, not pooled.
+//!   and closed, not pooled. One whose request body is still being sent
+//!   when its response head arrives is driven by a task of its own from
+//!   then on, and closed after the exchange: the upload then goes on
+//!   whether or not anyone reads the answer yet (a caller that reads
+//!   nothing until it has sent everything, while the provider streams
+//!   an answer larger than the sockets hold before it reads the rest of
+//!   the upload, would otherwise wait forever).
 //! - An HTTP/2 connection (ALPN `h2`) is shared by every request to its
 //!   destination until it closes, and is driven by a task of its own.
 //! - Idle HTTP/1.1 connections are reused most recent first and closed
@@ -234,6 +240,9 @@ impl HttpClient {
     ) -> Result<Response<ResponseBody>, Error> {
         let key = Key::of(req.uri())?;
         let uri = req.uri().clone();
+        // Whether the request's body has been sent whole, for a body not
+        // at its end yet (none is needed for one without bytes).
+        let mut sent: Option<Arc<AtomicBool>> = None;
         loop {
             // A new HTTP/2 connection comes with the receiver of its own
             // error, for a request it closed under before sending any of
@@ -256,10 +265,16 @@ impl HttpClient {
                     // A pooled connection is ready (checkout takes no
                     // other); a new one takes its first request at once.
                     to_origin_form(&mut req, host.or_else(|| host_value(&key)));
+                    if sent.is_none() && !req.body().is_end_stream() {
+                        let (body, flag) = Sending::wrap(std::mem::take(req.body_mut()));
+                        *req.body_mut() = body;
+                        sent = Some(flag);
+                    }
                     let send = tx.try_send_request(req);
                     let (r, driver, ended) = exchange(send, driver).await;
+                    let uploading = sent.as_ref().is_some_and(|s| !s.load(Ordering::Acquire));
                     (
-                        r.map(|r| self.pooled(key.clone(), tx, driver, r)),
+                        r.map(|r| self.pooled(key.clone(), tx, driver, r, uploading)),
                         false,
                         ended,
                     )
@@ -292,14 +307,26 @@ impl HttpClient {
 
     /// The response of an HTTP/1.1 exchange on `tx`, whose connection
     /// (`driver`, `None` when it ended with the exchange) goes back to the
-    /// pool when its body ends.
+    /// pool when its body ends; or, when the request's body is still
+    /// being sent (`uploading`), is driven by a task of its own until the
+    /// exchange ends, and then closed.
     fn pooled(
         &self,
         key: Key,
         tx: http1::SendRequest<OutboundBody>,
         driver: Option<Driver>,
         r: Response<Incoming>,
+        uploading: bool,
     ) -> Response<ResponseBody> {
+        if uploading {
+            if let Some(driver) = driver {
+                // Without its `SendRequest`, hyper closes the connection
+                // once this exchange is over.
+                drop(tx);
+                drive(driver.0.into_inner(), "HTTP/1.1");
+            }
+            return r.map(ResponseBody::unpooled);
+        }
         let back = driver.map(|driver| GiveBack {
             pool: Arc::downgrade(&self.inner),
             key,
@@ -599,6 +626,49 @@ fn to_origin_form(req: &mut Request<OutboundBody>, host: Option<HeaderValue>) {
         _ => Uri::default(),
     };
     *req.uri_mut() = origin;
+}
+
+/// A request body on its way to the provider, which records when it has
+/// been sent whole (its last frame taken): see [`HttpClient::request`].
+struct Sending {
+    inner: OutboundBody,
+    sent: Arc<AtomicBool>,
+}
+
+impl Sending {
+    /// `body` wrapped, and the flag it sets at its end.
+    fn wrap(body: OutboundBody) -> (OutboundBody, Arc<AtomicBool>) {
+        let sent = Arc::new(AtomicBool::new(false));
+        let body = OutboundBody::new(Sending {
+            inner: body,
+            sent: sent.clone(),
+        });
+        (body, sent)
+    }
+}
+
+impl Body for Sending {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        if frame.is_none() || self.inner.is_end_stream() {
+            self.sent.store(true, Ordering::Release);
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// A provider's response body. An HTTP/1.1 connection goes back to its

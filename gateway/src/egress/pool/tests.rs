@@ -343,3 +343,96 @@ fn requests_go_out_in_origin_form_with_a_host() {
     to_origin_form(&mut req, host_value(&Key::of(&uri).unwrap()));
     assert_eq!(req.headers()[header::HOST], "p.example");
 }
+
+/// A provider that answers each request at once, before it reads the
+/// request's body: a head announcing `answer` bytes, then the bytes, from
+/// a task of their own, while it reads the chunked upload to its end and
+/// reports how many bytes of it came.
+async fn early_answering_provider(answer: usize) -> (Uri, mpsc::UnboundedReceiver<usize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (got_tx, got) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let (s, _) = listener.accept().await.unwrap();
+        let (mut rd, mut wr) = s.into_split();
+        let mut buf = Vec::new();
+        let mut chunk = vec![0u8; 64 * 1024];
+        let head_end = loop {
+            let k = rd.read(&mut chunk).await.unwrap();
+            assert!(k > 0, "the request head came");
+            buf.extend_from_slice(&chunk[..k]);
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break end + 4;
+            }
+        };
+        buf.drain(..head_end);
+        tokio::spawn(async move {
+            let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {answer}\r\n\r\n");
+            wr.write_all(head.as_bytes()).await.unwrap();
+            wr.write_all(&vec![b'a'; answer]).await.unwrap();
+            // Kept open until the test ends.
+            std::future::pending::<()>().await;
+        });
+        // The chunked upload: the payload bytes, to the last chunk.
+        let mut payload = 0;
+        loop {
+            while let Some(line) = buf.windows(2).position(|w| w == b"\r\n") {
+                let size = usize::from_str_radix(std::str::from_utf8(&buf[..line]).unwrap(), 16)
+                    .expect("a chunk size");
+                if buf.len() < line + 2 + size + 2 {
+                    break;
+                }
+                buf.drain(..line + 2 + size + 2);
+                if size == 0 {
+                    let _ = got_tx.send(payload);
+                    return;
+                }
+                payload += size;
+            }
+            let k = rd.read(&mut chunk).await.unwrap();
+            assert!(k > 0, "the upload broke off after {payload} bytes");
+            buf.extend_from_slice(&chunk[..k]);
+        }
+    });
+    (format!("http://{addr}/v1/uploads").parse().unwrap(), got)
+}
+
+/// Full duplex: the provider answers with more than the sockets hold
+/// before it has read the upload, and the caller sends its whole upload
+/// before it reads any of the answer. The upload goes on while nobody
+/// reads the answer (its connection is driven by a task of its own once
+/// the answer's head came with the upload unfinished); then the whole
+/// answer is read, and the connection is not pooled.
+#[tokio::test]
+async fn an_upload_goes_on_while_an_early_answer_is_unread() {
+    const UPLOAD: usize = 16 * 1024 * 1024;
+    const ANSWER: usize = 16 * 1024 * 1024;
+    let (uri, mut got) = early_answering_provider(ANSWER).await;
+    let c = client();
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let upload = Request::post(uri.clone())
+        .header(header::TRANSFER_ENCODING, "chunked")
+        .body(OutboundBody::from_stream(stream))
+        .unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), c.request(upload))
+        .await
+        .expect("the answer's head came")
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let piece = Bytes::from(vec![b'u'; 64 * 1024]);
+    tokio::time::timeout(Duration::from_secs(20), async {
+        for _ in 0..UPLOAD / piece.len() {
+            tx.send(Ok(piece.clone())).await.unwrap();
+        }
+        drop(tx);
+        got.recv().await
+    })
+    .await
+    .map(|n| assert_eq!(n, Some(UPLOAD)))
+    .expect("the upload went on while the answer was unread");
+    assert_eq!(body_of(r).await.len(), ANSWER);
+    assert_eq!(c.idle_connections(&uri), 0);
+}
