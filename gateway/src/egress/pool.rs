@@ -38,6 +38,10 @@
 //!   it goes out again on another connection, as hyper's own pool does; a
 //!   request on a new connection is never sent twice.
 //!
+//! An HTTP/1.1 answer that came with both `Transfer-Encoding` and
+//! `Content-Length` is read by its transfer coding, and its
+//! `Content-Length` is removed (RFC 9112 §6.3 ¶3).
+//!
 //! Requests go out in origin form (`/path?query`) with a `Host` header from
 //! the URL when the caller set none (RFC 9112 §3.2), over HTTP/1.1; over
 //! HTTP/2 the URL gives `:scheme` and `:authority` (RFC 9113 §8.3.1).
@@ -309,15 +313,22 @@ impl HttpClient {
     /// (`driver`, `None` when it ended with the exchange) goes back to the
     /// pool when its body ends; or, when the request's body is still
     /// being sent (`uploading`), is driven by a task of its own until the
-    /// exchange ends, and then closed.
+    /// exchange ends, and then closed. An answer with a `Transfer-Encoding`
+    /// loses its `Content-Length`, if it had one.
     fn pooled(
         &self,
         key: Key,
         tx: http1::SendRequest<OutboundBody>,
         driver: Option<Driver>,
-        r: Response<Incoming>,
+        mut r: Response<Incoming>,
         uploading: bool,
     ) -> Response<ResponseBody> {
+        // A transfer coding overrides `Content-Length`, which a proxy
+        // removes before it forwards the answer (RFC 9112 §6.3 ¶3): kept,
+        // it would tell the caller another length than the body has.
+        if r.headers().contains_key(header::TRANSFER_ENCODING) {
+            r.headers_mut().remove(header::CONTENT_LENGTH);
+        }
         if uploading {
             if let Some(driver) = driver {
                 // Without its `SendRequest`, hyper closes the connection

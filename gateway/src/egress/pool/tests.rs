@@ -18,6 +18,9 @@ enum Answer {
     ThenClose,
     /// `204`, no body, the connection kept.
     Empty,
+    /// `200` with `Content-Length: 3` and `Transfer-Encoding: chunked`,
+    /// body `hello world` in two chunks, the connection kept.
+    LengthAndChunked,
 }
 
 /// A provider on 127.0.0.1 speaking HTTP/1.1 by hand: it counts the
@@ -50,6 +53,9 @@ async fn provider(answer: Answer) -> (Uri, Arc<AtomicUsize>, mpsc::UnboundedRece
                             b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello"
                         } else if matches!(answer, Answer::Empty) {
                             b"HTTP/1.1 204 No Content\r\n\r\n"
+                        } else if matches!(answer, Answer::LengthAndChunked) {
+                            b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n\
+                              6\r\nhello \r\n5\r\nworld\r\n0\r\n\r\n"
                         } else {
                             b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello"
                         };
@@ -435,4 +441,19 @@ async fn an_upload_goes_on_while_an_early_answer_is_unread() {
     .expect("the upload went on while the answer was unread");
     assert_eq!(body_of(r).await.len(), ANSWER);
     assert_eq!(c.idle_connections(&uri), 0);
+}
+
+/// An answer with both `Content-Length` and `Transfer-Encoding` is read
+/// by its transfer coding, whole, and reaches the caller without the
+/// `Content-Length` (RFC 9112 §6.3 ¶3), which would tell another length
+/// than the body has.
+#[tokio::test]
+async fn a_content_length_beside_a_transfer_coding_is_removed() {
+    let (uri, _accepted, _ended) = provider(Answer::LengthAndChunked).await;
+    let c = client();
+    for _ in 0..2 {
+        let r = c.request(get(&uri)).await.unwrap();
+        assert_eq!(r.headers().get(header::CONTENT_LENGTH), None);
+        assert_eq!(body_of(r).await, "hello world");
+    }
 }
