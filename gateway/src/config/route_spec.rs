@@ -221,8 +221,9 @@ pub struct RetrySpec {
     pub base_delay_ms: u64,
     /// Backoff cap in ms. Default 2000.
     pub max_delay_ms: u64,
-    /// Longest `Retry-After` honoured, in ms; a provider asking for more
-    /// ends the retries (FAILED, dead letter `retry-after-too-long`).
+    /// Longest `Retry-After` honoured, in ms (seconds, or an HTTP-date,
+    /// RFC 9110 §10.2.3); a provider asking for more ends the retries
+    /// (FAILED, dead letter `retry-after-too-long`).
     /// Default 10000.
     pub max_retry_after_ms: u64,
     /// `wait` (default) or `background`.

@@ -297,22 +297,90 @@ fn complete_events(buf: &[u8]) -> &[u8] {
     &buf[..end]
 }
 
-/// `Retry-After` in ms (delay-seconds, RFC 9110 §10.2.3; an HTTP-date is
-/// ignored and the backoff applies).
-pub(super) fn retry_after_ms(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse::<u64>()
-        .ok()
-        .map(|s| s.saturating_mul(1000))
+/// `Retry-After` in ms (RFC 9110 §10.2.3): delay-seconds (digits past
+/// `u64` wait as long as it holds), or an HTTP-date, counted from the
+/// answer's own `Date` (RFC 9110 §6.6.1: the provider's clock, so the
+/// two clocks' skew doesn't count) or else from `now_ms` (ms since the
+/// epoch); a date already past is no wait. Anything else is ignored, and
+/// the backoff applies.
+pub(super) fn retry_after_ms(headers: &HeaderMap, now_ms: i64) -> Option<u64> {
+    let v = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
+    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(v.parse::<u64>().unwrap_or(u64::MAX).saturating_mul(1000));
+    }
+    let at = httpdate::parse_http_date(v).ok()?;
+    let from = headers
+        .get(header::DATE)
+        .and_then(|d| d.to_str().ok())
+        .and_then(|d| httpdate::parse_http_date(d.trim()).ok())
+        .unwrap_or_else(|| {
+            std::time::UNIX_EPOCH + std::time::Duration::from_millis(now_ms.max(0).unsigned_abs())
+        });
+    let wait = at.duration_since(from).unwrap_or_default();
+    Some(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `Retry-After` as delay-seconds (digits past `u64` as long as it
+    /// holds) or as an HTTP-date, counted from the answer's `Date` when it
+    /// has one, else from now; a past date is no wait; anything else none.
+    #[test]
+    fn retry_after_in_seconds_or_as_a_date() {
+        let h = |pairs: &[(&str, &str)]| {
+            let mut m = HeaderMap::new();
+            for (n, v) in pairs {
+                m.insert(
+                    http::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                    http::HeaderValue::from_str(v).unwrap(),
+                );
+            }
+            m
+        };
+        // Sun, 06 Nov 1994 08:49:37 GMT (RFC 9110 §5.6.7's example).
+        let date_ms = 784_111_777_000;
+        // Headers, now (ms since the epoch), the wait.
+        type Case<'a> = (&'a [(&'a str, &'a str)], i64, Option<u64>);
+        let cases: [Case; 8] = [
+            (&[("retry-after", "120")], 0, Some(120_000)),
+            (
+                &[("retry-after", "18446744073709551616")],
+                0,
+                Some(u64::MAX),
+            ),
+            (
+                &[
+                    ("retry-after", "Sun, 06 Nov 1994 08:49:40 GMT"),
+                    ("date", "Sun, 06 Nov 1994 08:49:37 GMT"),
+                ],
+                // The answer's Date counts, not the gateway's clock.
+                date_ms + 3_600_000,
+                Some(3_000),
+            ),
+            (
+                &[("retry-after", "Sun, 06 Nov 1994 08:49:47 GMT")],
+                date_ms,
+                Some(10_000),
+            ),
+            (
+                &[("retry-after", "Sun, 06 Nov 1994 08:49:30 GMT")],
+                date_ms,
+                Some(0),
+            ),
+            (
+                &[("retry-after", "Fri, 31 Dec 9999 23:59:59 GMT")],
+                date_ms,
+                Some(253_402_300_799_000 - 784_111_777_000),
+            ),
+            (&[("retry-after", "soon")], 0, None),
+            (&[], 0, None),
+        ];
+        for (headers, now, want) in cases {
+            assert_eq!(retry_after_ms(&h(headers), now), want, "{headers:?}");
+        }
+    }
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A call that spans several heartbeat periods ends while the first

@@ -288,6 +288,20 @@ fn by_status(
 ) -> Outcome {
     match (code, stopped) {
         (200..=299, _) => Outcome::new(OpState::Completed, "provider applied the effect"),
+        // A status of no class RFC 9110 §15 defines (600–999; HTTP/1.1's
+        // parser takes any three digits) says nothing of the effect.
+        (600.., _) | (..100, _) => {
+            let mut o = Outcome::new(
+                OpState::Unknown,
+                format!(
+                    "provider answered {code}, a status of no class HTTP defines (RFC 9110 §15); the effect may have been applied"
+                ),
+            );
+            o.error_kind = Some("provider-protocol".into());
+            o.error_detail = Some(answered(code));
+            when.unknown(&mut o);
+            o
+        }
         (100..=199, _) => {
             let mut o = Outcome::new(
                 OpState::Unknown,

@@ -176,11 +176,14 @@ struct Transient {
 /// Whether `result` is transient: nothing was written (connect failed), a
 /// 429 or 503, a classifier policy's `transient`, or an MCP server that no
 /// longer knows the session (it refused the call before running it). A
-/// policy's `permanent` wins over the status.
+/// policy's `permanent` wins over the status. `now_ms` (ms since the
+/// epoch) is what a `Retry-After` date without the answer's `Date` is
+/// counted from.
 fn transient(
     result: &Attempt,
     policy_class: Option<FailureClass>,
     route: &Route,
+    now_ms: i64,
 ) -> Option<Transient> {
     match result {
         Attempt::ConnectFailed(d) => Some(Transient {
@@ -199,7 +202,7 @@ fn transient(
                 status: Some(head.status.as_u16()),
                 kind: format!("status-{}", head.status.as_u16()),
                 detail: format!("provider answered {}", head.status),
-                retry_after: retry_after_ms(&head.headers),
+                retry_after: retry_after_ms(&head.headers, now_ms),
             })
         }
         _ => None,
@@ -273,7 +276,7 @@ async fn run_inner(
             }
             _ => None,
         };
-        let transient = transient(&result, policy_class, route);
+        let transient = transient(&result, policy_class, route, ledger.clock().now_ms());
         last_status = transient.as_ref().and_then(|t| t.status);
         let delay = transient
             .as_ref()
