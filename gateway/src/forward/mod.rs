@@ -122,6 +122,9 @@ pub struct SendError {
     pub detail: String,
     /// The time given ran out (else the exchange failed).
     pub timed_out: bool,
+    /// Nothing of the request left the gateway (the connection or its
+    /// handshake failed before it was written).
+    pub nothing_sent: bool,
 }
 
 /// [`send`], waiting at most `timeout` for the response head: what is left
@@ -139,10 +142,12 @@ pub async fn send_within(
         Err(_) => Err(SendError {
             detail: format!("no response head within {} ms", route.response_timeout_ms),
             timed_out: true,
+            nothing_sent: false,
         }),
         Ok(Err(e)) => Err(SendError {
             detail: error_detail(&e),
             timed_out: false,
+            nothing_sent: e.is_connect(),
         }),
         Ok(Ok(r)) => {
             let (mut parts, body) = r.into_parts();

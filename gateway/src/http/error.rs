@@ -62,6 +62,7 @@ impl Problem for OpError {
             OpError::ProviderUnreachable(_) | OpError::ProviderAnswerUnreadable(_) => {
                 StatusCode::BAD_GATEWAY
             }
+            OpError::ProviderTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             OpError::LedgerUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             OpError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -123,6 +124,9 @@ impl Problem for OpError {
             }
             OpError::RequestTimeout { limit_ms } | OpError::BodyStalled { limit_ms } => {
                 body.insert("field".into(), json!("body"));
+                body.insert("limit_ms".into(), json!(limit_ms));
+            }
+            OpError::ProviderTimeout { limit_ms } => {
                 body.insert("limit_ms".into(), json!(limit_ms));
             }
             OpError::QuotaExceeded {

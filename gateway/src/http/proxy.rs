@@ -522,6 +522,12 @@ async fn pass_through_policies(
 /// Streams a non-effectful request through without buffering either body
 /// (of a small one, the first frame is read before the request goes out:
 /// [`with_first_frame`]), all within the route's `response_timeout_ms`.
+///
+/// Errors: the caller's body broken off (400) or stalled (408); 502
+/// `provider-unreachable` when nothing was sent, 504 `provider-timeout`
+/// when no answer's head came in time, 502 `provider-answer-unreadable`
+/// when the exchange failed after the request went out, or the provider
+/// switched protocols unasked.
 async fn pass_through(
     route: &Route,
     peer: SocketAddr,
@@ -546,6 +552,14 @@ async fn pass_through(
     };
     let out = build_request(parts.method, uri, parts.headers, body);
     match crate::forward::send_within(route, out, left).await {
+        // The gateway asks for no upgrade (`Upgrade` is hop-by-hop): a
+        // switch it didn't ask for is no answer the caller can use.
+        Ok(resp) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+            Err(OpError::ProviderAnswerUnreadable(
+                "the provider answered 101 Switching Protocols to a request that asked for no upgrade"
+                    .into(),
+            ))
+        }
         Ok(resp) => Ok(resp.map(Body::new)),
         Err(e) => Err(match end {
             Some(end) if end.broken() => OpError::BadRequest {
@@ -557,7 +571,11 @@ async fn pass_through(
             Some(end) if e.timed_out && !end.whole() => OpError::BodyStalled {
                 limit_ms: route.response_timeout_ms,
             },
-            _ => OpError::ProviderUnreachable(e.detail),
+            _ if e.timed_out => OpError::ProviderTimeout {
+                limit_ms: route.response_timeout_ms,
+            },
+            _ if e.nothing_sent => OpError::ProviderUnreachable(e.detail),
+            _ => OpError::ProviderAnswerUnreadable(e.detail),
         }),
     }
 }

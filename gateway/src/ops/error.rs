@@ -244,13 +244,26 @@ pub enum OpError {
     /// 502: the provider could not be reached and nothing was sent.
     #[error("the provider could not be reached: {0}")]
     ProviderUnreachable(String),
-    /// 502: a call the gateway forwards outside the effect ledger (an MCP
-    /// `tools/list`, a read-only tool call, `initialize`) was sent and
-    /// answered, but the answer could not be read: larger than the route's
-    /// MCP answer limit, not complete within `response_timeout_ms`, or
-    /// broken off.
+    /// 502: a call the gateway forwards outside the effect ledger was sent
+    /// and its answer could not be read or used: an MCP call's
+    /// (`tools/list`, a read-only tool call, `initialize`) larger than the
+    /// route's MCP answer limit, not complete within
+    /// `response_timeout_ms`, or broken off; a pass-through call's
+    /// exchange that failed after the request went out (the connection
+    /// lost, a malformed answer), or an answer that switches protocols
+    /// (`101`) though the gateway asked for no upgrade.
     #[error("the provider's answer could not be read: {0}")]
     ProviderAnswerUnreadable(String),
+    /// 504: a call the gateway forwards outside the effect ledger (a
+    /// pass-through call) was sent, and no answer's head came within the
+    /// route's `response_timeout_ms` (`limit_ms`).
+    #[error(
+        "the provider sent no answer within {limit_ms} ms; the request was sent, and it may have been acted on"
+    )]
+    ProviderTimeout {
+        /// The route's `response_timeout_ms`; shown as `limit_ms`.
+        limit_ms: u64,
+    },
     /// 503: the effect ledger is not available, so the request was not
     /// forwarded. A ledger write that timed out may still have committed
     /// (the operation is then reserved and the reconciler finishes it), so
@@ -294,6 +307,7 @@ impl OpError {
             OpError::CompensationUnresolved { .. } => "compensation-unresolved",
             OpError::ProviderUnreachable(_) => "provider-unreachable",
             OpError::ProviderAnswerUnreadable(_) => "provider-answer-unreadable",
+            OpError::ProviderTimeout { .. } => "provider-timeout",
             OpError::LedgerUnavailable(_) => "ledger-unavailable",
             OpError::Internal(_) => "internal",
         }
