@@ -75,6 +75,12 @@ impl ConfigFile {
                 "must be at least 1",
             ));
         }
+        if !(1..=1024).contains(&self.limits.max_concurrent_replay_decodes) {
+            return Err(ConfigError::new(
+                "limits.max_concurrent_replay_decodes",
+                "must be 1 to 1024",
+            ));
+        }
         if !(1..=255).contains(&self.limits.max_idempotency_key_len) {
             return Err(ConfigError::new(
                 "limits.max_idempotency_key_len",

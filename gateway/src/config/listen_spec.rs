@@ -93,6 +93,11 @@ pub struct LimitsSpec {
     /// (a bound against compression bombs). Default 67108864 (64 MiB).
     #[serde(default = "default_max_decoded_replay_bytes")]
     pub max_decoded_replay_bytes: usize,
+    /// Replays decoded at once (each holds up to about twice
+    /// `max_decoded_replay_bytes` while it decodes); more wait for a turn.
+    /// Read at start. Default 2.
+    #[serde(default = "default_max_concurrent_replay_decodes")]
+    pub max_concurrent_replay_decodes: usize,
     /// Time a connection has to deliver a request head, in ms: from accept
     /// (TLS handshake included) for the first one, and on HTTP/1.1 from the
     /// end of the previous answer for the next (so it also bounds an idle
@@ -207,6 +212,10 @@ fn default_max_decoded_replay_bytes() -> usize {
     64 << 20
 }
 
+fn default_max_concurrent_replay_decodes() -> usize {
+    2
+}
+
 impl Default for LimitsSpec {
     fn default() -> Self {
         Self {
@@ -215,6 +224,7 @@ impl Default for LimitsSpec {
             max_list_limit: 500,
             max_header_bytes: 65_536,
             max_decoded_replay_bytes: default_max_decoded_replay_bytes(),
+            max_concurrent_replay_decodes: default_max_concurrent_replay_decodes(),
             header_read_timeout_ms: default_header_read_timeout_ms(),
             body_read_timeout_ms: default_body_read_timeout_ms(),
             idle_timeout_ms: default_idle_timeout_ms(),

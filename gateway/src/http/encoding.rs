@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
@@ -27,13 +28,19 @@ pub struct StoredReplay;
 #[derive(Clone)]
 pub struct DecodeReplaysLayer {
     app: AppState,
+    turns: Arc<Turns>,
 }
 
 impl DecodeReplaysLayer {
     /// The layer, reading `limits.max_decoded_replay_bytes` from `app`'s
-    /// settings in force when a replay is decoded.
+    /// settings in force when a replay is decoded, and
+    /// `limits.max_concurrent_replay_decodes` from those in force now.
     pub fn new(app: AppState) -> Self {
-        Self { app }
+        let at_once = app.settings().limits.max_concurrent_replay_decodes;
+        Self {
+            app,
+            turns: Arc::new(Turns::new(at_once)),
+        }
     }
 }
 
@@ -44,6 +51,7 @@ impl<S> tower::Layer<S> for DecodeReplaysLayer {
         DecodeReplays {
             inner,
             app: self.app.clone(),
+            turns: self.turns.clone(),
         }
     }
 }
@@ -53,6 +61,64 @@ impl<S> tower::Layer<S> for DecodeReplaysLayer {
 pub struct DecodeReplays<S> {
     inner: S,
     app: AppState,
+    turns: Arc<Turns>,
+}
+
+/// Most stored bodies [`Turns`] remembers as undecodable; past it the
+/// list starts over.
+const REMEMBERED_UNDECODABLE: usize = 1024;
+
+/// What bounds the decoding of replays: at most so many at once (each may
+/// hold about twice `limits.max_decoded_replay_bytes`), and the stored
+/// bodies that did not decode within the limit (or were corrupt),
+/// remembered by a keyed hash of their codings and bytes, so that their
+/// later duplicates are replayed as stored without another try.
+pub struct Turns {
+    at_once: tokio::sync::Semaphore,
+    undecodable: std::sync::Mutex<std::collections::HashSet<u64>>,
+    hasher: std::hash::RandomState,
+    /// Decodings started, for tests.
+    started: std::sync::atomic::AtomicU64,
+}
+
+impl Turns {
+    /// `at_once` decodings at a time (at least 1).
+    pub fn new(at_once: usize) -> Self {
+        Self {
+            at_once: tokio::sync::Semaphore::new(at_once.max(1)),
+            undecodable: std::sync::Mutex::default(),
+            hasher: std::hash::RandomState::new(),
+            started: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn key(&self, codings: &str, body: &[u8]) -> u64 {
+        use std::hash::BuildHasher;
+        self.hasher.hash_one((codings, body))
+    }
+
+    fn undecodable(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<u64>> {
+        self.undecodable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn is_undecodable(&self, key: u64) -> bool {
+        self.undecodable().contains(&key)
+    }
+
+    fn remember_undecodable(&self, key: u64) {
+        let mut set = self.undecodable();
+        if set.len() >= REMEMBERED_UNDECODABLE {
+            set.clear();
+        }
+        set.insert(key);
+    }
+
+    /// Decodings started so far.
+    pub fn started(&self) -> u64 {
+        self.started.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 impl<S> tower::Service<Request> for DecodeReplays<S>
@@ -72,7 +138,7 @@ where
         let accept = accepted_codings(req.headers());
         DecodeFuture {
             inner: self.inner.call(req),
-            caller: Some((self.app.clone(), accept)),
+            caller: Some((self.app.clone(), self.turns.clone(), accept)),
             decoding: None,
         }
     }
@@ -82,9 +148,10 @@ where
 /// replay to decode, the decoding's.
 pub struct DecodeFuture<F> {
     inner: F,
-    /// The settings and the caller's `Accept-Encoding` (`None`: none sent),
-    /// until the inner answer arrives.
-    caller: Option<(AppState, Option<String>)>,
+    /// The settings, the decodings' bounds and the caller's
+    /// `Accept-Encoding` (`None`: none sent), until the inner answer
+    /// arrives.
+    caller: Option<(AppState, Arc<Turns>, Option<String>)>,
     decoding: Option<Pin<Box<dyn Future<Output = Response> + Send>>>,
 }
 
@@ -101,13 +168,14 @@ where
                 return d.as_mut().poll(cx).map(Ok);
             }
             let resp = std::task::ready!(Pin::new(&mut this.inner).poll(cx))?;
-            let Some((app, accept)) = this.caller.take() else {
+            let Some((app, turns, accept)) = this.caller.take() else {
                 return Poll::Ready(Ok(resp));
             };
             if resp.extensions().get::<StoredReplay>().is_none() {
                 return Poll::Ready(Ok(resp));
             }
-            this.decoding = Some(Box::pin(decode_replay(app, accept, resp)));
+            let limit = app.settings().limits.max_decoded_replay_bytes;
+            this.decoding = Some(Box::pin(decode_replay(turns, limit, accept, resp)));
         }
     }
 }
@@ -128,9 +196,15 @@ fn accepted_codings(headers: &http::HeaderMap) -> Option<String> {
     )
 }
 
-/// A stored answer `resp`, decoded when the caller (`accept`) doesn't
-/// accept its codings; as it is otherwise.
-async fn decode_replay(app: AppState, accept: Option<String>, resp: Response) -> Response {
+/// A stored answer `resp`, decoded (to at most `limit` bytes, in one of
+/// the `turns`) when the caller (`accept`) doesn't accept its codings; as
+/// it is otherwise, or when it doesn't decode.
+pub async fn decode_replay(
+    turns: Arc<Turns>,
+    limit: usize,
+    accept: Option<String>,
+    resp: Response,
+) -> Response {
     let codings = resp
         .headers()
         .get_all(header::CONTENT_ENCODING)
@@ -144,7 +218,6 @@ async fn decode_replay(app: AppState, accept: Option<String>, resp: Response) ->
     if codings.split(',').all(|c| accepts(accept.as_deref(), c)) {
         return resp;
     }
-    let limit = app.settings().limits.max_decoded_replay_bytes;
     let (mut parts, body) = resp.into_parts();
     // A replayed body is the stored one, already in memory: it is taken
     // whole, whatever its size (the limit is on the decoded size; a
@@ -156,6 +229,23 @@ async fn decode_replay(app: AppState, accept: Option<String>, resp: Response) ->
             return Response::from_parts(parts, Body::empty());
         }
     };
+    let key = turns.key(&codings, &bytes);
+    let known = "a replayed body that did not decode before; sent as stored";
+    if turns.is_undecodable(key) {
+        tracing::debug!(codings = %codings, "{known}");
+        return Response::from_parts(parts, Body::from(bytes));
+    }
+    let Ok(_turn) = turns.at_once.acquire().await else {
+        return Response::from_parts(parts, Body::from(bytes));
+    };
+    // Found so while this one waited for its turn.
+    if turns.is_undecodable(key) {
+        tracing::debug!(codings = %codings, "{known}");
+        return Response::from_parts(parts, Body::from(bytes));
+    }
+    turns
+        .started
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let (c, b) = (codings.clone(), bytes.clone());
     let decoded = tokio::task::spawn_blocking(move || decode(&c, &b, limit))
         .await
@@ -165,6 +255,9 @@ async fn decode_replay(app: AppState, accept: Option<String>, resp: Response) ->
                 detail: e.to_string(),
             })
         });
+    if decoded.is_err() {
+        turns.remember_undecodable(key);
+    }
     match decoded {
         Ok(decoded) => {
             parts.headers.remove(header::CONTENT_ENCODING);
@@ -203,6 +296,70 @@ async fn decode_replay(app: AppState, accept: Option<String>, resp: Response) ->
             };
             tracing::warn!(error = %e, codings = %codings, "a replayed body could not be decoded; sent as stored");
             Response::from_parts(parts, Body::from(bytes))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `data` gzipped.
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        e.write_all(data).unwrap();
+        e.finish().unwrap()
+    }
+
+    fn stored(body: Vec<u8>) -> Response {
+        let mut r = Response::new(Body::from(body));
+        r.headers_mut()
+            .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        r
+    }
+
+    /// Duplicates of a stored compression bomb, all at once with one turn:
+    /// one decoding starts, and every duplicate gets the body as stored,
+    /// with its `Content-Encoding`; a later one starts none. A body that
+    /// decodes within the limit is decoded for each duplicate.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_body_that_does_not_decode_is_tried_once_a_turn_at_a_time() {
+        const LIMIT: usize = 1 << 20;
+        let bomb = gzip(&vec![0u8; 8 * LIMIT]);
+        let turns = Arc::new(Turns::new(1));
+        let duplicates: Vec<_> = (0..8)
+            .map(|_| {
+                tokio::spawn(decode_replay(
+                    turns.clone(),
+                    LIMIT,
+                    None,
+                    stored(bomb.clone()),
+                ))
+            })
+            .collect();
+        for d in duplicates {
+            let r = d.await.unwrap();
+            assert_eq!(r.headers()[header::CONTENT_ENCODING], "gzip");
+            let body = axum::body::to_bytes(r.into_body(), usize::MAX)
+                .await
+                .unwrap();
+            assert_eq!(body, bomb);
+        }
+        assert_eq!(turns.started(), 1);
+        let r = decode_replay(turns.clone(), LIMIT, None, stored(bomb.clone())).await;
+        assert_eq!(r.headers()[header::CONTENT_ENCODING], "gzip");
+        assert_eq!(turns.started(), 1);
+
+        let small = gzip(br#"{"id":"ch_1"}"#);
+        for n in 2..=3 {
+            let r = decode_replay(turns.clone(), LIMIT, None, stored(small.clone())).await;
+            assert_eq!(r.headers().get(header::CONTENT_ENCODING), None);
+            let body = axum::body::to_bytes(r.into_body(), usize::MAX)
+                .await
+                .unwrap();
+            assert_eq!(&body[..], br#"{"id":"ch_1"}"#);
+            assert_eq!(turns.started(), n);
         }
     }
 }
