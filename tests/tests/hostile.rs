@@ -1593,3 +1593,175 @@ async fn admin_and_own_route_mistakes_are_named_and_change_nothing() {
         .unwrap();
     assert_eq!(r.status(), 200);
 }
+
+/// A provider written by hand: it answers each request with the bytes
+/// `reply` gives for its path (`None`: no answer at all, the connection
+/// kept open), and counts the requests per path.
+async fn scripted_provider(
+    reply: fn(&str) -> Option<Vec<u8>>,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
+    let counts = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(k) => buf.extend_from_slice(&chunk[..k]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    let path = head.split(' ').nth(1).unwrap_or_default().to_owned();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    while buf.len() < end + 4 + len {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(k) => buf.extend_from_slice(&chunk[..k]),
+                        }
+                    }
+                    buf.drain(..end + 4 + len);
+                    *seen.lock().unwrap().entry(path.clone()).or_insert(0) += 1;
+                    match reply(&path) {
+                        Some(bytes) => s.write_all(&bytes).await.unwrap(),
+                        None => std::future::pending::<()>().await,
+                    }
+                }
+            });
+        }
+    });
+    (addr, counts)
+}
+
+/// What a hostile or broken provider sends is not passed on as it came:
+/// - an answer with both `Content-Length` and `Transfer-Encoding` reaches
+///   the caller whole, read by its transfer coding (RFC 9112 §6.3), on
+///   an effectful route (stored and replayed) and a pass-through one: its
+///   `Content-Length` would have told the caller a shorter length;
+/// - a status of no class HTTP defines (999) leaves the effect unknown:
+///   UNKNOWN `provider-protocol`, 502, where it was FAILED (no effect);
+/// - a `Retry-After` date an hour past the answer's `Date` ends the
+///   retries at once (dead letter `retry-after-too-long`), one attempt;
+/// - on a pass-through route, a `101` nobody asked for is 502
+///   `provider-answer-unreadable`, and an answer that never comes is 504
+///   `provider-timeout` with the limit (it was 502 "could not be
+///   reached", though the request had been sent).
+#[tokio::test]
+async fn what_a_broken_provider_sends_is_not_passed_on_as_it_came() {
+    fn reply(path: &str) -> Option<Vec<u8>> {
+        let bytes: &[u8] = match path.rsplit('/').next().unwrap_or_default() {
+            "length-and-chunked" => {
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 3\r\n\
+                  transfer-encoding: chunked\r\n\r\n\
+                  c\r\n{\"id\":\"ch_1\"\r\n8\r\n,\"n\":42}\r\n0\r\n\r\n"
+            }
+            "status-999" => b"HTTP/1.1 999 Weird\r\ncontent-length: 2\r\n\r\n{}",
+            "retry-at-a-date" => {
+                b"HTTP/1.1 503 Service Unavailable\r\ndate: Sun, 06 Nov 1994 08:49:37 GMT\r\n\
+                  retry-after: Sun, 06 Nov 1994 09:49:37 GMT\r\ncontent-length: 2\r\n\r\n{}"
+            }
+            "switch" => {
+                b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n"
+            }
+            _ => return None,
+        };
+        Some(bytes.to_vec())
+    }
+    let (provider, seen) = scripted_provider(reply).await;
+    let app = spawn_with(Opts {
+        more: format!(
+            "[[routes]]\nname = \"broken\"\nprefix = \"/broken/\"\nupstream = \"http://{provider}\"\n\
+             effectful_methods = [\"POST\"]\nprovider_idempotency_header = \"Idempotency-Key\"\n\
+             retry = {{ max_attempts = 3, base_delay_ms = 1, max_delay_ms = 2, max_retry_after_ms = 10000 }}\n\
+             [[routes]]\nname = \"broken-pass\"\nprefix = \"/broken-pass/\"\nupstream = \"http://{provider}\"\n\
+             mode = \"pass\"\nresponse_timeout_ms = 300\n"
+        ),
+        ..Default::default()
+    })
+    .await;
+    let effectful = |path: &str, key: &str| {
+        app.http
+            .post(app.proxy(&format!("/broken/v1/{path}")))
+            .bearer_auth(KEY_A)
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(r#"{"amount":1}"#)
+            .send()
+    };
+    let passed = |path: &str| {
+        app.http
+            .get(app.proxy(&format!("/broken-pass/v1/{path}")))
+            .bearer_auth(KEY_A)
+            .send()
+    };
+    let count = |path: &str| seen.lock().unwrap().get(path).copied().unwrap_or(0);
+    let whole = r#"{"id":"ch_1","n":42}"#;
+
+    for attempt in ["first", "duplicate"] {
+        let r = effectful("length-and-chunked", "k-length").await.unwrap();
+        assert_eq!(r.status(), 200, "{attempt}");
+        assert_ne!(r.content_length(), Some(3), "{attempt}");
+        assert_eq!(r.text().await.unwrap(), whole, "{attempt}");
+    }
+    assert_eq!(count("/v1/length-and-chunked"), 1);
+    let op = app.op_json("k-length").await;
+    assert_eq!(op["state"], "COMPLETED", "{op}");
+    let r = passed("length-and-chunked").await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_ne!(r.content_length(), Some(3));
+    assert_eq!(r.text().await.unwrap(), whole);
+
+    let r = effectful("status-999", "k-999").await.unwrap();
+    assert_eq!(r.status(), 502);
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(
+        p["type"], "urn:effectgate:problem:operation-outcome-unknown",
+        "{p}"
+    );
+    let op = app.op_json("k-999").await;
+    assert_eq!(
+        (&op["state"], &op["error_kind"]),
+        (&"UNKNOWN".into(), &"provider-protocol".into()),
+        "{op}"
+    );
+
+    let r = effectful("retry-at-a-date", "k-date").await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(count("/v1/retry-at-a-date"), 1, "no second attempt");
+    let op = app.op_json("k-date").await;
+    assert_eq!(
+        (&op["state"], &op["error_kind"]),
+        (&"FAILED".into(), &"retry-after-too-long".into()),
+        "{op}"
+    );
+
+    let r = passed("switch").await.unwrap();
+    assert_eq!(r.status(), 502);
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(
+        p["type"], "urn:effectgate:problem:provider-answer-unreadable",
+        "{p}"
+    );
+    assert!(p["detail"].as_str().unwrap().contains("101"), "{p}");
+
+    let r = passed("silent").await.unwrap();
+    assert_eq!(r.status(), 504);
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["type"], "urn:effectgate:problem:provider-timeout", "{p}");
+    assert_eq!(p["limit_ms"], 300, "{p}");
+    assert_eq!(count("/v1/silent"), 1);
+}
