@@ -233,6 +233,13 @@ pub fn interpret(
     let Ok(v) = serde_json::from_slice::<Value>(body) else {
         return ReadBackResult::Error("read-back body is not JSON".into());
     };
+    // Read first value wins by one parser and last by another: the
+    // provider may mean the other record (RFC 7493 §2.3).
+    if crate::idempotency::has_duplicate_keys(body) {
+        return ReadBackResult::Error(
+            "read-back body repeats a key in a JSON object (RFC 7493 §2.3)".into(),
+        );
+    }
     judge(rb, &v, expected)
 }
 
@@ -275,5 +282,41 @@ pub fn judge(rb: &ReadBack, v: &Value, expected: &[(String, String)]) -> ReadBac
                 .and_then(|p| m.pointer(p))
                 .map(text),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read-back answer that repeats a key is an error, not read by its
+    /// last (or first) value: `{"charge":"other","charge":"ch_1"}` would
+    /// match `ch_1` by one parser and not by another.
+    #[test]
+    fn a_read_back_answer_that_repeats_a_key_is_an_error() {
+        let rb = ReadBack {
+            method: http::Method::GET,
+            path: crate::template::Template::parse("/v1/charges").unwrap(),
+            tool: None,
+            tool_arguments: Vec::new(),
+            headers: Vec::new(),
+            found_pointer: "/data/0".into(),
+            match_fields: Vec::new(),
+            reference_pointer: None,
+            tenant_field: None,
+            settle_delay_ms: 0,
+            timeout_ms: 1000,
+        };
+        let expected = [("/charge".to_owned(), "ch_1".to_owned())];
+        let one = br#"{"data":[{"charge":"ch_1"}]}"#;
+        assert!(matches!(
+            interpret(&rb, StatusCode::OK, one, &expected),
+            ReadBackResult::Found { .. }
+        ));
+        let twice = br#"{"data":[{"charge":"other","charge":"ch_1"}]}"#;
+        match interpret(&rb, StatusCode::OK, twice, &expected) {
+            ReadBackResult::Error(e) => assert!(e.contains("repeats a key"), "{e}"),
+            other => panic!("{other:?}"),
+        }
     }
 }
