@@ -258,10 +258,33 @@ async fn mutual_tls_is_refused_without_the_client_certificate_and_accepted_with_
     let without = spawn_with(Opts {
         mock_tls: Some(tls.clone()),
         route_extra: format!("{}\n[routes.retry]\nmax_attempts = 1\n", tls_table(&ca, "")),
-        more: "[reconcile]\nenabled = false\n".into(),
+        more: format!(
+            "[[routes]]\nname = \"pass\"\nprefix = \"/pass/\"\nupstream = \"$MOCK_URL\"\nmode = \"pass\"\n{}\
+             [reconcile]\nenabled = false\n",
+            tls_table(&ca, "")
+        ),
         ..Default::default()
     })
     .await;
+    // On a pass-through route the same: nothing was sent (a TLS 1.3
+    // provider refuses the certificate after the handshake).
+    let r = without
+        .http
+        .get(without.proxy("/pass/v1/charges"))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .unwrap();
+    let (status, p) = problem(r).await;
+    assert_eq!(
+        (status, &p["type"]),
+        (502, &"urn:effectgate:problem:provider-unreachable".into()),
+        "{p}"
+    );
+    assert!(
+        p["detail"].as_str().unwrap().contains("client certificate"),
+        "{p}"
+    );
     let (status, p) = problem(without.charge("m1", BODY).await).await;
     assert_eq!(status, 502);
     assert_eq!(

@@ -147,7 +147,9 @@ pub async fn send_within(
         Ok(Err(e)) => Err(SendError {
             detail: error_detail(&e),
             timed_out: false,
-            nothing_sent: e.is_connect(),
+            // A TLS 1.3 provider refuses a client certificate after the
+            // handshake, before it reads the request.
+            nothing_sent: e.is_connect() || crate::tls::refused_in_handshake(&e),
         }),
         Ok(Ok(r)) => {
             let (mut parts, body) = r.into_parts();

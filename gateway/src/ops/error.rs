@@ -255,10 +255,11 @@ pub enum OpError {
     #[error("the provider's answer could not be read: {0}")]
     ProviderAnswerUnreadable(String),
     /// 504: a call the gateway forwards outside the effect ledger (a
-    /// pass-through call) was sent, and no answer's head came within the
-    /// route's `response_timeout_ms` (`limit_ms`).
+    /// pass-through call) got no answer's head within the route's
+    /// `response_timeout_ms` (`limit_ms`, which also bounds the
+    /// connection's opening): the request may have gone out.
     #[error(
-        "the provider sent no answer within {limit_ms} ms; the request was sent, and it may have been acted on"
+        "the provider sent no answer within {limit_ms} ms; the request may have gone out and been acted on"
     )]
     ProviderTimeout {
         /// The route's `response_timeout_ms`; shown as `limit_ms`.
