@@ -69,12 +69,15 @@ pub struct DecodeReplays<S> {
 const REMEMBERED_UNDECODABLE: usize = 1024;
 
 /// What bounds the decoding of replays: at most so many at once (each may
-/// hold about twice `limits.max_decoded_replay_bytes`), and the stored
-/// bodies that did not decode within the limit (or were corrupt),
-/// remembered by a keyed hash of their codings and bytes, so that their
-/// later duplicates are replayed as stored without another try.
+/// hold about twice `limits.max_decoded_replay_bytes` while it decodes;
+/// a turn is held to the decoding's end, even when its caller hung up),
+/// and the stored bodies that did not decode within the limit (or were
+/// corrupt), remembered by a keyed hash of their codings, bytes and the
+/// limit, so that their later duplicates are replayed as stored without
+/// another try. A body decoded within the limit is held by its answer
+/// until sent, outside the turns.
 pub struct Turns {
-    at_once: tokio::sync::Semaphore,
+    at_once: Arc<tokio::sync::Semaphore>,
     undecodable: std::sync::Mutex<std::collections::HashSet<u64>>,
     hasher: std::hash::RandomState,
     /// Decodings started, for tests.
@@ -85,16 +88,18 @@ impl Turns {
     /// `at_once` decodings at a time (at least 1).
     pub fn new(at_once: usize) -> Self {
         Self {
-            at_once: tokio::sync::Semaphore::new(at_once.max(1)),
+            at_once: Arc::new(tokio::sync::Semaphore::new(at_once.max(1))),
             undecodable: std::sync::Mutex::default(),
             hasher: std::hash::RandomState::new(),
             started: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
-    fn key(&self, codings: &str, body: &[u8]) -> u64 {
+    /// The key of a body with `codings` decoded to at most `limit` bytes
+    /// (a body over one limit may decode within a larger one).
+    fn key(&self, codings: &str, body: &[u8], limit: usize) -> u64 {
         use std::hash::BuildHasher;
-        self.hasher.hash_one((codings, body))
+        self.hasher.hash_one((codings, body, limit))
     }
 
     fn undecodable(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<u64>> {
@@ -229,35 +234,38 @@ pub async fn decode_replay(
             return Response::from_parts(parts, Body::empty());
         }
     };
-    let key = turns.key(&codings, &bytes);
     let known = "a replayed body that did not decode before; sent as stored";
-    if turns.is_undecodable(key) {
-        tracing::debug!(codings = %codings, "{known}");
-        return Response::from_parts(parts, Body::from(bytes));
-    }
-    let Ok(_turn) = turns.at_once.acquire().await else {
+    let Ok(turn) = turns.at_once.clone().acquire_owned().await else {
         return Response::from_parts(parts, Body::from(bytes));
     };
-    // Found so while this one waited for its turn.
-    if turns.is_undecodable(key) {
-        tracing::debug!(codings = %codings, "{known}");
-        return Response::from_parts(parts, Body::from(bytes));
-    }
-    turns
-        .started
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let (c, b) = (codings.clone(), bytes.clone());
-    let decoded = tokio::task::spawn_blocking(move || decode(&c, &b, limit))
-        .await
-        .unwrap_or_else(|e| {
-            Err(crate::encoding::DecodeError::Corrupt {
-                coding: codings.clone(),
-                detail: e.to_string(),
-            })
-        });
-    if decoded.is_err() {
-        turns.remember_undecodable(key);
-    }
+    // The turn, the body's key and its verdict go with the decoding, which
+    // runs on to its end even when this caller hangs up meanwhile.
+    let (t, c, b) = (turns.clone(), codings.clone(), bytes.clone());
+    let decoded = tokio::task::spawn_blocking(move || {
+        let _turn = turn;
+        let key = t.key(&c, &b, limit);
+        if t.is_undecodable(key) {
+            return None;
+        }
+        t.started.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let decoded = decode(&c, &b, limit);
+        if decoded.is_err() {
+            t.remember_undecodable(key);
+        }
+        Some(decoded)
+    })
+    .await;
+    let decoded = match decoded {
+        Ok(Some(d)) => d,
+        Ok(None) => {
+            tracing::debug!(codings = %codings, "{known}");
+            return Response::from_parts(parts, Body::from(bytes));
+        }
+        Err(e) => Err(crate::encoding::DecodeError::Corrupt {
+            coding: codings.clone(),
+            detail: e.to_string(),
+        }),
+    };
     match decoded {
         Ok(decoded) => {
             parts.headers.remove(header::CONTENT_ENCODING);
