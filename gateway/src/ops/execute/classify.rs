@@ -275,7 +275,8 @@ impl Schedule {
 /// The outcome a provider's status means: 2xx COMPLETED; a 1xx as the
 /// final answer UNKNOWN (only `101 Switching Protocols` can end an
 /// exchange, RFC 9110 §15.2, and the gateway never asks to upgrade: the
-/// provider broke the protocol after the request reached it); a transient
+/// provider broke the protocol after the request reached it), and so is
+/// a status of no class HTTP defines (600–999); a transient
 /// one past the budget FAILED (dead letter); a classifier's `permanent`
 /// FAILED; other 5xx but 501/505 UNKNOWN; the rest FAILED (permanent).
 fn by_status(
@@ -290,7 +291,7 @@ fn by_status(
         (200..=299, _) => Outcome::new(OpState::Completed, "provider applied the effect"),
         // A status of no class RFC 9110 §15 defines (600–999; HTTP/1.1's
         // parser takes any three digits) says nothing of the effect.
-        (600.., _) | (..100, _) => {
+        (600.., _) => {
             let mut o = Outcome::new(
                 OpState::Unknown,
                 format!(

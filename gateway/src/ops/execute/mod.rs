@@ -8,9 +8,9 @@
 //! |---|---|
 //! | 2xx | COMPLETED |
 //! | connect refused / connect timeout (nothing written) | transient |
-//! | 429, 503 | transient (retried; `Retry-After` honoured) |
+//! | 429, 503 | transient (retried; `Retry-After` honoured, seconds or an HTTP-date) |
 //! | 500, 502, 504 and other 5xx but 501/505 | UNKNOWN |
-//! | a 1xx as the final answer (a `101` to a request that asked for no upgrade) | UNKNOWN |
+//! | a 1xx as the final answer (a `101` to a request that asked for no upgrade), or a status of no class HTTP defines (600–999) | UNKNOWN |
 //! | timeout or connection lost after the request was sent | UNKNOWN |
 //! | any other status (3xx, 4xx, 501, 505) | FAILED (permanent) |
 //!

@@ -143,6 +143,10 @@ pub async fn read_back(
         if !status.is_success() {
             return Err(format!("read-back tool call answered {status}"));
         }
+        // As an HTTP read-back's answer (RFC 7493 §2.3).
+        if crate::idempotency::has_duplicate_keys(&bytes) {
+            return Err("the read-back answer repeats a key in a JSON object".to_owned());
+        }
         rpc_message(&headers, &bytes)
             .ok_or_else(|| "no JSON-RPC answer to the read-back call".to_owned())
     };
@@ -159,10 +163,15 @@ pub async fn read_back(
     let result = &msg["result"];
     let value = match result.get("structuredContent") {
         Some(s) if !s.is_null() => s.clone(),
-        _ => result["content"][0]["text"]
-            .as_str()
-            .and_then(|t| serde_json::from_str(t).ok())
-            .unwrap_or(Value::Null),
+        _ => match result["content"][0]["text"].as_str() {
+            Some(t) if crate::idempotency::has_duplicate_keys(t.as_bytes()) => {
+                return ReadBackResult::Error(
+                    "the read-back tool's text repeats a key in a JSON object".into(),
+                );
+            }
+            Some(t) => serde_json::from_str(t).unwrap_or(Value::Null),
+            None => Value::Null,
+        },
     };
     crate::ops::read_back::judge(rb, &value, &expected)
 }
