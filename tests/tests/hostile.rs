@@ -1659,7 +1659,8 @@ async fn scripted_provider(
 /// - on a pass-through route, a `101` nobody asked for is 502
 ///   `provider-answer-unreadable`, and an answer that never comes is 504
 ///   `provider-timeout` with the limit (it was 502 "could not be
-///   reached", though the request had been sent).
+///   reached", though the request had been sent); so is an MCP call the
+///   gateway forwards outside the ledger.
 #[tokio::test]
 async fn what_a_broken_provider_sends_is_not_passed_on_as_it_came() {
     fn reply(path: &str) -> Option<Vec<u8>> {
@@ -1688,7 +1689,9 @@ async fn what_a_broken_provider_sends_is_not_passed_on_as_it_came() {
              effectful_methods = [\"POST\"]\nprovider_idempotency_header = \"Idempotency-Key\"\n\
              retry = {{ max_attempts = 3, base_delay_ms = 1, max_delay_ms = 2, max_retry_after_ms = 10000 }}\n\
              [[routes]]\nname = \"broken-pass\"\nprefix = \"/broken-pass/\"\nupstream = \"http://{provider}\"\n\
-             mode = \"pass\"\nresponse_timeout_ms = 300\n"
+             mode = \"pass\"\nresponse_timeout_ms = 300\n\
+             [[routes]]\nname = \"broken-mcp\"\nprefix = \"/broken-mcp/\"\nupstream = \"http://{provider}\"\n\
+             mode = \"mcp\"\neffect_class = \"notification\"\nresponse_timeout_ms = 300\n"
         ),
         ..Default::default()
     })
@@ -1764,4 +1767,20 @@ async fn what_a_broken_provider_sends_is_not_passed_on_as_it_came() {
     assert_eq!(p["type"], "urn:effectgate:problem:provider-timeout", "{p}");
     assert_eq!(p["limit_ms"], 300, "{p}");
     assert_eq!(count("/v1/silent"), 1);
+
+    // The same for an MCP call forwarded outside the ledger.
+    let r = app
+        .http
+        .post(app.proxy("/broken-mcp/silent"))
+        .bearer_auth(KEY_A)
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 504);
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["type"], "urn:effectgate:problem:provider-timeout", "{p}");
+    assert_eq!(count("/silent"), 1);
 }

@@ -248,14 +248,14 @@ pub enum OpError {
     /// and its answer could not be read or used: an MCP call's
     /// (`tools/list`, a read-only tool call, `initialize`) larger than the
     /// route's MCP answer limit, not complete within
-    /// `response_timeout_ms`, or broken off; a pass-through call's
-    /// exchange that failed after the request went out (the connection
+    /// `response_timeout_ms`, or broken off; such a call's or a
+    /// pass-through call's exchange that failed after the request went out (the connection
     /// lost, a malformed answer), or an answer that switches protocols
     /// (`101`) though the gateway asked for no upgrade.
     #[error("the provider's answer could not be read: {0}")]
     ProviderAnswerUnreadable(String),
     /// 504: a call the gateway forwards outside the effect ledger (a
-    /// pass-through call) got no answer's head within the route's
+    /// pass-through call, an MCP `tools/list`) got no answer's head within the route's
     /// `response_timeout_ms` (`limit_ms`, which also bounds the
     /// connection's opening): the request may have gone out.
     #[error(

@@ -578,9 +578,11 @@ fn raw(status: StatusCode, head: HeaderMap, bytes: Bytes) -> Reply {
 /// ([`crate::forward::read_whole`]: at most the route's
 /// [`Route::mcp_answer_bytes`], within its `response_timeout_ms`).
 ///
-/// Errors: [`OpError::ProviderUnreachable`] when no answer came,
-/// [`OpError::ProviderAnswerUnreadable`] when it was larger, slower or
-/// broken off.
+/// Errors: [`OpError::ProviderUnreachable`] when nothing was sent,
+/// [`OpError::ProviderTimeout`] when no answer's head came within the
+/// route's `response_timeout_ms`, [`OpError::ProviderAnswerUnreadable`]
+/// when the exchange failed after the request went out, or the answer
+/// was larger, slower or broken off.
 pub async fn forward_buffered(
     route: &Route,
     headers: &HeaderMap,
@@ -599,9 +601,19 @@ pub async fn forward_buffered(
         crate::forward::OutboundBody::from(body),
     );
     let timeout = std::time::Duration::from_millis(route.response_timeout_ms);
-    let resp = crate::forward::send(route, req)
+    let resp = crate::forward::send_within(route, req, timeout)
         .await
-        .map_err(OpError::ProviderUnreachable)?;
+        .map_err(|e| {
+            if e.timed_out {
+                OpError::ProviderTimeout {
+                    limit_ms: route.response_timeout_ms,
+                }
+            } else if e.nothing_sent {
+                OpError::ProviderUnreachable(e.detail)
+            } else {
+                OpError::ProviderAnswerUnreadable(e.detail)
+            }
+        })?;
     let (mut parts, body) = resp.into_parts();
     let bytes = crate::forward::read_whole(body, route.mcp_answer_bytes(), timeout)
         .await
