@@ -1466,3 +1466,83 @@ async fn a_pass_through_upload_goes_on_while_an_early_answer_waits() {
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert_eq!(body, ANSWER);
 }
+
+/// An upload that goes on after the provider's early, small answer was
+/// sent keeps its connection from counting as idle: with
+/// `limits.idle_timeout_ms` at 300, a body sent in parts over 1.1 s after
+/// the answer reaches the provider whole. (The pauses between the parts
+/// are the slow upload under test, not a wait for the gateway.)
+#[tokio::test]
+async fn an_upload_after_an_early_answer_keeps_its_connection_busy() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const PART: usize = 1024;
+    const PARTS: usize = 12;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let provider = listener.local_addr().unwrap();
+    let (got_tx, got) = tokio::sync::oneshot::channel::<usize>();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = Vec::new();
+        let mut chunk = vec![0u8; 64 * 1024];
+        let head_end = loop {
+            let k = s.read(&mut chunk).await.unwrap();
+            assert!(k > 0, "the request head came");
+            buf.extend_from_slice(&chunk[..k]);
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break end + 4;
+            }
+        };
+        s.write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 2\r\n\r\n{}")
+            .await
+            .unwrap();
+        let mut body = buf.len() - head_end;
+        while body < PART * PARTS {
+            let k = s.read(&mut chunk).await.unwrap();
+            if k == 0 {
+                break;
+            }
+            body += k;
+        }
+        let _ = got_tx.send(body);
+    });
+    let app = spawn_with(Opts {
+        more: format!(
+            "[[routes]]\nname = \"upload\"\nprefix = \"/upload/\"\n\
+             upstream = \"http://{provider}\"\nmode = \"pass\"\n\
+             [limits]\nidle_timeout_ms = 300\n"
+        ),
+        ..Default::default()
+    })
+    .await;
+    let mut s = tokio::net::TcpStream::connect(app.gw.proxy_addr)
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /upload/v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\n\
+         Content-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
+        PART * PARTS
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(&[b'u'; PART]).await.unwrap();
+    // The early answer, whole.
+    let mut resp = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !resp.ends_with(b"{}") {
+        let k = tokio::time::timeout(std::time::Duration::from_secs(10), s.read(&mut chunk))
+            .await
+            .expect("the early answer came")
+            .unwrap();
+        assert!(k > 0, "the early answer came whole");
+        resp.extend_from_slice(&chunk[..k]);
+    }
+    assert!(resp.starts_with(b"HTTP/1.1 202"), "{resp:?}");
+    for _ in 1..PARTS {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        s.write_all(&[b'u'; PART]).await.unwrap();
+    }
+    let got = tokio::time::timeout(std::time::Duration::from_secs(10), got)
+        .await
+        .expect("the provider read to the end of the upload")
+        .unwrap();
+    assert_eq!(got, PART * PARTS);
+}
