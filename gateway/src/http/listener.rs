@@ -11,9 +11,7 @@
 //!   included) within `header_read_timeout_ms`, and on HTTP/1.1 every later
 //!   head too (which also bounds an idle keep-alive connection); past it the
 //!   connection is closed, nothing having been read;
-//! - a connection with no request in flight for `idle_timeout_ms` is closed
-//!   (a request is in flight until both its answer has been sent and its
-//!   own body read);
+//! - a connection with no request in flight for `idle_timeout_ms` is closed;
 //! - at most `max_connections` are open. At the cap a new connection
 //!   closes the oldest one that hasn't finished its first request head,
 //!   else the one idle longest; only when every connection is busy is the
@@ -156,8 +154,7 @@ impl Tracker {
 }
 
 /// Marks a request in flight on its connection until its answer's body
-/// has been sent (or dropped), and again until its own body has been read
-/// (or dropped).
+/// has been sent (or dropped).
 struct InFlight(Arc<Conn>);
 
 impl InFlight {
@@ -176,8 +173,7 @@ impl Drop for InFlight {
     }
 }
 
-/// An answer body, or a request body, that keeps its request counted as
-/// in flight.
+/// An answer body that keeps its request counted as in flight.
 struct Tracked<B> {
     inner: B,
     _in_flight: InFlight,
@@ -368,25 +364,10 @@ impl<A: App> ConnCtx<A> {
                 {
                     req.headers_mut().insert(http::header::HOST, v);
                 }
-                // A request body still coming keeps its request in flight
-                // too: an upload goes on after an early answer was sent
-                // (the provider answered before it read the whole body),
-                // and its connection is not idle meanwhile.
-                let req = if http_body::Body::is_end_stream(req.body()) {
-                    req.map(axum::body::Body::new)
-                } else {
-                    let upload = InFlight::new(c.clone());
-                    req.map(|inner| {
-                        axum::body::Body::new(Tracked {
-                            inner,
-                            _in_flight: upload,
-                        })
-                    })
-                };
                 let app = app.clone();
                 async move {
                     use tower::ServiceExt;
-                    let resp = app.oneshot(req).await?;
+                    let resp = app.oneshot(req.map(axum::body::Body::new)).await?;
                     Ok::<_, std::convert::Infallible>(resp.map(|inner| Tracked {
                         inner,
                         _in_flight: in_flight,
