@@ -1388,16 +1388,8 @@ async fn a_pass_through_upload_goes_on_while_an_early_answer_waits() {
     tokio::spawn(async move {
         let (s, _) = listener.accept().await.unwrap();
         let (mut rd, mut wr) = s.into_split();
-        let mut buf = Vec::new();
         let mut chunk = vec![0u8; 64 * 1024];
-        let head_end = loop {
-            let k = rd.read(&mut chunk).await.unwrap();
-            assert!(k > 0, "the request head came");
-            buf.extend_from_slice(&chunk[..k]);
-            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break end + 4;
-            }
-        };
+        let (buf, head_end) = read_head(&mut rd, &mut chunk, "the request head came").await;
         let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
         assert!(
             head.contains(&format!("content-length: {UPLOAD}")),
@@ -1440,16 +1432,8 @@ async fn a_pass_through_upload_goes_on_while_an_early_answer_waits() {
         }
         let sent = got.await.expect("the provider counted the upload");
         // Only now the answer: its head, then its body to the end.
-        let mut resp = Vec::new();
         let mut chunk = vec![0u8; 64 * 1024];
-        let head_end = loop {
-            let k = s.read(&mut chunk).await.unwrap();
-            assert!(k > 0, "the answer's head came");
-            resp.extend_from_slice(&chunk[..k]);
-            if let Some(end) = resp.windows(4).position(|w| w == b"\r\n\r\n") {
-                break end + 4;
-            }
-        };
+        let (resp, head_end) = read_head(&mut s, &mut chunk, "the answer's head came").await;
         let head = String::from_utf8_lossy(&resp[..head_end]).to_string();
         let mut body = resp.len() - head_end;
         while body < ANSWER {
@@ -1465,4 +1449,24 @@ async fn a_pass_through_upload_goes_on_while_an_early_answer_waits() {
     assert_eq!(sent, UPLOAD);
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert_eq!(body, ANSWER);
+}
+
+/// Reads from `stream` until a head's blank line has come, in `chunk`
+/// sized reads: what was read, and where the head ends in it. Panics
+/// (naming `what`) when the stream ends first.
+async fn read_head<R: tokio::io::AsyncRead + Unpin>(
+    stream: &mut R,
+    chunk: &mut [u8],
+    what: &str,
+) -> (Vec<u8>, usize) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    loop {
+        let k = stream.read(chunk).await.unwrap();
+        assert!(k > 0, "{what}");
+        buf.extend_from_slice(&chunk[..k]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            return (buf, end + 4);
+        }
+    }
 }

@@ -289,26 +289,18 @@ fn by_status(
 ) -> Outcome {
     match (code, stopped) {
         (200..=299, _) => Outcome::new(OpState::Completed, "provider applied the effect"),
-        // A status of no class RFC 9110 §15 defines (600–999; HTTP/1.1's
-        // parser takes any three digits) says nothing of the effect.
-        (600.., _) => {
+        // A 1xx as the final answer, or a status of no class RFC 9110 §15
+        // defines (600–999; HTTP/1.1's parser takes any three digits),
+        // says nothing of the effect.
+        (100..=199 | 600.., _) => {
+            let what = if code < 200 {
+                " to a request that asked for no upgrade"
+            } else {
+                ", a status of no class HTTP defines (RFC 9110 §15)"
+            };
             let mut o = Outcome::new(
                 OpState::Unknown,
-                format!(
-                    "provider answered {code}, a status of no class HTTP defines (RFC 9110 §15); the effect may have been applied"
-                ),
-            );
-            o.error_kind = Some("provider-protocol".into());
-            o.error_detail = Some(answered(code));
-            when.unknown(&mut o);
-            o
-        }
-        (100..=199, _) => {
-            let mut o = Outcome::new(
-                OpState::Unknown,
-                format!(
-                    "provider answered {code} to a request that asked for no upgrade; the effect may have been applied"
-                ),
+                format!("provider answered {code}{what}; the effect may have been applied"),
             );
             o.error_kind = Some("provider-protocol".into());
             o.error_detail = Some(answered(code));
