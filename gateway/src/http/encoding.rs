@@ -68,6 +68,10 @@ pub struct DecodeReplays<S> {
 /// list starts over.
 const REMEMBERED_UNDECODABLE: usize = 1024;
 
+/// Largest stored body (bytes) whose key [`decode_replay`] hashes on the
+/// request thread; a larger one is hashed on a blocking thread.
+const HASHED_INLINE: usize = 64 * 1024;
+
 /// What bounds the decoding of replays: at most so many at once (each may
 /// hold about twice `limits.max_decoded_replay_bytes` while it decodes;
 /// a turn is held to the decoding's end, even when its caller hung up),
@@ -235,15 +239,35 @@ pub async fn decode_replay(
         }
     };
     let known = "a replayed body that did not decode before; sent as stored";
+    // A body known not to decode is sent as stored at once, without
+    // waiting for a turn behind other decodings. A large body is hashed
+    // off the request threads.
+    let key = if bytes.len() <= HASHED_INLINE {
+        turns.key(&codings, &bytes, limit)
+    } else {
+        let (t, c, b) = (turns.clone(), codings.clone(), bytes.clone());
+        match tokio::task::spawn_blocking(move || t.key(&c, &b, limit)).await {
+            Ok(key) => key,
+            Err(e) => {
+                tracing::warn!(error = %e, "a replayed body could not be hashed; sent as stored");
+                return Response::from_parts(parts, Body::from(bytes));
+            }
+        }
+    };
+    if turns.is_undecodable(key) {
+        tracing::debug!(codings = %codings, "{known}");
+        return Response::from_parts(parts, Body::from(bytes));
+    }
     let Ok(turn) = turns.at_once.clone().acquire_owned().await else {
         return Response::from_parts(parts, Body::from(bytes));
     };
-    // The turn, the body's key and its verdict go with the decoding, which
-    // runs on to its end even when this caller hangs up meanwhile.
+    // The turn and the body's verdict go with the decoding, which runs on
+    // to its end even when this caller hangs up meanwhile. The verdict is
+    // looked up again: a decoding that ended while this one waited for
+    // its turn may have found the body undecodable.
     let (t, c, b) = (turns.clone(), codings.clone(), bytes.clone());
     let decoded = tokio::task::spawn_blocking(move || {
         let _turn = turn;
-        let key = t.key(&c, &b, limit);
         if t.is_undecodable(key) {
             return None;
         }
@@ -369,5 +393,49 @@ mod tests {
             assert_eq!(&body[..], br#"{"id":"ch_1"}"#);
             assert_eq!(turns.started(), n);
         }
+    }
+    /// A duplicate of a body known not to decode is sent as stored while
+    /// every turn is taken, small (hashed inline) or large (hashed on a
+    /// blocking thread); one not yet known waits for a turn.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_body_known_not_to_decode_waits_for_no_turn() {
+        const LIMIT: usize = 1 << 20;
+        let bomb = gzip(&vec![0u8; 8 * LIMIT]);
+        assert!(bomb.len() <= HASHED_INLINE);
+        let corrupt: Vec<u8> = (0..4 * HASHED_INLINE as u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let turns = Arc::new(Turns::new(1));
+        for body in [&bomb, &corrupt] {
+            let r = decode_replay(turns.clone(), LIMIT, None, stored(body.clone())).await;
+            assert_eq!(r.headers()[header::CONTENT_ENCODING], "gzip");
+        }
+        assert_eq!(turns.started(), 2);
+
+        let held = turns.at_once.clone().acquire_owned().await.unwrap();
+        let bound = std::time::Duration::from_secs(30);
+        for body in [&bomb, &corrupt] {
+            let r = tokio::time::timeout(
+                bound,
+                decode_replay(turns.clone(), LIMIT, None, stored(body.clone())),
+            )
+            .await
+            .expect("a known undecodable body waited for a turn");
+            assert_eq!(r.headers()[header::CONTENT_ENCODING], "gzip");
+            let got = axum::body::to_bytes(r.into_body(), usize::MAX)
+                .await
+                .unwrap();
+            assert_eq!(&got[..], &body[..]);
+        }
+        assert_eq!(turns.started(), 2);
+
+        let other = gzip(b"not seen before");
+        let waiting = tokio::spawn(decode_replay(turns.clone(), LIMIT, None, stored(other)));
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        drop(held);
+        let r = waiting.await.unwrap();
+        assert_eq!(r.headers().get(header::CONTENT_ENCODING), None);
+        assert_eq!(turns.started(), 3);
     }
 }
