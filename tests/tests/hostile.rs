@@ -574,6 +574,114 @@ async fn an_sse_tool_result_decides_even_when_the_stream_stays_open() {
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
+/// An MCP read-back whose answer repeats a key, in the JSON body, in the
+/// data of the SSE event that carries it, or in the tool's text, decides
+/// nothing: the operation stays UNKNOWN and the tool isn't called again,
+/// where a parser that keeps a key's last value would have found the
+/// effect (RFC 7493 §2.3). The same answer without the repeated key
+/// completes its operation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_read_back_answer_that_repeats_a_key_decides_nothing() {
+    use axum::response::IntoResponse;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let sends = std::sync::Arc::new(AtomicUsize::new(0));
+    let s = sends.clone();
+    let server = axum::Router::new().route(
+        "/mcp",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let s = s.clone();
+            async move {
+                let msg: Value = serde_json::from_slice(&body).unwrap();
+                let id = msg["id"].clone();
+                let args = &msg["params"]["arguments"];
+                match (msg["method"].as_str(), msg["params"]["name"].as_str()) {
+                    (Some("tools/call"), Some("send")) => {
+                        s.fetch_add(1, Ordering::SeqCst);
+                        (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "lost").into_response()
+                    }
+                    (Some("tools/call"), Some("status")) => {
+                        let key = args["key"].as_str().unwrap();
+                        // `found` twice, false then true.
+                        let repeated = format!(r#"{{"key":"{key}","found":false,"found":true}}"#);
+                        let answer = |result: String| format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#);
+                        let structured = answer(format!(
+                            r#"{{"content":[],"structuredContent":{repeated},"isError":false}}"#
+                        ));
+                        match args["to"].as_str().unwrap() {
+                            "json" => ([("content-type", "application/json")], structured)
+                                .into_response(),
+                            "sse" => (
+                                [("content-type", "text/event-stream")],
+                                format!("event: message\ndata: {structured}\n\n"),
+                            )
+                                .into_response(),
+                            "text" => axum::Json(serde_json::json!({"jsonrpc":"2.0","id":id,
+                                "result":{"content":[{"type":"text","text":repeated}],"isError":false}}))
+                            .into_response(),
+                            _ => axum::Json(serde_json::json!({"jsonrpc":"2.0","id":id,
+                                "result":{"content":[],"structuredContent":{"key":key,"found":true},"isError":false}}))
+                            .into_response(),
+                        }
+                    }
+                    (Some("tools/list"), _) => axum::Json(serde_json::json!({"jsonrpc":"2.0","id":id,
+                        "result":{"tools":[
+                            {"name":"send","inputSchema":{"type":"object"}},
+                            {"name":"status","inputSchema":{"type":"object"},"annotations":{"readOnlyHint":true}}
+                        ]}}))
+                    .into_response(),
+                    _ => axum::Json(serde_json::json!({"jsonrpc":"2.0","id":id,"result":{}}))
+                        .into_response(),
+                }
+            }
+        }),
+    );
+    let app = mcp_gateway(
+        server,
+        "[routes.read_back]\ntool = \"status\"\n\
+         arguments = { to = \"{body:/params/arguments/to}\", key = \"{provider_key}\" }\n\
+         found_pointer = \"\"\nmatch = { \"/found\" = \"true\", \"/key\" = \"{provider_key}\" }\n\
+         settle_delay_ms = 0\n",
+    )
+    .await;
+    let modes = ["json", "sse", "text", "good"];
+    for mode in modes {
+        let call = serde_json::json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+            "name":"send","arguments":{"to":mode},"_meta":{"effectgate/operation-id":format!("rb-{mode}")}}});
+        let r = app
+            .http
+            .post(app.proxy("/tools/mcp"))
+            .bearer_auth(KEY_A)
+            .header("Accept", "application/json, text/event-stream")
+            .json(&call)
+            .send()
+            .await
+            .unwrap();
+        // A JSON-RPC error, in a 200, for the lost reply.
+        assert_eq!(r.status(), 200, "{mode}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(
+            v["error"]["data"]["type"], "urn:effectgate:problem:operation-outcome-unknown",
+            "{mode}: {v}"
+        );
+        assert_eq!(app.op_json(&format!("rb-{mode}")).await["state"], "UNKNOWN");
+    }
+    app.tick().await;
+    for mode in modes {
+        let op = app.op_json(&format!("rb-{mode}")).await;
+        let want = if mode == "good" {
+            "COMPLETED"
+        } else {
+            "UNKNOWN"
+        };
+        assert_eq!(op["state"], want, "{mode}: {op}");
+    }
+    assert_eq!(
+        sends.load(Ordering::SeqCst),
+        modes.len(),
+        "no call sent again"
+    );
+}
+
 /// An MCP server that never ends its answers, or never answers its
 /// `initialize`: the gateway reads at most the route's MCP answer limit
 /// (16 MiB) of any answer it reads itself, and waits for its own session

@@ -110,6 +110,16 @@ pub fn is_event_stream(content_type: &str) -> bool {
 /// Reads one JSON-RPC message out of an upstream answer, JSON or SSE
 /// (`text/event-stream`, the last `data:` event carrying a result or error).
 pub fn rpc_message(headers: &HeaderMap, body: &[u8]) -> Option<Value> {
+    rpc_message_with_text(headers, body).map(|(msg, _)| msg)
+}
+
+/// As [`rpc_message`], with the message's own JSON text: the whole body,
+/// or the data of the SSE event that carried it (for checks a parsed
+/// [`Value`] can no longer make, such as a repeated key).
+pub fn rpc_message_with_text<'a>(
+    headers: &HeaderMap,
+    body: &'a [u8],
+) -> Option<(Value, std::borrow::Cow<'a, [u8]>)> {
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -133,12 +143,13 @@ pub fn rpc_message(headers: &HeaderMap, body: &[u8]) -> Option<Value> {
                 && v.get("id").is_some()
                 && (v.get("result").is_some() || v.get("error").is_some())
             {
-                found = Some(v);
+                found = Some((v, std::borrow::Cow::Owned(data.into_bytes())));
             }
         }
         found
     } else {
-        serde_json::from_slice(body).ok()
+        let msg = serde_json::from_slice(body).ok()?;
+        Some((msg, std::borrow::Cow::Borrowed(body)))
     }
 }
 

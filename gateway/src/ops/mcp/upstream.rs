@@ -7,7 +7,7 @@ use http::{HeaderMap, HeaderValue, StatusCode, header};
 use serde_json::{Value, json};
 
 use crate::config::Route;
-use crate::mcp::protocol::rpc_message;
+use crate::mcp::protocol::rpc_message_with_text;
 
 /// Posts one JSON-RPC message of the gateway's own and reads the answer:
 /// the whole exchange within the route's `response_timeout_ms`, the body at
@@ -143,12 +143,14 @@ pub async fn read_back(
         if !status.is_success() {
             return Err(format!("read-back tool call answered {status}"));
         }
-        // As an HTTP read-back's answer (RFC 7493 §2.3).
-        if crate::idempotency::has_duplicate_keys(&bytes) {
+        let (msg, text) = rpc_message_with_text(&headers, &bytes)
+            .ok_or_else(|| "no JSON-RPC answer to the read-back call".to_owned())?;
+        // As an HTTP read-back's answer (RFC 7493 §2.3): the message as
+        // sent, a JSON body or an SSE event's data.
+        if crate::idempotency::has_duplicate_keys(&text) {
             return Err("the read-back answer repeats a key in a JSON object".to_owned());
         }
-        rpc_message(&headers, &bytes)
-            .ok_or_else(|| "no JSON-RPC answer to the read-back call".to_owned())
+        Ok(msg)
     };
     let msg = match tokio::time::timeout(std::time::Duration::from_millis(rb.timeout_ms), work)
         .await
