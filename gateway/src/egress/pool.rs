@@ -50,14 +50,13 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use http::uri::{Authority, Scheme};
 use http::{HeaderValue, Request, Response, Uri, header};
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_rustls::HttpsConnector;
@@ -67,6 +66,11 @@ use sync_wrapper::SyncWrapper;
 use tower::ServiceExt as _;
 
 use super::{BoxError, Egress, OutboundBody};
+
+mod body;
+
+pub use body::ResponseBody;
+use body::{GiveBack, Sending};
 
 /// A pooled outbound client (see the module docs). Cheap to clone: clones
 /// share the pool.
@@ -637,130 +641,6 @@ fn to_origin_form(req: &mut Request<OutboundBody>, host: Option<HeaderValue>) {
         _ => Uri::default(),
     };
     *req.uri_mut() = origin;
-}
-
-/// A request body on its way to the provider, which records when it has
-/// been sent whole (its last frame taken): see [`HttpClient::request`].
-struct Sending {
-    inner: OutboundBody,
-    sent: Arc<AtomicBool>,
-}
-
-impl Sending {
-    /// `body` wrapped, and the flag it sets at its end.
-    fn wrap(body: OutboundBody) -> (OutboundBody, Arc<AtomicBool>) {
-        let sent = Arc::new(AtomicBool::new(false));
-        let body = OutboundBody::new(Sending {
-            inner: body,
-            sent: sent.clone(),
-        });
-        (body, sent)
-    }
-}
-
-impl Body for Sending {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
-        if frame.is_none() || self.inner.is_end_stream() {
-            self.sent.store(true, Ordering::Release);
-        }
-        Poll::Ready(frame)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// A provider's response body. An HTTP/1.1 connection goes back to its
-/// pool when the body has been read to its end.
-pub struct ResponseBody {
-    body: Incoming,
-    back: Option<GiveBack>,
-}
-
-struct GiveBack {
-    pool: Weak<Inner>,
-    key: Key,
-    tx: http1::SendRequest<OutboundBody>,
-    driver: Driver,
-}
-
-impl ResponseBody {
-    fn unpooled(body: Incoming) -> Self {
-        Self { body, back: None }
-    }
-
-    fn give_back(&mut self) {
-        if let Some(b) = self.back.take()
-            && let Some(pool) = b.pool.upgrade()
-        {
-            pool.put_back(&b.key, b.tx, b.driver);
-        }
-    }
-}
-
-impl fmt::Debug for ResponseBody {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResponseBody")
-            .field("body", &self.body)
-            .field("pooled", &self.back.is_some())
-            .finish()
-    }
-}
-
-impl Body for ResponseBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let this = &mut *self;
-        // The connection first: it moves what the provider sent into the
-        // body. If it ended, what it read is in the body already.
-        if let Some(b) = &mut this.back
-            && b.driver.poll(cx).is_ready()
-        {
-            this.back = None;
-        }
-        let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
-        match &frame {
-            None => this.give_back(),
-            Some(Err(_)) => this.back = None,
-            Some(Ok(_)) if this.body.is_end_stream() => this.give_back(),
-            Some(Ok(_)) => {}
-        }
-        Poll::Ready(frame)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
-}
-
-impl Drop for ResponseBody {
-    fn drop(&mut self) {
-        // Read to its end without a last poll (its length was known).
-        if self.back.is_some() && self.body.is_end_stream() {
-            self.give_back();
-        }
-    }
 }
 
 #[cfg(test)]

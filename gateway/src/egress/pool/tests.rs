@@ -1,5 +1,6 @@
 //! Tests of the outbound pool against a provider written by hand.
 use super::*;
+use bytes::Bytes;
 use http_body_util::BodyExt;
 use std::sync::atomic::AtomicUsize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
