@@ -74,48 +74,60 @@ impl<D: Dialect> Store<D> {
     /// See [`crate::ledger::Ledger::sweep_inbox`].
     pub(crate) async fn sweep_inbox(
         &self,
-        (tenant, source): (&str, &str),
+        source: (&str, &str),
         window_ms: i64,
         batch: u32,
     ) -> Result<u64, LedgerError> {
-        let (mut tx, now) = self.begin().await?;
         // Held and quarantined events wait for their gap or an operator.
-        let n = sql::<D>(
+        self.sweep_older(
             "DELETE FROM inbox WHERE (tenant_id, source, event_id) IN (SELECT tenant_id, source, event_id FROM inbox \
              WHERE tenant_id = ? AND source = ? AND received_at <= ? AND state NOT IN ('held', 'quarantined') LIMIT ?)",
+            source,
+            window_ms,
+            batch,
         )
-        .bind(tenant)
-        .bind(source)
-        .bind(now.saturating_sub(window_ms.max(0)))
-        .bind(i64::from(batch))
-        .execute(&mut tx)
-        .await?;
-        tx.commit().await?;
-        Ok(n)
+        .await
     }
 
     /// See [`crate::ledger::Ledger::sweep_inbox_sequences`].
     pub(crate) async fn sweep_inbox_sequences(
         &self,
-        (tenant, source): (&str, &str),
+        source: (&str, &str),
         window_ms: i64,
         batch: u32,
     ) -> Result<u64, LedgerError> {
-        let (mut tx, now) = self.begin().await?;
         // A key with a held or quarantined event still orders it.
-        let n = sql::<D>(
+        self.sweep_older(
             "DELETE FROM inbox_sequences WHERE (tenant_id, source, sequence_key) IN \
              (SELECT s.tenant_id, s.source, s.sequence_key FROM inbox_sequences s \
              WHERE s.tenant_id = ? AND s.source = ? AND s.updated_at <= ? AND NOT EXISTS \
              (SELECT 1 FROM inbox i WHERE i.tenant_id = s.tenant_id AND i.source = s.source \
              AND i.sequence_key = s.sequence_key AND i.state IN ('held', 'quarantined')) LIMIT ?)",
+            source,
+            window_ms,
+            batch,
         )
-        .bind(tenant)
-        .bind(source)
-        .bind(now.saturating_sub(window_ms.max(0)))
-        .bind(i64::from(batch))
-        .execute(&mut tx)
-        .await?;
+        .await
+    }
+
+    /// Runs one of the inbox's sweeps, `delete`: its parameters are the
+    /// tenant, the source, the newest time swept (`window_ms` before the
+    /// ledger's clock) and the batch size. Returns the rows deleted.
+    async fn sweep_older(
+        &self,
+        delete: &'static str,
+        (tenant, source): (&str, &str),
+        window_ms: i64,
+        batch: u32,
+    ) -> Result<u64, LedgerError> {
+        let (mut tx, now) = self.begin().await?;
+        let n = sql::<D>(delete)
+            .bind(tenant)
+            .bind(source)
+            .bind(now.saturating_sub(window_ms.max(0)))
+            .bind(i64::from(batch))
+            .execute(&mut tx)
+            .await?;
         tx.commit().await?;
         Ok(n)
     }
