@@ -407,6 +407,53 @@ async fn a_denying_policy_refuses_and_nothing_is_reserved() {
     assert_eq!(app.op_json("k1").await["state"], "COMPLETED");
 }
 
+/// A `compensate` verdict whose reason is over `policy.max_reason_bytes`
+/// (a deny or an approval of 64 KiB) breaks the output rules, as it would
+/// from `evaluate`: the compensation fails closed, nothing is reserved or
+/// sent, and the reason is stored nowhere.
+#[tokio::test]
+async fn a_compensate_reason_over_the_limit_fails_closed() {
+    for verdict in ["long-deny", "long-approval"] {
+        let app = app(refund_route("payment", ""), gate(verdict)).await;
+        assert_eq!(app.charge("k1", CHARGE).await.status(), 200);
+        let r = compensate(&app, OPERATOR_A, "k1").await;
+        assert_eq!(r.status(), 503, "{verdict}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(
+            v["type"], "urn:effectgate:problem:policy-failed",
+            "{verdict}: {v}"
+        );
+        let detail = v["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("is 65536 bytes; the limit is 1024"),
+            "{verdict}: {detail}"
+        );
+        assert!(
+            v.to_string().len() < 4096,
+            "{verdict}: the reason is not echoed"
+        );
+        assert!(refunds(&app).is_empty(), "{verdict}");
+        assert_eq!(
+            app.operation(ADMIN_A, "a", &child("k1")).await.status(),
+            404,
+            "{verdict}"
+        );
+        let op = app.op_json("k1").await;
+        assert_eq!(op["state"], "COMPLETED", "{verdict}");
+        let approvals: Value = app
+            .http
+            .get(app.admin("/admin/tenants/a/approvals"))
+            .bearer_auth(ADMIN_A)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(approvals["approvals"], serde_json::json!([]), "{verdict}");
+    }
+}
+
 #[tokio::test]
 async fn defaults_by_effect_class_and_older_policy_components() {
     // Irreversible, no policy: an approval is required.

@@ -196,7 +196,16 @@ async fn a_route_can_fail_open() {
 
 #[tokio::test]
 async fn policy_output_is_validated() {
-    for mode in ["status", "header", "credential", "long"] {
+    for mode in [
+        "status",
+        "header",
+        "credential",
+        "long",
+        "long-name",
+        "content",
+        "request-id",
+        "non-ascii",
+    ] {
         let app = spawn_with(Opts {
             tenant_a: binding(
                 "payments",

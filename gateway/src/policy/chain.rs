@@ -45,13 +45,15 @@ pub enum Verdict {
     },
 }
 
-/// Checks a policy's decision against the output rules (RFC-style 4xx
-/// statuses, sizes, and headers a policy may never set).
-fn validate(
-    d: Decision,
-    route: &Route,
+/// Checks the parts of a decision every hook's output follows (those of
+/// `evaluate` and `compensate`): a deny's status is 4xx, and a deny or
+/// approval reason is at most `policy.max_reason_bytes`.
+///
+/// Errors: [`PolicyFailure::InvalidOutput`] naming the rule.
+pub(super) fn validate_reasons(
+    d: &Decision,
     limits: &PolicyLimitsSpec,
-) -> Result<Decision, PolicyFailure> {
+) -> Result<(), PolicyFailure> {
     let too_long = |what: &str, s: &str| {
         (s.len() > limits.max_reason_bytes).then(|| {
             PolicyFailure::InvalidOutput(format!(
@@ -61,7 +63,7 @@ fn validate(
             ))
         })
     };
-    match &d {
+    match d {
         Decision::Deny(deny) => {
             if !(400..=499).contains(&deny.status) {
                 return Err(PolicyFailure::InvalidOutput(format!(
@@ -78,6 +80,45 @@ fn validate(
                 return Err(e);
             }
         }
+        Decision::Allow(_) => {}
+    }
+    Ok(())
+}
+
+/// Whether a policy may add a header of this name: not a hop-by-hop one,
+/// nor one that names the connection or the gateway's caller (`Host`,
+/// `Authorization`, `Forwarded`, `X-Forwarded-*`, `X-Real-IP`), describes
+/// the content the ledger fingerprinted (any `Content-*`), or is the
+/// gateway's own (`X-Request-Id`, the trace context, the idempotency
+/// headers and the route's credentials).
+fn may_add(name: &HeaderName, route: &Route) -> bool {
+    let n = name.as_str();
+    !(crate::forward::is_hop_by_hop(name, &[])
+        || name == http::header::HOST
+        || name == http::header::AUTHORIZATION
+        || n.starts_with("content-")
+        || name == http::header::EXPECT
+        || name == http::header::FORWARDED
+        || n.starts_with("x-forwarded-")
+        || n == "x-real-ip"
+        || n == "x-request-id"
+        || n == crate::telemetry::TRACEPARENT
+        || n == crate::telemetry::TRACESTATE
+        || n == crate::idempotency::IDEMPOTENCY_KEY
+        || route.inject_headers.iter().any(|(h, _)| h == name)
+        || route.provider_idempotency_header.as_ref() == Some(name))
+}
+
+/// Checks a policy's decision against the output rules (RFC-style 4xx
+/// statuses, sizes, and headers a policy may never set).
+fn validate(
+    d: Decision,
+    route: &Route,
+    limits: &PolicyLimitsSpec,
+) -> Result<Decision, PolicyFailure> {
+    validate_reasons(&d, limits)?;
+    match &d {
+        Decision::Deny(_) | Decision::RequireApproval(_) => {}
         Decision::Allow(allow) => {
             if allow.add_headers.len() > limits.max_add_headers {
                 return Err(PolicyFailure::InvalidOutput(format!(
@@ -87,31 +128,34 @@ fn validate(
                 )));
             }
             for h in &allow.add_headers {
+                // Name and value together, as a header field's size.
+                let size = h.name.len() + h.value.len();
+                if size > limits.max_header_bytes {
+                    return Err(PolicyFailure::InvalidOutput(format!(
+                        "a header of {size} bytes (name and value) was added; policy.max_header_bytes is {}",
+                        limits.max_header_bytes
+                    )));
+                }
                 let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| {
-                    PolicyFailure::InvalidOutput(format!("{:?} is not a header name", h.name))
+                    PolicyFailure::InvalidOutput(format!(
+                        "{} is not a header name",
+                        super::failure::shown(&format!("{:?}", h.name), 64)
+                    ))
                 })?;
-                let forbidden = crate::forward::is_hop_by_hop(&name, &[])
-                    || name == http::header::HOST
-                    || name == http::header::AUTHORIZATION
-                    || name == http::header::CONTENT_LENGTH
-                    || name == http::header::CONTENT_TYPE
-                    || name == http::header::EXPECT
-                    || name == http::header::FORWARDED
-                    || name.as_str().starts_with("x-forwarded-")
-                    || name.as_str() == "x-real-ip"
-                    || name.as_str() == crate::idempotency::IDEMPOTENCY_KEY
-                    || route.inject_headers.iter().any(|(n, _)| *n == name)
-                    || route.provider_idempotency_header.as_ref() == Some(&name);
-                if forbidden {
+                if !may_add(&name, route) {
                     return Err(PolicyFailure::InvalidOutput(format!(
                         "a policy may not set the {name} header"
                     )));
                 }
-                if h.value.len() > limits.max_header_bytes
-                    || http::HeaderValue::from_str(&h.value).is_err()
-                {
+                // Visible ASCII, spaces and tabs (RFC 9110 §5.5; obs-text
+                // is not sent).
+                let visible = h
+                    .value
+                    .bytes()
+                    .all(|b| b == b'\t' || (0x20..0x7f).contains(&b));
+                if !visible || http::HeaderValue::from_str(&h.value).is_err() {
                     return Err(PolicyFailure::InvalidOutput(format!(
-                        "invalid or oversized value for header {name}"
+                        "the value of header {name} holds a character other than visible ASCII, a space or a tab"
                     )));
                 }
             }

@@ -140,23 +140,21 @@ pub fn compensate_verdict(
                 );
             }
         };
+        // The reasons' rules of `evaluate` (a 4xx deny; sizes).
+        if let Err(failure) = super::chain::validate_reasons(&decision, engine.limits()) {
+            tracing::warn!(tenant, policy = %p.name, error = %failure, "compensate() failed; failing closed");
+            record("failed-closed", Some(failure.to_string()));
+            return (
+                Verdict::Failed {
+                    policy: p.name.clone(),
+                    failure,
+                },
+                records,
+            );
+        }
         match decision {
             Decision::Allow(_) => record("allow", None),
             Decision::Deny(d) => {
-                if !(400..=499).contains(&d.status) {
-                    let failure = super::PolicyFailure::InvalidOutput(format!(
-                        "deny status {} is not 4xx",
-                        d.status
-                    ));
-                    record("failed-closed", Some(failure.to_string()));
-                    return (
-                        Verdict::Failed {
-                            policy: p.name.clone(),
-                            failure,
-                        },
-                        records,
-                    );
-                }
                 record("deny", Some(d.reason.clone()));
                 return (
                     Verdict::Deny {

@@ -623,7 +623,12 @@ fn classify_error(e: wasmtime::Error, store: &Store<HostState>) -> PolicyFailure
             other => PolicyFailure::Trap(other.to_string()),
         };
     }
-    PolicyFailure::Trap(format!("{e:#}"))
+    // The cause only: the wasm backtrace wasmtime adds around it names the
+    // policy's functions, text the policy chose (its `name` section).
+    PolicyFailure::Trap(super::failure::shown(
+        &e.root_cause().to_string(),
+        super::failure::DETAIL_CHARS,
+    ))
 }
 
 /// Links the WASI interfaces a Rust `wasm32-wasip2` component imports for

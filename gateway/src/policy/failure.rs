@@ -39,6 +39,29 @@ pub enum PolicyFailure {
     },
 }
 
+/// Text a policy had a hand in (an error its call ended with, a log
+/// line), made safe to show and log: control characters escaped (a line
+/// break can't start a forged log line, an escape sequence can't reach a
+/// terminal), and at most `max_chars` characters kept (`…` marks a cut).
+pub fn shown(text: &str, max_chars: usize) -> String {
+    let mut out = String::new();
+    for (n, c) in text.chars().enumerate() {
+        if n == max_chars {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Most characters of an error's text a policy failure keeps.
+pub const DETAIL_CHARS: usize = 512;
+
 /// Which limit left a call without a permit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BusyLimit {
@@ -120,5 +143,23 @@ impl std::fmt::Display for PolicyFailure {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Line breaks, escape sequences and other control characters are
+    /// escaped; the text is cut after `max_chars` characters, never inside
+    /// one.
+    #[test]
+    fn policy_text_is_escaped_and_clipped() {
+        assert_eq!(
+            shown("ok\n2026-12-08 INFO forged\r\u{1b}[2J\0", 100),
+            "ok\\n2026-12-08 INFO forged\\r\\u{1b}[2J\\u{0}"
+        );
+        assert_eq!(shown("ééé", 2), "éé…");
+        assert_eq!(shown("abc", 3), "abc");
     }
 }

@@ -91,8 +91,10 @@ impl bindings::effectgate::policy::log::Host for HostState {
             return;
         }
         self.log_budget -= 1;
-        // Bounded by characters, never split inside one.
-        let clip = |s: &str, n: usize| -> String { s.chars().take(n).collect() };
+        // Bounded by characters, never split inside one; control
+        // characters escaped, so that a line break or an escape sequence
+        // can't forge a log line or reach a terminal.
+        let clip = super::failure::shown;
         let message = clip(&message, 1024);
         let fields: Vec<String> = fields
             .into_iter()
