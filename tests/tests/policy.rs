@@ -152,6 +152,39 @@ async fn a_busy_loop_fails_closed_within_50ms_while_others_are_served() {
     assert_eq!(app.mock.provider.effects(), 2);
 }
 
+/// A policy that sleeps (a wait in the host, where the CPU deadline
+/// can't reach) fails at once: 503 `policy-failed` naming the wait, with
+/// no wasm backtrace in the detail, instead of holding its permit and
+/// pool slot for the minute it asked for. Nothing is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_that_sleeps_fails_at_once() {
+    let app = spawn_with(Opts {
+        tenant_a: binding("payments", "sleeper", "{ ms = 60000 }"),
+        more: "[reconcile]\nenabled = false\n".into(),
+        ..Default::default()
+    })
+    .await;
+    let r = app
+        .http
+        .post(app.proxy("/pay/v1/charges"))
+        .bearer_auth(KEY_A)
+        .header("Idempotency-Key", "nap")
+        .header("Content-Type", "application/json")
+        .body(BODY)
+        .timeout(std::time::Duration::from_secs(30))
+        .send()
+        .await
+        .expect("an answer before the sleep's minute");
+    assert_eq!(r.status(), 503);
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["type"], "urn:effectgate:problem:policy-failed");
+    let detail = p["detail"].as_str().unwrap();
+    assert!(detail.contains("the policy tried to wait"), "{detail}");
+    assert!(!detail.contains("backtrace"), "{detail}");
+    assert_eq!(app.mock.provider.effects(), 0);
+    assert_eq!(app.charge_as(KEY_B, "awake", BODY).await.status(), 200);
+}
+
 #[tokio::test]
 async fn a_memory_hog_and_a_trap_fail_closed_and_the_gateway_goes_on() {
     for module in ["memory_hog", "trap"] {

@@ -36,6 +36,22 @@ use crate::config::PolicyLimitsSpec;
 /// loaded, at least (ms; a larger `[policy] deadline_ms` applies as is).
 pub const LOAD_DEADLINE_MS: u64 = 2_000;
 
+/// Linear memories one policy instance may hold, over all its core
+/// modules (the Rust, JavaScript and Python components hold one). Every
+/// call's memories share `policy.memory_bytes` together.
+pub const MEMORIES_PER_INSTANCE: u32 = 2;
+
+/// Tables one policy instance may hold, over all its core modules (the
+/// Rust, JavaScript and Python components hold two).
+pub const TABLES_PER_INSTANCE: u32 = 4;
+
+/// Core module instances one policy instance may hold (a Python
+/// component links 38).
+pub const CORE_INSTANCES_PER_INSTANCE: u32 = 64;
+
+/// Elements a policy's table may hold (wasmtime's pooling default).
+pub const TABLE_ELEMENTS: usize = 20_000;
+
 /// Where a compiled policy came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LoadOrigin {
@@ -174,12 +190,26 @@ impl PolicyEngine {
             if pooling {
                 let mut pool = PoolingAllocationConfig::default();
                 pool.total_component_instances(limits.pool_instances);
-                // A Python component links some 40 core modules (the
-                // interpreter, libc and their shims): room for a full pool
-                // of those. The count only bounds concurrency.
-                pool.total_core_instances(limits.pool_instances.saturating_mul(64));
-                pool.total_memories(limits.pool_instances);
-                pool.total_tables(limits.pool_instances.saturating_mul(4));
+                // Each instance may hold at most so many core instances,
+                // memories and tables, and the pool has that many for
+                // each of its instances: a tenant whose permits are all
+                // in use holds at most its permits' share of each, never
+                // the memories or tables other tenants' calls need. A
+                // Python component links some 40 core modules (the
+                // interpreter, libc and their shims).
+                pool.max_core_instances_per_component(CORE_INSTANCES_PER_INSTANCE);
+                pool.max_memories_per_component(MEMORIES_PER_INSTANCE);
+                pool.max_tables_per_component(TABLES_PER_INSTANCE);
+                // The same counts per core module as per instance, so
+                // that a module loads with the pool exactly when it loads
+                // without it (`check-config`, `policy check`).
+                pool.max_memories_per_module(MEMORIES_PER_INSTANCE);
+                pool.max_tables_per_module(TABLES_PER_INSTANCE);
+                pool.table_elements(TABLE_ELEMENTS);
+                let per = |n: u32| limits.pool_instances.saturating_mul(n);
+                pool.total_core_instances(per(CORE_INSTANCES_PER_INSTANCE));
+                pool.total_memories(per(MEMORIES_PER_INSTANCE));
+                pool.total_tables(per(TABLES_PER_INSTANCE));
                 pool.max_memory_size(reservation as usize);
                 // Reset the pages a call dirtied (up to 2 MiB of them: a
                 // policy's stack and heap, a JavaScript engine's working
@@ -514,22 +544,29 @@ impl PolicyEngine {
     /// A fresh store with the configured limits and a CPU deadline of
     /// `deadline_ms` epoch ticks.
     fn store(&self, label: &str, deadline_ms: u64) -> Result<Store<HostState>, PolicyFailure> {
-        // Core instances, tables and memories a store may hold: room for a
-        // Python component's ~40 core modules.
+        // Core instances, tables and memories a store may hold, as the
+        // pool allows one instance (also without the pool).
         let limits = Limiter {
             inner: StoreLimitsBuilder::new()
                 .memory_size(self.limits.memory_bytes)
-                .instances(128)
-                .tables(128)
-                .memories(8)
+                .table_elements(TABLE_ELEMENTS)
+                .instances(CORE_INSTANCES_PER_INSTANCE as usize)
+                .tables(TABLES_PER_INSTANCE as usize)
+                .memories(MEMORIES_PER_INSTANCE as usize)
                 .trap_on_grow_failure(true)
                 .build(),
             memory_bytes: self.limits.memory_bytes,
+            memory_total: 0,
             refused_memory: None,
         };
+        // `wasi:random` builds its bytes in the host before the policy
+        // gets them: no more than the policy's memory could hold.
+        let wasi = WasiCtx::builder()
+            .max_random_size(self.limits.memory_bytes as u64)
+            .build();
         let state = HostState {
             limits,
-            wasi: WasiCtx::builder().build(),
+            wasi,
             table: ResourceTable::new(),
             label: label.into(),
             log_budget: 16,
@@ -644,7 +681,8 @@ fn add_wasi_without_io_access(l: &mut Linker<HostState>) -> anyhow::Result<()> {
     use wasmtime_wasi::random::WasiRandom;
     let e = |e: wasmtime::Error| anyhow::anyhow!("{e}");
     sync_io::error::add_to_linker::<HostState, HasIo>(l, |t| &mut t.table).map_err(e)?;
-    sync_io::poll::add_to_linker::<HostState, HasIo>(l, |t| &mut t.table).map_err(e)?;
+    sync_io::poll::add_to_linker::<HostState, NoWait>(l, |t| NoWaitPoll(&mut t.table))
+        .map_err(e)?;
     sync_io::streams::add_to_linker::<HostState, HasIo>(l, |t| &mut t.table).map_err(e)?;
     clocks::wall_clock::add_to_linker::<HostState, WasiClocks>(l, HostState::clocks).map_err(e)?;
     clocks::monotonic_clock::add_to_linker::<HostState, WasiClocks>(l, HostState::clocks)
@@ -672,9 +710,202 @@ impl wasmtime::component::HasData for HasIo {
     type Data<'a> = &'a mut ResourceTable;
 }
 
+/// `wasi:io/poll` for policies, which decide without waiting: a
+/// pollable that is ready now is ready, and waiting on one that isn't
+/// (`block`, or `poll` with none ready: `std::thread::sleep` in Rust, a
+/// timer in another language) traps. A wait would happen in the host,
+/// where the CPU deadline can't interrupt it, holding the call's permit
+/// and pool slot for as long as the policy asked.
+struct NoWait;
+
+impl wasmtime::component::HasData for NoWait {
+    type Data<'a> = NoWaitPoll<'a>;
+}
+
+/// The resource table behind [`NoWait`].
+struct NoWaitPoll<'a>(&'a mut ResourceTable);
+
+/// The trap of a policy that tried to wait.
+fn waited() -> wasmtime::Error {
+    wasmtime::Error::msg(
+        "the policy tried to wait (wasi:io/poll on a pollable that isn't ready, such as a sleep): \
+         a policy decides without waiting",
+    )
+}
+
+impl wasmtime_wasi::p2::bindings::sync::io::poll::HostPollable for NoWaitPoll<'_> {
+    fn ready(
+        &mut self,
+        pollable: wasmtime::component::Resource<wasmtime_wasi::p2::DynPollable>,
+    ) -> wasmtime::Result<bool> {
+        wasmtime_wasi::p2::bindings::sync::io::poll::HostPollable::ready(self.0, pollable)
+    }
+
+    fn block(
+        &mut self,
+        pollable: wasmtime::component::Resource<wasmtime_wasi::p2::DynPollable>,
+    ) -> wasmtime::Result<()> {
+        if self.ready(pollable)? {
+            Ok(())
+        } else {
+            Err(waited())
+        }
+    }
+
+    fn drop(
+        &mut self,
+        pollable: wasmtime::component::Resource<wasmtime_wasi::p2::DynPollable>,
+    ) -> wasmtime::Result<()> {
+        wasmtime_wasi::p2::bindings::sync::io::poll::HostPollable::drop(self.0, pollable)
+    }
+}
+
+impl wasmtime_wasi::p2::bindings::sync::io::poll::Host for NoWaitPoll<'_> {
+    fn poll(
+        &mut self,
+        pollables: Vec<wasmtime::component::Resource<wasmtime_wasi::p2::DynPollable>>,
+    ) -> wasmtime::Result<Vec<u32>> {
+        use wasmtime_wasi::p2::bindings::sync::io::poll::HostPollable as _;
+        let mut ready = Vec::new();
+        for (i, p) in (0u32..).zip(&pollables) {
+            let borrowed = wasmtime::component::Resource::new_borrow(p.rep());
+            if self.ready(borrowed)? {
+                ready.push(i);
+            }
+        }
+        if ready.is_empty() {
+            return Err(waited());
+        }
+        Ok(ready)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An engine of `memory_bytes` per call, with a pool of `pool`
+    /// instances, or without the pool (`None`).
+    fn engine(pool: Option<u32>, memory_bytes: usize) -> PolicyEngine {
+        let engine = PolicyEngine::new(&PolicyLimitsSpec {
+            pooling: pool.is_some(),
+            pool_instances: pool.unwrap_or(4),
+            memory_bytes,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(engine.pooling, pool.is_some(), "the pool is available here");
+        engine
+    }
+
+    /// A component of core modules, each instantiated once.
+    fn component(modules: &[String]) -> Vec<u8> {
+        let mut text = String::from("(component\n");
+        for (i, m) in modules.iter().enumerate() {
+            text += &format!("(core module $m{i} {m})\n(core instance (instantiate $m{i}))\n");
+        }
+        text += ")";
+        wat::parse_str(&text).unwrap()
+    }
+
+    /// Core modules of one memory each, of `pages` 64 KiB pages.
+    fn memories(pages: &[u32]) -> Vec<String> {
+        pages.iter().map(|p| format!("(memory {p})")).collect()
+    }
+
+    /// A fresh store of `engine` with an instance of `bytes` in it, or why
+    /// it has none (compiling it or instantiating it failed).
+    fn instance(
+        engine: &PolicyEngine,
+        bytes: &[u8],
+    ) -> (Store<HostState>, Result<(), PolicyFailure>) {
+        let mut store = engine.store("test", 1_000).unwrap();
+        let out = match Component::new(&engine.engine, bytes) {
+            Err(e) => Err(PolicyFailure::Instantiate(e.to_string())),
+            Ok(c) => Linker::new(&engine.engine)
+                .instantiate(&mut store, &c)
+                .map(|_| ())
+                .map_err(|e| classify_error(e, &store)),
+        };
+        (store, out)
+    }
+
+    /// The pool holds as many memories and tables for each of its
+    /// instances as one instance may use: two instances of two memories
+    /// each fit a pool of two (a third instance finds the pool full, as
+    /// it would with one memory each), and a component of three memories
+    /// is refused, so a tenant's permits hold only their share of the
+    /// pool's memories.
+    #[test]
+    fn each_pool_instance_has_room_for_the_memories_one_may_use() {
+        let engine = engine(Some(2), 1 << 20);
+        let two = component(&memories(&[1, 1]));
+        let (_a, a) = instance(&engine, &two);
+        let (_b, b) = instance(&engine, &two);
+        assert_eq!((a, b), (Ok(()), Ok(())));
+        let (_c, c) = instance(&engine, &two);
+        assert!(matches!(c, Err(PolicyFailure::PoolExhausted(_))), "{c:?}");
+        drop((_a, _b, _c));
+        let (_s, three) = instance(&engine, &component(&memories(&[1, 1, 1])));
+        assert!(three.is_err(), "{three:?}");
+    }
+
+    /// A call's memories share `policy.memory_bytes` together, with the
+    /// pool and without it: two memories of 2 pages each are over a limit
+    /// of 2 pages, one is not.
+    #[test]
+    fn a_calls_memories_share_the_memory_limit() {
+        const LIMIT: usize = 2 * 65_536;
+        for pool in [Some(2), None] {
+            let engine = engine(pool, LIMIT);
+            let (_s, one) = instance(&engine, &component(&memories(&[2])));
+            assert_eq!(one, Ok(()), "{pool:?}");
+            let (_s, two) = instance(&engine, &component(&memories(&[2, 2])));
+            assert_eq!(
+                two,
+                Err(PolicyFailure::OutOfMemory {
+                    limit: LIMIT,
+                    requested: 2 * LIMIT
+                }),
+                "{pool:?}"
+            );
+        }
+    }
+
+    /// Tables are held to [`TABLE_ELEMENTS`] with the pool and without it,
+    /// at start and when grown; a module loads with the pool exactly when
+    /// it loads without it (memories and tables per module alike).
+    #[test]
+    fn the_same_module_limits_hold_with_and_without_the_pool() {
+        let grow = "(table 1 funcref) (func $grow (drop (table.grow 0 (ref.null func) (i32.const 100000000)))) (start $grow)";
+        let cases = [
+            (format!("(table {} funcref)", TABLE_ELEMENTS), true),
+            (format!("(table {} funcref)", TABLE_ELEMENTS + 1), false),
+            (grow.to_owned(), false),
+            ("(memory 1) (memory 1)".to_owned(), true),
+            ("(memory 1) (memory 1) (memory 1)".to_owned(), false),
+            ("(table 1 funcref) (table 1 funcref)".to_owned(), true),
+        ];
+        for pool in [Some(2), None] {
+            let engine = engine(pool, 1 << 20);
+            for (module, loads) in &cases {
+                let (_s, out) = instance(&engine, &component(std::slice::from_ref(module)));
+                assert_eq!(out.is_ok(), *loads, "{pool:?} {module}: {out:?}");
+            }
+        }
+    }
+
+    /// `wasi:random` builds no more bytes than the policy's memory could
+    /// hold.
+    #[test]
+    fn random_bytes_are_bounded_by_the_memory_limit() {
+        use wasmtime_wasi::p2::bindings::random::random::Host as _;
+        let engine = engine(None, 1 << 20);
+        let mut store = engine.store("test", 1_000).unwrap();
+        let random = store.data_mut().wasi.random();
+        assert_eq!(random.get_random_bytes(16).unwrap().len(), 16);
+        assert!(random.get_random_bytes((1 << 20) + 1).is_err());
+    }
 
     /// A caller whose own requests make the policy fail opens only its own
     /// circuit: another principal of the tenant is still served, and the

@@ -10,11 +10,15 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings;
 
-/// The store's resource limiter: wasmtime's [`StoreLimits`], plus a note
-/// of the memory size a refused growth asked for, so the failure can name it.
+/// The store's resource limiter: wasmtime's [`StoreLimits`] (each memory
+/// and table on its own), the bytes of all the call's memories together
+/// held to `memory_bytes`, and a note of the size a refused growth asked
+/// for, so the failure can name it.
 pub(super) struct Limiter {
     pub(super) inner: StoreLimits,
     pub(super) memory_bytes: usize,
+    /// Bytes of the call's memories so far (bytes).
+    pub(super) memory_total: usize,
     pub(super) refused_memory: Option<usize>,
 }
 
@@ -25,10 +29,23 @@ impl ResourceLimiter for Limiter {
         desired: usize,
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.memory_bytes {
-            self.refused_memory = Some(desired);
+        // A new memory grows from 0 to its initial size.
+        let total = self
+            .memory_total
+            .saturating_sub(current)
+            .saturating_add(desired);
+        if total > self.memory_bytes {
+            self.refused_memory = Some(total);
+            wasmtime::bail!(
+                "forcing a trap: the call's memories would hold {total} bytes together; policy.memory_bytes is {}",
+                self.memory_bytes
+            );
         }
-        self.inner.memory_growing(current, desired, maximum)
+        let allowed = self.inner.memory_growing(current, desired, maximum)?;
+        if allowed {
+            self.memory_total = total;
+        }
+        Ok(allowed)
     }
     fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
         self.inner.memory_grow_failed(error)
