@@ -420,7 +420,10 @@ impl CaseRun<'_> {
             return fail(
                 "decision",
                 want,
-                &format!("{name} ({})", reason.unwrap_or_default()),
+                &format!(
+                    "{name} ({})",
+                    super::failure::shown(&reason.unwrap_or_default(), 1024)
+                ),
             );
         }
         if let Some(want) = e.status
