@@ -52,6 +52,9 @@ pub const CORE_INSTANCES_PER_INSTANCE: u32 = 64;
 /// Elements a policy's table may hold (wasmtime's pooling default).
 pub const TABLE_ELEMENTS: usize = 20_000;
 
+/// WASI handles (streams, pollables) one call may hold at once.
+pub const RESOURCES_PER_CALL: usize = 4_096;
+
 /// Where a compiled policy came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LoadOrigin {
@@ -564,10 +567,14 @@ impl PolicyEngine {
         let wasi = WasiCtx::builder()
             .max_random_size(self.limits.memory_bytes as u64)
             .build();
+        // Handles (streams, pollables) a call may hold at once: each is
+        // host memory outside `memory_bytes`.
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(RESOURCES_PER_CALL);
         let state = HostState {
             limits,
             wasi,
-            table: ResourceTable::new(),
+            table,
             label: label.into(),
             log_budget: 16,
             _ticking: self.ticker.running(),
@@ -660,12 +667,19 @@ fn classify_error(e: wasmtime::Error, store: &Store<HostState>) -> PolicyFailure
             other => PolicyFailure::Trap(other.to_string()),
         };
     }
-    // The cause only: the wasm backtrace wasmtime adds around it names the
-    // policy's functions, text the policy chose (its `name` section).
-    PolicyFailure::Trap(super::failure::shown(
-        &e.root_cause().to_string(),
-        super::failure::DETAIL_CHARS,
-    ))
+    // The error's chain without the wasm backtrace wasmtime adds around
+    // it, which names the policy's functions: text the policy chose (its
+    // `name` section).
+    let backtrace = e
+        .downcast_ref::<wasmtime::WasmBacktrace>()
+        .map(ToString::to_string);
+    let text = e
+        .chain()
+        .map(ToString::to_string)
+        .filter(|t| Some(t) != backtrace.as_ref())
+        .collect::<Vec<_>>()
+        .join(": ");
+    PolicyFailure::Trap(super::failure::shown(&text, super::failure::DETAIL_CHARS))
 }
 
 /// Links the WASI interfaces a Rust `wasm32-wasip2` component imports for
@@ -725,6 +739,17 @@ impl wasmtime::component::HasData for NoWait {
 /// The resource table behind [`NoWait`].
 struct NoWaitPoll<'a>(&'a mut ResourceTable);
 
+impl NoWaitPoll<'_> {
+    /// Whether the pollable `rep` is ready now. A timer already due (a
+    /// zero or past deadline) reports ready only on its second look (its
+    /// first yields once to the runtime), so it is looked at twice.
+    fn due(&mut self, rep: u32) -> wasmtime::Result<bool> {
+        use wasmtime_wasi::p2::bindings::sync::io::poll::HostPollable as _;
+        let borrowed = || wasmtime::component::Resource::new_borrow(rep);
+        Ok(self.ready(borrowed())? || self.ready(borrowed())?)
+    }
+}
+
 /// The trap of a policy that tried to wait.
 fn waited() -> wasmtime::Error {
     wasmtime::Error::msg(
@@ -745,7 +770,7 @@ impl wasmtime_wasi::p2::bindings::sync::io::poll::HostPollable for NoWaitPoll<'_
         &mut self,
         pollable: wasmtime::component::Resource<wasmtime_wasi::p2::DynPollable>,
     ) -> wasmtime::Result<()> {
-        if self.ready(pollable)? {
+        if self.due(pollable.rep())? {
             Ok(())
         } else {
             Err(waited())
@@ -765,11 +790,9 @@ impl wasmtime_wasi::p2::bindings::sync::io::poll::Host for NoWaitPoll<'_> {
         &mut self,
         pollables: Vec<wasmtime::component::Resource<wasmtime_wasi::p2::DynPollable>>,
     ) -> wasmtime::Result<Vec<u32>> {
-        use wasmtime_wasi::p2::bindings::sync::io::poll::HostPollable as _;
         let mut ready = Vec::new();
         for (i, p) in (0u32..).zip(&pollables) {
-            let borrowed = wasmtime::component::Resource::new_borrow(p.rep());
-            if self.ready(borrowed)? {
+            if self.due(p.rep())? {
                 ready.push(i);
             }
         }
@@ -832,10 +855,10 @@ mod tests {
 
     /// The pool holds as many memories and tables for each of its
     /// instances as one instance may use: two instances of two memories
-    /// each fit a pool of two (a third instance finds the pool full, as
-    /// it would with one memory each), and a component of three memories
-    /// is refused, so a tenant's permits hold only their share of the
-    /// pool's memories.
+    /// each fit a pool of two (with one memory an instance, the second
+    /// found the pool's memories used up), and a component of three
+    /// memories is refused, so a tenant's permits hold only their share
+    /// of the pool's memories.
     #[test]
     fn each_pool_instance_has_room_for_the_memories_one_may_use() {
         let engine = engine(Some(2), 1 << 20);
@@ -893,6 +916,30 @@ mod tests {
                 assert_eq!(out.is_ok(), *loads, "{pool:?} {module}: {out:?}");
             }
         }
+    }
+
+    /// A pollable that is ready now passes `block` and `poll`, a timer
+    /// already due included (zero length); waiting on one that isn't
+    /// ready traps, as does `poll` with nothing ready.
+    #[test]
+    fn a_policy_may_poll_what_is_ready_and_never_wait() {
+        use wasmtime_wasi::clocks::WasiClocksView as _;
+        use wasmtime_wasi::p2::bindings::clocks::monotonic_clock::Host as _;
+        use wasmtime_wasi::p2::bindings::sync::io::poll::{Host as _, HostPollable as _};
+        let engine = engine(None, 1 << 20);
+        let mut store = engine.store("test", 1_000).unwrap();
+        let state = store.data_mut();
+        let due = state.clocks().subscribe_duration(0).unwrap();
+        let later = state.clocks().subscribe_duration(60_000_000_000).unwrap();
+        let (due, later) = (due.rep(), later.rep());
+        let r = wasmtime::component::Resource::new_borrow;
+        let mut poll = NoWaitPoll(&mut state.table);
+        assert_eq!(poll.poll(vec![r(later), r(due)]).unwrap(), [1]);
+        assert!(poll.block(r(due)).is_ok());
+        let waited = poll.block(r(later)).unwrap_err().to_string();
+        assert!(waited.contains("tried to wait"), "{waited}");
+        assert!(poll.poll(vec![r(later)]).is_err());
+        assert!(poll.poll(Vec::new()).is_err());
     }
 
     /// `wasi:random` builds no more bytes than the policy's memory could

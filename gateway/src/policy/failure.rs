@@ -50,7 +50,10 @@ pub fn shown(text: &str, max_chars: usize) -> String {
             out.push('…');
             break;
         }
-        if c.is_control() {
+        // Also the line and paragraph separators and the bidirectional
+        // controls, which some readers show as a break or a reordering.
+        let hidden = matches!(c, '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if c.is_control() || hidden {
             out.extend(c.escape_default());
         } else {
             out.push(c);
@@ -159,6 +162,7 @@ mod tests {
             shown("ok\n2026-12-08 INFO forged\r\u{1b}[2J\0", 100),
             "ok\\n2026-12-08 INFO forged\\r\\u{1b}[2J\\u{0}"
         );
+        assert_eq!(shown("a\u{2028}b\u{202e}c", 100), "a\\u{2028}b\\u{202e}c");
         assert_eq!(shown("ééé", 2), "éé…");
         assert_eq!(shown("abc", 3), "abc");
     }
