@@ -117,7 +117,13 @@ pub fn compensate_verdict(
             })
         };
         // A module without the export (world 0.1.0) has the default's say.
-        let decision = match out {
+        // A verdict follows the reasons' rules of `evaluate` (a 4xx deny;
+        // sizes).
+        let checked = out.and_then(|d| match d {
+            Some(d) => super::chain::validate_reasons(&d, engine.limits()).map(|()| Some(d)),
+            None => Ok(None),
+        });
+        let decision = match checked {
             Ok(Some(d)) => d,
             Ok(None) => match default_compensate(class) {
                 Verdict::RequireApproval { reasons, .. } => {
@@ -140,18 +146,6 @@ pub fn compensate_verdict(
                 );
             }
         };
-        // The reasons' rules of `evaluate` (a 4xx deny; sizes).
-        if let Err(failure) = super::chain::validate_reasons(&decision, engine.limits()) {
-            tracing::warn!(tenant, policy = %p.name, error = %failure, "compensate() failed; failing closed");
-            record("failed-closed", Some(failure.to_string()));
-            return (
-                Verdict::Failed {
-                    policy: p.name.clone(),
-                    failure,
-                },
-                records,
-            );
-        }
         match decision {
             Decision::Allow(_) => record("allow", None),
             Decision::Deny(d) => {
