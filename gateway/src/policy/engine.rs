@@ -159,7 +159,7 @@ pub enum LoadError {
     MemoryLimit {
         /// `policy.memory_bytes`.
         limit: usize,
-        /// The initial size of its largest memory, in bytes.
+        /// The initial size of its memories together, in bytes.
         requested: u64,
     },
 }

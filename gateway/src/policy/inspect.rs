@@ -7,24 +7,24 @@ use wasmtime::component::Component;
 
 use super::bindings;
 
-/// The initial size of the largest linear memory any core module of the
-/// component defines, in bytes (0 if it can't be read; compiling reports
-/// that).
+/// The initial size of all the linear memories the core modules of the
+/// component define, together, in bytes (a call's memories share
+/// `policy.memory_bytes`; 0 if it can't be read: compiling reports that).
 pub(super) fn initial_memory_bytes(bytes: &[u8]) -> u64 {
-    let mut largest = 0u64;
+    let mut total = 0u64;
     for payload in wasmparser::Parser::new(0).parse_all(bytes) {
         match payload {
             Ok(wasmparser::Payload::MemorySection(section)) => {
                 for m in section.into_iter().flatten() {
                     let page = m.page_size_log2.map_or(64 * 1024, |l| 1u64 << l.min(16));
-                    largest = largest.max(m.initial.saturating_mul(page));
+                    total = total.saturating_add(m.initial.saturating_mul(page));
                 }
             }
             Ok(_) => {}
             Err(_) => break,
         }
     }
-    largest
+    total
 }
 
 /// The policy-world names a component imports or exports under a version
@@ -107,4 +107,22 @@ pub(super) fn unprovided_imports(engine: &Engine, component: &Component) -> Vec<
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The memories of every core module count together, in the module's
+    /// page size.
+    #[test]
+    fn the_initial_memory_is_the_sum_of_the_memories() {
+        let one = wat::parse_str("(component (core module (memory 2)))").unwrap();
+        assert_eq!(initial_memory_bytes(&one), 2 * 65_536);
+        let two = wat::parse_str(
+            "(component (core module (memory 2)) (core module (memory 1) (memory 3)))",
+        )
+        .unwrap();
+        assert_eq!(initial_memory_bytes(&two), 6 * 65_536);
+    }
 }
