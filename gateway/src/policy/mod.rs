@@ -35,6 +35,7 @@ mod failure;
 mod guard;
 mod host;
 mod inspect;
+mod no_wait;
 pub mod scaffold;
 
 use std::collections::HashMap;
